@@ -1,0 +1,158 @@
+//! `kiln run`: generate text, flags as in llama.cpp's llama-cli.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use kiln_core::{Backend, CpuBackend, SamplingParams};
+use kiln_cuda::CudaBackend;
+use kiln_gguf::GgufFile;
+use kiln_models::{generate, GenerateParams, Model, ModelOptions};
+use kiln_tokenizer::Tokenizer;
+
+use crate::CliResult;
+
+#[derive(Parser, Debug)]
+pub struct RunArgs {
+    /// GGUF model file (default: the stories260K model shipped with kiln).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(short = 'p', long, default_value = "Once upon a time")]
+    pub prompt: String,
+    /// Tokens to generate; -1 runs until end of generation or a full context.
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub n_predict: i64,
+    /// Context size in tokens; 0 uses the model's training context.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Prompt tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed; -1 picks one.
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Do not print the prompt before the generated text.
+    #[arg(long)]
+    pub no_display_prompt: bool,
+    /// Where to run: `cuda` (GPU 0) or `cpu`; by default the GPU when one is available.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cuda,
+    Cpu,
+}
+
+/// GPU 0, when a driver, a device and NVRTC are all there.
+fn open_gpu() -> CliResult<CudaBackend> {
+    if kiln_cuda::device_count()? == 0 {
+        return Err("the CUDA driver reports no GPU".into());
+    }
+    Ok(CudaBackend::new(0)?)
+}
+
+impl RunArgs {
+    pub fn sampling(&self) -> SamplingParams {
+        let seed = if self.seed < 0 {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        } else {
+            self.seed as u64
+        };
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        }
+    }
+}
+
+pub fn set_threads(threads: Option<usize>) {
+    if let Some(t) = threads {
+        // Only fails if the pool already exists, in which case its size stays.
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global();
+    }
+}
+
+pub fn open_model(path: &Option<PathBuf>) -> CliResult<Arc<GgufFile>> {
+    let path = path.clone().unwrap_or_else(crate::default_model);
+    let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Arc::new(file))
+}
+
+pub fn run(args: RunArgs) -> CliResult {
+    set_threads(args.threads);
+    let file = open_model(&args.model)?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let gpu = match args.device {
+        Some(DeviceKind::Cpu) => None,
+        Some(DeviceKind::Cuda) => Some(open_gpu()?),
+        None => open_gpu().map_err(|e| eprintln!("kiln: no usable GPU ({e}); running on the CPU")).ok(),
+    };
+    match gpu {
+        Some(gpu) => generate_with(Arc::new(gpu), file, &tokenizer, &args),
+        None => generate_with(Arc::new(CpuBackend::new()), file, &tokenizer, &args),
+    }
+}
+
+fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
+    let options = ModelOptions { n_ctx: (args.ctx_size > 0).then_some(args.ctx_size), n_batch: args.batch_size, ..Default::default() };
+    let mut model = Model::load(backend.clone(), file, &options)?;
+    let prompt = tokenizer.encode(&args.prompt, true, true);
+    let sampling = args.sampling();
+    eprintln!(
+        "kiln: {} ({}), {} layers, ctx {}, backend {}, seed {}",
+        model.config.name.as_deref().unwrap_or("model"),
+        model.config.arch.name(),
+        model.config.n_layer,
+        model.n_ctx(),
+        backend.name(),
+        sampling.seed
+    );
+    let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling, stop: args.stop.clone() };
+    let mut out = std::io::stdout().lock();
+    if !args.no_display_prompt {
+        write!(out, "{}", args.prompt)?;
+        out.flush()?;
+    }
+    let stats = generate(&mut model, tokenizer, &prompt, &params, |text| {
+        // A closed stdout (e.g. piped into `head`) ends generation quietly.
+        write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+    })?;
+    writeln!(out)?;
+    eprintln!(
+        "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | stop: {:?}",
+        stats.prompt_tokens,
+        stats.prompt_tokens_per_second(),
+        stats.generated_tokens,
+        stats.generation_tokens_per_second(),
+        stats.stop_reason
+    );
+    Ok(())
+}

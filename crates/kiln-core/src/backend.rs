@@ -1,0 +1,204 @@
+//! The operations a transformer forward pass needs, as one trait.
+//!
+//! Every op writes into a buffer the caller allocated up front, and every value
+//! that changes from one step to the next (token ids, positions, sampler state)
+//! lives in the backend's `Step` object, written once per step by
+//! [`Backend::write_step`]. A GPU backend can therefore record a whole step once
+//! (a CUDA graph) and replay it: the kernels read positions and tokens from
+//! device memory instead of taking them as launch arguments.
+//!
+//! Shapes: activations are row-major `[n_tokens][width]` f32 buffers. A weight
+//! matrix has `rows` outputs of `cols` inputs each (GGUF `ne = [cols, rows]`),
+//! and `matmul` computes `out[t][r] = sum_c x[t][c] * W[r][c]`.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kiln_quant::GgmlType;
+
+use crate::sampling::SamplingParams;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("out of {device} memory: {what} needs {requested_bytes} bytes{}", free_note(*.free_bytes))]
+    OutOfMemory { device: String, what: String, requested_bytes: u64, free_bytes: Option<u64> },
+    #[error("{backend} backend does not support {what}")]
+    Unsupported { backend: String, what: String },
+    #[error("weight {name}: {reason}")]
+    BadWeight { name: String, reason: String },
+    #[error("batch of {n_tokens} tokens exceeds the {capacity} this state was allocated for")]
+    BatchTooLarge { n_tokens: usize, capacity: usize },
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+fn free_note(free: Option<u64>) -> String {
+    free.map(|f| format!(" ({f} bytes free)")).unwrap_or_default()
+}
+
+pub type Result<T, E = BackendError> = std::result::Result<T, E>;
+
+/// Borrowed-for-life bytes of one tensor (usually a slice of a memory-mapped
+/// GGUF file), so a backend that computes from host memory keeps no copy.
+#[derive(Clone)]
+pub struct WeightSource {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Output features (number of rows).
+    pub rows: usize,
+    /// Input features (row length in elements).
+    pub cols: usize,
+    pub owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    pub range: Range<usize>,
+}
+
+impl WeightSource {
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+
+    /// Checks that the byte range holds exactly `rows` rows of `cols` values.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| BackendError::BadWeight { name: self.name.clone(), reason };
+        if self.cols % self.ty.block_size() != 0 {
+            return Err(bad(format!(
+                "row length {} is not a multiple of the {} block size {}",
+                self.cols,
+                self.ty,
+                self.ty.block_size()
+            )));
+        }
+        let want = (self.cols / self.ty.block_size()) as u64 * self.ty.type_size() as u64 * self.rows as u64;
+        let have = self.range.len() as u64;
+        if want != have || self.range.end > (*self.owner).as_ref().len() {
+            return Err(bad(format!("{} bytes given, {} {}x{} needs {want}", have, self.ty, self.rows, self.cols)));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Rotates pairs (x[2i], x[2i+1]) (llama).
+    Normal,
+    /// Rotates pairs (x[i], x[i + n_rot/2]) (GPT-NeoX, qwen2/3).
+    Neox,
+}
+
+/// Rotary embedding of a `[n_tokens][n_heads][head_dim]` buffer: pair `i` of the
+/// first `n_rot` dims of the token at position `p` is rotated by `p * inv_freq[i]`.
+/// `inv_freq` (length `n_rot / 2`) already includes any frequency scaling.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams {
+    pub kind: RopeKind,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+}
+
+/// Host-side values of one step, copied into the backend's `Step` object.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    /// Token ids of this step's rows, in order.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; token `i` sits at `pos0 + i` and attends to
+    /// positions `0..=pos0 + i`.
+    pub pos0: usize,
+    pub sampling: &'a SamplingParams,
+    /// The most recent tokens (oldest first), for the repetition penalty.
+    pub history: &'a [u32],
+    /// Counter mixed with the seed so every sampled token draws a fresh number.
+    pub draw: u64,
+}
+
+/// Attention geometry for one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Capacity of the KV cache in positions.
+    pub n_ctx: usize,
+    pub scale: f32,
+}
+
+pub trait Backend: Send + Sync + 'static {
+    /// An f32 buffer in the backend's memory.
+    type Buffer: Send + Sync;
+    /// A weight matrix in whatever layout the backend chose at upload.
+    type Weight: Send + Sync;
+    /// Per-step values read by the ops (tokens, positions, sampler state).
+    type Step: Send + Sync;
+
+    fn name(&self) -> String;
+
+    /// Uploads (or, on the host, wraps) a weight matrix.
+    fn upload_weight(&self, src: WeightSource) -> Result<Self::Weight>;
+    /// An f32 buffer of `len` elements, contents unspecified.
+    fn alloc(&self, len: usize, what: &str) -> Result<Self::Buffer>;
+    /// Storage for one layer's K or V cache of `len` elements; a backend may
+    /// keep it in a narrower type than f32.
+    fn alloc_kv(&self, len: usize, what: &str) -> Result<Self::Buffer> {
+        self.alloc(len, what)
+    }
+    fn write(&self, dst: &mut Self::Buffer, src: &[f32]) -> Result<()>;
+    fn read(&self, src: &Self::Buffer, dst: &mut [f32]) -> Result<()>;
+    /// A step object able to hold `max_tokens` tokens and `max_history` history entries.
+    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<Self::Step>;
+    fn write_step(&self, step: &mut Self::Step, input: &StepInput) -> Result<()>;
+
+    /// `out[t] = table[step.tokens[t]]` for the first `n` tokens.
+    fn embed(&self, table: &Self::Weight, step: &Self::Step, out: &mut Self::Buffer, n: usize) -> Result<()>;
+    /// Per row of `dim` values: `out = x / sqrt(mean(x²) + eps) * weight`.
+    fn rms_norm(&self, x: &Self::Buffer, weight: &Self::Buffer, out: &mut Self::Buffer, rows: usize, dim: usize, eps: f32) -> Result<()>;
+    /// `out[t][r] = x[t] · W[r]` for `n` tokens.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buffer, out: &mut Self::Buffer, n: usize) -> Result<()>;
+    /// `x[t][i] += bias[i]`.
+    fn add_bias(&self, x: &mut Self::Buffer, bias: &Self::Buffer, n: usize, dim: usize) -> Result<()>;
+    /// `x[i] += y[i]` for the first `len` values.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
+    /// `out[i] = silu(gate[i]) * up[i]`.
+    fn swiglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
+    /// Rotary embedding in place, positions from `step`.
+    fn rope(&self, x: &mut Self::Buffer, inv_freq: &Self::Buffer, step: &Self::Step, n: usize, p: &RopeParams) -> Result<()>;
+    /// Stores `n` tokens of K and V (`[n][n_kv_heads * head_dim]`) at their positions.
+    fn kv_store(&self, k: &Self::Buffer, v: &Self::Buffer, k_cache: &mut Self::Buffer, v_cache: &mut Self::Buffer, step: &Self::Step, n: usize, kv_width: usize) -> Result<()>;
+    /// Causal grouped-query attention of `n` query tokens over the cache.
+    fn attention(&self, q: &Self::Buffer, k_cache: &Self::Buffer, v_cache: &Self::Buffer, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
+    /// Copies row `src_row` of a `[_][dim]` buffer into row 0 of `dst`.
+    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dst: &mut Self::Buffer, dim: usize) -> Result<()>;
+    /// Samples one token from `logits[0..n_vocab]` with the step's sampler
+    /// settings and stores it in the step.
+    fn sample(&self, logits: &Self::Buffer, n_vocab: usize, step: &mut Self::Step) -> Result<()>;
+    /// The token stored by the last `sample`.
+    fn sampled_token(&self, step: &Self::Step) -> Result<u32>;
+
+    /// Runs `record`, which enqueues one whole step. A GPU backend records it
+    /// the first time a `key` is seen and replays the recording afterwards, so
+    /// `record` must enqueue the same work every time for the same key.
+    fn run_step(&self, key: u64, record: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _ = key;
+        record()
+    }
+    /// Waits for all enqueued work.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    // Fusable compounds. Defaults compose the primitive ops; a backend may
+    // override them with fused kernels that save launches and memory traffic.
+
+    /// `out = silu(x·Wgᵀ) * (x·Wuᵀ)`, using `gate`/`up` as scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn ffn_gate_up(&self, w_gate: &Self::Weight, w_up: &Self::Weight, x: &Self::Buffer, gate: &mut Self::Buffer, up: &mut Self::Buffer, out: &mut Self::Buffer, n: usize, n_ff: usize) -> Result<()> {
+        self.matmul(w_gate, x, gate, n)?;
+        self.matmul(w_up, x, up, n)?;
+        self.swiglu(gate, up, out, n * n_ff)
+    }
+
+    /// `residual += x·Wᵀ`, using `tmp` as scratch.
+    fn matmul_add(&self, w: &Self::Weight, x: &Self::Buffer, residual: &mut Self::Buffer, tmp: &mut Self::Buffer, n: usize, dim: usize) -> Result<()> {
+        self.matmul(w, x, tmp, n)?;
+        self.add(residual, tmp, n * dim)
+    }
+}

@@ -1,0 +1,358 @@
+//! The CPU backend: multi-threaded (rayon), computing straight from the
+//! quantized weight bytes one row at a time, so no dequantized copy of the
+//! weights ever exists. Scratch space is per thread and reused, so a decode
+//! step allocates nothing once warmed up.
+
+use std::cell::RefCell;
+
+use kiln_quant::GgmlType;
+use rayon::prelude::*;
+
+use crate::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
+use crate::sampling::{self, SamplingParams};
+
+#[derive(Default)]
+pub struct CpuBackend {
+    _private: (),
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend::default()
+    }
+}
+
+pub struct CpuStep {
+    tokens: Vec<u32>,
+    max_tokens: usize,
+    pos0: usize,
+    params: SamplingParams,
+    history: Vec<u32>,
+    max_history: usize,
+    draw: u64,
+    sampled: u32,
+    logits: Vec<f32>,
+    candidates: Vec<(f32, u32)>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's scratch vector, grown to at least `len`.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            // Start big (256 KiB) and grow by powers of two, so a thread's scratch
+            // settles at once and decode steps stop allocating.
+            s.resize(len.next_power_of_two().max(1 << 16), 0.0);
+        }
+        f(&mut s[..len])
+    })
+}
+
+/// A raw output pointer that rayon tasks write disjoint elements through.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    /// # Safety
+    /// No two tasks may write the same index, and `i` must be in bounds.
+    unsafe fn write(self, i: usize, v: f32) {
+        *self.0.add(i) = v;
+    }
+}
+
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators let the compiler vectorize the loop.
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0.0;
+    for i in chunks * 8..a.len() {
+        tail += a[i] * b[i];
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(BackendError::Device(format!("{what}: buffer of {have} values, op needs {need}")));
+    }
+    Ok(())
+}
+
+/// Row `r` of a weight as f32: borrowed when already f32 and aligned,
+/// otherwise dequantized into `buf`.
+fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
+    let row_bytes = w.cols / w.ty.block_size() * w.ty.type_size();
+    let bytes = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
+    if w.ty == GgmlType::F32 && (bytes.as_ptr() as usize) % 4 == 0 {
+        // SAFETY: aligned, length is cols * 4, and every bit pattern is a valid f32.
+        return unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, w.cols) };
+    }
+    // Validated at upload: the row holds exactly `cols` values of a dequantizable type.
+    kiln_quant::dequantize(w.ty, bytes, buf).expect("row validated at upload");
+    buf
+}
+
+impl Backend for CpuBackend {
+    type Buffer = Vec<f32>;
+    type Weight = WeightSource;
+    type Step = CpuStep;
+
+    fn name(&self) -> String {
+        format!("CPU ({} threads)", rayon::current_num_threads())
+    }
+
+    fn upload_weight(&self, src: WeightSource) -> Result<WeightSource> {
+        src.validate()?;
+        if !kiln_quant::can_dequantize(src.ty) {
+            return Err(BackendError::Unsupported { backend: "CPU".into(), what: format!("weights of type {} ({})", src.ty, src.name) });
+        }
+        Ok(src)
+    }
+
+    fn alloc(&self, len: usize, what: &str) -> Result<Vec<f32>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| BackendError::OutOfMemory {
+            device: "host".into(),
+            what: what.into(),
+            requested_bytes: len as u64 * 4,
+            free_bytes: None,
+        })?;
+        v.resize(len, 0.0);
+        Ok(v)
+    }
+
+    fn write(&self, dst: &mut Vec<f32>, src: &[f32]) -> Result<()> {
+        check_len("write", dst.len(), src.len())?;
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read(&self, src: &Vec<f32>, dst: &mut [f32]) -> Result<()> {
+        check_len("read", src.len(), dst.len())?;
+        dst.copy_from_slice(&src[..dst.len()]);
+        Ok(())
+    }
+
+    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<CpuStep> {
+        Ok(CpuStep {
+            tokens: Vec::with_capacity(max_tokens),
+            max_tokens,
+            pos0: 0,
+            params: SamplingParams::greedy(),
+            history: Vec::with_capacity(max_history),
+            max_history,
+            draw: 0,
+            sampled: 0,
+            logits: Vec::new(),
+            candidates: Vec::new(),
+        })
+    }
+
+    fn write_step(&self, step: &mut CpuStep, input: &StepInput) -> Result<()> {
+        if input.tokens.len() > step.max_tokens {
+            return Err(BackendError::BatchTooLarge { n_tokens: input.tokens.len(), capacity: step.max_tokens });
+        }
+        step.tokens.clear();
+        step.tokens.extend_from_slice(input.tokens);
+        step.pos0 = input.pos0;
+        step.params = *input.sampling;
+        let h = &input.history[input.history.len().saturating_sub(step.max_history)..];
+        step.history.clear();
+        step.history.extend_from_slice(h);
+        step.draw = input.draw;
+        Ok(())
+    }
+
+    fn embed(&self, table: &WeightSource, step: &CpuStep, out: &mut Vec<f32>, n: usize) -> Result<()> {
+        let dim = table.cols;
+        check_len("embed", out.len(), n * dim)?;
+        for (t, &tok) in step.tokens[..n].iter().enumerate() {
+            if tok as usize >= table.rows {
+                return Err(BackendError::Device(format!("token id {tok} is outside the {}-row embedding table", table.rows)));
+            }
+            let dst = &mut out[t * dim..(t + 1) * dim];
+            let dst_ptr = dst.as_ptr();
+            let row = weight_row(table, tok as usize, dst);
+            if row.as_ptr() != dst_ptr {
+                // Borrowed f32 row: copy it in. (Dequantized rows were written in place.)
+                let row: *const [f32] = row;
+                // SAFETY: `row` points into the weight bytes, which do not alias `out`.
+                out[t * dim..(t + 1) * dim].copy_from_slice(unsafe { &*row });
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, out: &mut Vec<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        check_len("rms_norm", x.len().min(out.len()), rows * dim)?;
+        check_len("rms_norm weight", weight.len(), dim)?;
+        for (xr, or) in x[..rows * dim].chunks_exact(dim).zip(out[..rows * dim].chunks_exact_mut(dim)) {
+            let ms = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+            let s = 1.0 / (ms + eps).sqrt();
+            for ((o, v), w) in or.iter_mut().zip(xr).zip(&weight[..dim]) {
+                *o = v * s * w;
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &WeightSource, x: &Vec<f32>, out: &mut Vec<f32>, n: usize) -> Result<()> {
+        let (rows, cols) = (w.rows, w.cols);
+        check_len("matmul input", x.len(), n * cols)?;
+        check_len("matmul output", out.len(), n * rows)?;
+        let dst = SharedOut(out.as_mut_ptr());
+        // Blocks of rows amortize rayon's scheduling over the small rows of tiny models.
+        let rows_per_task = (16384 / cols.max(1)).clamp(1, 64);
+        (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {
+            with_scratch(cols, |buf| {
+                for r in task * rows_per_task..((task + 1) * rows_per_task).min(rows) {
+                    let row = weight_row(w, r, buf);
+                    for t in 0..n {
+                        let v = dot_f32(row, &x[t * cols..(t + 1) * cols]);
+                        // SAFETY: each (t, r) is written by the one task owning row r; in bounds by check_len.
+                        unsafe { dst.write(t * rows + r, v) };
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, n: usize, dim: usize) -> Result<()> {
+        check_len("add_bias", x.len(), n * dim)?;
+        check_len("bias", bias.len(), dim)?;
+        for row in x[..n * dim].chunks_exact_mut(dim) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
+        check_len("add", x.len().min(y.len()), len)?;
+        for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("swiglu", gate.len().min(up.len()).min(out.len()), len)?;
+        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, inv_freq: &Vec<f32>, step: &CpuStep, n: usize, p: &RopeParams) -> Result<()> {
+        let width = p.n_heads * p.head_dim;
+        check_len("rope", x.len(), n * width)?;
+        check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
+        let half = p.n_rot / 2;
+        for t in 0..n {
+            let pos = (step.pos0 + t) as f32;
+            for h in 0..p.n_heads {
+                let head = &mut x[t * width + h * p.head_dim..t * width + (h + 1) * p.head_dim];
+                for (i, f) in inv_freq[..half].iter().enumerate() {
+                    let (sin, cos) = (pos * f).sin_cos();
+                    let (a, b) = match p.kind {
+                        RopeKind::Normal => (2 * i, 2 * i + 1),
+                        RopeKind::Neox => (i, i + half),
+                    };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos - x1 * sin;
+                    head[b] = x0 * sin + x1 * cos;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_store(&self, k: &Vec<f32>, v: &Vec<f32>, k_cache: &mut Vec<f32>, v_cache: &mut Vec<f32>, step: &CpuStep, n: usize, kv_width: usize) -> Result<()> {
+        let start = step.pos0 * kv_width;
+        let len = n * kv_width;
+        check_len("kv_store cache", k_cache.len().min(v_cache.len()), start + len)?;
+        k_cache[start..start + len].copy_from_slice(&k[..len]);
+        v_cache[start..start + len].copy_from_slice(&v[..len]);
+        Ok(())
+    }
+
+    fn attention(&self, q: &Vec<f32>, k_cache: &Vec<f32>, v_cache: &Vec<f32>, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+        let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
+        let kv_len = step.pos0 + n;
+        check_len("attention query", q.len(), n * q_width)?;
+        check_len("attention output", out.len(), n * q_width)?;
+        check_len("attention cache", k_cache.len().min(v_cache.len()), kv_len * kv_width)?;
+        let dst = SharedOut(out.as_mut_ptr());
+        (0..n * p.n_heads).into_par_iter().for_each(|job| {
+            let (t, h) = (job / p.n_heads, job % p.n_heads);
+            let kvh = h / group;
+            let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
+            let visible = step.pos0 + t + 1;
+            // Sized for the whole context so a growing sequence never regrows it.
+            with_scratch(p.n_ctx.max(visible) + hd, |scratch| {
+                let (scores, rest) = scratch.split_at_mut(visible);
+                let acc = &mut rest[..hd];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let kv = &k_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
+                    *s = dot_f32(qv, kv) * p.scale;
+                    max = max.max(*s);
+                }
+                let mut total = 0.0;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    total += *s;
+                }
+                acc.fill(0.0);
+                for (j, s) in scores.iter().enumerate() {
+                    let vv = &v_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
+                    for (a, v) in acc.iter_mut().zip(vv) {
+                        *a += s * v;
+                    }
+                }
+                for (d, a) in acc.iter().enumerate() {
+                    // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
+                    unsafe { dst.write(t * q_width + h * hd + d, a / total) };
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn copy_row(&self, src: &Vec<f32>, src_row: usize, dst: &mut Vec<f32>, dim: usize) -> Result<()> {
+        check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
+        check_len("copy_row destination", dst.len(), dim)?;
+        dst[..dim].copy_from_slice(&src[src_row * dim..(src_row + 1) * dim]);
+        Ok(())
+    }
+
+    fn sample(&self, logits: &Vec<f32>, n_vocab: usize, step: &mut CpuStep) -> Result<()> {
+        check_len("sample", logits.len(), n_vocab)?;
+        step.logits.clear();
+        step.logits.extend_from_slice(&logits[..n_vocab]);
+        if step.candidates.capacity() < n_vocab {
+            step.candidates.reserve(n_vocab - step.candidates.len());
+        }
+        step.sampled = sampling::sample(&mut step.logits, &step.history, &step.params, step.draw, &mut step.candidates);
+        Ok(())
+    }
+
+    fn sampled_token(&self, step: &CpuStep) -> Result<u32> {
+        Ok(step.sampled)
+    }
+}

@@ -1,0 +1,10 @@
+//! The `Backend` trait every compute device implements, the host-side
+//! sampling reference, and the CPU backend.
+
+pub mod backend;
+pub mod cpu;
+pub mod sampling;
+
+pub use backend::{Backend, BackendError, RopeKind, RopeParams, StepInput, WeightSource};
+pub use cpu::CpuBackend;
+pub use sampling::SamplingParams;

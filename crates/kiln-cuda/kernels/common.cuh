@@ -1,0 +1,95 @@
+// Device helpers shared by every kernel file. Kernels are compiled by NVRTC with no CUDA
+// toolkit headers available, so this file uses only built-in types, intrinsics and inline PTX.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef signed char i8;
+typedef int i32;
+typedef long long i64;
+
+// ---- Half-precision formats, carried as raw 16-bit patterns ----
+
+__device__ __forceinline__ float f16_bits_to_f32(u16 bits) {
+    float value;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(bits));
+    return value;
+}
+
+// Round to nearest even, like every IEEE conversion on the host side.
+__device__ __forceinline__ u16 f32_to_f16_bits(float value) {
+    u16 bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(value));
+    return bits;
+}
+
+// bf16 is the top half of an f32, so widening is exact.
+__device__ __forceinline__ float bf16_bits_to_f32(u16 bits) {
+    return __uint_as_float(((u32)bits) << 16);
+}
+
+// Round to nearest even; NaNs stay NaN (quiet bit forced so truncation cannot make an Inf).
+__device__ __forceinline__ u16 f32_to_bf16_bits(float value) {
+    const u32 bits = __float_as_uint(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (u16)((bits >> 16) | 0x0040u);
+    }
+    const u32 rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+    return (u16)((bits + rounding_bias) >> 16);
+}
+
+// ---- Indexing ----
+
+// 64-bit so that tensors with more than 2^32 elements index correctly.
+__device__ __forceinline__ u64 global_thread_index() {
+    return (u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ u64 global_thread_count() {
+    return (u64)gridDim.x * blockDim.x;
+}
+
+// ---- Reductions ----
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+    }
+    return value;
+}
+
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    }
+    return value;
+}
+
+// Sum over a block of BLOCK threads (a multiple of 32, at most 1024); every thread gets the
+// result. Contains __syncthreads, so all threads of the block must call it.
+template <int BLOCK>
+__device__ __forceinline__ float block_sum(float value) {
+    static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "BLOCK must be a multiple of 32, at most 1024");
+    __shared__ float warp_partials[BLOCK / 32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    value = warp_sum(value);
+    if (lane == 0) {
+        warp_partials[warp] = value;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        value = lane < BLOCK / 32 ? warp_partials[lane] : 0.0f;
+        value = warp_sum(value);
+        if (lane == 0) {
+            total = value;
+        }
+    }
+    __syncthreads();
+    return total;
+}

@@ -1,0 +1,337 @@
+// Token sampling on the GPU, reproducing kiln_core::sampling: repetition penalty, top-k,
+// top-p, min-p, temperature, then one draw of the same counter-based uniform number.
+//
+// One block of SAMPLE_THREADS threads. Tokens are ranked by a 64-bit composite key (the
+// logit's order-preserving bits, then the complement of the id), so "descending logit, ties
+// to the lower id" is plain descending key order and every cut of the CPU's sorted candidate
+// list is a key threshold. Each cut is found by a radix descent that sums weights (counts for
+// top-k, probabilities for top-p, tempered weights for the draw) per digit, so the vocabulary
+// is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
+#include "common.cuh"
+#include "step.cuh"
+
+#define SAMPLE_THREADS 1024
+#define RADIX_BITS 10
+#define RADIX_BINS (1 << RADIX_BITS)
+#define CANDIDATE_CAP SAMPLE_THREADS
+#define NEG_INF __int_as_float(0xff800000)
+
+static_assert(RADIX_BINS == SAMPLE_THREADS, "the bin scan gives each thread one bin");
+
+__device__ __forceinline__ u64 splitmix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Bit-identical to kiln_core::sampling::uniform.
+__device__ __forceinline__ float uniform_draw(u64 seed, u64 draw) {
+    const u64 bits = splitmix64(seed ^ splitmix64(draw));
+    return (float)(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+// Monotone map of floats to unsigned integers (the order of f32::total_cmp).
+__device__ __forceinline__ u32 order_key(float value) {
+    const u32 bits = __float_as_uint(value);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+struct SampleShared {
+    float mass[RADIX_BINS];
+    u32 count[RADIX_BINS];
+    float warp_totals[SAMPLE_THREADS / 32];
+    float cand_value[CANDIDATE_CAP];
+    u32 cand_id[CANDIDATE_CAP];
+    u32 n_cand;
+    u32 found;
+    u32 last_nonempty;
+    float found_above;
+    float best_value[SAMPLE_THREADS / 32];
+    u32 best_id[SAMPLE_THREADS / 32];
+};
+
+// The logits with the repetition penalty applied on the fly (bit i of `penalized` marks token i).
+struct VocabSource {
+    const float* logits;
+    const u32* penalized;
+    u32 n;
+    float penalty;
+    bool penalize;
+    __device__ u32 size() const { return n; }
+    __device__ u32 id(u32 i) const { return i; }
+    __device__ float value(u32 i) const {
+        const float v = logits[i];
+        if (penalize && ((penalized[i >> 5] >> (i & 31)) & 1u)) {
+            return v > 0.0f ? v / penalty : v * penalty;
+        }
+        return v;
+    }
+};
+
+// Survivors of top-k in shared memory.
+struct CandidateSource {
+    const float* values;
+    const u32* ids;
+    u32 n;
+    __device__ u32 size() const { return n; }
+    __device__ u32 id(u32 i) const { return ids[i]; }
+    __device__ float value(u32 i) const { return values[i]; }
+};
+
+enum WeightKind { WEIGHT_COUNT, WEIGHT_PROB, WEIGHT_TEMPERED };
+
+struct Ranking {
+    u32 id_bits;
+    u64 id_mask;
+    float max_value;
+    float inv_temperature;
+    __device__ u64 composite(float value, u32 id) const {
+        return ((u64)order_key(value) << id_bits) | (id_mask - id);
+    }
+    __device__ u32 id_of(u64 composite) const { return (u32)(id_mask - (composite & id_mask)); }
+    // The CPU's expressions: exp(l - max) for top-p, exp((l - max) / T) for the draw.
+    __device__ float weight(float value, WeightKind kind) const {
+        switch (kind) {
+            case WEIGHT_COUNT: return 1.0f;
+            case WEIGHT_PROB: return expf(value - max_value);
+            default: return expf((value - max_value) * inv_temperature);
+        }
+    }
+};
+
+// Inclusive prefix sum over the block's threads in thread order.
+__device__ float block_inclusive_scan(float x, float* warp_totals) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+#pragma unroll
+    for (u32 offset = 1; offset < 32; offset <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) {
+            x += y;
+        }
+    }
+    if (lane == 31) {
+        warp_totals[warp] = x;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float total = warp_totals[lane];
+#pragma unroll
+        for (u32 offset = 1; offset < 32; offset <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, total, offset);
+            if (lane >= offset) {
+                total += y;
+            }
+        }
+        warp_totals[lane] = total;
+    }
+    __syncthreads();
+    if (warp > 0) {
+        x += warp_totals[warp - 1];
+    }
+    __syncthreads();
+    return x;
+}
+
+// Sum of the weights of the tokens ranked at or above `cut`.
+template <class Source>
+__device__ float sum_weights(const Source& src, const Ranking& rank, u64 cut, WeightKind kind) {
+    float sum = 0.0f;
+    for (u32 i = threadIdx.x; i < src.size(); i += SAMPLE_THREADS) {
+        const float v = src.value(i);
+        if (rank.composite(v, src.id(i)) >= cut) {
+            sum += rank.weight(v, kind);
+        }
+    }
+    return block_sum<SAMPLE_THREADS>(sum);
+}
+
+// Walking the tokens ranked at or above `cut` in ranking order, the first at which the running
+// weight reaches `target` (exceeds it when `strict`); the last such token when rounding leaves
+// the target unreached. Returns its composite key.
+template <class Source>
+__device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranking& rank, u64 cut, WeightKind kind,
+                                float target, bool strict) {
+    const u32 tid = threadIdx.x;
+    u64 prefix = 0;
+    float above = 0.0f;
+    for (int hi = 32 + (int)rank.id_bits; hi > 0;) {
+        const int lo = hi > RADIX_BITS ? hi - RADIX_BITS : 0;
+        const u32 digit_mask = (1u << (hi - lo)) - 1u;
+        sh.mass[tid] = 0.0f;
+        sh.count[tid] = 0;
+        if (tid == 0) {
+            sh.found = RADIX_BINS;
+            sh.last_nonempty = 0;
+        }
+        __syncthreads();
+        for (u32 i = tid; i < src.size(); i += SAMPLE_THREADS) {
+            const float v = src.value(i);
+            const u64 key = rank.composite(v, src.id(i));
+            if (key >= cut && (key >> hi) == (prefix >> hi)) {
+                const u32 digit = (u32)(key >> lo) & digit_mask;
+                atomicAdd(&sh.count[digit], 1u);
+                atomicAdd(&sh.mass[digit], rank.weight(v, kind));
+            }
+        }
+        __syncthreads();
+        // Thread t reads bin RADIX_BINS-1-t, so the scan runs down the ranking.
+        const u32 bin = RADIX_BINS - 1 - tid;
+        const float mass = sh.mass[bin];
+        const bool nonempty = sh.count[bin] > 0;
+        const float inclusive = block_inclusive_scan(mass, sh.warp_totals);
+        const float reached = above + inclusive;
+        if (nonempty) {
+            if (strict ? reached > target : reached >= target) {
+                atomicMin(&sh.found, tid);
+            }
+            atomicMax(&sh.last_nonempty, tid);
+        }
+        __syncthreads();
+        const u32 chosen = sh.found < RADIX_BINS ? sh.found : sh.last_nonempty;
+        if (tid == chosen) {
+            sh.found_above = above + (inclusive - mass);
+        }
+        __syncthreads();
+        above = sh.found_above;
+        prefix |= (u64)(RADIX_BINS - 1 - chosen) << lo;
+        hi = lo;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+// top-p, min-p and the draw over the tokens ranked at or above `cut` (the top-k set).
+template <class Source>
+__device__ u32 draw_token(const Source& src, SampleShared& sh, const Ranking& rank, u64 cut, u64 top, const u32* step) {
+    const float top_p = __uint_as_float(step[STEP_TOP_P]);
+    const float min_p = __uint_as_float(step[STEP_MIN_P]);
+    if (top_p < 1.0f) {
+        const float total = sum_weights(src, rank, cut, WEIGHT_PROB);
+        const u64 nucleus_end = select_by_weight(src, sh, rank, cut, WEIGHT_PROB, top_p * total, false);
+        cut = max(cut, nucleus_end);
+    }
+    if (min_p > 0.0f) {
+        // Tokens at or above the floor, but always the top one.
+        const u64 floor_key = (u64)order_key(rank.max_value + logf(min_p)) << rank.id_bits;
+        cut = max(cut, min(floor_key, top));
+    }
+    const float total = sum_weights(src, rank, cut, WEIGHT_TEMPERED);
+    const u64 seed = (u64)step[STEP_SEED_LO] | ((u64)step[STEP_SEED_HI] << 32);
+    const u64 draw = (u64)step[STEP_DRAW_LO] | ((u64)step[STEP_DRAW_HI] << 32);
+    const float target = uniform_draw(seed, draw) * total;
+    return rank.id_of(select_by_weight(src, sh, rank, cut, WEIGHT_TEMPERED, target, true));
+}
+
+// Samples from logits[0..n_vocab] with the step's settings and stores the token in the step.
+// Launch: one block of SAMPLE_THREADS threads, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_token_f32(const float* logits, u32* step, u32 n_vocab) {
+    __shared__ SampleShared sh;
+    extern __shared__ u32 penalized[];
+    const u32 tid = threadIdx.x;
+    const float penalty = __uint_as_float(step[STEP_REPEAT_PENALTY]);
+    const u32 last_n = step[STEP_REPEAT_LAST_N];
+    const bool penalize = penalty != 1.0f && last_n != 0;
+    if (penalize) {
+        for (u32 w = tid; w < (n_vocab + 31) / 32; w += SAMPLE_THREADS) {
+            penalized[w] = 0;
+        }
+        __syncthreads();
+        // Once per distinct token of the window: a bit set twice is still one bit.
+        const u32 n_history = step[STEP_N_HISTORY];
+        const u32* history = step + step[STEP_HISTORY_AT];
+        const u32 window = min(last_n, n_history);
+        for (u32 i = tid; i < window; i += SAMPLE_THREADS) {
+            const u32 token = history[n_history - window + i];
+            if (token < n_vocab) {
+                atomicOr(&penalized[token >> 5], 1u << (token & 31));
+            }
+        }
+        __syncthreads();
+    }
+    const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize};
+
+    // The largest value and its lowest id (the greedy answer).
+    float best = NEG_INF;
+    u32 best_id = 0xffffffffu;
+    for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
+        const float v = vocab.value(i);
+        if (v > best || (v == best && i < best_id)) {
+            best = v;
+            best_id = i;
+        }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+        if (other > best || (other == best && other_id < best_id)) {
+            best = other;
+            best_id = other_id;
+        }
+    }
+    if ((tid & 31) == 0) {
+        sh.best_value[tid >> 5] = best;
+        sh.best_id[tid >> 5] = best_id;
+    }
+    __syncthreads();
+    best = sh.best_value[0];
+    best_id = sh.best_id[0];
+    for (u32 w = 1; w < SAMPLE_THREADS / 32; ++w) {
+        if (sh.best_value[w] > best || (sh.best_value[w] == best && sh.best_id[w] < best_id)) {
+            best = sh.best_value[w];
+            best_id = sh.best_id[w];
+        }
+    }
+
+    const float temperature = __uint_as_float(step[STEP_TEMPERATURE]);
+    if (temperature <= 0.0f) {
+        if (tid == 0) {
+            step[STEP_SAMPLED] = best_id;
+        }
+        return;
+    }
+    Ranking rank;
+    rank.id_bits = n_vocab > 1 ? 32 - __clz(n_vocab - 1) : 1;
+    rank.id_mask = (1ull << rank.id_bits) - 1;
+    rank.max_value = best;
+    rank.inv_temperature = 1.0f / temperature;
+    const u64 top = rank.composite(best, best_id);
+    const u32 top_k = step[STEP_TOP_K];
+    const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
+    u64 cut = 0;
+    if (k < n_vocab) {
+        cut = select_by_weight(vocab, sh, rank, 0, WEIGHT_COUNT, (float)k, false);
+    }
+    u32 token;
+    if (k <= CANDIDATE_CAP) {
+        if (tid == 0) {
+            sh.n_cand = 0;
+        }
+        __syncthreads();
+        for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
+            const float v = vocab.value(i);
+            if (rank.composite(v, i) >= cut) {
+                const u32 slot = atomicAdd(&sh.n_cand, 1u);
+                sh.cand_value[slot] = v;
+                sh.cand_id[slot] = i;
+            }
+        }
+        __syncthreads();
+        const CandidateSource candidates{sh.cand_value, sh.cand_id, sh.n_cand};
+        token = draw_token(candidates, sh, rank, cut, top, step);
+    } else {
+        token = draw_token(vocab, sh, rank, cut, top, step);
+    }
+    if (tid == 0) {
+        step[STEP_SAMPLED] = token;
+    }
+}
+
+// out[i] = uniform(seed, first_draw + i): lets tests pin the generator to the CPU's bit for bit.
+extern "C" __global__ void uniform_draws_f32(float* out, u64 seed, u64 first_draw, u32 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        out[i] = uniform_draw(seed, first_draw + i);
+    }
+}

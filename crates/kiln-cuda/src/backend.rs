@@ -1,0 +1,496 @@
+//! `CudaBackend`: kiln's `Backend` on one NVIDIA GPU. Every op is an asynchronous launch on
+//! the device's stream; per-step values come from the step block (see `step.rs`), so a whole
+//! decode step is captured once as a CUDA graph and replayed.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
+
+use crate::matvec::{self, GpuWeight};
+use crate::step::CudaStep;
+use crate::{CudaDevice, CudaError, RegistryConfig};
+
+/// Threads per block of the grid-stride kernels.
+const BLOCK: u32 = 256;
+/// Rows of at most this many values are normalized by one warp, longer ones by a block.
+const WARP_NORM_MAX_DIM: usize = 512;
+/// `attention.cu`'s MIN_CHUNK and MAX_SPLITS.
+const ATTENTION_MIN_CHUNK: usize = 32;
+const ATTENTION_MAX_SPLITS: usize = 256;
+/// Cap on the attention partials; long prompt batches use fewer splits instead.
+const ATTENTION_WORKSPACE_MAX_BYTES: usize = 64 << 20;
+/// `sampling.cu`'s SAMPLE_THREADS.
+const SAMPLE_THREADS: u32 = 1024;
+
+pub(crate) fn backend_error(error: CudaError) -> BackendError {
+    match error {
+        CudaError::OutOfMemory { requested_bytes, free_bytes, what } => BackendError::OutOfMemory {
+            device: "GPU".into(),
+            what,
+            requested_bytes: requested_bytes as u64,
+            free_bytes: Some(free_bytes as u64),
+        },
+        other => BackendError::Device(other.to_string()),
+    }
+}
+
+fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
+    move |error| BackendError::Device(format!("launching {kernel}: {error:?}"))
+}
+
+fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(BackendError::Device(format!("{what}: buffer of {have} values, op needs {need}")));
+    }
+    Ok(())
+}
+
+fn to_u32(what: &str, value: usize) -> Result<u32> {
+    u32::try_from(value).map_err(|_| BackendError::Device(format!("{what} = {value} does not fit the kernels' 32-bit indices")))
+}
+
+/// Kernels loaded once when the backend opens.
+struct Kernels {
+    rms_norm_warp: CudaFunction,
+    rms_norm_block: CudaFunction,
+    rope: CudaFunction,
+    kv_store: CudaFunction,
+    add: CudaFunction,
+    add_bias: CudaFunction,
+    swiglu: CudaFunction,
+    sample: CudaFunction,
+}
+
+/// Attention kernels specialized per (head_dim, group), and the split partials they share.
+#[derive(Default)]
+struct AttentionState {
+    kernels: HashMap<(usize, usize), (CudaFunction, CudaFunction)>,
+    workspace: Option<CudaSlice<f32>>,
+}
+
+/// What `run_step` knows about a key.
+enum StepGraph {
+    /// Ran once uncaptured, so every lazily loaded kernel and scratch buffer now exists.
+    WarmedUp,
+    Captured(SendGraph),
+}
+
+struct SendGraph(CudaGraph);
+// SAFETY: a graph is only touched while the `graphs` mutex is held, one thread at a time.
+unsafe impl Send for SendGraph {}
+
+pub struct CudaBackend {
+    device: CudaDevice,
+    kernels: Kernels,
+    attention: Mutex<AttentionState>,
+    graphs: Mutex<HashMap<u64, StepGraph>>,
+    /// Blocks that keep every multiprocessor busy (split-count target for attention).
+    busy_blocks: usize,
+    max_sample_shared_bytes: usize,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` with the default kernel cache.
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        Self::with_config(ordinal, RegistryConfig::default())
+    }
+
+    pub fn with_config(ordinal: usize, config: RegistryConfig) -> Result<CudaBackend> {
+        let device = CudaDevice::new(ordinal, config).map_err(backend_error)?;
+        let function = |source: &str, kernel: &str| device.registry().function(source, kernel, &[]).map_err(backend_error);
+        let kernels = Kernels {
+            rms_norm_warp: function("norm", "rms_norm_warp_f32")?,
+            rms_norm_block: function("norm", "rms_norm_block_f32")?,
+            rope: function("rope", "rope_f32")?,
+            kv_store: function("rope", "kv_store_f32")?,
+            add: function("elementwise", "add_f32")?,
+            add_bias: function("pointwise", "add_bias_f32")?,
+            swiglu: function("pointwise", "swiglu_f32")?,
+            sample: function("sampling", "sample_token_f32")?,
+        };
+        // The sampler's penalty bitmap is dynamic shared memory sized by the vocabulary.
+        let static_bytes = kernels.sample.shared_size_bytes().map_err(|e| BackendError::Device(format!("{e:?}")))? as usize;
+        let max_sample_shared_bytes = device.info().max_shared_memory_per_block_optin.saturating_sub(static_bytes);
+        kernels
+            .sample
+            .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_sample_shared_bytes as i32)
+            .map_err(|e| BackendError::Device(format!("raising the sampler's shared memory limit: {e:?}")))?;
+        let busy_blocks = 2 * device.info().multiprocessor_count as usize;
+        Ok(CudaBackend {
+            device,
+            kernels,
+            attention: Mutex::new(AttentionState::default()),
+            graphs: Mutex::new(HashMap::new()),
+            busy_blocks,
+            max_sample_shared_bytes,
+        })
+    }
+
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// A 1-D grid-stride launch over `n` elements.
+    fn grid_stride(&self, n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.busy_blocks * 4);
+        LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// How many splits the attention of `n` tokens uses: enough blocks to fill the GPU, no more
+    /// than the cache can feed, and partials within the workspace cap. Fixed by the shapes
+    /// alone, so a captured decode step keeps one grid for every position.
+    fn attention_splits(&self, n: usize, p: &AttentionParams) -> usize {
+        let per_split_bytes = n * p.n_heads * (p.head_dim + 2) * 4;
+        self.busy_blocks
+            .div_ceil(p.n_kv_heads * n)
+            .min(p.n_ctx.div_ceil(ATTENTION_MIN_CHUNK))
+            .min(ATTENTION_MAX_SPLITS)
+            .min(ATTENTION_WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
+            .max(1)
+    }
+
+    fn is_capturing(&self) -> bool {
+        self.device.stream().capture_status().is_ok_and(|status| status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}
+
+impl AttentionState {
+    fn kernels(&mut self, device: &CudaDevice, head_dim: usize, group: usize) -> Result<&(CudaFunction, CudaFunction)> {
+        if !self.kernels.contains_key(&(head_dim, group)) {
+            let defines = [("HEAD_DIM", head_dim as i64), ("GROUP", group as i64)];
+            let load = |kernel| device.registry().function("attention", kernel, &defines).map_err(backend_error);
+            let pair = (load("attention_split_f32")?, load("attention_reduce_f32")?);
+            self.kernels.insert((head_dim, group), pair);
+        }
+        Ok(&self.kernels[&(head_dim, group)])
+    }
+
+    /// The workspace, grown to at least `len` values; growing is refused inside a capture.
+    fn workspace(&mut self, device: &CudaDevice, len: usize, capturing: bool) -> Result<&mut CudaSlice<f32>> {
+        let have = self.workspace.as_ref().map_or(0, |w| w.len());
+        if have < len.max(1) {
+            if capturing {
+                return Err(BackendError::Device(format!(
+                    "attention needs a {len}-value workspace inside a graph capture (allocated: {have}); run the step once uncaptured first"
+                )));
+            }
+            self.workspace = Some(device.alloc_zeros::<f32>(len.max(1), "attention split partials").map_err(backend_error)?);
+        }
+        Ok(self.workspace.as_mut().expect("allocated above"))
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaSlice<f32>;
+    type Weight = GpuWeight;
+    type Step = CudaStep;
+
+    fn name(&self) -> String {
+        let info = self.device.info();
+        format!("CUDA {} ({})", info.name, info.arch())
+    }
+
+    fn upload_weight(&self, src: WeightSource) -> Result<GpuWeight> {
+        src.validate()?;
+        matvec::upload_weight(&self.device, &src)
+    }
+
+    fn alloc(&self, len: usize, what: &str) -> Result<CudaSlice<f32>> {
+        self.device.alloc_zeros::<f32>(len, what).map_err(backend_error)
+    }
+
+    fn write(&self, dst: &mut CudaSlice<f32>, src: &[f32]) -> Result<()> {
+        check_len("write", dst.len(), src.len())?;
+        let mut target = dst.slice_mut(..src.len());
+        self.device.stream().memcpy_htod(src, &mut target).map_err(|e| BackendError::Device(format!("uploading {} values: {e:?}", src.len())))
+    }
+
+    fn read(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> Result<()> {
+        check_len("read", src.len(), dst.len())?;
+        let stream = self.device.stream();
+        stream
+            .memcpy_dtoh(&src.slice(..dst.len()), dst)
+            .and_then(|()| stream.synchronize())
+            .map_err(|e| BackendError::Device(format!("downloading {} values: {e:?}", dst.len())))
+    }
+
+    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<CudaStep> {
+        CudaStep::new(&self.device, max_tokens, max_history)
+    }
+
+    fn write_step(&self, step: &mut CudaStep, input: &StepInput) -> Result<()> {
+        step.write(&self.device, input)
+    }
+
+    fn embed(&self, table: &GpuWeight, step: &CudaStep, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        check_len("embed tokens", step.n_tokens, n)?;
+        let tokens = step.block.slice(step.tokens_at()..step.tokens_at() + n.max(1));
+        matvec::embed_rows(&self.device, table, &tokens, out, n)
+    }
+
+    fn rms_norm(&self, x: &CudaSlice<f32>, weight: &CudaSlice<f32>, out: &mut CudaSlice<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
+        check_len("rms_norm", x.len().min(out.len()), rows * dim)?;
+        check_len("rms_norm weight", weight.len(), dim)?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let (rows32, dim32) = (to_u32("rows", rows)?, to_u32("dim", dim)?);
+        let warps_per_block = BLOCK as usize / 32;
+        let (function, blocks) = if dim <= WARP_NORM_MAX_DIM {
+            (&self.kernels.rms_norm_warp, rows.div_ceil(warps_per_block))
+        } else {
+            (&self.kernels.rms_norm_block, rows)
+        };
+        let cfg = LaunchConfig { grid_dim: (to_u32("blocks", blocks)?, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argument list matches norm.cu; every pointer covers rows * dim (checked above).
+        unsafe { self.device.stream().launch_builder(function).arg(out).arg(x).arg(weight).arg(&rows32).arg(&dim32).arg(&eps).launch(cfg) }
+            .map(drop)
+            .map_err(launch_error("rms_norm"))
+    }
+
+    fn matmul(&self, w: &GpuWeight, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        matvec::matmul(&self.device, w, x, out, n)
+    }
+
+    fn add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, n: usize, dim: usize) -> Result<()> {
+        check_len("add_bias", x.len(), n * dim)?;
+        check_len("bias", bias.len(), dim)?;
+        if n * dim == 0 {
+            return Ok(());
+        }
+        let (dim32, total) = (to_u32("dim", dim)?, (n * dim) as u64);
+        // SAFETY: matches pointwise.cu's add_bias_f32; lengths checked above.
+        unsafe { self.device.stream().launch_builder(&self.kernels.add_bias).arg(x).arg(bias).arg(&dim32).arg(&total).launch(self.grid_stride(n * dim)) }
+            .map(drop)
+            .map_err(launch_error("add_bias"))
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, len: usize) -> Result<()> {
+        check_len("add", x.len().min(y.len()), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let total = len as u64;
+        let (ptr, _record) = x.device_ptr(self.device.stream());
+        // SAFETY: add_f32(out, a, b, n) is elementwise, so out may alias a; lengths checked above.
+        unsafe { self.device.stream().launch_builder(&self.kernels.add).arg(&ptr).arg(&ptr).arg(y).arg(&total).launch(self.grid_stride(len)) }
+            .map(drop)
+            .map_err(launch_error("add"))
+    }
+
+    fn swiglu(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize) -> Result<()> {
+        check_len("swiglu", gate.len().min(up.len()).min(out.len()), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let total = len as u64;
+        // SAFETY: matches pointwise.cu's swiglu_f32; lengths checked above.
+        unsafe { self.device.stream().launch_builder(&self.kernels.swiglu).arg(out).arg(gate).arg(up).arg(&total).launch(self.grid_stride(len)) }
+            .map(drop)
+            .map_err(launch_error("swiglu"))
+    }
+
+    fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, step: &CudaStep, n: usize, p: &RopeParams) -> Result<()> {
+        check_len("rope", x.len(), n * p.n_heads * p.head_dim)?;
+        check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
+        check_len("rope tokens in the step", step.n_tokens, n)?;
+        if p.n_rot > p.head_dim || p.n_rot % 2 != 0 {
+            return Err(BackendError::Device(format!("rope: n_rot {} does not fit head_dim {}", p.n_rot, p.head_dim)));
+        }
+        let pairs = n * p.n_heads * (p.n_rot / 2);
+        if pairs == 0 {
+            return Ok(());
+        }
+        let args = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("head_dim", p.head_dim)?, to_u32("n_rot", p.n_rot)?, u32::from(p.kind == RopeKind::Neox)];
+        // SAFETY: matches rope.cu's rope_f32; x holds n * n_heads * head_dim values (checked).
+        unsafe {
+            self.device
+                .stream()
+                .launch_builder(&self.kernels.rope)
+                .arg(x)
+                .arg(inv_freq)
+                .arg(&step.block)
+                .arg(&args[0])
+                .arg(&args[1])
+                .arg(&args[2])
+                .arg(&args[3])
+                .arg(&args[4])
+                .launch(self.grid_stride(pairs))
+        }
+        .map(drop)
+        .map_err(launch_error("rope"))
+    }
+
+    fn kv_store(&self, k: &CudaSlice<f32>, v: &CudaSlice<f32>, k_cache: &mut CudaSlice<f32>, v_cache: &mut CudaSlice<f32>, step: &CudaStep, n: usize, kv_width: usize) -> Result<()> {
+        check_len("kv_store input", k.len().min(v.len()), n * kv_width)?;
+        check_len("kv_store tokens in the step", step.n_tokens, n)?;
+        if n * kv_width == 0 {
+            return Ok(());
+        }
+        let cache_rows = to_u32("cache rows", k_cache.len().min(v_cache.len()) / kv_width)?;
+        let (n32, width32) = (to_u32("tokens", n)?, to_u32("kv_width", kv_width)?);
+        // SAFETY: matches rope.cu's kv_store_f32, which drops rows past `cache_rows`.
+        unsafe {
+            self.device
+                .stream()
+                .launch_builder(&self.kernels.kv_store)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(k)
+                .arg(v)
+                .arg(&step.block)
+                .arg(&n32)
+                .arg(&width32)
+                .arg(&cache_rows)
+                .launch(self.grid_stride(n * kv_width))
+        }
+        .map(drop)
+        .map_err(launch_error("kv_store"))
+    }
+
+    fn attention(&self, q: &CudaSlice<f32>, k_cache: &CudaSlice<f32>, v_cache: &CudaSlice<f32>, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 {
+            return Err(BackendError::Device(format!("attention: {} query heads over {} kv heads of dim {}", p.n_heads, p.n_kv_heads, p.head_dim)));
+        }
+        let (q_width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+        check_len("attention query", q.len(), n * q_width)?;
+        check_len("attention output", out.len(), n * q_width)?;
+        check_len("attention cache", k_cache.len().min(v_cache.len()), p.n_ctx * kv_width)?;
+        check_len("attention tokens in the step", step.n_tokens, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n_splits = self.attention_splits(n, p);
+        let partial_len = n * p.n_heads * n_splits * p.head_dim;
+        let workspace_len = if n_splits > 1 { partial_len + n * p.n_heads * n_splits * 2 } else { 1 };
+        let capturing = self.is_capturing();
+        let mut state = self.attention.lock().unwrap_or_else(PoisonError::into_inner);
+        let (split, reduce) = state.kernels(&self.device, p.head_dim, p.n_heads / p.n_kv_heads)?.clone();
+        let workspace = state.workspace(&self.device, workspace_len, capturing)?;
+        let (mut partial_acc, mut partial_ml) = workspace.split_at_mut(partial_len.min(workspace_len - 1));
+        let ints = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("kv heads", p.n_kv_heads)?, to_u32("cache rows", p.n_ctx)?, n_splits as u32];
+        let stream = self.device.stream();
+        let cfg = LaunchConfig {
+            grid_dim: (n_splits as u32, ints[2], ints[0]),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches attention.cu; q/out hold n * q_width values and the caches n_ctx rows
+        // (checked above); partials hold n * n_heads * n_splits rows when n_splits > 1.
+        unsafe {
+            stream
+                .launch_builder(&split)
+                .arg(&mut *out)
+                .arg(&mut partial_acc)
+                .arg(&mut partial_ml)
+                .arg(q)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(&step.block)
+                .arg(&ints[0])
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .arg(&p.scale)
+                .launch(cfg)
+        }
+        .map_err(launch_error("attention_split_f32"))?;
+        if n_splits > 1 {
+            let cfg = LaunchConfig { grid_dim: (ints[1], ints[0], 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
+            unsafe {
+                stream
+                    .launch_builder(&reduce)
+                    .arg(out)
+                    .arg(&mut partial_acc)
+                    .arg(&mut partial_ml)
+                    .arg(&step.block)
+                    .arg(&ints[0])
+                    .arg(&ints[1])
+                    .arg(&ints[3])
+                    .arg(&ints[4])
+                    .launch(cfg)
+            }
+            .map_err(launch_error("attention_reduce_f32"))?;
+        }
+        Ok(())
+    }
+
+    fn copy_row(&self, src: &CudaSlice<f32>, src_row: usize, dst: &mut CudaSlice<f32>, dim: usize) -> Result<()> {
+        check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
+        check_len("copy_row destination", dst.len(), dim)?;
+        let row = src.slice(src_row * dim..(src_row + 1) * dim);
+        self.device
+            .stream()
+            .memcpy_dtod(&row, &mut dst.slice_mut(..dim))
+            .map_err(|e| BackendError::Device(format!("copy_row: {e:?}")))
+    }
+
+    fn sample(&self, logits: &CudaSlice<f32>, n_vocab: usize, step: &mut CudaStep) -> Result<()> {
+        check_len("sample", logits.len(), n_vocab)?;
+        if n_vocab == 0 {
+            return Err(BackendError::Device("sample: empty vocabulary".into()));
+        }
+        let bitmap_bytes = n_vocab.div_ceil(32) * 4;
+        if bitmap_bytes > self.max_sample_shared_bytes {
+            return Err(BackendError::Unsupported {
+                backend: "CUDA".into(),
+                what: format!("sampling a vocabulary of {n_vocab} tokens (the penalty bitmap needs {bitmap_bytes} bytes of shared memory, {} available)", self.max_sample_shared_bytes),
+            });
+        }
+        let n32 = to_u32("n_vocab", n_vocab)?;
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
+        // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its layout.
+        unsafe { self.device.stream().launch_builder(&self.kernels.sample).arg(logits).arg(&mut step.block).arg(&n32).launch(cfg) }
+            .map(drop)
+            .map_err(launch_error("sample_token_f32"))
+    }
+
+    fn sampled_token(&self, step: &CudaStep) -> Result<u32> {
+        step.sampled(&self.device)
+    }
+
+    /// First call of a key: runs `record` directly, so lazily loaded kernels and scratch
+    /// buffers are created outside any capture. Second call: captures `record` into a graph
+    /// and launches it. Later calls: launch the graph only.
+    fn run_step(&self, key: u64, record: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let mut graphs = self.graphs.lock().unwrap_or_else(PoisonError::into_inner);
+        let stream = self.device.stream();
+        let graph_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the graph of step {key}: {e:?}"));
+        match graphs.get(&key) {
+            None => {
+                record()?;
+                graphs.insert(key, StepGraph::WarmedUp);
+            }
+            Some(StepGraph::WarmedUp) => {
+                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(graph_error("starting the capture of"))?;
+                let recorded = record();
+                // The capture always ends, so a failed record leaves the stream usable.
+                let captured = stream.end_capture(CUgraphInstantiate_flags(0));
+                recorded?;
+                let graph = captured
+                    .map_err(graph_error("capturing"))?
+                    .ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
+                graph.launch().map_err(graph_error("launching"))?;
+                graphs.insert(key, StepGraph::Captured(SendGraph(graph)));
+            }
+            Some(StepGraph::Captured(graph)) => graph.0.launch().map_err(graph_error("launching"))?,
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.device.synchronize().map_err(backend_error)
+    }
+
+    fn ffn_gate_up(&self, w_gate: &GpuWeight, w_up: &GpuWeight, x: &CudaSlice<f32>, _gate: &mut CudaSlice<f32>, _up: &mut CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, _n_ff: usize) -> Result<()> {
+        matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n)
+    }
+
+    fn matmul_add(&self, w: &GpuWeight, x: &CudaSlice<f32>, residual: &mut CudaSlice<f32>, _tmp: &mut CudaSlice<f32>, n: usize, _dim: usize) -> Result<()> {
+        matvec::matmul_add(&self.device, w, x, residual, n)
+    }
+}

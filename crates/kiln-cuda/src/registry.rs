@@ -1,0 +1,127 @@
+//! Kernel lookup by (source, kernel, defines): compiled once per distinct key, loaded once per
+//! context, and shared as `Arc<CudaModule>` by every caller.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+use crate::cache::{validate_arch, CacheDir, CubinCache, CubinKey, CubinOrigin};
+use crate::error::format_defines;
+use crate::nvrtc::ensure_nvrtc;
+use crate::sources::find_kernel;
+use crate::CudaError;
+
+#[derive(Clone, Debug, Default)]
+pub struct RegistryConfig {
+    pub cache_dir: CacheDir,
+    /// Target architecture such as `sm_90a`; by default the device's own (`sm_<major><minor>`).
+    pub arch: Option<String>,
+}
+
+pub struct KernelRegistry {
+    ctx: Arc<CudaContext>,
+    arch: String,
+    cubins: CubinCache,
+    modules: RwLock<HashMap<CubinKey, Arc<CudaModule>>>,
+}
+
+impl KernelRegistry {
+    /// Needs libnvrtc (checked here, so later calls cannot hit cudarc's missing-library panic).
+    pub fn new(ctx: Arc<CudaContext>, config: RegistryConfig) -> Result<Self, CudaError> {
+        ensure_nvrtc()?;
+        let arch = match config.arch {
+            Some(arch) => arch,
+            None => {
+                let (major, minor) = ctx
+                    .compute_capability()
+                    .map_err(CudaError::driver("reading the compute capability"))?;
+                format!("sm_{major}{minor}")
+            }
+        };
+        // A malformed override fails here rather than at the first lookup.
+        validate_arch(&arch)?;
+        Ok(KernelRegistry {
+            ctx,
+            arch,
+            cubins: CubinCache::new(&config.cache_dir),
+            modules: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// The architecture every module is compiled for.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    pub fn cubin_cache(&self) -> &CubinCache {
+        &self.cubins
+    }
+
+    /// The module of `kernels/<source>.cu` specialized by `defines` (order does not matter).
+    /// The same key always returns the same `Arc`.
+    pub fn module(
+        &self,
+        source: &str,
+        defines: &[(&str, i64)],
+    ) -> Result<Arc<CudaModule>, CudaError> {
+        let key = CubinKey::new(source, defines, &self.arch)?;
+        if let Some(module) = self
+            .modules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return Ok(module.clone());
+        }
+        // Compiled outside the lock so other keys are not held up; when two threads race on
+        // one key, the first insertion wins and both get that module.
+        let cubin = self.cubins.get_or_compile(&key)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(cubin.bytes))
+            .map_err(|error| CudaError::Load {
+                source_name: source.to_string(),
+                defines: format_defines(key.defines()),
+                arch: self.arch.clone(),
+                error,
+            })?;
+        if cubin.origin == CubinOrigin::Disk {
+            tracing::debug!(source, defines = %format_defines(key.defines()), "kernel module loaded from the disk cache");
+        }
+        let mut modules = self.modules.write().unwrap_or_else(PoisonError::into_inner);
+        Ok(modules.entry(key).or_insert(module).clone())
+    }
+
+    /// One kernel of a module. Callers on hot paths should keep the returned function.
+    pub fn function(
+        &self,
+        source: &str,
+        kernel: &str,
+        defines: &[(&str, i64)],
+    ) -> Result<CudaFunction, CudaError> {
+        find_kernel(source, kernel)?;
+        self.module(source, defines)?
+            .load_function(kernel)
+            .map_err(CudaError::driver(format!(
+                "looking up kernel `{kernel}` in {source}.cu"
+            )))
+    }
+}
+
+impl std::fmt::Debug for KernelRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let loaded = self
+            .modules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        f.debug_struct("KernelRegistry")
+            .field("device", &self.ctx.ordinal())
+            .field("arch", &self.arch)
+            .field("cache_dir", &self.cubins.dir())
+            .field("loaded_modules", &loaded)
+            .finish()
+    }
+}

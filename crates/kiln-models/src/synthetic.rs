@@ -1,0 +1,402 @@
+//! Random-weight models in the shapes of real ones, for benchmarks and tests.
+//!
+//! The model is what `kiln quantize` makes from an F16 original holding these
+//! random values: the same metadata, tensor plan and quantization code.
+//! Values are N(0, 1/fan_in) (norm weights about 1), generated per row from a
+//! seed, so any row can be recomputed independently and in parallel.
+
+use std::path::Path;
+
+use kiln_gguf::{TensorInfo, Value, ValueType};
+use kiln_quant::GgmlType;
+
+use crate::quantize::{output_metadata, plan_tensors, write_planned, FileType, Progress, QuantHparams, QuantizeOptions, Result, TensorSource, WriteSummary};
+
+/// Tokenizer families of the synthetic vocabularies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerStyle {
+    /// gpt2 BPE with the llama-bpe pre-tokenizer and Llama 3 special tokens.
+    Llama3,
+    /// gpt2 BPE with the qwen2 pre-tokenizer and Qwen special tokens.
+    Qwen2,
+}
+
+/// The hyper-parameters of a model family member.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelShape {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub n_embd: u64,
+    pub n_layer: u64,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim: u64,
+    pub n_ff: u64,
+    pub n_vocab: u64,
+    /// Control tokens at the end of the vocabulary.
+    pub n_special: u64,
+    pub n_ctx: u64,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+    pub tied_embeddings: bool,
+    /// Per-head RMSNorm of q and k (qwen3).
+    pub qk_norm: bool,
+    pub tokenizer: TokenizerStyle,
+}
+
+const LLAMA3_8B: ModelShape = ModelShape {
+    name: "llama3-8b",
+    arch: "llama",
+    n_embd: 4096,
+    n_layer: 32,
+    n_head: 32,
+    n_head_kv: 8,
+    head_dim: 128,
+    n_ff: 14336,
+    n_vocab: 128256,
+    n_special: 256,
+    n_ctx: 8192,
+    rope_base: 500000.0,
+    rms_eps: 1e-5,
+    tied_embeddings: false,
+    qk_norm: false,
+    tokenizer: TokenizerStyle::Llama3,
+};
+
+const QWEN3_8B: ModelShape = ModelShape {
+    name: "qwen3-8b",
+    arch: "qwen3",
+    n_embd: 4096,
+    n_layer: 36,
+    n_head: 32,
+    n_head_kv: 8,
+    head_dim: 128,
+    n_ff: 12288,
+    n_vocab: 151936,
+    n_special: 293,
+    n_ctx: 40960,
+    rope_base: 1000000.0,
+    rms_eps: 1e-6,
+    tied_embeddings: false,
+    qk_norm: true,
+    tokenizer: TokenizerStyle::Qwen2,
+};
+
+/// Every shape `random-model` knows.
+pub const SHAPES: &[ModelShape] = &[
+    LLAMA3_8B,
+    QWEN3_8B,
+    ModelShape { name: "qwen3-0.6b", n_embd: 1024, n_layer: 28, n_head: 16, n_ff: 3072, tied_embeddings: true, ..QWEN3_8B },
+    ModelShape {
+        name: "tiny-llama",
+        n_embd: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 512,
+        n_vocab: 512,
+        n_special: 8,
+        n_ctx: 2048,
+        rope_base: 10000.0,
+        ..LLAMA3_8B
+    },
+    ModelShape {
+        name: "tiny-qwen3",
+        n_embd: 256,
+        n_layer: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 512,
+        n_vocab: 512,
+        n_special: 8,
+        n_ctx: 2048,
+        tied_embeddings: true,
+        ..QWEN3_8B
+    },
+];
+
+pub fn find_shape(name: &str) -> Option<ModelShape> {
+    SHAPES.iter().find(|s| s.name.eq_ignore_ascii_case(name)).copied()
+}
+
+/// GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves,
+/// the others are moved to U+0100 and up, in byte order.
+fn byte_to_unicode(b: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(b) {
+        return b as char;
+    }
+    let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + shifted).expect("U+0100.. are valid chars")
+}
+
+/// A few real-looking merges ("Ġ" is the byte-level space), so encoding
+/// exercises the merge loop; every result is a token of the vocabulary.
+const MERGES: &[&str] = &[
+    "Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "r e", "Ġ s", "e d", "Ġ w", "o r", "e n", "Ġ o", "i s",
+    "a t", "Ġ c", "e s", "Ġ b", "Ġt he", "in g", "Ġ f", "Ġ m", "Ġ d",
+];
+
+struct Vocabulary {
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    bos: u64,
+    eos: u64,
+}
+
+const TOKEN_NORMAL: i32 = 1;
+const TOKEN_CONTROL: i32 = 3;
+
+fn vocabulary(shape: &ModelShape) -> Vocabulary {
+    let special_base = shape.n_vocab - shape.n_special;
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_to_unicode(b).to_string()).collect();
+    tokens.extend(MERGES.iter().map(|m| m.replace(' ', "")));
+    let fillers = tokens.len() as u64..special_base;
+    tokens.extend(fillers.map(|i| format!("tok{i}")));
+    let named: &[&str] = match shape.tokenizer {
+        TokenizerStyle::Llama3 => &["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        TokenizerStyle::Qwen2 => &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    };
+    for k in 0..shape.n_special {
+        tokens.push(match (named.get(k as usize), shape.tokenizer) {
+            (Some(name), _) => name.to_string(),
+            (None, TokenizerStyle::Llama3) => format!("<|reserved_special_token_{k}|>"),
+            (None, TokenizerStyle::Qwen2) => format!("[PAD{}]", special_base + k),
+        });
+    }
+    let types = (0..shape.n_vocab).map(|i| if i < special_base { TOKEN_NORMAL } else { TOKEN_CONTROL }).collect();
+    let (bos, eos) = match shape.tokenizer {
+        TokenizerStyle::Llama3 => (special_base, special_base + 1),
+        TokenizerStyle::Qwen2 => (special_base, special_base + 2),
+    };
+    Vocabulary { tokens, types, bos, eos }
+}
+
+fn string_array(items: Vec<String>) -> Value {
+    Value::Array(ValueType::String, items.into_iter().map(Value::String).collect())
+}
+
+/// How the values of one tensor are drawn.
+#[derive(Clone, Copy, Debug)]
+struct Distribution {
+    mean: f32,
+    std: f32,
+    /// Round to f16, as the F16 original stores them.
+    f16: bool,
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a, so a tensor's values depend on its name, not on its position.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Fills `out` with approximately normal values: each is the sum of four
+/// 16-bit uniforms from one xorshift64* step (Irwin-Hall, exact mean and
+/// variance, tails cut at 3.5 sigma), which is several times cheaper than
+/// Box-Muller and plenty for random weights.
+fn fill_normal(seed: u64, dist: Distribution, out: &mut [f32]) {
+    let mut state = splitmix64(seed) | 1;
+    // Four uniforms on [0, 1) have mean 2 and variance 1/3.
+    let scale = dist.std * 3f32.sqrt() / 65536.0;
+    let center = 2.0 * 65536.0;
+    for v in out.iter_mut() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        let sum = (r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48);
+        let x = dist.mean + (sum as f32 - center) * scale;
+        *v = if dist.f16 { half::f16::from_f32(x).to_f32() } else { x };
+    }
+}
+
+/// A random model of one shape: its metadata, tensors and values.
+pub struct RandomModel {
+    shape: ModelShape,
+    seed: u64,
+    tensors: Vec<TensorInfo>,
+    distributions: Vec<Distribution>,
+}
+
+impl RandomModel {
+    pub fn new(shape: ModelShape, seed: u64) -> RandomModel {
+        let s = &shape;
+        let (q_width, kv_width) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+        let mut tensors = Vec::new();
+        let mut distributions = Vec::new();
+        let mut add = |name: String, dims: Vec<u64>| {
+            let matrix = dims.len() == 2;
+            let ty = if matrix { GgmlType::F16 } else { GgmlType::F32 };
+            let dist = if matrix {
+                Distribution { mean: 0.0, std: 1.0 / (dims[0] as f32).sqrt(), f16: true }
+            } else {
+                Distribution { mean: 1.0, std: 0.1, f16: false }
+            };
+            tensors.push(TensorInfo { name, dims, ty, offset: 0, n_bytes: 0 });
+            distributions.push(dist);
+        };
+        // The order convert_hf_to_gguf.py writes a Hugging Face checkpoint in.
+        add("token_embd.weight".into(), vec![s.n_embd, s.n_vocab]);
+        for l in 0..s.n_layer {
+            let n = |suffix: &str| format!("blk.{l}.{suffix}");
+            add(n("attn_norm.weight"), vec![s.n_embd]);
+            add(n("ffn_down.weight"), vec![s.n_ff, s.n_embd]);
+            add(n("ffn_gate.weight"), vec![s.n_embd, s.n_ff]);
+            add(n("ffn_up.weight"), vec![s.n_embd, s.n_ff]);
+            add(n("ffn_norm.weight"), vec![s.n_embd]);
+            if s.qk_norm {
+                add(n("attn_k_norm.weight"), vec![s.head_dim]);
+            }
+            add(n("attn_k.weight"), vec![s.n_embd, kv_width]);
+            add(n("attn_output.weight"), vec![q_width, s.n_embd]);
+            if s.qk_norm {
+                add(n("attn_q_norm.weight"), vec![s.head_dim]);
+            }
+            add(n("attn_q.weight"), vec![s.n_embd, q_width]);
+            add(n("attn_v.weight"), vec![s.n_embd, kv_width]);
+        }
+        add("output_norm.weight".into(), vec![s.n_embd]);
+        if !s.tied_embeddings {
+            add("output.weight".into(), vec![s.n_embd, s.n_vocab]);
+        }
+        RandomModel { shape, seed, tensors, distributions }
+    }
+
+    pub fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    /// The tensors of the F16 original (2-D weights F16, norms F32).
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// Metadata of the F16 original, tokenizer included.
+    pub fn metadata(&self) -> Vec<(String, Value)> {
+        let s = &self.shape;
+        let a = s.arch;
+        let u32v = |v: u64| Value::U32(v as u32);
+        let vocab = vocabulary(s);
+        let mut m: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String(a.into())),
+            ("general.type".into(), Value::String("model".into())),
+            ("general.name".into(), Value::String(format!("kiln random {} (seed {})", s.name, self.seed))),
+            (format!("{a}.block_count"), u32v(s.n_layer)),
+            (format!("{a}.context_length"), u32v(s.n_ctx)),
+            (format!("{a}.embedding_length"), u32v(s.n_embd)),
+            (format!("{a}.feed_forward_length"), u32v(s.n_ff)),
+            (format!("{a}.attention.head_count"), u32v(s.n_head)),
+            (format!("{a}.attention.head_count_kv"), u32v(s.n_head_kv)),
+            (format!("{a}.rope.freq_base"), Value::F32(s.rope_base)),
+            (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(s.rms_eps)),
+            (format!("{a}.attention.key_length"), u32v(s.head_dim)),
+            (format!("{a}.attention.value_length"), u32v(s.head_dim)),
+        ];
+        if a == "llama" {
+            m.push((format!("{a}.rope.dimension_count"), u32v(s.head_dim)));
+            m.push((format!("{a}.vocab_size"), u32v(s.n_vocab)));
+        }
+        m.push(("general.file_type".into(), Value::U32(FileType::F16.id())));
+        let (pre, add_bos) = match s.tokenizer {
+            TokenizerStyle::Llama3 => ("llama-bpe", true),
+            TokenizerStyle::Qwen2 => ("qwen2", false),
+        };
+        m.extend([
+            ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
+            ("tokenizer.ggml.tokens".into(), string_array(vocab.tokens)),
+            ("tokenizer.ggml.token_type".into(), Value::Array(ValueType::I32, vocab.types.into_iter().map(Value::I32).collect())),
+            ("tokenizer.ggml.merges".into(), string_array(MERGES.iter().map(|m| m.to_string()).collect())),
+            ("tokenizer.ggml.bos_token_id".into(), u32v(vocab.bos)),
+            ("tokenizer.ggml.eos_token_id".into(), u32v(vocab.eos)),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)),
+        ]);
+        m
+    }
+
+    /// Row `row` of tensor `index` as the F16 original holds it.
+    pub fn original_row(&self, index: usize, row: usize, out: &mut [f32]) {
+        let t = &self.tensors[index];
+        let seed = self.seed ^ splitmix64(name_hash(&t.name) ^ splitmix64(row as u64));
+        fill_normal(seed, self.distributions[index], out);
+    }
+
+    /// Writes the model quantized as `options` asks, exactly as `kiln
+    /// quantize` would convert the F16 original.
+    pub fn write(&self, path: &Path, options: &QuantizeOptions, progress: &dyn Progress) -> Result<WriteSummary> {
+        let original = self.metadata();
+        let hparams = QuantHparams::from_metadata(&original)?;
+        let plans = plan_tensors(&hparams, &self.tensors, options)?;
+        write_planned(path, output_metadata(&original, options.ftype), &plans, self, progress)
+    }
+}
+
+impl TensorSource for RandomModel {
+    fn stored_bytes(&self, _index: usize) -> Option<&[u8]> {
+        None
+    }
+
+    fn row_f32(&self, index: usize, row: usize, out: &mut [f32]) -> Result<()> {
+        self.original_row(index, row, out);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_alphabet_is_a_bijection_onto_256_chars() {
+        let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_to_unicode).collect();
+        assert_eq!(chars.len(), 256);
+        assert_eq!(byte_to_unicode(b' '), 'Ġ');
+        assert_eq!(byte_to_unicode(b'\n'), 'Ċ');
+        assert_eq!(byte_to_unicode(b'a'), 'a');
+    }
+
+    #[test]
+    fn vocabulary_is_unique_and_sized() {
+        for shape in SHAPES {
+            let v = vocabulary(shape);
+            assert_eq!(v.tokens.len() as u64, shape.n_vocab, "{}", shape.name);
+            assert_eq!(v.types.len() as u64, shape.n_vocab);
+            let unique: std::collections::HashSet<&String> = v.tokens.iter().collect();
+            assert_eq!(unique.len(), v.tokens.len(), "{}: duplicate tokens", shape.name);
+            assert_eq!(v.types[v.bos as usize], TOKEN_CONTROL);
+            for m in MERGES {
+                let (l, r) = m.split_once(' ').unwrap();
+                for part in [l.to_string(), r.to_string(), format!("{l}{r}")] {
+                    assert!(v.tokens.contains(&part), "merge {m}: {part} is not a token");
+                }
+            }
+        }
+        assert_eq!(vocabulary(&LLAMA3_8B).tokens[128000], "<|begin_of_text|>");
+        assert_eq!(vocabulary(&QWEN3_8B).tokens[151645], "<|im_end|>");
+    }
+
+    #[test]
+    fn random_values_have_the_requested_moments() {
+        let mut row = vec![0f32; 1 << 16];
+        let dist = Distribution { mean: 0.5, std: 0.25, f16: false };
+        fill_normal(7, dist, &mut row);
+        let n = row.len() as f64;
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+        // Standard errors at n = 65536: mean 0.001, std about 0.0007.
+        assert!((mean - 0.5).abs() < 0.005, "mean {mean}");
+        assert!((var.sqrt() - 0.25).abs() < 0.005, "std {}", var.sqrt());
+        let mut other = vec![0f32; 1 << 16];
+        fill_normal(8, dist, &mut other);
+        assert_ne!(row, other);
+    }
+}

@@ -1,0 +1,163 @@
+//! GGML block formats: exact byte layouts, dequantization, reference
+//! quantizers and scalar dot products.
+//!
+//! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
+//! operation order), and the quantizers reproduce ggml's reference quantizers
+//! (`quantize_row_*_ref`, and for IQ4_NL/IQ4_XS the scale search llama-quantize
+//! runs without an importance matrix) byte for byte.
+//!
+//! Every entry point works on whole rows of bytes and floats, block by block,
+//! without allocating.
+
+mod block;
+mod float;
+mod iq;
+mod kquants;
+mod legacy;
+mod ternary;
+mod types;
+
+pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
+pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
+pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+pub use ternary::{BlockTQ1_0, BlockTQ2_0};
+pub use types::{GgmlType, ALL_TYPES};
+
+use block::RowCodec;
+
+// Block structs are read from file bytes as native-endian plain data; GGUF is little-endian.
+#[cfg(not(target_endian = "little"))]
+compile_error!("kiln-quant reads GGML blocks as little-endian plain data");
+
+/// Errors of the row-level entry points. None of them panics on bad input.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    #[error("{op} is not supported for GGML type {ty}")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    #[error("unknown GGML type id {0}")]
+    UnknownTypeId(u32),
+    #[error(
+        "{ty}: {n_elements} elements take {expected} bytes, but the byte buffer holds {n_bytes}"
+    )]
+    BadLength {
+        ty: GgmlType,
+        n_elements: usize,
+        n_bytes: usize,
+        expected: usize,
+    },
+    #[error("{ty}: {n} elements is not a multiple of the block size {block_size}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block_size: usize,
+    },
+    #[error("{ty}: the byte size of {n_elements} elements overflows usize")]
+    TooLarge { ty: GgmlType, n_elements: usize },
+}
+
+/// The type for a GGUF type id, as a typed error for ids this build does not know.
+pub fn type_from_id(id: u32) -> Result<GgmlType, QuantError> {
+    GgmlType::from_id(id).ok_or(QuantError::UnknownTypeId(id))
+}
+
+/// Maps a type to the codec implementing it and evaluates `$body` with `$C`
+/// naming that codec, or `$other` for types without one.
+macro_rules! with_codec {
+    ($ty:expr, $C:ident => $body:expr, $other:expr) => {
+        with_codec!(@table $ty, $C, $body, $other,
+            F32 => float::FloatCodec<f32>, F16 => float::FloatCodec<half::f16>,
+            BF16 => float::FloatCodec<half::bf16>, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1,
+            Q5_0 => BlockQ5_0, Q5_1 => BlockQ5_1, Q8_0 => BlockQ8_0, Q8_1 => BlockQ8_1,
+            Q1_0 => BlockQ1_0, Q2_K => BlockQ2_K, Q3_K => BlockQ3_K, Q4_K => BlockQ4_K,
+            Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K, IQ4_NL => BlockIQ4_NL,
+            IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0)
+    };
+    (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),*) => {
+        match $ty {
+            $(GgmlType::$variant => {
+                type $C = $codec;
+                $body
+            })*
+            _ => $other,
+        }
+    };
+}
+
+/// Whether `dequantize` and `vec_dot` handle this type.
+pub fn can_dequantize(ty: GgmlType) -> bool {
+    with_codec!(ty, _C => true, false)
+}
+
+/// Whether `quantize` handles this type (every dequantizable type here has a quantizer).
+pub fn can_quantize(ty: GgmlType) -> bool {
+    can_dequantize(ty)
+}
+
+/// Bytes taken by `n_elements` values of type `ty`.
+pub fn quantized_size(ty: GgmlType, n_elements: usize) -> Result<usize, QuantError> {
+    let block_size = ty.block_size();
+    if n_elements % block_size != 0 {
+        return Err(QuantError::NotBlockMultiple {
+            ty,
+            n: n_elements,
+            block_size,
+        });
+    }
+    (n_elements / block_size)
+        .checked_mul(ty.type_size())
+        .ok_or(QuantError::TooLarge { ty, n_elements })
+}
+
+/// Checks that `n_bytes` is exactly the size of `n_elements` values of `ty`.
+fn check_lengths(ty: GgmlType, n_elements: usize, n_bytes: usize) -> Result<(), QuantError> {
+    let expected = quantized_size(ty, n_elements)?;
+    if n_bytes != expected {
+        return Err(QuantError::BadLength {
+            ty,
+            n_elements,
+            n_bytes,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes `dst.len()` values of type `ty` from `src`, which must hold exactly their bytes.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    with_codec!(
+        ty,
+        C => {
+            check_lengths(ty, dst.len(), src.len())?;
+            C::dequantize_row(src, dst);
+            Ok(())
+        },
+        Err(QuantError::Unsupported { ty, op: "dequantize" })
+    )
+}
+
+/// Encodes `src` (a whole number of blocks; blocks are independent, so rows may be
+/// concatenated) into `dst`, which must be exactly the encoded size.
+pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    with_codec!(
+        ty,
+        C => {
+            check_lengths(ty, src.len(), dst.len())?;
+            C::quantize_row(src, dst);
+            Ok(())
+        },
+        Err(QuantError::Unsupported { ty, op: "quantize" })
+    )
+}
+
+/// Scalar reference dot product `sum_i dequant(row)_i * x_i`, where `row` holds exactly the
+/// bytes of `x.len()` values. Works block by block; the sum is accumulated in f64.
+pub fn vec_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    with_codec!(
+        ty,
+        C => {
+            check_lengths(ty, x.len(), row.len())?;
+            Ok(C::dot_row(row, x))
+        },
+        Err(QuantError::Unsupported { ty, op: "vec_dot" })
+    )
+}

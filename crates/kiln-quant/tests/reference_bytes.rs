@@ -1,0 +1,114 @@
+//! Byte-exact agreement of the quantizers with the two reference implementations:
+//! gguf-py (fixtures written by tests/fixtures/gen_fixtures.py) and llama.cpp's
+//! llama-quantize (the model files in shared/testdata, quantized from weights the
+//! fixture script regenerates bit for bit).
+
+mod common;
+
+use common::*;
+use kiln_quant::{quantize, quantized_size, GgmlType};
+use std::path::Path;
+
+/// Index of the first differing byte, for a readable failure.
+fn first_mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then_some(a.len().min(b.len())))
+}
+
+fn quantize_to_vec(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; quantized_size(ty, x.len()).unwrap()];
+    quantize(ty, x, &mut out).unwrap_or_else(|e| panic!("quantize {ty}: {e}"));
+    out
+}
+
+#[test]
+fn quantizers_match_gguf_py_byte_for_byte() {
+    let dir = fixtures_dir();
+    let manifest = read_json(&dir.join("manifest.json"));
+    let input = f32s_from_le(&read(&dir.join("gguf_py_input.f32")));
+    let n_rows = manifest["gguf_py_rows"].as_u64().unwrap() as usize;
+    let row_len = manifest["gguf_py_row_len"].as_u64().unwrap() as usize;
+    assert_eq!(input.len(), n_rows * row_len);
+    let types = manifest["gguf_py_types"].as_array().unwrap();
+    assert!(
+        types.len() >= 9,
+        "fixture manifest lists only {} types",
+        types.len()
+    );
+    for name in types {
+        let name = name.as_str().unwrap();
+        let ty =
+            GgmlType::from_name(name).unwrap_or_else(|| panic!("unknown type {name} in manifest"));
+        let expected = read(&dir.join(format!("gguf_py_{name}.bin")));
+        let got = quantize_to_vec(ty, &input);
+        if let Some(at) = first_mismatch(&got, &expected) {
+            let block = at / ty.type_size();
+            panic!(
+                "{name}: byte {at} (block {block}) differs from gguf-py: got {:?} want {:?}",
+                &got[block * ty.type_size()..][..ty.type_size()],
+                &expected[block * ty.type_size()..][..ty.type_size()]
+            );
+        }
+    }
+}
+
+/// The bytes of tensor `name` in the model described by `ref_json` (offsets from the ref).
+fn tensor_bytes(shared: &Path, ref_json: &serde_json::Value, name: &str) -> (GgmlType, Vec<u8>) {
+    let path = shared.join(ref_json["path"].as_str().expect("model not shipped"));
+    let entry = ref_json["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap_or_else(|| panic!("{}: no tensor {name}", path.display()));
+    let ty = GgmlType::from_name(entry["type"].as_str().unwrap()).unwrap();
+    let offset = entry["data_offset"].as_u64().unwrap() as usize;
+    let n_bytes = entry["n_bytes"].as_u64().unwrap() as usize;
+    let file = read(&path);
+    (ty, file[offset..offset + n_bytes].to_vec())
+}
+
+#[test]
+fn quantizers_match_llama_quantize_byte_for_byte() {
+    let shared = shared_dir();
+    let models = shared.join("testdata/models");
+    let manifest = read_json(&fixtures_dir().join("manifest.json"));
+    let rows = f32s_from_le(&read(&fixtures_dir().join("tiny_llama_rows.f32")));
+    let types = [
+        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+        "IQ4_XS", "TQ1_0", "TQ2_0", "Q1_0",
+    ];
+    for name in types {
+        let ref_json = read_json(&models.join(format!("tiny-llama-{name}.ref.json")));
+        for pick in manifest["tiny_llama_rows"].as_array().unwrap() {
+            let tensor = pick["name"].as_str().unwrap();
+            let offset = pick["offset"].as_u64().unwrap() as usize;
+            let n = (pick["rows"].as_u64().unwrap() * pick["row_len"].as_u64().unwrap()) as usize;
+            let (ty, file_bytes) = tensor_bytes(&shared, &ref_json, tensor);
+            assert_eq!(ty.name(), name, "{tensor} in tiny-llama-{name}");
+            let got = quantize_to_vec(ty, &rows[offset..offset + n]);
+            if let Some(at) = first_mismatch(&got, &file_bytes[..got.len()]) {
+                panic!(
+                    "{name} {tensor}: byte {at} (block {}) differs from llama-quantize",
+                    at / ty.type_size()
+                );
+            }
+        }
+    }
+    // F16/BF16: stories260K's F32 weights against llama-quantize's conversions.
+    let f32_ref = read_json(&models.join("stories260K.ref.json"));
+    for name in ["F16", "BF16"] {
+        let conv_ref = read_json(&models.join(format!("stories260K-{name}.ref.json")));
+        let (_, src) = tensor_bytes(&shared, &f32_ref, "blk.0.ffn_down.weight");
+        let (ty, expected) = tensor_bytes(&shared, &conv_ref, "blk.0.ffn_down.weight");
+        assert_eq!(ty.name(), name);
+        let got = quantize_to_vec(ty, &f32s_from_le(&src));
+        assert_eq!(
+            first_mismatch(&got, &expected),
+            None,
+            "{name} conversion differs from llama-quantize"
+        );
+    }
+}

@@ -1,0 +1,376 @@
+//! Quantize -> dequantize error bounds, vec_dot against dequantize-then-dot, and the
+//! typed errors of the row API.
+
+mod common;
+
+use common::*;
+use kiln_quant::{
+    dequantize, quantize, quantized_size, type_from_id, vec_dot, GgmlType, QuantError,
+};
+
+fn roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    let mut q = vec![0u8; quantized_size(ty, x.len()).unwrap()];
+    quantize(ty, x, &mut q).unwrap_or_else(|e| panic!("quantize {ty}: {e}"));
+    let mut y = vec![f32::NAN; x.len()];
+    dequantize(ty, &q, &mut y).unwrap_or_else(|e| panic!("dequantize {ty}: {e}"));
+    y
+}
+
+fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
+    let err: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum();
+    let norm: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum();
+    (err / norm).sqrt()
+}
+
+/// Upper bound on the relative RMS error ||x - deq(q(x))|| / ||x|| for i.i.d. Gaussian
+/// data, from the theory of each format, with ~25% headroom for sampling noise over a
+/// few hundred values. A uniform quantizer of step D has RMS error D/sqrt(12):
+///  - symmetric absmax formats: D = amax/2^(b-1), amax ~ 2.4 sigma over 32 values
+///    (3-4 sigma over 256): Q4_0 0.087, Q5_0 0.043, Q8_0 0.0054, Q8_K 0.007-0.009;
+///  - min/max formats: D = (max-min)/(2^b-1) with range ~4.6 sigma: Q4_1 0.08, Q5_1 0.04;
+///  - K-quants / IQ4 fit scales by least squares, landing near the same per-bit curve
+///    (error halves per extra bit): Q2_K 0.30, Q3_K 0.15, Q4_K/IQ4 0.075, Q5_K 0.037,
+///    Q6_K 0.019;
+///  - Q1_0 keeps sign(x)*mean|x|: error variance 1 - 2/pi, i.e. 0.603 exactly;
+///  - ternary TQ*: t*amax with amax ~ 3-4 sigma zeroes |x| < amax/2: 0.8-0.9, so the
+///    RMS bound only rules out an all-zero output; `ternary_error_within_half_step` pins
+///    these formats down value by value instead.
+///  - F16/BF16 round to 11/8 significant bits: relative error at most 2^-11 / 2^-8 per value
+///    (worst case, so no headroom; RMS ~ that / sqrt(3)).
+///
+/// A broken quantizer (wrong layout, zero output, off-by-one level) lands at >= 1.0 or at
+/// least 2x these, so the bounds catch it.
+fn rel_rms_bound(ty: GgmlType) -> f64 {
+    use GgmlType::*;
+    match ty {
+        F32 => 0.0,
+        F16 => 4.9e-4,
+        BF16 => 3.9e-3,
+        Q8_0 | Q8_1 => 0.0068,
+        Q8_K => 0.012,
+        Q6_K => 0.024,
+        Q5_K => 0.046,
+        Q5_0 => 0.055,
+        Q5_1 => 0.05,
+        Q4_0 => 0.11,
+        Q4_1 => 0.10,
+        Q4_K | IQ4_NL | IQ4_XS => 0.095,
+        Q3_K => 0.19,
+        Q2_K => 0.37,
+        Q1_0 => 0.66,
+        TQ1_0 | TQ2_0 => 0.97,
+        _ => panic!("no bound for {ty}"),
+    }
+}
+
+/// Row lengths per block size: whole rows of 256*k, and ragged counts of 32-blocks.
+fn shapes(ty: GgmlType) -> Vec<usize> {
+    match ty.block_size() {
+        1 => vec![37, 256, 4096],
+        32 => vec![224, 1184, 4096, 14336],
+        128 => vec![384, 4096],
+        _ => vec![256, 768, 4096],
+    }
+}
+
+#[test]
+fn roundtrip_error_within_format_bounds() {
+    let mut rng = Rng::new(0x5eed_0001);
+    for &ty in SUPPORTED {
+        for n in shapes(ty) {
+            // The relative error must not depend on the data's magnitude. Not much below 0.02
+            // (typical LLM weights), though: there the K-quants' f16 super-block scale
+            // (~1e-3 of the data) turns subnormal and loses precision, in ggml too.
+            for scale in [1.0, 0.02, 300.0] {
+                let x = rng.gaussian_vec(n, scale);
+                let err = rel_rms(&x, &roundtrip(ty, &x));
+                let bound = rel_rms_bound(ty);
+                assert!(
+                    err <= bound,
+                    "{ty} n={n} scale={scale}: rel RMS error {err:.5} > {bound}"
+                );
+            }
+        }
+    }
+}
+
+/// ggml's own test-quantize-fns check: data 0.1 + 2 cos(i), n = 4096, error
+/// sqrt(sum d^2) / n, against its per-type thresholds.
+#[test]
+fn roundtrip_error_within_ggml_thresholds() {
+    let n = 32 * 128;
+    let x: Vec<f32> = (0..n).map(|i| 0.1 + 2.0 * (i as f32).cos()).collect();
+    for &ty in SUPPORTED {
+        use GgmlType::*;
+        let threshold = match ty {
+            Q1_0 => 0.025,
+            TQ1_0 | TQ2_0 => 0.01,
+            Q2_K => 0.0075,
+            Q3_K => 0.004,
+            _ => 0.002,
+        };
+        let y = roundtrip(ty, &x);
+        let err = x
+            .iter()
+            .zip(&y)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum::<f64>()
+            .sqrt()
+            / n as f64;
+        assert!(
+            err < threshold,
+            "{ty}: ggml total error {err:.6} >= {threshold}"
+        );
+    }
+}
+
+/// Ternary values are t*d with d = f16(max|x| of the 256-block) and t = round(x/max|x|),
+/// so every value is within half a step (plus d's f16 rounding) of its input.
+#[test]
+fn ternary_error_within_half_step() {
+    let mut rng = Rng::new(0x5eed_0002);
+    for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0] {
+        let x = rng.gaussian_vec(4096, 1.0);
+        let y = roundtrip(ty, &x);
+        for (b, (xb, yb)) in x.chunks(256).zip(y.chunks(256)).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (i, (&xi, &yi)) in xb.iter().zip(yb).enumerate() {
+                assert!(
+                    (xi - yi).abs() <= 0.5 * amax * (1.0 + 1e-3),
+                    "{ty} block {b} value {i}: {xi} -> {yi}, amax {amax}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantizers_handle_degenerate_blocks() {
+    for &ty in SUPPORTED {
+        let n = ty.block_size().max(256);
+        // All zeros must come back as zeros; a constant block must stay close to the constant.
+        assert!(
+            roundtrip(ty, &vec![0.0; n]).iter().all(|&v| v == 0.0),
+            "{ty}: zeros not preserved"
+        );
+        let c = roundtrip(ty, &vec![0.37; n]);
+        let tol = if ty == GgmlType::Q2_K { 0.05 } else { 0.01 };
+        assert!(
+            c.iter().all(|&v| (v - 0.37).abs() <= tol * 0.37 + 1e-6),
+            "{ty}: constant block lost: {:?}",
+            &c[..4]
+        );
+        // Non-finite input must not panic (the values are garbage, like ggml's).
+        let mut x = Rng::new(3).gaussian_vec(n, 1.0);
+        x[1] = f32::NAN;
+        x[5] = f32::INFINITY;
+        x[9] = 1e-42;
+        let _ = roundtrip(ty, &x);
+    }
+}
+
+/// Byte offsets of the f16 scale fields in one block (the f32 scale of Q8_K is handled apart).
+fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | Q1_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q8_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        TQ1_0 => &[52],
+        TQ2_0 => &[64],
+        _ => &[],
+    }
+}
+
+/// A row of random bytes made valid: every scale is a finite f16 (or f32) of moderate size.
+fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let finite = |rng: &mut Rng| (rng.gaussian() * 0.5) as f32;
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| finite(rng).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| half::f16::from_f32(finite(rng)).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| half::bf16::from_f32(finite(rng)).to_le_bytes())
+            .collect(),
+        _ => {
+            let mut row = rng.bytes(quantized_size(ty, n).unwrap());
+            for block in row.chunks_exact_mut(ty.type_size()) {
+                if ty == GgmlType::Q8_K {
+                    block[..4].copy_from_slice(&(finite(rng) * 0.01).to_le_bytes());
+                }
+                for &off in f16_scale_offsets(ty) {
+                    block[off..off + 2]
+                        .copy_from_slice(&half::f16::from_f32(finite(rng)).to_le_bytes());
+                }
+            }
+            row
+        }
+    }
+}
+
+/// vec_dot sums each scale group (<= 256 products) in f32 and the groups in f64: its
+/// rounding error is at most ~256 * 2^-24 = 1.5e-5 of sum |a_i x_i|. A group/offset
+/// mix-up changes the result by O(sum|a x| / sqrt(n)) >= 3e-2 of it.
+#[test]
+fn vec_dot_matches_dequantize_then_dot() {
+    let mut rng = Rng::new(0x5eed_0003);
+    for &ty in SUPPORTED {
+        for n in shapes(ty) {
+            let x = rng.gaussian_vec(n, 1.0);
+            let quantized = {
+                let mut q = vec![0u8; quantized_size(ty, n).unwrap()];
+                quantize(ty, &rng.gaussian_vec(n, 2.0), &mut q).unwrap();
+                q
+            };
+            for (source, row) in [
+                ("quantized", quantized),
+                ("random", random_valid_row(ty, n, &mut rng)),
+            ] {
+                let mut a = vec![0f32; n];
+                dequantize(ty, &row, &mut a).unwrap();
+                assert!(
+                    a.iter().all(|v| v.is_finite()),
+                    "{ty} {source}: non-finite dequantized value"
+                );
+                let reference: f64 = a
+                    .iter()
+                    .zip(&x)
+                    .map(|(&ai, &xi)| f64::from(ai) * f64::from(xi))
+                    .sum();
+                let magnitude: f64 = a
+                    .iter()
+                    .zip(&x)
+                    .map(|(&ai, &xi)| (f64::from(ai) * f64::from(xi)).abs())
+                    .sum();
+                let got = f64::from(vec_dot(ty, &row, &x).unwrap());
+                assert!(
+                    (got - reference).abs() <= 2e-5 * magnitude + 1e-30,
+                    "{ty} n={n} {source}: vec_dot {got} vs dequantize-then-dot {reference} (sum|ax| {magnitude})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_never_panics_on_random_bytes() {
+    let mut rng = Rng::new(0x5eed_0004);
+    for &ty in SUPPORTED {
+        let n = 2 * ty.block_size().max(256);
+        let row = rng.bytes(quantized_size(ty, n).unwrap());
+        let mut out = vec![0f32; n];
+        dequantize(ty, &row, &mut out).unwrap();
+        let x = vec![1.0f32; n];
+        vec_dot(ty, &row, &x).unwrap();
+    }
+}
+
+#[test]
+fn unsupported_and_unknown_types_are_errors() {
+    for ty in [
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ1_M,
+        GgmlType::I32,
+        GgmlType::F64,
+        GgmlType::MXFP4,
+    ] {
+        assert!(
+            !kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty),
+            "{ty}"
+        );
+        let n = ty.block_size() * 2;
+        let bytes = vec![0u8; quantized_size(ty, n).unwrap()];
+        let mut out = vec![0f32; n];
+        let err = dequantize(ty, &bytes, &mut out).unwrap_err();
+        assert!(
+            matches!(err, QuantError::Unsupported { ty: t, op: "dequantize" } if t == ty),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(ty.name()),
+            "message must name the type: {err}"
+        );
+        let mut q = bytes.clone();
+        assert!(matches!(
+            quantize(ty, &out, &mut q),
+            Err(QuantError::Unsupported { op: "quantize", .. })
+        ));
+        assert!(matches!(
+            vec_dot(ty, &bytes, &out),
+            Err(QuantError::Unsupported { op: "vec_dot", .. })
+        ));
+    }
+    for &ty in SUPPORTED {
+        assert!(
+            kiln_quant::can_dequantize(ty) && kiln_quant::can_quantize(ty),
+            "{ty}"
+        );
+    }
+    assert!(matches!(
+        type_from_id(99),
+        Err(QuantError::UnknownTypeId(99))
+    ));
+    assert_eq!(type_from_id(12).unwrap(), GgmlType::Q4_K);
+}
+
+#[test]
+fn wrong_lengths_are_errors() {
+    let ty = GgmlType::Q4_K;
+    let good = vec![0u8; 144];
+    let mut out = vec![0f32; 256];
+    assert!(matches!(
+        dequantize(ty, &good[..143], &mut out),
+        Err(QuantError::BadLength {
+            n_elements: 256,
+            n_bytes: 143,
+            expected: 144,
+            ..
+        })
+    ));
+    assert!(matches!(
+        dequantize(ty, &good, &mut out[..255]),
+        Err(QuantError::NotBlockMultiple {
+            n: 255,
+            block_size: 256,
+            ..
+        })
+    ));
+    let mut long = vec![0u8; 145];
+    assert!(matches!(
+        quantize(ty, &out, &mut long),
+        Err(QuantError::BadLength { n_bytes: 145, .. })
+    ));
+    assert!(matches!(
+        quantize(GgmlType::Q4_0, &out[..48], &mut long),
+        Err(QuantError::NotBlockMultiple { n: 48, .. })
+    ));
+    assert!(matches!(
+        vec_dot(ty, &good, &out[..128]),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        vec_dot(ty, &good, &[0.0; 512]),
+        Err(QuantError::BadLength { expected: 288, .. })
+    ));
+    assert!(matches!(
+        quantized_size(GgmlType::Q8_0, usize::MAX - 31),
+        Err(QuantError::TooLarge { .. })
+    ));
+    assert_eq!(quantized_size(GgmlType::Q6_K, 512).unwrap(), 420);
+    assert_eq!(quantized_size(GgmlType::F16, 3).unwrap(), 6);
+    let msg = dequantize(GgmlType::Q8_0, &[0u8; 33], &mut [0f32; 32])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("Q8_0") && msg.contains("33") && msg.contains("34"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds, here, the release test binaries and the kiln binary, and stages them with the test
+# data in .gpu/ (git-ignored) for the lead to carry to the GPU machine and run there with
+# scripts/gpu-tests.sh.
+#     scripts/build-gpu-bundle.sh [--all] [cargo package selection, default: --workspace]
+# By default only test binaries that contain #[ignore]d tests (the GPU tests) are staged, to
+# keep the carried bundle small; --all stages every test binary.
+# Layout: .gpu/bin/<crate>--<test target> (test binaries), .gpu/kiln, .gpu/shared/testdata,
+# .gpu/build-root (this checkout's path, which the binaries have compiled in).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target-gpu-bundle}
+
+all=no
+if [ "${1:-}" = --all ]; then all=yes; shift; fi
+selection=("$@")
+[ ${#selection[@]} -gt 0 ] || selection=(--workspace)
+
+rm -rf .gpu/bin .gpu/kiln .gpu/shared
+mkdir -p .gpu/bin
+echo "$root" > .gpu/build-root
+
+artifacts() { # jq filter over cargo's JSON messages -> "executable<TAB>crate<TAB>target" lines
+    jq -r "select(.reason == \"compiler-artifact\" and .executable != null and ($1))
+           | [.executable, (.manifest_path | split(\"/\") | .[-2]), .target.name] | @tsv"
+}
+
+echo "building release test binaries (${selection[*]}) in $CARGO_TARGET_DIR"
+cargo test --release --no-run --message-format=json "${selection[@]}" > .gpu/build-tests.json
+artifacts '.profile.test == true' < .gpu/build-tests.json | while IFS=$'\t' read -r exe crate target; do
+    if [ "$all" = no ] && [ "$("$exe" --list --ignored 2>/dev/null | grep -c ': test$')" -eq 0 ]; then
+        echo "  skip  $crate--$target (no ignored tests)"
+        continue
+    fi
+    echo "  stage $crate--$target"
+    objcopy --strip-debug "$exe" ".gpu/bin/$crate--$target"
+done
+
+echo "building the kiln binary"
+if cargo build --release --message-format=json -p kiln-cli > .gpu/build-kiln.json; then
+    artifacts '.target.kind == ["bin"] and .target.name == "kiln"' < .gpu/build-kiln.json |
+        while IFS=$'\t' read -r exe _ _; do objcopy --strip-debug "$exe" .gpu/kiln; done
+fi
+[ -x .gpu/kiln ] || echo "WARNING: the kiln binary did not build; only the test binaries are staged" >&2
+
+testdata="$(dirname "$root")/shared/testdata"
+if [ -d "$testdata" ]; then
+    mkdir -p .gpu/shared
+    cp -a "$testdata" .gpu/shared/
+else
+    echo "warning: no test data at $testdata; tests that need it will fail on the device" >&2
+fi
+rm -f .gpu/build-tests.json .gpu/build-kiln.json
+
+echo
+du -sh .gpu/bin .gpu/kiln .gpu/shared 2>/dev/null
+total_kib=$(du -sk .gpu | cut -f1)
+echo "total $((total_kib / 1024)) MiB in .gpu/"
+if [ "$total_kib" -gt $((60 * 1024)) ]; then
+    echo "warning: above 60 MiB; the device tool carries at most 64 MiB (narrow the selection, e.g. -p kiln-cuda)" >&2
+fi

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from a copy of the repository carrying .gpu/ (made here by
+# scripts/build-gpu-bundle.sh): every test binary in .gpu/bin/ with --include-ignored, then
+# each extra command given as an argument (run with bash -c), then a summary table.
+#     scripts/gpu-tests.sh ['.gpu/kiln info --devices' ...]
+# Logs go to $OUT/gpu-tests/ when $OUT is set (the device tool fetches it), else .gpu/logs/.
+# Exits 1 when any binary or command fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+# Tests locate data through paths fixed at build time (CARGO_MANIFEST_DIR/../../../shared):
+# recreate the build machine's layout with symlinks when it is absent here.
+if [ -f .gpu/build-root ]; then
+    build_root=$(cat .gpu/build-root)
+    if [ "$build_root" != "$root" ] && [ ! -e "$build_root" ]; then
+        mkdir -p "$(dirname "$build_root")" && ln -s "$root" "$build_root"
+    fi
+    shared="$(dirname "$build_root")/shared"
+    if [ -d .gpu/shared ] && [ ! -e "$shared" ]; then
+        ln -s "$root/.gpu/shared" "$shared"
+    fi
+fi
+
+if env_lines=$(scripts/nvrtc-env.sh); then
+    eval "$env_lines"
+else
+    echo "warning: libnvrtc not found; every test that compiles kernels will fail" >&2
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "warning: nvidia-smi failed" >&2
+
+logs=${OUT:+$OUT/gpu-tests}
+logs=${logs:-$root/.gpu/logs}
+mkdir -p "$logs"
+
+rows=()
+failed=0
+count() { # what log: sum of "N <what>" over the libtest result lines
+    grep -E '^test result:' "$2" | grep -oE "[0-9]+ $1" | awk '{s += $1} END {print s + 0}'
+}
+run_logged() { # label log is_test_binary command...
+    local label=$1 log=$2 is_test=$3 start_ms status result elapsed_ms
+    shift 3
+    echo "=== $label"
+    start_ms=$(($(date +%s%N) / 1000000))
+    "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    elapsed_ms=$(($(date +%s%N) / 1000000 - start_ms))
+    result=ok
+    [ "$status" -eq 0 ] || { result="rc=$status"; failed=1; }
+    local passed=- failures=- ignored=-
+    if [ "$is_test" = yes ]; then
+        passed=$(count passed "$log") failures=$(count failed "$log") ignored=$(count ignored "$log")
+    fi
+    rows+=("$(printf '%-40s %-7s %7s %7s %8s %6d.%d' "${label:0:40}" "$result" "$passed" "$failures" "$ignored" \
+        $((elapsed_ms / 1000)) $((elapsed_ms % 1000 / 100)))")
+}
+
+shopt -s nullglob
+binaries=(.gpu/bin/*)
+[ ${#binaries[@]} -gt 0 ] || echo "warning: no test binaries in .gpu/bin/ (run scripts/build-gpu-bundle.sh)" >&2
+for binary in "${binaries[@]}"; do
+    [ -x "$binary" ] || continue
+    name=$(basename "$binary")
+    run_logged "$name" "$logs/$name.log" yes "$binary" --include-ignored
+done
+index=0
+for command in "$@"; do
+    index=$((index + 1))
+    run_logged "$command" "$logs/command-$index.log" no bash -c "$command"
+done
+
+echo
+echo "=== summary (logs in $logs)"
+printf '%-40s %-7s %7s %7s %8s %8s\n' "binary / command" status passed failed ignored seconds
+printf '%s\n' "${rows[@]}"
+exit $failed
