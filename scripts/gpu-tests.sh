@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from a copy of the repository carrying .gpu/ (made here by
 # scripts/build-gpu-bundle.sh): every test binary in .gpu/bin/ with --include-ignored, then
-# each extra command given as an argument (run with bash -c), then a summary table.
+# the kiln binary's checks (device list, a decode under compute-sanitizer memcheck, a timed
+# decode), then each extra command given as an argument (run with bash -c), then a summary table.
 #     scripts/gpu-tests.sh ['.gpu/kiln info --devices' ...]
 # Logs go to $OUT/gpu-tests/ when $OUT is set (the device tool fetches it), else .gpu/logs/.
 # Exits 1 when any binary or command fails.
@@ -62,8 +63,20 @@ binaries=(.gpu/bin/*)
 for binary in "${binaries[@]}"; do
     [ -x "$binary" ] || continue
     name=$(basename "$binary")
-    run_logged "$name" "$logs/$name.log" yes "$binary" --include-ignored
+    # --show-output prints what passing tests report (error tables, timings) after the run.
+    run_logged "$name" "$logs/$name.log" yes "$binary" --include-ignored --show-output
 done
+# Whole-program checks of the CUDA decode path when the kiln binary is staged: the device
+# list, one greedy decode under compute-sanitizer's memcheck and one sampled decode (the
+# sampler's shared-memory radix passes) under racecheck (any error fails them), and a longer
+# decode whose tokens/s line shows the speed.
+if [ -x .gpu/kiln ]; then
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    set -- ".gpu/kiln info --devices" \
+        "$sanitizer --tool memcheck --error-exitcode 1 .gpu/kiln run -m models/stories260K.gguf --device cuda -n 8 --temp 0" \
+        "$sanitizer --tool racecheck --error-exitcode 1 .gpu/kiln run -m models/stories260K.gguf --device cuda -n 8 --temp 0.8 --repeat-penalty 1.1 -s 1" \
+        ".gpu/kiln run -m models/stories260K.gguf --device cuda -n 400 --temp 0 --no-display-prompt" "$@"
+fi
 index=0
 for command in "$@"; do
     index=$((index + 1))

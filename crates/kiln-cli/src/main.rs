@@ -1,6 +1,9 @@
 //! The `kiln` command line.
 
+mod bench;
 mod info;
+mod quantize;
+mod random_model;
 mod run;
 mod tokenize;
 
@@ -26,6 +29,15 @@ enum Command {
     Info(info::InfoArgs),
     /// Print the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Convert a GGUF model to another file type (like llama-quantize).
+    Quantize(quantize::QuantizeArgs),
+    /// Measure prompt and generation speed (like llama-bench).
+    Bench(bench::BenchArgs),
+    /// Developer tools.
+    Dev {
+        #[command(subcommand)]
+        command: random_model::DevCommand,
+    },
 }
 
 /// The model shipped in the repository, used when no `-m` is given.
@@ -46,6 +58,9 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
+        Command::Quantize(a) => quantize::quantize(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Dev { command } => random_model::dev(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,7 +67,7 @@ pub enum DeviceKind {
 }
 
 /// GPU 0, when a driver, a device and NVRTC are all there.
-fn open_gpu() -> CliResult<CudaBackend> {
+pub fn open_gpu() -> CliResult<CudaBackend> {
     if kiln_cuda::device_count()? == 0 {
         return Err("the CUDA driver reports no GPU".into());
     }
@@ -100,6 +100,17 @@ pub fn set_threads(threads: Option<usize>) {
     }
 }
 
+/// Runs `f` on a worker of a rayon pool, so the CPU backend's parallel loops
+/// schedule through that worker's own deque instead of rayon's global queue,
+/// which would allocate every few dozen jobs.
+pub fn on_cpu_workers<R: Send>(threads: Option<usize>, f: impl FnOnce() -> R + Send) -> R {
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(threads.unwrap_or(0));
+    match builder.build() {
+        Ok(pool) => pool.install(f),
+        Err(_) => f(),
+    }
+}
+
 pub fn open_model(path: &Option<PathBuf>) -> CliResult<Arc<GgufFile>> {
     let path = path.clone().unwrap_or_else(crate::default_model);
     let file = GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -117,7 +128,7 @@ pub fn run(args: RunArgs) -> CliResult {
     };
     match gpu {
         Some(gpu) => generate_with(Arc::new(gpu), file, &tokenizer, &args),
-        None => generate_with(Arc::new(CpuBackend::new()), file, &tokenizer, &args),
+        None => on_cpu_workers(args.threads, || generate_with(Arc::new(CpuBackend::new()), file, &tokenizer, &args)),
     }
 }
 

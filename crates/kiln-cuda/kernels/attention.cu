@@ -33,13 +33,38 @@
 // Lanes that share one row's dot products: a power of two dividing 32.
 #define TEAM (HEAD_DIM >= 32 ? 32 : HEAD_DIM >= 16 ? 16 : HEAD_DIM >= 8 ? 8 : HEAD_DIM >= 4 ? 4 : HEAD_DIM >= 2 ? 2 : 1)
 #define TEAMS_PER_WARP (32 / TEAM)
-// The V pass: DIM_THREADS threads cover one row's values, ROW_GROUPS rows go side by side.
-#define DIM_THREADS (HEAD_DIM < ATT_THREADS ? HEAD_DIM : ATT_THREADS)
+// Rows each team scores per pass, and the K values each lane holds per row (VEC-wide loads).
+#define ROWS_PER_TEAM (TILE / (ATT_WARPS * TEAMS_PER_WARP) < 8 ? TILE / (ATT_WARPS * TEAMS_PER_WARP) : 8)
+#define VEC (HEAD_DIM % (4 * TEAM) == 0 ? 4 : HEAD_DIM % (2 * TEAM) == 0 ? 2 : 1)
+#define LANE_CHUNKS ((HEAD_DIM + VEC * TEAM - 1) / (VEC * TEAM))
+// The V pass: DIM_THREADS threads cover one row in V_VEC-wide loads (V_CHUNKS each), and
+// ROW_GROUPS rows go side by side.
+#define V_VEC (HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1)
+#define DIM_THREADS (HEAD_DIM / V_VEC < ATT_THREADS ? HEAD_DIM / V_VEC : ATT_THREADS)
 #define ROW_GROUPS (ATT_THREADS / DIM_THREADS)
-#define DIMS_PER_THREAD ((HEAD_DIM + ATT_THREADS - 1) / ATT_THREADS)
+#define V_CHUNKS ((HEAD_DIM + V_VEC * DIM_THREADS - 1) / (V_VEC * DIM_THREADS))
 #define NEG_INF __int_as_float(0xff800000)
 
-static_assert(TILE % (ATT_WARPS * TEAMS_PER_WARP) == 0, "the score loop must tile TILE exactly");
+static_assert(TILE % (ATT_WARPS * TEAMS_PER_WARP * ROWS_PER_TEAM) == 0, "the score loop must tile TILE exactly");
+static_assert(TILE % ROW_GROUPS == 0, "the V loop must tile TILE exactly (HEAD_DIM must be at least 8)");
+
+// VEC consecutive floats from `src` (aligned to VEC floats), or zeros when `live` is false.
+template <int N>
+__device__ __forceinline__ void load_or_zero(float* dst, const float* src, bool live) {
+    if (N == 4) {
+        const float4 v = live ? *reinterpret_cast<const float4*>(src) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        dst[0] = v.x;
+        dst[1] = v.y;
+        dst[2] = v.z;
+        dst[3] = v.w;
+    } else if (N == 2) {
+        const float2 v = live ? *reinterpret_cast<const float2*>(src) : make_float2(0.0f, 0.0f);
+        dst[0] = v.x;
+        dst[1] = v.y;
+    } else {
+        dst[0] = live ? *src : 0.0f;
+    }
+}
 
 // Rows per split for a cache holding kv_len live rows; both kernels must agree on it.
 __device__ __forceinline__ u32 split_rows(u32 kv_len, u32 n_splits) {
@@ -49,7 +74,7 @@ __device__ __forceinline__ u32 split_rows(u32 kv_len, u32 n_splits) {
 // Writes `out` directly when launched with one split, else the partials:
 // part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 + {0: max, 1: sum}],
 // row = token * n_heads + head.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_split_f32(
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_split_f32(
     float* out, float* part_acc, float* part_ml, const float* q, const float* k_cache, const float* v_cache,
     const u32* step, u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 cache_rows, float scale) {
     const u32 split = blockIdx.x;
@@ -89,45 +114,57 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_split_f32(
     const u32 row_group = threadIdx.x / DIM_THREADS;
     // When DIM_THREADS does not divide ATT_THREADS the leftover threads only help with scores.
     const bool accumulates = threadIdx.x < ROW_GROUPS * DIM_THREADS;
-    float acc[GROUP][DIMS_PER_THREAD];
+    float acc[GROUP][V_CHUNKS][V_VEC];
 #pragma unroll
     for (int g = 0; g < GROUP; ++g) {
 #pragma unroll
-        for (int k = 0; k < DIMS_PER_THREAD; ++k) {
-            acc[g][k] = 0.0f;
+        for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+            for (int c = 0; c < V_VEC; ++c) {
+                acc[g][k][c] = 0.0f;
+            }
         }
     }
     __syncthreads();
 
     for (u32 tile = begin; tile < end; tile += TILE) {
-        // Scores of this tile's rows for every query head of the group.
-        for (u32 j0 = 0; j0 < TILE; j0 += ATT_WARPS * TEAMS_PER_WARP) {
-            const u32 j = j0 + warp * TEAMS_PER_WARP + team;
-            const u32 pos = tile + j;
-            const bool live = pos < end;
-            float dot[GROUP];
+        // Scores of this tile's rows for every query head of the group. Each team loads
+        // ROWS_PER_TEAM rows before reducing, so several loads per lane are in flight.
+        for (u32 j0 = 0; j0 < TILE; j0 += ATT_WARPS * TEAMS_PER_WARP * ROWS_PER_TEAM) {
+            const u32 j_first = j0 + (warp * TEAMS_PER_WARP + team) * ROWS_PER_TEAM;
+            float k_lane[ROWS_PER_TEAM][LANE_CHUNKS][VEC];
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
-                dot[g] = 0.0f;
-            }
-            if (live) {
+            for (int r = 0; r < ROWS_PER_TEAM; ++r) {
+                const u32 pos = tile + j_first + r;
                 const float* k_row = k_cache + (u64)pos * kv_width + kv_head * HEAD_DIM;
-                for (u32 d = team_lane; d < HEAD_DIM; d += TEAM) {
-                    const float kd = k_row[d];
 #pragma unroll
-                    for (int g = 0; g < GROUP; ++g) {
-                        dot[g] += q_s[g][d] * kd;
-                    }
+                for (int i = 0; i < LANE_CHUNKS; ++i) {
+                    const u32 d = (i * TEAM + team_lane) * VEC;
+                    load_or_zero<VEC>(k_lane[r][i], k_row + d, pos < end && d < HEAD_DIM);
                 }
             }
 #pragma unroll
-            for (int g = 0; g < GROUP; ++g) {
+            for (int r = 0; r < ROWS_PER_TEAM; ++r) {
 #pragma unroll
-                for (int offset = TEAM / 2; offset > 0; offset >>= 1) {
-                    dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], offset);
-                }
-                if (team_lane == 0) {
-                    p_s[g][j] = live ? dot[g] * scale : NEG_INF;
+                for (int g = 0; g < GROUP; ++g) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < LANE_CHUNKS; ++i) {
+                        const u32 d = (i * TEAM + team_lane) * VEC;
+#pragma unroll
+                        for (int c = 0; c < VEC; ++c) {
+                            if (d + c < HEAD_DIM) {
+                                dot += q_s[g][d + c] * k_lane[r][i][c];
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int offset = TEAM / 2; offset > 0; offset >>= 1) {
+                        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+                    }
+                    if (team_lane == 0) {
+                        p_s[g][j_first + r] = tile + j_first + r < end ? dot * scale : NEG_INF;
+                    }
                 }
             }
         }
@@ -164,20 +201,32 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_split_f32(
             for (int g = 0; g < GROUP; ++g) {
                 const float rescale = rescale_s[g];
 #pragma unroll
-                for (int k = 0; k < DIMS_PER_THREAD; ++k) {
-                    acc[g][k] *= rescale;
+                for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+                    for (int c = 0; c < V_VEC; ++c) {
+                        acc[g][k][c] *= rescale;
+                    }
                 }
             }
-            for (u32 j = row_group; j < TILE && tile + j < end; j += ROW_GROUPS) {
+            // A fixed trip count with predicated loads, so several rows' loads are in flight;
+            // rows past the end load zeros and carry zero weight.
+            const u32 rows_here = min((u32)TILE, end - tile);
+#pragma unroll 8
+            for (int step = 0; step < TILE / ROW_GROUPS; ++step) {
+                const u32 j = step * ROW_GROUPS + row_group;
+                const bool live = j < rows_here;
                 const float* v_row = v_cache + (u64)(tile + j) * kv_width + kv_head * HEAD_DIM;
 #pragma unroll
-                for (int k = 0; k < DIMS_PER_THREAD; ++k) {
-                    const u32 d = dim_lane + k * ATT_THREADS;
-                    if (d < HEAD_DIM) {
-                        const float vd = v_row[d];
+                for (int k = 0; k < V_CHUNKS; ++k) {
+                    const u32 d = (k * DIM_THREADS + dim_lane) * V_VEC;
+                    float v[V_VEC];
+                    load_or_zero<V_VEC>(v, v_row + d, live && d < HEAD_DIM);
 #pragma unroll
-                        for (int g = 0; g < GROUP; ++g) {
-                            acc[g][k] += p_s[g][j] * vd;
+                    for (int g = 0; g < GROUP; ++g) {
+                        const float p = p_s[g][j];
+#pragma unroll
+                        for (int c = 0; c < V_VEC; ++c) {
+                            acc[g][k][c] += p * v[c];
                         }
                     }
                 }
@@ -187,24 +236,29 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_split_f32(
     }
 
 #if ROW_GROUPS > 1
-    // Row groups summed rows j = r mod ROW_GROUPS; add them up (here DIMS_PER_THREAD is 1).
-    __shared__ float combine_s[ROW_GROUPS][GROUP][DIM_THREADS];
-    if (accumulates) {
+    // Row groups summed rows j = r mod ROW_GROUPS; add them up, one query head at a time
+    // (here V_CHUNKS is 1, so a row group's values fill DIM_THREADS * V_VEC = HEAD_DIM slots).
+    __shared__ float combine_s[ROW_GROUPS][DIM_THREADS * V_VEC];
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            combine_s[row_group][g][dim_lane] = acc[g][0];
-        }
-    }
-    __syncthreads();
-    if (row_group == 0) {
+    for (int g = 0; g < GROUP; ++g) {
+        if (accumulates) {
 #pragma unroll
-        for (int g = 0; g < GROUP; ++g) {
-            float total = 0.0f;
-            for (int r = 0; r < ROW_GROUPS; ++r) {
-                total += combine_s[r][g][dim_lane];
+            for (int c = 0; c < V_VEC; ++c) {
+                combine_s[row_group][dim_lane * V_VEC + c] = acc[g][0][c];
             }
-            acc[g][0] = total;
         }
+        __syncthreads();
+        if (row_group == 0) {
+#pragma unroll
+            for (int c = 0; c < V_VEC; ++c) {
+                float total = 0.0f;
+                for (int r = 0; r < ROW_GROUPS; ++r) {
+                    total += combine_s[r][dim_lane * V_VEC + c];
+                }
+                acc[g][0][c] = total;
+            }
+        }
+        __syncthreads();
     }
 #endif
 
@@ -216,13 +270,16 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_split_f32(
         const u64 row = (u64)token * n_heads + first_head + g;
         const u64 slot = row * n_splits + split;
 #pragma unroll
-        for (int k = 0; k < DIMS_PER_THREAD; ++k) {
-            const u32 d = dim_lane + k * ATT_THREADS;
-            if (d < HEAD_DIM) {
-                if (n_splits == 1) {
-                    out[row * HEAD_DIM + d] = acc[g][k] / sum_s[g];
-                } else {
-                    part_acc[slot * HEAD_DIM + d] = acc[g][k];
+        for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+            for (int c = 0; c < V_VEC; ++c) {
+                const u32 d = (k * DIM_THREADS + dim_lane) * V_VEC + c;
+                if (d < HEAD_DIM) {
+                    if (n_splits == 1) {
+                        out[row * HEAD_DIM + d] = acc[g][k][c] / sum_s[g];
+                    } else {
+                        part_acc[slot * HEAD_DIM + d] = acc[g][k][c];
+                    }
                 }
             }
         }

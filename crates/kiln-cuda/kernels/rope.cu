@@ -1,10 +1,26 @@
-// Rotary position embedding and the KV-cache store. Both read the step's first position from
-// the step block, so a captured decode graph replays at the next position unchanged.
+// Rotary position embedding, the KV-cache store, and both fused with the q/k norms. All read
+// the step's first position from the step block, so a captured decode graph replays at the
+// next position unchanged.
 #include "common.cuh"
 #include "step.cuh"
 
-// In place on [n_tokens][n_heads][head_dim]: pair i < n_rot/2 of token t is rotated by
-// (pos0 + t) * inv_freq[i]. Pairs are (2i, 2i+1), or (i, i + n_rot/2) when `neox` is set.
+// Rotates pair `pair` (of n_rot / 2) of one head at position `pos`: reads src[a], src[b] and
+// writes dst[a], dst[b], with (a, b) = (2i, 2i+1), or (i, i + n_rot/2) when `neox` is set.
+// The angle is the same f32 product as the CPU backend's, so both rotate by the same angle.
+__device__ __forceinline__ void rotate_pair(float* dst, const float* src, u32 pair, u32 n_rot, u32 neox, u32 pos,
+                                            const float* inv_freq) {
+    const u32 half = n_rot / 2;
+    float sin_a, cos_a;
+    sincosf((float)pos * inv_freq[pair], &sin_a, &cos_a);
+    const u32 a = neox ? pair : 2 * pair;
+    const u32 b = neox ? pair + half : 2 * pair + 1;
+    const float x0 = src[a];
+    const float x1 = src[b];
+    dst[a] = x0 * cos_a - x1 * sin_a;
+    dst[b] = x0 * sin_a + x1 * cos_a;
+}
+
+// In place on [n_tokens][n_heads][head_dim]: every pair of token t rotates by position pos0 + t.
 // Any 1-D grid (grid-stride over the pairs).
 extern "C" __global__ void rope_f32(float* x, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads,
                                     u32 head_dim, u32 n_rot, u32 neox) {
@@ -12,20 +28,9 @@ extern "C" __global__ void rope_f32(float* x, const float* inv_freq, const u32* 
     const u64 pairs = (u64)n_tokens * n_heads * half;
     const u32 pos0 = step[STEP_POS0];
     for (u64 i = global_thread_index(); i < pairs; i += global_thread_count()) {
-        const u32 pair = (u32)(i % half);
         const u64 head_index = i / half;
-        const u32 token = (u32)(head_index / n_heads);
         float* head = x + head_index * head_dim;
-        // The same f32 product as the CPU backend, so both rotate by the same angle.
-        const float angle = (float)(pos0 + token) * inv_freq[pair];
-        float sin_a, cos_a;
-        sincosf(angle, &sin_a, &cos_a);
-        const u32 a = neox ? pair : 2 * pair;
-        const u32 b = neox ? pair + half : 2 * pair + 1;
-        const float x0 = head[a];
-        const float x1 = head[b];
-        head[a] = x0 * cos_a - x1 * sin_a;
-        head[b] = x0 * sin_a + x1 * cos_a;
+        rotate_pair(head, head, (u32)(i % half), n_rot, neox, pos0 + (u32)(head_index / n_heads), inv_freq);
     }
 }
 
@@ -40,5 +45,74 @@ extern "C" __global__ void kv_store_f32(float* k_cache, float* v_cache, const fl
     for (u64 i = global_thread_index(); i < len; i += global_thread_count()) {
         k_cache[start + i] = k[i];
         v_cache[start + i] = v[i];
+    }
+}
+
+#define PROLOGUE_WARPS 4
+#define PROLOGUE_MAX_HEAD_DIM 512
+
+// The attention prologue in one launch: optional per-head RMSNorm of q and k (q_norm/k_norm
+// null: none), rotary embedding of both, q written to q_out (which may alias q), k and v
+// stored at rows pos0.. of the caches (rows past cache_rows dropped). One warp per head row:
+// the n*n_heads query rows, then n*n_kv_heads key rows, then as many value rows.
+// Grid: ceil(rows / PROLOGUE_WARPS) blocks of PROLOGUE_WARPS warps.
+extern "C" __global__ void __launch_bounds__(PROLOGUE_WARPS * 32) qk_norm_rope_store_f32(
+    float* q_out, float* k_cache, float* v_cache, const float* q, const float* k, const float* v, const float* q_norm,
+    const float* k_norm, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads, u32 n_kv_heads,
+    u32 head_dim, u32 n_rot, u32 neox, float eps, u32 cache_rows) {
+    __shared__ float rows_s[PROLOGUE_WARPS][PROLOGUE_MAX_HEAD_DIM];
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 row = blockIdx.x * PROLOGUE_WARPS + warp;
+    const u32 q_rows = n_tokens * n_heads;
+    const u32 kv_rows = n_tokens * n_kv_heads;
+    if (row >= q_rows + 2 * kv_rows) {
+        return;
+    }
+    const u32 pos0 = step[STEP_POS0];
+    const float* src;
+    const float* norm = nullptr;
+    float* dst;
+    u32 token;
+    bool rotate = true;
+    if (row < q_rows) {
+        token = row / n_heads;
+        src = q + (u64)row * head_dim;
+        dst = q_out + (u64)row * head_dim;
+        norm = q_norm;
+    } else {
+        const u32 kv_row = (row - q_rows) % kv_rows;
+        const bool is_key = row < q_rows + kv_rows;
+        token = kv_row / n_kv_heads;
+        if (pos0 + token >= cache_rows) {
+            return;
+        }
+        const u64 cache_at = ((u64)(pos0 + token) * n_kv_heads + kv_row % n_kv_heads) * head_dim;
+        src = (is_key ? k : v) + (u64)kv_row * head_dim;
+        dst = (is_key ? k_cache : v_cache) + cache_at;
+        norm = is_key ? k_norm : nullptr;
+        rotate = is_key;
+    }
+    float* x = rows_s[warp];
+    float sum_sq = 0.0f;
+    for (u32 d = lane; d < head_dim; d += 32) {
+        const float value = src[d];
+        x[d] = value;
+        sum_sq += value * value;
+    }
+    sum_sq = warp_sum(sum_sq);
+    if (norm != nullptr) {
+        const float scale = 1.0f / sqrtf(sum_sq / (float)head_dim + eps);
+        for (u32 d = lane; d < head_dim; d += 32) {
+            x[d] = x[d] * scale * norm[d];
+        }
+    }
+    __syncwarp();
+    const u32 rotated = rotate ? n_rot : 0;
+    for (u32 pair = lane; pair < rotated / 2; pair += 32) {
+        rotate_pair(dst, x, pair, n_rot, neox, pos0 + token, inv_freq);
+    }
+    for (u32 d = rotated + lane; d < head_dim; d += 32) {
+        dst[d] = x[d];
     }
 }

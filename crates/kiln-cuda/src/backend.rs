@@ -2,15 +2,20 @@
 //! the device's stream; per-step values come from the step block (see `step.rs`), so a whole
 //! decode step is captured once as a CUDA graph and replayed.
 
+// `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
+#![allow(clippy::manual_is_multiple_of)]
+
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaFunction, CudaGraph, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
 
 use crate::matvec::{self, GpuWeight};
-use crate::step::CudaStep;
+use crate::step::{CudaStep, SendGraph, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
 /// Threads per block of the grid-stride kernels.
@@ -20,8 +25,13 @@ const WARP_NORM_MAX_DIM: usize = 512;
 /// `attention.cu`'s MIN_CHUNK and MAX_SPLITS.
 const ATTENTION_MIN_CHUNK: usize = 32;
 const ATTENTION_MAX_SPLITS: usize = 256;
+/// Narrower heads would leave attention.cu's V pass more row groups than rows per tile.
+const ATTENTION_MIN_HEAD_DIM: usize = 8;
 /// Cap on the attention partials; long prompt batches use fewer splits instead.
 const ATTENTION_WORKSPACE_MAX_BYTES: usize = 64 << 20;
+/// `rope.cu`'s PROLOGUE_WARPS and PROLOGUE_MAX_HEAD_DIM.
+const PROLOGUE_WARPS: usize = 4;
+const PROLOGUE_MAX_HEAD_DIM: usize = 512;
 /// `sampling.cu`'s SAMPLE_THREADS.
 const SAMPLE_THREADS: u32 = 1024;
 
@@ -58,6 +68,7 @@ struct Kernels {
     rms_norm_block: CudaFunction,
     rope: CudaFunction,
     kv_store: CudaFunction,
+    qk_norm_rope_store: CudaFunction,
     add: CudaFunction,
     add_bias: CudaFunction,
     swiglu: CudaFunction,
@@ -71,24 +82,18 @@ struct AttentionState {
     workspace: Option<CudaSlice<f32>>,
 }
 
-/// What `run_step` knows about a key.
-enum StepGraph {
-    /// Ran once uncaptured, so every lazily loaded kernel and scratch buffer now exists.
-    WarmedUp,
-    Captured(SendGraph),
-}
-
-struct SendGraph(CudaGraph);
-// SAFETY: a graph is only touched while the `graphs` mutex is held, one thread at a time.
-unsafe impl Send for SendGraph {}
-
 pub struct CudaBackend {
     device: CudaDevice,
     kernels: Kernels,
     attention: Mutex<AttentionState>,
-    graphs: Mutex<HashMap<u64, StepGraph>>,
-    /// Blocks that keep every multiprocessor busy (split-count target for attention).
+    graphs: StepGraphs,
+    /// Id of the step object written last: `run_step` records and replays for it.
+    current_step: AtomicU64,
+    /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
+    /// Attention blocks to aim for: several per multiprocessor, so that enough cache rows are
+    /// in flight to approach the memory bandwidth at long context.
+    attention_blocks: usize,
     max_sample_shared_bytes: usize,
 }
 
@@ -106,6 +111,7 @@ impl CudaBackend {
             rms_norm_block: function("norm", "rms_norm_block_f32")?,
             rope: function("rope", "rope_f32")?,
             kv_store: function("rope", "kv_store_f32")?,
+            qk_norm_rope_store: function("rope", "qk_norm_rope_store_f32")?,
             add: function("elementwise", "add_f32")?,
             add_bias: function("pointwise", "add_bias_f32")?,
             swiglu: function("pointwise", "swiglu_f32")?,
@@ -118,13 +124,16 @@ impl CudaBackend {
             .sample
             .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_sample_shared_bytes as i32)
             .map_err(|e| BackendError::Device(format!("raising the sampler's shared memory limit: {e:?}")))?;
-        let busy_blocks = 2 * device.info().multiprocessor_count as usize;
+        let multiprocessors = device.info().multiprocessor_count as usize;
+        let (busy_blocks, attention_blocks) = (2 * multiprocessors, 8 * multiprocessors);
         Ok(CudaBackend {
             device,
             kernels,
             attention: Mutex::new(AttentionState::default()),
-            graphs: Mutex::new(HashMap::new()),
+            graphs: StepGraphs::default(),
+            current_step: AtomicU64::new(0),
             busy_blocks,
+            attention_blocks,
             max_sample_shared_bytes,
         })
     }
@@ -144,12 +153,91 @@ impl CudaBackend {
     /// alone, so a captured decode step keeps one grid for every position.
     fn attention_splits(&self, n: usize, p: &AttentionParams) -> usize {
         let per_split_bytes = n * p.n_heads * (p.head_dim + 2) * 4;
-        self.busy_blocks
+        self.attention_blocks
             .div_ceil(p.n_kv_heads * n)
             .min(p.n_ctx.div_ceil(ATTENTION_MIN_CHUNK))
             .min(ATTENTION_MAX_SPLITS)
             .min(ATTENTION_WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
             .max(1)
+    }
+
+    /// The attention prologue in one launch instead of five: per-head RMSNorm of q and k when
+    /// `qk_norm` = (q weight, k weight, eps) is given, rotary embedding of both at the step's
+    /// positions (q in place), and k, v stored at the step's cache rows. Computes what
+    /// `rms_norm` (twice), `rope` (twice) and `kv_store` compute; `rope` describes the q heads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_store(
+        &self,
+        q: &mut CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
+        inv_freq: &CudaSlice<f32>,
+        k_cache: &mut CudaSlice<f32>,
+        v_cache: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        rope: &RopeParams,
+        n_kv_heads: usize,
+    ) -> Result<()> {
+        let (hd, kv_width) = (rope.head_dim, n_kv_heads * rope.head_dim);
+        check_len("prologue queries", q.len(), n * rope.n_heads * hd)?;
+        check_len("prologue keys and values", k.len().min(v.len()), n * kv_width)?;
+        check_len("prologue rope frequencies", inv_freq.len(), rope.n_rot / 2)?;
+        check_len("prologue tokens in the step", step.n_tokens, n)?;
+        if hd > PROLOGUE_MAX_HEAD_DIM || rope.n_rot > hd || rope.n_rot % 2 != 0 || kv_width == 0 {
+            return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("the fused prologue for head_dim {hd}, n_rot {}", rope.n_rot) });
+        }
+        if let Some((q_norm, k_norm, _)) = qk_norm {
+            check_len("prologue norm weights", q_norm.len().min(k_norm.len()), hd)?;
+        }
+        let rows = n * (rope.n_heads + 2 * n_kv_heads);
+        if rows == 0 {
+            return Ok(());
+        }
+        let stream = self.device.stream();
+        let (q_ptr, _q_record) = q.device_ptr(stream);
+        let no_norm: u64 = 0;
+        let (q_norm, _q_norm_record) = qk_norm.map_or((no_norm, None), |(w, _, _)| {
+            let (ptr, record) = w.device_ptr(stream);
+            (ptr, Some(record))
+        });
+        let (k_norm, _k_norm_record) = qk_norm.map_or((no_norm, None), |(_, w, _)| {
+            let (ptr, record) = w.device_ptr(stream);
+            (ptr, Some(record))
+        });
+        let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
+        let cache_rows = to_u32("cache rows", k_cache.len().min(v_cache.len()) / kv_width)?;
+        let ints = [to_u32("tokens", n)?, to_u32("heads", rope.n_heads)?, to_u32("kv heads", n_kv_heads)?, to_u32("head_dim", hd)?, to_u32("n_rot", rope.n_rot)?, u32::from(rope.kind == RopeKind::Neox)];
+        let blocks = to_u32("prologue blocks", rows.div_ceil(PROLOGUE_WARPS))?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (PROLOGUE_WARPS as u32 * 32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches rope.cu's qk_norm_rope_store_f32; q_out aliases q, which the kernel
+        // allows (each warp stages its row in shared memory); lengths checked above.
+        unsafe {
+            stream
+                .launch_builder(&self.kernels.qk_norm_rope_store)
+                .arg(&q_ptr)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(&q_ptr)
+                .arg(k)
+                .arg(v)
+                .arg(&q_norm)
+                .arg(&k_norm)
+                .arg(inv_freq)
+                .arg(&step.block)
+                .arg(&ints[0])
+                .arg(&ints[1])
+                .arg(&ints[2])
+                .arg(&ints[3])
+                .arg(&ints[4])
+                .arg(&ints[5])
+                .arg(&eps)
+                .arg(&cache_rows)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(launch_error("qk_norm_rope_store_f32"))
     }
 
     fn is_capturing(&self) -> bool {
@@ -159,13 +247,14 @@ impl CudaBackend {
 
 impl AttentionState {
     fn kernels(&mut self, device: &CudaDevice, head_dim: usize, group: usize) -> Result<&(CudaFunction, CudaFunction)> {
-        if !self.kernels.contains_key(&(head_dim, group)) {
-            let defines = [("HEAD_DIM", head_dim as i64), ("GROUP", group as i64)];
-            let load = |kernel| device.registry().function("attention", kernel, &defines).map_err(backend_error);
-            let pair = (load("attention_split_f32")?, load("attention_reduce_f32")?);
-            self.kernels.insert((head_dim, group), pair);
-        }
-        Ok(&self.kernels[&(head_dim, group)])
+        Ok(match self.kernels.entry((head_dim, group)) {
+            Entry::Occupied(loaded) => loaded.into_mut(),
+            Entry::Vacant(slot) => {
+                let defines = [("HEAD_DIM", head_dim as i64), ("GROUP", group as i64)];
+                let load = |kernel| device.registry().function("attention", kernel, &defines).map_err(backend_error);
+                slot.insert((load("attention_split_f32")?, load("attention_reduce_f32")?))
+            }
+        })
     }
 
     /// The workspace, grown to at least `len` values; growing is refused inside a capture.
@@ -194,8 +283,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload_weight(&self, src: WeightSource) -> Result<GpuWeight> {
-        src.validate()?;
-        matvec::upload_weight(&self.device, &src)
+        matvec::upload_weight(&self.device, &src).map_err(backend_error)
     }
 
     fn alloc(&self, len: usize, what: &str) -> Result<CudaSlice<f32>> {
@@ -218,17 +306,19 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<CudaStep> {
-        CudaStep::new(&self.device, max_tokens, max_history)
+        CudaStep::new(&self.device, &self.graphs, max_tokens, max_history)
     }
 
     fn write_step(&self, step: &mut CudaStep, input: &StepInput) -> Result<()> {
-        step.write(&self.device, input)
+        step.write(&self.device, input)?;
+        self.current_step.store(step.id, Ordering::Relaxed);
+        Ok(())
     }
 
     fn embed(&self, table: &GpuWeight, step: &CudaStep, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
         check_len("embed tokens", step.n_tokens, n)?;
         let tokens = step.block.slice(step.tokens_at()..step.tokens_at() + n.max(1));
-        matvec::embed_rows(&self.device, table, &tokens, out, n)
+        matvec::embed_rows(&self.device, table, &tokens, out, n).map_err(backend_error)
     }
 
     fn rms_norm(&self, x: &CudaSlice<f32>, weight: &CudaSlice<f32>, out: &mut CudaSlice<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
@@ -252,7 +342,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, w: &GpuWeight, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
-        matvec::matmul(&self.device, w, x, out, n)
+        matvec::matmul(&self.device, w, x, out, n).map_err(backend_error)
     }
 
     fn add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, n: usize, dim: usize) -> Result<()> {
@@ -352,7 +442,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, k_cache: &CudaSlice<f32>, v_cache: &CudaSlice<f32>, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 {
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim < ATTENTION_MIN_HEAD_DIM {
             return Err(BackendError::Device(format!("attention: {} query heads over {} kv heads of dim {}", p.n_heads, p.n_kv_heads, p.head_dim)));
         }
         let (q_width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
@@ -453,17 +543,18 @@ impl Backend for CudaBackend {
         step.sampled(&self.device)
     }
 
-    /// First call of a key: runs `record` directly, so lazily loaded kernels and scratch
-    /// buffers are created outside any capture. Second call: captures `record` into a graph
-    /// and launches it. Later calls: launch the graph only.
+    /// Per key of the step object written last: the first call runs `record` directly, so
+    /// lazily loaded kernels and scratch buffers are created outside any capture; the second
+    /// captures `record` into a graph and launches it; later calls launch the graph only.
     fn run_step(&self, key: u64, record: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let slot = (self.current_step.load(Ordering::Relaxed), key);
         let mut graphs = self.graphs.lock().unwrap_or_else(PoisonError::into_inner);
         let stream = self.device.stream();
         let graph_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the graph of step {key}: {e:?}"));
-        match graphs.get(&key) {
+        match graphs.get(&slot) {
             None => {
                 record()?;
-                graphs.insert(key, StepGraph::WarmedUp);
+                graphs.insert(slot, StepGraph::WarmedUp);
             }
             Some(StepGraph::WarmedUp) => {
                 stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(graph_error("starting the capture of"))?;
@@ -475,7 +566,7 @@ impl Backend for CudaBackend {
                     .map_err(graph_error("capturing"))?
                     .ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
                 graph.launch().map_err(graph_error("launching"))?;
-                graphs.insert(key, StepGraph::Captured(SendGraph(graph)));
+                graphs.insert(slot, StepGraph::Captured(SendGraph(graph)));
             }
             Some(StepGraph::Captured(graph)) => graph.0.launch().map_err(graph_error("launching"))?,
         }
@@ -487,10 +578,10 @@ impl Backend for CudaBackend {
     }
 
     fn ffn_gate_up(&self, w_gate: &GpuWeight, w_up: &GpuWeight, x: &CudaSlice<f32>, _gate: &mut CudaSlice<f32>, _up: &mut CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, _n_ff: usize) -> Result<()> {
-        matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n)
+        matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n).map_err(backend_error)
     }
 
     fn matmul_add(&self, w: &GpuWeight, x: &CudaSlice<f32>, residual: &mut CudaSlice<f32>, _tmp: &mut CudaSlice<f32>, n: usize, _dim: usize) -> Result<()> {
-        matvec::matmul_add(&self.device, w, x, residual, n)
+        matvec::matmul_add(&self.device, w, x, residual, n).map_err(backend_error)
     }
 }

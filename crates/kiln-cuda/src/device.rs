@@ -159,8 +159,14 @@ impl CudaDevice {
         )))?;
         let info = DeviceInfo::query(&ctx)?;
         let registry = KernelRegistry::new(ctx.clone(), config)?;
+        // One stream orders all work, so cudarc's per-buffer events are not needed; they would
+        // put waits on pre-capture events into CUDA graph captures, and the legacy default
+        // stream cannot be captured at all.
+        // SAFETY: no buffer has been allocated through this context yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(CudaError::driver("creating the device stream"))?;
         Ok(CudaDevice {
-            stream: ctx.default_stream(),
+            stream,
             ctx,
             registry,
             info,

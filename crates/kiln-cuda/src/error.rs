@@ -66,6 +66,10 @@ pub enum CudaError {
         free_bytes: usize,
         what: String,
     },
+
+    /// A call whose arguments do not fit together (shapes, buffer sizes, weight types).
+    #[error("{op}: {reason}")]
+    InvalidArgument { op: &'static str, reason: String },
 }
 
 impl CudaError {

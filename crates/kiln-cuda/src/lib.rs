@@ -23,9 +23,11 @@
 //! - Launch with cudarc: `device.stream().launch_builder(&function).arg(..).launch(cfg)`.
 //!   Keep the [`cudarc::driver::CudaFunction`] on hot paths rather than looking it up per launch.
 
+mod backend;
 mod cache;
 mod device;
 mod error;
+pub mod matvec;
 mod nvrtc;
 mod profile;
 mod registry;
@@ -33,7 +35,9 @@ mod registry;
 #[cfg(test)]
 mod scan;
 mod sources;
+mod step;
 
+pub use backend::CudaBackend;
 pub use cache::{CacheDir, Cubin, CubinCache, CubinKey, CubinOrigin};
 pub use device::{
     device_count, ensure_driver, list_devices, CudaDevice, DeviceInfo, POISON_BYTE,
@@ -43,6 +47,7 @@ pub use error::CudaError;
 pub use nvrtc::{compile_cubin, ensure_nvrtc, nvrtc_version};
 pub use profile::{profile_range, ProfileRange};
 pub use registry::{KernelRegistry, RegistryConfig};
+pub use step::CudaStep;
 pub use sources::{
     find_kernel, find_source, kernel_headers, kernel_sources, KernelHeader, KernelSource,
 };

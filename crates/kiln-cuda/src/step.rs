@@ -3,7 +3,11 @@
 //! host mirror and sends it with one asynchronous copy, so a captured graph reads each step's
 //! values from device memory. The layout is `kernels/step.cuh`'s.
 
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
 use kiln_core::backend::{BackendError, Result, StepInput};
 
 use crate::CudaDevice;
@@ -28,9 +32,30 @@ pub(crate) mod word {
     pub const TOKENS_AT: usize = 16;
 }
 
+/// What `run_step` holds for one (step object, key).
+pub(crate) enum StepGraph {
+    /// Ran once uncaptured, so every lazily loaded kernel and scratch buffer now exists.
+    WarmedUp,
+    Captured(SendGraph),
+}
+
+pub(crate) struct SendGraph(pub CudaGraph);
+// SAFETY: a graph is only touched while its map's mutex is held, one thread at a time.
+unsafe impl Send for SendGraph {}
+
+/// The backend's recorded steps, keyed by (step object id, run_step key). A graph bakes in the
+/// addresses of the buffers its step used, so it belongs to the step object (and the model
+/// around it) that recorded it, and goes when that step object is dropped.
+pub(crate) type StepGraphs = Arc<Mutex<HashMap<(u64, u64), StepGraph>>>;
+
 pub struct CudaStep {
+    /// Unique for the process's lifetime, so a new model never inherits an old one's graphs.
+    pub(crate) id: u64,
+    graphs: StepGraphs,
     pub(crate) block: CudaSlice<u32>,
     staging: PinnedHostSlice<u32>,
+    /// Recorded after each copy out of `staging`, which must not be rewritten before it.
+    copied: CudaEvent,
     max_tokens: usize,
     max_history: usize,
     /// Tokens of the last `write_step`, to check ops against.
@@ -42,7 +67,8 @@ fn saturate(value: usize) -> u32 {
 }
 
 impl CudaStep {
-    pub(crate) fn new(device: &CudaDevice, max_tokens: usize, max_history: usize) -> Result<CudaStep> {
+    pub(crate) fn new(device: &CudaDevice, graphs: &StepGraphs, max_tokens: usize, max_history: usize) -> Result<CudaStep> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let words = word::TOKENS_AT + max_tokens + max_history;
         if u32::try_from(words).is_err() {
             return Err(BackendError::BatchTooLarge { n_tokens: max_tokens + max_history, capacity: u32::MAX as usize });
@@ -51,7 +77,9 @@ impl CudaStep {
         // SAFETY: every word is written by `write` before the first copy.
         let staging = unsafe { device.context().alloc_pinned::<u32>(words) }
             .map_err(|e| BackendError::Device(format!("allocating {} bytes of pinned memory for the step block: {e:?}", words * 4)))?;
-        Ok(CudaStep { block, staging, max_tokens, max_history, n_tokens: 0 })
+        let copied = device.context().new_event(None).map_err(|e| BackendError::Device(format!("creating the step event: {e:?}")))?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(CudaStep { id, graphs: graphs.clone(), block, staging, copied, max_tokens, max_history, n_tokens: 0 })
     }
 
     /// Word offset of the token ids, for kernels that take them as a separate pointer.
@@ -67,8 +95,9 @@ impl CudaStep {
         let s = input.sampling;
         let history_at = word::TOKENS_AT + self.max_tokens;
         let device_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the step block: {e:?}"));
-        // Waits for the previous copy out of this buffer, so it is never overwritten mid-flight.
-        let host = self.staging.as_mut_slice().map_err(device_error("waiting to refill"))?;
+        // The previous copy may still be queued behind earlier work: wait for it to finish.
+        self.copied.synchronize().map_err(device_error("waiting to refill"))?;
+        let host = self.staging.as_mut_slice().map_err(device_error("mapping"))?;
         host.fill(0);
         host[word::N_TOKENS] = saturate(input.tokens.len());
         host[word::POS0] = saturate(input.pos0);
@@ -87,6 +116,7 @@ impl CudaStep {
         host[word::TOKENS_AT..word::TOKENS_AT + input.tokens.len()].copy_from_slice(input.tokens);
         host[history_at..history_at + history.len()].copy_from_slice(history);
         device.stream().memcpy_htod(&self.staging, &mut self.block).map_err(device_error("copying"))?;
+        self.copied.record(device.stream()).map_err(device_error("recording the copy of"))?;
         self.n_tokens = input.tokens.len();
         Ok(())
     }
@@ -101,6 +131,13 @@ impl CudaStep {
             .and_then(|()| device.stream().synchronize())
             .map_err(|e| BackendError::Device(format!("reading the sampled token: {e:?}")))?;
         Ok(token[0])
+    }
+}
+
+impl Drop for CudaStep {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.graphs.lock().unwrap_or_else(PoisonError::into_inner).retain(|&(step, _), _| step != id);
     }
 }
 

@@ -224,7 +224,7 @@ fn attention_matches_cpu_for_every_group_size_and_partial_splits() {
     let mut pair = Pair::new(8, 0);
     let n_ctx = 4096;
     // (query heads, kv heads, head_dim): group sizes 1, 2, 4, 8 and an odd 7, head dims 8..256.
-    for (n_heads, n_kv_heads, head_dim) in [(4, 4, 64), (8, 4, 8), (8, 2, 128), (32, 4, 128), (14, 2, 80), (8, 2, 256), (2, 1, 32)] {
+    for (n_heads, n_kv_heads, head_dim) in [(4, 4, 64), (8, 4, 8), (8, 2, 128), (32, 4, 128), (14, 2, 80), (8, 2, 256), (2, 1, 32), (6, 3, 16)] {
         let kv_width = n_kv_heads * head_dim;
         let k_cache = random(&mut rng, n_ctx * kv_width, 1.0);
         let v_cache = random(&mut rng, n_ctx * kv_width, 1.0);
@@ -246,6 +246,88 @@ fn attention_matches_cpu_for_every_group_size_and_partial_splits() {
     }
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn fused_prologue_matches_the_separate_cpu_ops() {
+    let mut rng = rng("prologue");
+    let mut pair = Pair::new(8, 0);
+    let n_ctx = 4096;
+    for (with_norm, kind) in [(false, RopeKind::Normal), (true, RopeKind::Neox), (true, RopeKind::Normal)] {
+        for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32)] {
+            for (n, pos0) in [(1, 0), (5, 100), (1, 3000), (2, 4094)] {
+                pair.set_positions(n, pos0);
+                let kv_width = n_kv_heads * head_dim;
+                let rope = RopeParams { kind, n_heads, head_dim, n_rot };
+                let inv_freq: Vec<f32> = (0..n_rot / 2).map(|i| 1e6f32.powf(-2.0 * i as f32 / n_rot as f32)).collect();
+                let (q, k, v) = (random(&mut rng, n * n_heads * head_dim, 2.0), random(&mut rng, n * kv_width, 2.0), random(&mut rng, n * kv_width, 2.0));
+                let (q_norm, k_norm) = (random(&mut rng, head_dim, 1.0), random(&mut rng, head_dim, 1.0));
+                let caches = (random(&mut rng, n_ctx * kv_width, 1.0), random(&mut rng, n_ctx * kv_width, 1.0));
+
+                let cpu = &pair.cpu;
+                let (mut want_q, mut want_k) = (q.clone(), k.clone());
+                if with_norm {
+                    cpu.rms_norm(&q, &q_norm, &mut want_q, n * n_heads, head_dim, 1e-6).expect("cpu");
+                    cpu.rms_norm(&k, &k_norm, &mut want_k, n * n_kv_heads, head_dim, 1e-6).expect("cpu");
+                }
+                cpu.rope(&mut want_q, &inv_freq, &pair.cpu_step, n, &rope).expect("cpu");
+                cpu.rope(&mut want_k, &inv_freq, &pair.cpu_step, n, &RopeParams { n_heads: n_kv_heads, ..rope }).expect("cpu");
+                let (mut want_kc, mut want_vc) = caches.clone();
+                cpu.kv_store(&want_k, &v, &mut want_kc, &mut want_vc, &pair.cpu_step, n, kv_width).expect("cpu");
+
+                let gpu = &pair.gpu;
+                let (mut gq, gk, gv) = (upload(gpu, &q), upload(gpu, &k), upload(gpu, &v));
+                let (gqn, gkn) = (upload(gpu, &q_norm), upload(gpu, &k_norm));
+                let (mut gkc, mut gvc) = (upload(gpu, &caches.0), upload(gpu, &caches.1));
+                let norms = with_norm.then_some((&gqn, &gkn, 1e-6));
+                gpu.qk_norm_rope_store(&mut gq, &gk, &gv, norms, &upload(gpu, &inv_freq), &mut gkc, &mut gvc, &pair.gpu_step, n, &rope, n_kv_heads)
+                    .expect("gpu");
+                let what = format!("prologue norm={with_norm} {kind:?} {n_heads}/{n_kv_heads}x{head_dim} rot {n_rot}, {n} at {pos0}");
+                // As rms_norm and rope above: a few ulps per value.
+                assert_close(&format!("{what}: q"), &download(gpu, &gq, q.len()), &want_q, 2e-6);
+                assert_close(&format!("{what}: k cache"), &download(gpu, &gkc, want_kc.len()), &want_kc, 2e-6);
+                assert_bitwise(&format!("{what}: v cache"), &download(gpu, &gvc, want_vc.len()), &want_vc);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn attention_speed_at_long_context() {
+    // Llama-3-8B geometry (32 query heads, 8 kv heads of 128) at a full 32k cache: one decode
+    // step reads 2 x 32768 x 1024 f32 = 268 MB of K and V, about 62 us at 4.3 TB/s.
+    let mut rng = rng("attention_speed");
+    let mut pair = Pair::new(1, 0);
+    let (n_heads, n_kv_heads, head_dim, n_ctx) = (32, 8, 128, 32_768);
+    let kv_width = n_kv_heads * head_dim;
+    let (k_cache, v_cache) = (random(&mut rng, n_ctx * kv_width, 1.0), random(&mut rng, n_ctx * kv_width, 1.0));
+    let q = random(&mut rng, n_heads * head_dim, 3.0);
+    let p = AttentionParams { n_heads, n_kv_heads, head_dim, n_ctx, scale: 1.0 / (head_dim as f32).sqrt() };
+    pair.set_positions(1, n_ctx - 1);
+    let mut want = vec![0f32; q.len()];
+    pair.cpu.attention(&q, &k_cache, &v_cache, &mut want, &pair.cpu_step, 1, &p).expect("cpu");
+    let gpu = &pair.gpu;
+    let (gq, gk, gv) = (upload(gpu, &q), upload(gpu, &k_cache), upload(gpu, &v_cache));
+    let mut out = poisoned(gpu, q.len());
+    let stream = gpu.device().stream();
+    let timed = || gpu.device().context().new_event(Some(kiln_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    let (start, end) = (timed(), timed());
+    let runs = 50;
+    for _ in 0..3 {
+        gpu.attention(&gq, &gk, &gv, &mut out, &pair.gpu_step, 1, &p).expect("gpu");
+    }
+    start.record(stream).expect("record");
+    for _ in 0..runs {
+        gpu.attention(&gq, &gk, &gv, &mut out, &pair.gpu_step, 1, &p).expect("gpu");
+    }
+    end.record(stream).expect("record");
+    end.synchronize().expect("sync");
+    let micros = start.elapsed_ms(&end).expect("elapsed") as f64 * 1000.0 / runs as f64;
+    let bytes = 2.0 * (n_ctx * kv_width * 4) as f64;
+    eprintln!("attention 32/8 heads x 128 at 32k context: {micros:.1} us per step, {:.0} GB/s", bytes / micros / 1e3);
+    assert_close("long-context attention", &download(gpu, &out, q.len()), &want, 1e-5);
+}
+
 /// Random weights of `ty` as (source, dequantized values) so the CPU sees what the GPU sees.
 fn random_weight(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> WeightSource {
     weight_source("test.weight", ty, rows, cols, &random(rng, rows * cols, 1.0))
@@ -255,9 +337,10 @@ fn random_weight(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn embed_and_weight_ops_match_cpu() {
     let mut rng = rng("weights");
-    let mut pair = Pair::new(8, 0);
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        for (rows, cols, n) in [(64, 256, 1), (300, 512, 3), (33, 256, 8)] {
+    let mut pair = Pair::new(16, 0);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        // 1..8 tokens take the mat-vec kernels, 12 the mat-mat kernel.
+        for (rows, cols, n) in [(64, 256, 1), (300, 512, 3), (33, 256, 8), (40, 512, 12)] {
             let tokens: Vec<u32> = (0..n).map(|_| rng.gen_range(0..rows as u32)).collect();
             pair.set_step(&tokens, 0, &SamplingParams::greedy(), &[], 0);
             let what = |op: &str| format!("{op} {ty} {rows}x{cols}, {n} tokens");
@@ -277,9 +360,10 @@ fn embed_and_weight_ops_match_cpu() {
             pair.cpu.matmul(&cw, &x, &mut want, n).expect("cpu");
             let mut got = poisoned(&pair.gpu, n * rows);
             pair.gpu.matmul(&gw, &gx, &mut got, n).expect("gpu");
-            // The mat-vec kernels may round activations to 8 bits for integer dot products
-            // (as llama.cpp does): about 1e-2 relative at worst; exact-weight f32 types far less.
-            let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 2e-2 };
+            // Quantized weights meet activations rounded to int8 per 16 values in the mat-vec
+            // kernels (documented at about 0.5% relative L2 of the f32 product); float weights
+            // and the mat-mat kernel compute in f32 from exactly dequantized weights.
+            let tolerance = if n <= 8 && !matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-2 } else { 1e-5 };
             assert_close(&what("matmul"), &download(&pair.gpu, &got, n * rows), &want, tolerance);
 
             let residual = random(&mut rng, n * rows, 1.0);
@@ -359,16 +443,17 @@ fn greedy_and_top_k_one_sampling_are_identical_to_cpu() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn draws_match_cpu_draw_for_draw() {
+    // Up to 1024 candidates (the shared-memory path): both sides walk the same short ranking
+    // with the same uniform number, so only a running sum that rounds across the drawn value
+    // (about 1e-6 of the draws) may pick a neighbour.
     let mut rng = rng("draws");
     let mut pair = Pair::new(1, 128);
     let base = SamplingParams::default();
-    // Candidate path (top-k survivors in shared memory) and whole-vocabulary path (k > 1024).
     let cases = [
         (512, base),
         (512, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..base }),
         (32_000, SamplingParams { repeat_penalty: 1.2, ..base }),
-        (50_000, SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..base }),
-        (50_000, SamplingParams { top_k: 2000, top_p: 1.0, min_p: 0.02, temperature: 1.3, ..base }),
+        (151_936, SamplingParams { top_k: 300, top_p: 0.8, min_p: 0.01, temperature: 0.9, ..base }),
     ];
     for (n_vocab, params) in cases {
         let logits = random(&mut rng, n_vocab, 6.0);
@@ -382,9 +467,80 @@ fn draws_match_cpu_draw_for_draw() {
             assert!((gpu as usize) < n_vocab);
             same += usize::from(cpu == gpu);
         }
-        // Both walk the same ranking with the same uniform number; only a cumulative sum that
-        // rounds across the drawn value (about 1e-6 of the draws) may pick a neighbour.
         assert!(same >= draws as usize - 2, "vocab {n_vocab}, {params:?}: {same}/{draws} draws agree");
+    }
+}
+
+/// The CPU sampler's distribution computed in f64: (token, probability) in ranking order.
+fn exact_distribution(logits: &[f32], history: &[u32], p: &SamplingParams) -> Vec<(u32, f64)> {
+    let mut values = logits.to_vec();
+    sampling::apply_repeat_penalty(&mut values, history, p);
+    let mut ranked: Vec<(f32, u32)> = values.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    if p.top_k > 0 {
+        ranked.truncate(p.top_k);
+    }
+    let max = ranked[0].0 as f64;
+    let total: f64 = ranked.iter().map(|c| (c.0 as f64 - max).exp()).sum();
+    let mut cum = 0.0;
+    let keep = ranked.iter().position(|c| {
+        cum += (c.0 as f64 - max).exp() / total;
+        cum >= p.top_p as f64
+    });
+    ranked.truncate(keep.map_or(ranked.len(), |i| i + 1));
+    let floor = ranked[0].0 + p.min_p.ln();
+    let keep = ranked.iter().take_while(|c| p.min_p <= 0.0 || c.0 >= floor).count().max(1);
+    ranked.truncate(keep);
+    let weights: Vec<f64> = ranked.iter().map(|c| ((c.0 as f64 - max) / p.temperature as f64).exp()).collect();
+    let sum: f64 = weights.iter().sum();
+    ranked.iter().zip(weights).map(|(c, w)| (c.1, w / sum)).collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn whole_vocabulary_sampling_follows_the_exact_distribution() {
+    // More than 1024 candidates: the sampler ranks the whole vocabulary in global memory.
+    // Thousands of f32 terms make the CPU's running sums drift by more than one token's
+    // weight, so draws are compared as a distribution: GPU samples bucketed into 16 ranges of
+    // equal exact (f64) probability, against a chi-square bound.
+    let mut rng = rng("whole_vocabulary");
+    let mut pair = Pair::new(1, 128);
+    let base = SamplingParams::default();
+    let cases = [
+        SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..base },
+        SamplingParams { top_k: 2000, top_p: 1.0, min_p: 0.02, temperature: 1.3, ..base },
+        SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.05, temperature: 1.0, repeat_penalty: 1.3, ..base },
+    ];
+    let (n_vocab, draws, buckets) = (50_000, 4000u64, 16usize);
+    for params in cases {
+        let logits = random(&mut rng, n_vocab, 6.0);
+        let history: Vec<u32> = (0..100).map(|_| rng.gen_range(0..n_vocab as u32)).collect();
+        let exact = exact_distribution(&logits, &history, &params);
+        let mut bucket_of = vec![usize::MAX; n_vocab];
+        let mut expected = vec![0f64; buckets];
+        let mut cum = 0.0;
+        for &(token, prob) in &exact {
+            let bucket = (((cum + prob / 2.0) * buckets as f64) as usize).min(buckets - 1);
+            bucket_of[token as usize] = bucket;
+            expected[bucket] += prob * draws as f64;
+            cum += prob;
+        }
+        let gpu_logits = upload(&pair.gpu, &logits);
+        let (mut observed, mut outside) = (vec![0f64; buckets], 0);
+        for draw in 0..draws {
+            pair.set_step(&[], 0, &SamplingParams { seed: 77, ..params }, &history, draw);
+            pair.gpu.sample(&gpu_logits, n_vocab, &mut pair.gpu_step).expect("sample");
+            match bucket_of[pair.gpu.sampled_token(&pair.gpu_step).expect("token") as usize] {
+                usize::MAX => outside += 1,
+                bucket => observed[bucket] += 1.0,
+            }
+        }
+        let chi2: f64 = observed.iter().zip(&expected).map(|(o, e)| (o - e) * (o - e) / e).sum();
+        eprintln!("{params:?}: {} candidates, chi-square {chi2:.1} over {buckets} buckets, {outside} outside", exact.len());
+        // 15 degrees of freedom: P(chi-square > 45) is about 7e-5. A token just past an f32
+        // cut may fall outside the exact set, with the probability of a tail token (~1e-5).
+        assert!(chi2 < 45.0, "{params:?}: chi-square {chi2:.1}, observed {observed:?}, expected {expected:?}");
+        assert!(outside <= 2, "{params:?}: {outside} draws outside the exact candidate set");
     }
 }
 
@@ -533,26 +689,36 @@ fn floats(value: &serde_json::Value) -> Vec<f64> {
     value.as_array().expect("array").iter().map(|v| v.as_f64().expect("number")).collect()
 }
 
-/// Teacher-forced logits of the reference tokens, and the greedy continuation through
-/// `decode_sample` (one captured graph per step after the first two).
-fn run_model<B: Backend>(backend: Arc<B>, path: &Path, tokens: &[u32], n_new: usize) -> Result<(Vec<f32>, Vec<u32>), String> {
+struct ModelRun {
+    /// Teacher-forced logits [20][n_vocab] from one 20-token batch.
+    batch: Vec<f32>,
+    /// The same logits fed one token at a time (the decode path's numerics).
+    stepwise: Vec<f32>,
+    /// The greedy continuation through `decode_sample` (captured graphs after two steps).
+    greedy: Vec<u32>,
+}
+
+fn run_model<B: Backend>(backend: Arc<B>, path: &Path, tokens: &[u32], n_new: usize) -> Result<ModelRun, String> {
     let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let file = Arc::new(GgufFile::open(path).map_err(|e| fail(&e))?);
     let options = ModelOptions { n_ctx: Some(64), n_batch: 32, all_logits: true, max_history: 64 };
     let mut model = Model::load(backend, file, &options).map_err(|e| fail(&e))?;
-    let logits = model.forward(tokens, Logits::All).map_err(|e| fail(&e))?.to_vec();
+    let batch = model.forward(tokens, Logits::All).map_err(|e| fail(&e))?.to_vec();
     model.reset();
-    model.forward(tokens, Logits::Last).map_err(|e| fail(&e))?;
-    let greedy = SamplingParams::greedy();
-    let mut history = tokens.to_vec();
-    let mut token = model.sample_last(&greedy, &history, 0).map_err(|e| fail(&e))?;
-    let mut generated = vec![token];
-    while generated.len() < n_new {
-        history.push(token);
-        token = model.decode_sample(token, &greedy, &history, generated.len() as u64).map_err(|e| fail(&e))?;
-        generated.push(token);
+    let mut stepwise = Vec::with_capacity(batch.len());
+    for &token in tokens {
+        stepwise.extend_from_slice(model.forward(&[token], Logits::Last).map_err(|e| fail(&e))?);
     }
-    Ok((logits, generated))
+    let greedy_params = SamplingParams::greedy();
+    let mut history = tokens.to_vec();
+    let mut token = model.sample_last(&greedy_params, &history, 0).map_err(|e| fail(&e))?;
+    let mut greedy = vec![token];
+    while greedy.len() < n_new {
+        history.push(token);
+        token = model.decode_sample(token, &greedy_params, &history, greedy.len() as u64).map_err(|e| fail(&e))?;
+        greedy.push(token);
+    }
+    Ok(ModelRun { batch, stepwise, greedy })
 }
 
 #[test]
@@ -561,34 +727,49 @@ fn models_match_the_float64_references() {
     let gpu = Arc::new(gpu());
     let cpu = Arc::new(CpuBackend::new());
     let mut failures = Vec::new();
-    eprintln!("{:<28} {:>10} {:>10} {:>12} {:>10} {:>8}", "model", "rel_l2", "max_abs", "vs cpu rel", "greedy", "checked");
+    eprintln!(
+        "{:<26} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>7}",
+        "model", "batch rel", "batch abs", "step rel", "step abs", "vs cpu rel", "greedy", "checked"
+    );
     for (path, reference) in reference_models() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let tokens = ids(&reference["tokens"]);
         let want: Vec<f32> = reference["logits"].as_array().expect("logits").iter().flat_map(floats).map(|v| v as f32).collect();
         let greedy_want = ids(&reference["greedy"]["tokens"]);
         let margins = floats(&reference["greedy"]["margins"]);
-        let ((logits, greedy), (cpu_logits, _)) = match (run_model(gpu.clone(), &path, &tokens, greedy_want.len()), run_model(cpu.clone(), &path, &tokens, 1)) {
+        let (run, cpu_run) = match (run_model(gpu.clone(), &path, &tokens, greedy_want.len()), run_model(cpu.clone(), &path, &tokens, 1)) {
             (Ok(g), Ok(c)) => (g, c),
             (g, c) => {
-                eprintln!("{name:<28} failed");
+                eprintln!("{name:<26} failed");
                 failures.extend(g.err().into_iter().chain(c.err()));
                 continue;
             }
         };
-        let (rel_l2, max_abs) = errors(&name, &logits, &want);
-        let (cpu_rel, _) = errors(&name, &logits, &cpu_logits);
-        // Compare greedy tokens only while the reference margin exceeds twice the logit error:
-        // past a closer call, float rounding may legitimately pick the runner-up.
-        let checked = margins.iter().take_while(|&&m| m > 2.0 * max_abs).count();
-        let agree = greedy.iter().zip(&greedy_want).take(checked).take_while(|(a, b)| a == b).count();
-        eprintln!("{name:<28} {rel_l2:>10.2e} {max_abs:>10.2e} {cpu_rel:>12.2e} {agree:>7}/{:<2} {checked:>8}", greedy_want.len());
-        // The brief's bound; the table above shows how far inside it each model lands.
-        if rel_l2 > 1e-3 || max_abs > 5e-2 {
-            failures.push(format!("{name}: logits rel_l2 {rel_l2:.2e}, max_abs {max_abs:.2e}"));
+        let (batch_rel, batch_abs) = errors(&name, &run.batch, &want);
+        let (step_rel, step_abs) = errors(&name, &run.stepwise, &want);
+        let (cpu_rel, _) = errors(&name, &run.batch, &cpu_run.batch);
+        // Greedy tokens count only while the reference margin exceeds twice the decode path's
+        // logit error: past a closer call, rounding may legitimately pick the runner-up.
+        let checked = margins.iter().take_while(|&&m| m > 2.0 * step_abs).count();
+        let agree = run.greedy.iter().zip(&greedy_want).take(checked).take_while(|(a, b)| a == b).count();
+        eprintln!(
+            "{name:<26} {batch_rel:>9.2e} {batch_abs:>9.2e} {step_rel:>9.2e} {step_abs:>9.2e} {cpu_rel:>10.2e} {agree:>5}/{:<2} {checked:>7}",
+            greedy_want.len()
+        );
+        // Batches of 20 tokens run the f32 mat-mat kernel on exactly dequantized weights: the
+        // brief's bound (about 1e-6 is expected). One token at a time, quantized weights meet
+        // int8 activations, as in llama.cpp, which lands at 7.8e-3 to 3.4e-2 on these files
+        // (shared/testdata/README.md); 5e-2 bounds that, float weights stay at the batch's level.
+        let float_weights = name == "stories260K.gguf" || name.contains("-F16.") || name.contains("-BF16.");
+        let step_bound = if float_weights { 1e-3 } else { 5e-2 };
+        if batch_rel > 1e-3 || batch_abs > 5e-2 {
+            failures.push(format!("{name}: batch logits rel_l2 {batch_rel:.2e}, max_abs {batch_abs:.2e}"));
+        }
+        if step_rel > step_bound {
+            failures.push(format!("{name}: one-token logits rel_l2 {step_rel:.2e} > {step_bound:.0e}"));
         }
         if agree < checked {
-            failures.push(format!("{name}: greedy token {agree} is {} (want {}), margin {}", greedy[agree], greedy_want[agree], margins[agree]));
+            failures.push(format!("{name}: greedy token {agree} is {} (want {}), margin {}", run.greedy[agree], greedy_want[agree], margins[agree]));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

@@ -20,9 +20,9 @@ pub enum QuantizeError {
     UnknownFileType { name: String, valid: String },
     #[error("kiln cannot produce file type {0}: it needs an importance matrix or a type kiln-quant cannot encode")]
     UnsupportedFileType(FileType),
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {}", path.display(), reason(source))]
     Open { path: PathBuf, source: GgufError },
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}: {}", path.display(), reason(source))]
     Write { path: PathBuf, source: GgufError },
     #[error("the output {} is the input file", path.display())]
     SameFile { path: PathBuf },
@@ -47,6 +47,14 @@ pub enum QuantizeError {
 }
 
 pub type Result<T, E = QuantizeError> = std::result::Result<T, E>;
+
+/// A GGUF error without the path it may repeat.
+fn reason(e: &GgufError) -> String {
+    match e {
+        GgufError::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
 
 /// What `kiln quantize` is asked to do (llama-quantize's flags of the same names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

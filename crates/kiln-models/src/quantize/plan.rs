@@ -66,11 +66,7 @@ impl QuantHparams {
 
     /// llama.cpp's `n_gqa()`: query heads per KV head (0 without KV heads).
     fn n_gqa(&self) -> u64 {
-        if self.n_head_kv == 0 {
-            0
-        } else {
-            self.n_head / self.n_head_kv
-        }
+        self.n_head.checked_div(self.n_head_kv).unwrap_or(0)
     }
 
     /// The size label llama.cpp gives the model ("8B", "70B", ...) for the
@@ -275,7 +271,7 @@ impl MixRules<'_> {
         let mut ty = default;
         match cat {
             Category::Output | Category::TokenEmbd if cat == Category::Output || self.tied_embeddings => {
-                if falcon || t.dims[0] % ty.block_size() as u64 != 0 {
+                if falcon || !t.dims[0].is_multiple_of(ty.block_size() as u64) {
                     ty = G::Q8_0;
                 } else if ty != G::Q8_0 {
                     ty = G::Q6_K;
@@ -379,7 +375,7 @@ impl MixRules<'_> {
 fn fallback(t: &TensorInfo, ty: GgmlType) -> Result<(GgmlType, bool)> {
     use GgmlType as G;
     let row_len = t.dims[0];
-    if row_len % ty.block_size() as u64 == 0 {
+    if row_len.is_multiple_of(ty.block_size() as u64) {
         return Ok((ty, false));
     }
     let replacement = match ty {
@@ -391,7 +387,7 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> Result<(GgmlType, bool)> {
         _ => return Err(QuantizeError::NoFallback { tensor: t.name.clone(), ty, row_len }),
     };
     // A row that is not even a multiple of 32 is kept in F16.
-    let ty = if row_len % replacement.block_size() as u64 == 0 { replacement } else { G::F16 };
+    let ty = if row_len.is_multiple_of(replacement.block_size() as u64) { replacement } else { G::F16 };
     Ok((ty, true))
 }
 

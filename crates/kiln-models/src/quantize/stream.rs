@@ -49,8 +49,8 @@ pub struct WriteSummary {
     pub elapsed: Duration,
 }
 
-/// Output bytes converted per step: bounds memory while giving every thread
-/// many rows to work on.
+/// Elements converted per step: bounds memory (one chunk of output bytes)
+/// while giving every thread many rows to work on.
 const CHUNK_ELEMENTS: usize = 1 << 22;
 
 fn bytes_of(ty: kiln_quant::GgmlType, n_elements: u64) -> u64 {

@@ -1,0 +1,43 @@
+// Mat-vec of F32, F16 and BF16 weights (rows of `stride` elements) against f32 activations
+// x [NTOK][cols], cols a multiple of 4; all arithmetic in f32. See matvec.cuh.
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
+// kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
+// kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
+#include "matvec.cuh"
+
+template <class W>
+__device__ __forceinline__ void matvec_float_one(const W& w, const float* x, u32 cols, float* out, u32 rows,
+                                                 u32 accumulate) {
+    const W weights[1] = {w};
+    matvec_float<W, 1>(weights, x, cols, out, rows, accumulate);
+}
+
+template <class W>
+__device__ __forceinline__ void matvec_float_two(const W& gate, const W& up, const float* x, u32 cols, float* out,
+                                                 u32 rows) {
+    const W weights[2] = {gate, up};
+    matvec_float<W, 2>(weights, x, cols, out, rows, 0);
+}
+
+#define FV_ARGS const float* x, u32 cols, float* out, u32 rows
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(FloatRows<0> w, FV_ARGS, u32 accumulate) {
+    matvec_float_one(w, x, cols, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, FV_ARGS) {
+    matvec_float_two(gate, up, x, cols, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(FloatRows<1> w, FV_ARGS, u32 accumulate) {
+    matvec_float_one(w, x, cols, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, FV_ARGS) {
+    matvec_float_two(gate, up, x, cols, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_bf16(FloatRows<2> w, FV_ARGS, u32 accumulate) {
+    matvec_float_one(w, x, cols, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, FV_ARGS) {
+    matvec_float_two(gate, up, x, cols, out, rows);
+}

@@ -1,0 +1,58 @@
+// Mat-vec of the 32-value block formats (and the 1-bit Q1_0) against int8 activations; see
+// matvec.cuh. matvec_* writes out (or adds to it when `accumulate` is non-zero);
+// matvec_swiglu_* writes silu(x.Wg) * (x.Wu).
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
+// kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
+// kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
+#include "matvec.cuh"
+
+#define MV_ARGS const i8* xq, const float2* xds, float* out, u32 rows
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ8_0>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ8_0>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ4_0>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ4_0>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ4_1>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ4_1>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ5_0>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ5_0>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ5_1>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ5_1>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ4_NL>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ4_NL>(gate, up, xq, xds, out, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ1_0>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ1_0>(gate, up, xq, xds, out, rows);
+}

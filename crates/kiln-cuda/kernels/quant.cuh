@@ -1,0 +1,531 @@
+// Weight formats as the GPU stores them (repacked at upload by src/matvec/repack.rs, which
+// documents each layout), and the loads and bit manipulations that decode them. Shared by the
+// mat-vec, mat-mat and embedding kernels, so each format's layout logic is written once.
+//
+// Geometry of every quantized format: a row is cut into tiles of 512 values (the row is
+// zero-padded to whole tiles); lane l (0..31) owns the chunk of 16 consecutive values
+// [512 t + 16 l, 512 t + 16 l + 16) of tile t. A chunk always lies inside one scale group, so
+// it decodes to 16 small integer codes with one scale and one offset:
+//     value i = scale * code_i + offset.
+// Planes, each its own aligned array:
+//   codes:  CODE_BYTES per lane per tile, at (tile * 32 + lane) * CODE_BYTES
+//   extra:  EXTRA_BYTES per lane per tile (high code bits of 5/6-bit formats, Q3_K)
+//   scales: SCALE_BYTES per tile (raw scale fields of the tile's blocks)
+// where `tile` is the global tile index row * tiles + t.
+#pragma once
+#include "common.cuh"
+
+#define TILE_VALUES 512
+#define CHUNK_VALUES 16
+
+// ---- Loads ----
+
+// Weights are read once per launch: they skip L1 so the activations stay cached there, and
+// ask L2 to fetch whole 256-byte segments since neighbouring lanes read the rest.
+__device__ __forceinline__ uint4 ld_weight_u128(const u8* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 ld_weight_u64(const u8* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_weight_u32(const u8* p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_weight_u16(const u8* p) {
+    u16 v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 ld_weight_u8(const u8* p) {
+    u16 v;
+    asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// ---- Code words ----
+
+// Byte `b` of word `a` (b = 0..3), or of `b_word` for b = 4..7, per selector nibble; a nibble
+// with bit 3 set replicates the sign bit of the byte it selects.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 selector) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+    return r;
+}
+
+// 8 bytes of packed nibbles: byte j holds value (j/4)*8 + j%4 (low) and (j/4)*8 + 4 + j%4 (high),
+// so that masking gives the four code words in value order.
+__device__ __forceinline__ void nibble_codes(uint2 w, int (&q)[4]) {
+    q[0] = w.x & 0x0f0f0f0f;
+    q[1] = (w.x >> 4) & 0x0f0f0f0f;
+    q[2] = w.y & 0x0f0f0f0f;
+    q[3] = (w.y >> 4) & 0x0f0f0f0f;
+}
+
+// 4 bytes of 2-bit codes: bits 2k..2k+1 of byte b hold value 4k + b.
+__device__ __forceinline__ void crumb_codes(u32 w, int (&q)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = (w >> (2 * k)) & 0x03030303;
+    }
+}
+
+// Four bits (value 4k+b at bit b) spread to bit SHIFT of bytes 0..3. The multiplier places copy
+// i of the nibble 7i+SHIFT bits up; the 16 product bits land on distinct positions, so nothing
+// carries, and the mask keeps bit b of copy b.
+template <int SHIFT>
+__device__ __forceinline__ u32 spread_bits(u32 nibble) {
+    return (nibble * (0x00204081u << SHIFT)) & (0x01010101u << SHIFT);
+}
+
+// Adds bit i of `bits` (16 bits, value order) as bit SHIFT of code i.
+template <int SHIFT>
+__device__ __forceinline__ void add_bit_plane(u32 bits, int (&q)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] |= spread_bits<SHIFT>((bits >> (4 * k)) & 0xf);
+    }
+}
+
+// Maps four 4-bit indices (one per byte) through the IQ4_NL codebook to signed bytes.
+__device__ __forceinline__ int iq4_lookup(u32 indices) {
+    // The 16 codebook levels as bytes, 4 per word.
+    const u32 levels0 = 0xbfad9881u;  // -127 -104 -83 -65
+    const u32 levels1 = 0xf6eaddcfu;  //  -49  -35 -22 -10
+    const u32 levels2 = 0x26190d01u;  //    1   13  25  38
+    const u32 levels3 = 0x71594535u;  //   53   69  89 113
+    const u32 low3 = indices & 0x07070707;
+    // One selector nibble per index: bytes 0 and 2 of (low3 | low3 >> 4) hold nibble pairs.
+    const u32 pairs = low3 | (low3 >> 4);
+    const u32 selector = prmt(pairs, 0, 0x0020);
+    const u32 from_low = prmt(levels0, levels1, selector);
+    const u32 from_high = prmt(levels2, levels3, selector);
+    // 0xff in the bytes whose index has bit 3 set (sign-replicating selectors 8..11).
+    const u32 high_mask = prmt(indices << 4, 0, 0xba98);
+    return (int)((from_low & ~high_mask) | (from_high & high_mask));
+}
+
+__device__ __forceinline__ void iq4_codes(uint2 w, int (&q)[4]) {
+    nibble_codes(w, q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = iq4_lookup((u32)q[k]);
+    }
+}
+
+__device__ __forceinline__ float f16_low(u32 word) {
+    return f16_bits_to_f32((u16)(word & 0xffff));
+}
+
+__device__ __forceinline__ float f16_high(u32 word) {
+    return f16_bits_to_f32((u16)(word >> 16));
+}
+
+// Byte `index` (0..3) of a word.
+__device__ __forceinline__ u32 byte_of(u32 word, u32 index) {
+    return (word >> (8 * index)) & 0xff;
+}
+
+// ---- Formats ----
+
+struct Planes {
+    const u8* codes;
+    const u8* extra;
+    const u8* scales;
+    u32 tiles;  // tiles per row
+};
+
+// A decoded chunk: value i = scale * code_i + offset, code i is signed byte i % 4 of q[i / 4].
+struct Chunk {
+    int q[4];
+    float scale;
+    float offset;
+};
+
+__device__ __forceinline__ const u8* lane_bytes(const u8* plane, u64 tile, u32 lane, u32 bytes) {
+    return plane + (tile * 32 + lane) * bytes;
+}
+
+// Per-tile scale bytes of a format whose SCALE_BYTES-wide tile region starts at `tile`.
+template <class F>
+__device__ __forceinline__ const u8* tile_scales(const Planes& p, u64 tile) {
+    return p.scales + tile * F::SCALE_BYTES;
+}
+
+// Each format: CODE_BYTES / EXTRA_BYTES per lane and SCALE_BYTES per tile, a Raw struct holding
+// exactly what fetch() loads (so callers can issue many fetches before decoding), and decode().
+
+// 32-value blocks, f16 d per block (16 per tile, lane reads block lane/2): value = d * int8.
+struct FmtQ8_0 {
+    static constexpr u32 CODE_BYTES = 16, EXTRA_BYTES = 0, SCALE_BYTES = 32;
+    struct Raw {
+        uint4 codes;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(tile_scales<FmtQ8_0>(p, tile) + 2 * (lane >> 1))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        return {{(int)r.codes.x, (int)r.codes.y, (int)r.codes.z, (int)r.codes.w}, f16_low(r.d), 0.0f};
+    }
+};
+
+// Nibble formats with 32-value blocks: value = d * (q - 8) (Q4_0) or d * q + m (Q4_1), or
+// d * codebook[q] (IQ4_NL). Q4_1 stores (d, m) per block.
+template <int KIND>  // 0: Q4_0, 1: Q4_1, 2: IQ4_NL
+struct FmtNibble32 {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = KIND == 1 ? 64 : 32;
+    struct Raw {
+        uint2 codes;
+        u32 dm;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtNibble32>(p, tile);
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                KIND == 1 ? ld_weight_u32(scales + 4 * (lane >> 1)) : ld_weight_u16(scales + 2 * (lane >> 1))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        const float d = f16_low(r.dm);
+        if (KIND == 2) {
+            iq4_codes(r.codes, c.q);
+        } else {
+            nibble_codes(r.codes, c.q);
+        }
+        c.scale = d;
+        c.offset = KIND == 0 ? -8.0f * d : KIND == 1 ? f16_high(r.dm) : 0.0f;
+        return c;
+    }
+};
+typedef FmtNibble32<0> FmtQ4_0;
+typedef FmtNibble32<1> FmtQ4_1;
+typedef FmtNibble32<2> FmtIQ4_NL;
+
+// 5-bit formats with 32-value blocks: low nibbles as Q4, the fifth bits in a 2-byte-per-lane
+// plane; value = d * (q - 16) (Q5_0) or d * q + m (Q5_1).
+template <bool WITH_MIN>
+struct FmtQ5 {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 2, SCALE_BYTES = WITH_MIN ? 64 : 32;
+    struct Raw {
+        uint2 codes;
+        u32 high;
+        u32 dm;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtQ5>(p, tile);
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(lane_bytes(p.extra, tile, lane, EXTRA_BYTES)),
+                WITH_MIN ? ld_weight_u32(scales + 4 * (lane >> 1)) : ld_weight_u16(scales + 2 * (lane >> 1))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        nibble_codes(r.codes, c.q);
+        add_bit_plane<4>(r.high, c.q);
+        c.scale = f16_low(r.dm);
+        c.offset = WITH_MIN ? f16_high(r.dm) : -16.0f * c.scale;
+        return c;
+    }
+};
+typedef FmtQ5<false> FmtQ5_0;
+typedef FmtQ5<true> FmtQ5_1;
+
+// 1-bit signs, 128-value blocks (4 per tile, lane reads block lane/8): value = d * (2 bit - 1).
+struct FmtQ1_0 {
+    static constexpr u32 CODE_BYTES = 2, EXTRA_BYTES = 0, SCALE_BYTES = 8;
+    struct Raw {
+        u32 bits;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u16(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(tile_scales<FmtQ1_0>(p, tile) + 2 * (lane >> 3))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            c.q[k] = spread_bits<0>((r.bits >> (4 * k)) & 0xf);
+        }
+        const float d = f16_low(r.d);
+        c.scale = 2.0f * d;
+        c.offset = -d;
+        return c;
+    }
+};
+
+// The 256-value formats: two super-blocks per tile, lanes 0..15 in the first, 16..31 in the
+// second; lane l's chunk is 16-value sub-block l % 16 of super-block l / 16.
+
+// Q2_K: tile scales = scales[16] of both super-blocks (32 B), then (d, dmin) of both (8 B).
+// value = d * (sc & 15) * q - dmin * (sc >> 4).
+struct FmtQ2_K {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 0, SCALE_BYTES = 40;
+    struct Raw {
+        u32 codes;
+        u32 sc;
+        u32 dm;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtQ2_K>(p, tile);
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u8(scales + lane),
+                ld_weight_u32(scales + 32 + 4 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        crumb_codes(r.codes, c.q);
+        c.scale = f16_low(r.dm) * (float)(r.sc & 0xf);
+        c.offset = -(f16_high(r.dm) * (float)(r.sc >> 4));
+        return c;
+    }
+};
+
+// Q3_K: codes = low 2 bits + 4 * high bit (0..7); tile scales = the 12 packed scale bytes of
+// both super-blocks (24 B), then d of both (4 B). value = d * (sc - 32) * (code - 4).
+struct FmtQ3_K {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = 28;
+    struct Raw {
+        u32 codes;
+        u32 high;
+        u32 low_byte;
+        u32 high_byte;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtQ3_K>(p, tile) + 12 * (lane >> 4);
+        const u32 j = lane & 15;
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(lane_bytes(p.extra, tile, lane, EXTRA_BYTES)), ld_weight_u8(scales + (j & 7)),
+                ld_weight_u8(scales + 8 + (j & 3)), ld_weight_u16(tile_scales<FmtQ3_K>(p, tile) + 24 + 2 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        crumb_codes(r.codes, c.q);
+        add_bit_plane<2>(r.high, c.q);
+        const u32 j = lane & 15;
+        // Low nibble of scales[j] for j < 8, high nibble of scales[j - 8] above; the top two
+        // bits come from scales[8 + j % 4] at bit 2 * (j / 4).
+        const u32 sc = ((r.low_byte >> (4 * (j >> 3))) & 0xf) | (((r.high_byte >> (2 * (j >> 2))) & 3) << 4);
+        c.scale = f16_low(r.d) * (float)((int)sc - 32);
+        c.offset = -4.0f * c.scale;
+        return c;
+    }
+};
+
+// Q4_K / Q5_K header (d, dmin, 12 packed scale bytes): the 6-bit scale and min of 32-value
+// sub-block j (ggml's get_scale_min_k4).
+__device__ __forceinline__ void k4_scale_min(const uint4& head, u32 j, float& scale, float& offset) {
+    const u32 jj = j & 3;
+    const u32 a = byte_of(head.y, jj);  // scales[jj]
+    const u32 b = byte_of(head.z, jj);  // scales[jj + 4]
+    const u32 e = byte_of(head.w, jj);  // scales[jj + 8]
+    u32 sc, m;
+    if (j < 4) {
+        sc = a & 63;
+        m = b & 63;
+    } else {
+        sc = (e & 0xf) | ((a >> 6) << 4);
+        m = (e >> 4) | ((b >> 6) << 4);
+    }
+    scale = f16_low(head.x) * (float)sc;
+    offset = -(f16_high(head.x) * (float)m);
+}
+
+// Q4_K / Q5_K: tile scales = the 16-byte headers of both super-blocks; lane l's chunk is half
+// of 32-value sub-block (l % 16) / 2. value = d * sc * q - dmin * m.
+template <bool FIVE_BITS>
+struct FmtQ45_K {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = FIVE_BITS ? 2 : 0, SCALE_BYTES = 32;
+    struct Raw {
+        uint2 codes;
+        u32 high;
+        uint4 head;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                FIVE_BITS ? ld_weight_u16(lane_bytes(p.extra, tile, lane, 2)) : 0u,
+                ld_weight_u128(tile_scales<FmtQ45_K>(p, tile) + 16 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        nibble_codes(r.codes, c.q);
+        if (FIVE_BITS) {
+            add_bit_plane<4>(r.high, c.q);
+        }
+        k4_scale_min(r.head, (lane & 15) >> 1, c.scale, c.offset);
+        return c;
+    }
+};
+typedef FmtQ45_K<false> FmtQ4_K;
+typedef FmtQ45_K<true> FmtQ5_K;
+
+// Q6_K: low nibbles as Q4, top two bits in a 4-byte-per-lane plane (layout of crumb_codes);
+// tile scales = int8 scales[16] of both super-blocks (32 B), then d of both (4 B).
+// value = d * sc * (code - 32).
+struct FmtQ6_K {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 4, SCALE_BYTES = 36;
+    struct Raw {
+        uint2 codes;
+        u32 high;
+        u32 sc;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtQ6_K>(p, tile);
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u32(lane_bytes(p.extra, tile, lane, EXTRA_BYTES)), ld_weight_u8(scales + lane),
+                ld_weight_u16(scales + 32 + 2 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        nibble_codes(r.codes, c.q);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            c.q[k] |= ((r.high >> (2 * k)) & 0x03030303) << 4;
+        }
+        c.scale = f16_low(r.d) * (float)(int)(i8)(u8)r.sc;
+        c.offset = -32.0f * c.scale;
+        return c;
+    }
+};
+
+// IQ4_XS: codebook nibbles as IQ4_NL; tile scales = the 8-byte headers (d, scales_h,
+// scales_l[4]) of both super-blocks. value = d * (ls - 32) * codebook[q] for 32-value group g.
+struct FmtIQ4_XS {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
+    struct Raw {
+        uint2 codes;
+        uint2 head;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u64(tile_scales<FmtIQ4_XS>(p, tile) + 8 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        iq4_codes(r.codes, c.q);
+        const u32 g = (lane & 15) >> 1;
+        const u32 ls = ((r.head.y >> (4 * g)) & 0xf) | (((r.head.x >> (16 + 2 * g)) & 3) << 4);
+        c.scale = f16_low(r.head.x) * (float)((int)ls - 32);
+        c.offset = 0.0f;
+        return c;
+    }
+};
+
+// Ternary TQ2_0 (and TQ1_0, repacked to it): codes t + 1 in the crumb layout; tile scales =
+// d of both super-blocks. value = d * (code - 1).
+struct FmtTQ2_0 {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 0, SCALE_BYTES = 4;
+    struct Raw {
+        u32 codes;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(tile_scales<FmtTQ2_0>(p, tile) + 2 * (lane >> 4))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        crumb_codes(r.codes, c.q);
+        c.scale = f16_low(r.d);
+        c.offset = -c.scale;
+        return c;
+    }
+};
+
+// ---- Chunks as f32 values (mat-mat and embedding kernels) ----
+
+// A quantized weight seen as rows of 16-value chunks.
+template <class F>
+struct QuantRows {
+    Planes p;
+    __device__ __forceinline__ u32 chunks_per_row() const { return p.tiles * 32; }
+    __device__ __forceinline__ void values(u32 row, u32 chunk, float (&w)[16]) const {
+        const u32 lane = chunk & 31;
+        const Chunk c = F::decode(F::fetch(p, (u64)row * p.tiles + (chunk >> 5), lane), lane);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float code = (float)(int)(i8)(u8)((u32)c.q[i / 4] >> (8 * (i % 4)));
+            w[i] = fmaf(c.scale, code, c.offset);
+        }
+    }
+};
+
+// Plain float rows of `stride` elements (a multiple of 16, zero-padded past the row length).
+// KIND 0: f32, 1: f16, 2: bf16.
+template <int KIND>
+struct FloatRows {
+    const u8* data;
+    u32 stride;
+    static constexpr u32 ELEMENT_BYTES = KIND == 0 ? 4 : 2;
+    __device__ __forceinline__ u32 chunks_per_row() const { return stride / CHUNK_VALUES; }
+    // Four consecutive values starting at `first` (a multiple of 4) of row `row`.
+    static __device__ __forceinline__ float4 expand(uint4 raw4) {
+        return make_float4(__uint_as_float(raw4.x), __uint_as_float(raw4.y), __uint_as_float(raw4.z),
+                           __uint_as_float(raw4.w));
+    }
+    static __device__ __forceinline__ float4 expand(uint2 raw2) {
+        if (KIND == 1) {
+            return make_float4(f16_low(raw2.x), f16_high(raw2.x), f16_low(raw2.y), f16_high(raw2.y));
+        }
+        return make_float4(__uint_as_float(raw2.x << 16), __uint_as_float(raw2.x & 0xffff0000u),
+                           __uint_as_float(raw2.y << 16), __uint_as_float(raw2.y & 0xffff0000u));
+    }
+    __device__ __forceinline__ const u8* at(u32 row, u32 column) const {
+        return data + ((u64)row * stride + column) * ELEMENT_BYTES;
+    }
+    __device__ __forceinline__ float4 load4(u32 row, u32 column) const {
+        if (KIND == 0) {
+            return expand(ld_weight_u128(at(row, column)));
+        }
+        return expand(ld_weight_u64(at(row, column)));
+    }
+    __device__ __forceinline__ void values(u32 row, u32 chunk, float (&w)[16]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 v = load4(row, chunk * CHUNK_VALUES + 4 * i);
+            w[4 * i] = v.x;
+            w[4 * i + 1] = v.y;
+            w[4 * i + 2] = v.z;
+            w[4 * i + 3] = v.w;
+        }
+    }
+};
+
+// ---- Activations for the quantized mat-vec kernels ----
+
+// Stores 16 activations as chunk `index` (= token * tiles * 32 + chunk of the token's row) of
+// the int8 layout the mat-vec kernels read: codes xq[16 index ..] = round-half-even(v * 127 /
+// max|v|) and xds[index] = (d, d * sum of codes) with d = max|v| / 127. A kernel producing
+// activations (a norm, say) can call this to skip a separate quantization launch; the host
+// side of the buffers is matvec::QuantizedActivations.
+__device__ __forceinline__ void quantize_chunk(const float (&v)[CHUNK_VALUES], i8* xq, float2* xds, u64 index) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CHUNK_VALUES; ++i) {
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    const float d = amax / 127.0f;
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    u32 words[4] = {0, 0, 0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < CHUNK_VALUES; ++i) {
+        const int q = __float2int_rn(v[i] * inverse);
+        sum += q;
+        words[i / 4] |= ((u32)q & 0xffu) << (8 * (i % 4));
+    }
+    reinterpret_cast<uint4*>(xq)[index] = make_uint4(words[0], words[1], words[2], words[3]);
+    xds[index] = make_float2(d, d * (float)sum);
+}

@@ -1,0 +1,720 @@
+//! Host-side repacking of GGUF weight bytes into the GPU layouts that `kernels/quant.cuh`
+//! decodes. Done once, at upload.
+//!
+//! # Quantized formats
+//! A row is cut into tiles of [`TILE_VALUES`] values, zero-padded to whole tiles; lane `l` of a
+//! warp owns chunk `l` of every tile: 16 consecutive values `[512 t + 16 l, 512 t + 16 l + 16)`.
+//! A chunk lies inside one scale group, so it is 16 small integer codes plus one scale and one
+//! offset. The weight is stored as three planes, each starting on a 256-byte boundary:
+//! - `codes`: per (row, tile, lane), `2 * code_bits` bytes holding the low `code_bits` bits of
+//!   the 16 codes, so one aligned 2-, 4-, 8- or 16-byte load fetches a lane's chunk;
+//! - `extra`: the same for the remaining high bits (Q5_0/Q5_1/Q5_K: bit 4; Q3_K: bit 2;
+//!   Q6_K: bits 4..6), `2 * extra_bits` bytes per lane;
+//! - `scales`: per (row, tile), the raw scale fields of the tile's blocks, field by field
+//!   (each field's copies for the tile's blocks side by side), exactly the bytes of the
+//!   original blocks, so the planes together take the original size (plus row padding).
+//!
+//! Bit order within a lane's bytes, for codes `c[0..16]` (so that masks and shifts yield
+//! `int` words holding codes `4k..4k+4` in bytes 0..3, ready for `dp4a`):
+//! - 8 bits: byte `i` = `c[i]`;
+//! - 4 bits: byte `j` (0..8) holds `c[8 (j/4) + j%4]` (low nibble) and `c[8 (j/4) + 4 + j%4]` (high);
+//! - 2 bits: bits `2k..2k+2` of byte `b` (0..4) hold `c[4k + b]`;
+//! - 1 bit: bit `i` of a little-endian u16 holds `c[i]`.
+//!
+//! Codes and scales per format (value = scale * code + offset):
+//! | format | codes | scale fields per block (tile region bytes) | scale, offset |
+//! |--------|-------|------------------------------------|---------------|
+//! | Q8_0   | 8-bit signed `qs` | `d` (32) | d, 0 |
+//! | Q4_0   | 4-bit `q` | `d` (32) | d, -8 d |
+//! | Q4_1   | 4-bit `q` | `d, m` (64) | d, m |
+//! | Q5_0   | 4 + 1 bits | `d` (32) | d, -16 d |
+//! | Q5_1   | 4 + 1 bits | `d, m` (64) | d, m |
+//! | IQ4_NL | 4-bit codebook index | `d` (32) | d, 0 (code = codebook value) |
+//! | Q1_0   | 1-bit sign | `d` (8) | 2 d, -d |
+//! | Q2_K   | 2-bit `q` | `scales[16]`, `d, dmin` (40) | d (sc & 15), -dmin (sc >> 4) |
+//! | Q3_K   | 2 + 1 bits (`q + 4 hbit`) | `scales[12]`, `d` (28) | d (sc - 32), -4 scale |
+//! | Q4_K   | 4-bit `q` | `d, dmin, scales[12]` (32) | d sc, -dmin m |
+//! | Q5_K   | 4 + 1 bits | `d, dmin, scales[12]` (32) | d sc, -dmin m |
+//! | Q6_K   | 4 + 2 bits | `scales[16]`, `d` (36) | d sc, -32 scale |
+//! | IQ4_XS | 4-bit codebook index | `d, scales_h, scales_l[4]` (16) | d (ls - 32), 0 |
+//! | TQ2_0  | 2-bit `t + 1` | `d` (4) | d, -d |
+//! | TQ1_0  | stored as TQ2_0 (its base-3 packing has no aligned lane access; +22% bytes) | | |
+//!
+//! # Float formats
+//! F32, F16 and BF16 rows are kept as they are, with the row stride rounded up to 16 elements
+//! (zero-padded) when the row length is not a multiple of 16.
+
+use std::mem::{offset_of, size_of};
+use std::ops::Range;
+
+use kiln_quant::{
+    BlockIQ4_NL, BlockIQ4_XS, BlockQ1_0, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K,
+    BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, GgmlType,
+};
+use rayon::prelude::*;
+
+pub(crate) const TILE_VALUES: usize = 512;
+pub(crate) const CHUNK_VALUES: usize = 16;
+pub(crate) const LANES: usize = TILE_VALUES / CHUNK_VALUES;
+/// Alignment of each plane inside the uploaded buffer.
+const PLANE_ALIGN: usize = 256;
+
+/// How one quantized format is stored on the GPU.
+#[derive(Debug)]
+pub(crate) struct QuantLayout {
+    pub ty: GgmlType,
+    /// Suffix of the kernel names (`matvec_<kernel>` ...).
+    pub kernel: &'static str,
+    pub code_bits: usize,
+    pub extra_bits: usize,
+    /// (byte offset, length) of each scale field in the original block.
+    scale_fields: &'static [(usize, usize)],
+}
+
+impl QuantLayout {
+    pub fn block_values(&self) -> usize {
+        self.ty.block_size()
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.ty.type_size()
+    }
+
+    pub fn blocks_per_tile(&self) -> usize {
+        TILE_VALUES / self.block_values()
+    }
+
+    /// Bytes of one lane's chunk in the codes plane.
+    pub fn code_bytes(&self) -> usize {
+        self.code_bits * CHUNK_VALUES / 8
+    }
+
+    pub fn extra_bytes(&self) -> usize {
+        self.extra_bits * CHUNK_VALUES / 8
+    }
+
+    /// Bytes of one tile in the scales plane (`SCALE_BYTES` in quant.cuh).
+    pub fn scale_bytes(&self) -> usize {
+        self.scale_fields.iter().map(|&(_, len)| len).sum::<usize>() * self.blocks_per_tile()
+    }
+}
+
+/// f16 scale fields are 2 bytes; (d, m) or (d, dmin) pairs 4.
+const F16: usize = 2;
+
+macro_rules! layout {
+    ($ty:ident, $kernel:literal, $code_bits:literal, $extra_bits:literal, [$(($block:ty, $field:ident, $len:expr)),*]) => {
+        QuantLayout {
+            ty: GgmlType::$ty,
+            kernel: $kernel,
+            code_bits: $code_bits,
+            extra_bits: $extra_bits,
+            scale_fields: &[$((offset_of!($block, $field), $len)),*],
+        }
+    };
+}
+
+static LAYOUTS: &[QuantLayout] = &[
+    layout!(Q8_0, "q8_0", 8, 0, [(BlockQ8_0, d, F16)]),
+    layout!(Q4_0, "q4_0", 4, 0, [(BlockQ4_0, d, F16)]),
+    layout!(Q4_1, "q4_1", 4, 0, [(BlockQ4_1, d, 2 * F16)]),
+    layout!(Q5_0, "q5_0", 4, 1, [(BlockQ5_0, d, F16)]),
+    layout!(Q5_1, "q5_1", 4, 1, [(BlockQ5_1, d, 2 * F16)]),
+    layout!(IQ4_NL, "iq4_nl", 4, 0, [(BlockIQ4_NL, d, F16)]),
+    layout!(Q1_0, "q1_0", 1, 0, [(BlockQ1_0, d, F16)]),
+    layout!(
+        Q2_K,
+        "q2_k",
+        2,
+        0,
+        [(BlockQ2_K, scales, 16), (BlockQ2_K, d, 2 * F16)]
+    ),
+    layout!(
+        Q3_K,
+        "q3_k",
+        2,
+        1,
+        [(BlockQ3_K, scales, 12), (BlockQ3_K, d, F16)]
+    ),
+    layout!(Q4_K, "q4_k", 4, 0, [(BlockQ4_K, d, 2 * F16 + 12)]),
+    layout!(Q5_K, "q5_k", 4, 1, [(BlockQ5_K, d, 2 * F16 + 12)]),
+    layout!(
+        Q6_K,
+        "q6_k",
+        4,
+        2,
+        [(BlockQ6_K, scales, 16), (BlockQ6_K, d, F16)]
+    ),
+    layout!(IQ4_XS, "iq4_xs", 4, 0, [(BlockIQ4_XS, d, F16 + 2 + 4)]),
+    layout!(TQ2_0, "tq2_0", 2, 0, [(BlockTQ2_0, d, F16)]),
+    layout!(TQ1_0, "tq2_0", 2, 0, [(BlockTQ1_0, d, F16)]),
+];
+
+/// The GPU layout of a quantized type, or `None` for float and unsupported types.
+pub(crate) fn quant_layout(ty: GgmlType) -> Option<&'static QuantLayout> {
+    LAYOUTS.iter().find(|layout| layout.ty == ty)
+}
+
+/// Float element types stored row by row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FloatKind {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FloatKind {
+    pub fn of(ty: GgmlType) -> Option<FloatKind> {
+        match ty {
+            GgmlType::F32 => Some(FloatKind::F32),
+            GgmlType::F16 => Some(FloatKind::F16),
+            GgmlType::BF16 => Some(FloatKind::BF16),
+            _ => None,
+        }
+    }
+
+    pub fn kernel(self) -> &'static str {
+        match self {
+            FloatKind::F32 => "f32",
+            FloatKind::F16 => "f16",
+            FloatKind::BF16 => "bf16",
+        }
+    }
+
+    pub fn element_bytes(self) -> usize {
+        match self {
+            FloatKind::F32 => 4,
+            FloatKind::BF16 | FloatKind::F16 => 2,
+        }
+    }
+}
+
+/// Row stride (elements) of a float weight: the row length rounded up to a whole chunk.
+pub(crate) fn float_stride(cols: usize) -> usize {
+    cols.next_multiple_of(CHUNK_VALUES)
+}
+
+/// Float rows with the stride of [`float_stride`]; borrows `src` when no padding is needed.
+pub(crate) fn pad_float_rows(
+    kind: FloatKind,
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+) -> std::borrow::Cow<'_, [u8]> {
+    let stride = float_stride(cols);
+    if stride == cols {
+        return std::borrow::Cow::Borrowed(src);
+    }
+    let (row_bytes, stride_bytes) = (cols * kind.element_bytes(), stride * kind.element_bytes());
+    let mut out = vec![0u8; rows * stride_bytes];
+    for (dst, row) in out
+        .chunks_exact_mut(stride_bytes)
+        .zip(src.chunks_exact(row_bytes))
+    {
+        dst[..row_bytes].copy_from_slice(row);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A repacked quantized weight: one buffer holding the three planes.
+pub(crate) struct Repacked {
+    pub bytes: Vec<u8>,
+    pub tiles: usize,
+    pub codes: Range<usize>,
+    pub extra: Range<usize>,
+    pub scales: Range<usize>,
+}
+
+/// Number of tiles of a row of `cols` values.
+pub(crate) fn tiles_of(cols: usize) -> usize {
+    cols.div_ceil(TILE_VALUES)
+}
+
+/// Repacks `rows` rows of `cols` values, `src` being exactly their GGUF bytes.
+pub(crate) fn repack(layout: &QuantLayout, src: &[u8], rows: usize, cols: usize) -> Repacked {
+    let tiles = tiles_of(cols);
+    let row_codes = tiles * LANES * layout.code_bytes();
+    let row_extra = tiles * LANES * layout.extra_bytes();
+    let row_scales = tiles * layout.scale_bytes();
+    let codes = 0..rows * row_codes;
+    let extra_start = codes.end.next_multiple_of(PLANE_ALIGN);
+    let extra = extra_start..extra_start + rows * row_extra;
+    let scales_start = extra.end.next_multiple_of(PLANE_ALIGN);
+    let scales = scales_start..scales_start + rows * row_scales;
+    let mut bytes = vec![0u8; scales.end];
+
+    let (code_plane, rest) = bytes.split_at_mut(codes.end);
+    let (extra_plane, rest) = rest[extra_start - codes.end..].split_at_mut(extra.len());
+    let scale_plane = &mut rest[scales_start - extra.end..];
+    let extra_rows: Vec<&mut [u8]> = if row_extra == 0 {
+        (0..rows).map(|_| <&mut [u8]>::default()).collect()
+    } else {
+        extra_plane.chunks_mut(row_extra).collect()
+    };
+    let src_row_bytes = cols / layout.block_values() * layout.block_bytes();
+    code_plane
+        .par_chunks_mut(row_codes.max(1))
+        .zip(scale_plane.par_chunks_mut(row_scales.max(1)))
+        .zip(extra_rows.into_par_iter())
+        .enumerate()
+        .for_each(|(row, ((codes_out, scales_out), extra_out))| {
+            let src_row = &src[row * src_row_bytes..(row + 1) * src_row_bytes];
+            pack_row(layout, src_row, tiles, codes_out, extra_out, scales_out);
+        });
+    Repacked {
+        bytes,
+        tiles,
+        codes,
+        extra,
+        scales,
+    }
+}
+
+fn pack_row(
+    layout: &QuantLayout,
+    src: &[u8],
+    tiles: usize,
+    codes_out: &mut [u8],
+    extra_out: &mut [u8],
+    scales_out: &mut [u8],
+) {
+    let (block_values, block_bytes) = (layout.block_values(), layout.block_bytes());
+    let blocks_per_tile = layout.blocks_per_tile();
+    let scale_bytes = layout.scale_bytes();
+    let mut codes = vec![0u8; tiles * TILE_VALUES];
+    for (index, block) in src.chunks_exact(block_bytes).enumerate() {
+        block_codes(
+            layout.ty,
+            block,
+            &mut codes[index * block_values..(index + 1) * block_values],
+        );
+        let tile_scales = &mut scales_out[index / blocks_per_tile * scale_bytes..][..scale_bytes];
+        let slot = index % blocks_per_tile;
+        let mut field_start = 0;
+        for &(offset, len) in layout.scale_fields {
+            tile_scales[field_start + slot * len..][..len]
+                .copy_from_slice(&block[offset..offset + len]);
+            field_start += len * blocks_per_tile;
+        }
+    }
+    let (code_bytes, extra_bytes) = (layout.code_bytes(), layout.extra_bytes());
+    let low_mask = if layout.code_bits == 8 {
+        0xff
+    } else {
+        (1u8 << layout.code_bits) - 1
+    };
+    for (chunk, values) in codes.chunks_exact(CHUNK_VALUES).enumerate() {
+        let values: &[u8; CHUNK_VALUES] = values.try_into().expect("chunk of 16 codes");
+        let low: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] & low_mask);
+        pack_bits(
+            layout.code_bits,
+            &low,
+            &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes],
+        );
+        if extra_bytes > 0 {
+            let high: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] >> layout.code_bits);
+            pack_bits(
+                layout.extra_bits,
+                &high,
+                &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes],
+            );
+        }
+    }
+}
+
+/// Packs 16 codes of `bits` bits into `2 * bits` bytes in the lane order of the module docs.
+pub(crate) fn pack_bits(bits: usize, codes: &[u8; CHUNK_VALUES], out: &mut [u8]) {
+    match bits {
+        8 => out.copy_from_slice(codes),
+        4 => {
+            for (j, byte) in out.iter_mut().enumerate() {
+                let first = 8 * (j / 4) + j % 4;
+                *byte = (codes[first] & 0xf) | (codes[first + 4] << 4);
+            }
+        }
+        2 => {
+            for (b, byte) in out.iter_mut().enumerate() {
+                *byte = (0..4).fold(0, |acc, k| acc | (codes[4 * k + b] & 3) << (2 * k));
+            }
+        }
+        1 => {
+            let word = (0..16).fold(0u16, |acc, i| acc | u16::from(codes[i] & 1) << i);
+            out.copy_from_slice(&word.to_le_bytes());
+        }
+        _ => unreachable!("plane widths are 1, 2, 4 or 8 bits"),
+    }
+}
+
+/// Inverse of [`pack_bits`].
+#[cfg(test)]
+pub(crate) fn unpack_bits(bits: usize, packed: &[u8]) -> [u8; CHUNK_VALUES] {
+    std::array::from_fn(|i| match bits {
+        8 => packed[i],
+        4 => {
+            let (k, b) = (i / 4, i % 4);
+            (packed[4 * (k / 2) + b] >> (4 * (k % 2))) & 0xf
+        }
+        2 => (packed[i % 4] >> (2 * (i / 4))) & 3,
+        1 => (u16::from_le_bytes([packed[0], packed[1]]) >> i) as u8 & 1,
+        _ => unreachable!("plane widths are 1, 2, 4 or 8 bits"),
+    })
+}
+
+fn read<B: bytemuck::Pod>(block: &[u8]) -> B {
+    bytemuck::pod_read_unaligned(&block[..size_of::<B>()])
+}
+
+/// Low nibble of `qs[i]` for i < 16, high nibble of `qs[i - 16]` above (the 32-value layout).
+fn nibble32(qs: &[u8; 16], i: usize) -> u8 {
+    (qs[i % 16] >> (4 * (i / 16))) & 0xf
+}
+
+/// Value `128 h + 32 k + m` of the 2-bit K-quant / TQ2_0 layout: bits 2k of `qs[32 h + m]`.
+fn crumb256(qs: &[u8; 64], e: usize) -> u8 {
+    (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3
+}
+
+/// Trit `n` (most significant first) of a byte holding ceil(T * 256 / 243), as 0..=2.
+fn trit(byte: u8, n: usize) -> u8 {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    ((u16::from(byte.wrapping_mul(POW3[n])) * 3) >> 8) as u8
+}
+
+/// The codes of one block in the convention of the module docs' table.
+fn block_codes(ty: GgmlType, block: &[u8], out: &mut [u8]) {
+    match ty {
+        GgmlType::Q8_0 => {
+            let b: BlockQ8_0 = read(block);
+            out.copy_from_slice(bytemuck::cast_slice(&b.qs));
+        }
+        GgmlType::Q4_0 => {
+            let b: BlockQ4_0 = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+        }
+        GgmlType::Q4_1 => {
+            let b: BlockQ4_1 = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+        }
+        GgmlType::IQ4_NL => {
+            let b: BlockIQ4_NL = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+        }
+        GgmlType::Q5_0 => {
+            let b: BlockQ5_0 = read(block);
+            let qh = u32::from_le_bytes(b.qh);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
+        }
+        GgmlType::Q5_1 => {
+            let b: BlockQ5_1 = read(block);
+            let qh = u32::from_le_bytes(b.qh);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
+        }
+        GgmlType::Q1_0 => {
+            let b: BlockQ1_0 = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(i, c)| *c = (b.qs[i / 8] >> (i % 8)) & 1);
+        }
+        GgmlType::Q2_K => {
+            let b: BlockQ2_K = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(e, c)| *c = crumb256(&b.qs, e));
+        }
+        GgmlType::Q3_K => {
+            let b: BlockQ3_K = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                *c = crumb256(&b.qs, e) | ((b.hmask[e % 32] >> (e / 32)) & 1) << 2
+            });
+        }
+        GgmlType::Q4_K => {
+            let b: BlockQ4_K = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                *c = (b.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xf
+            });
+        }
+        GgmlType::Q5_K => {
+            let b: BlockQ5_K = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                let low = (b.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xf;
+                *c = low | ((b.qh[e % 32] >> (e / 32)) & 1) << 4;
+            });
+        }
+        GgmlType::Q6_K => {
+            let b: BlockQ6_K = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                let (h, k, m) = (e / 128, (e % 128) / 32, e % 32);
+                let low = (b.ql[64 * h + 32 * (k % 2) + m] >> (4 * (k / 2))) & 0xf;
+                *c = low | ((b.qh[32 * h + m] >> (2 * k)) & 3) << 4;
+            });
+        }
+        GgmlType::IQ4_XS => {
+            let b: BlockIQ4_XS = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                let (g, i) = (e / 32, e % 32);
+                *c = (b.qs[16 * g + i % 16] >> (4 * (i / 16))) & 0xf;
+            });
+        }
+        GgmlType::TQ2_0 => {
+            let b: BlockTQ2_0 = read(block);
+            out.iter_mut()
+                .enumerate()
+                .for_each(|(e, c)| *c = crumb256(&b.qs, e));
+        }
+        GgmlType::TQ1_0 => {
+            let b: BlockTQ1_0 = read(block);
+            out.iter_mut().enumerate().for_each(|(e, c)| {
+                *c = match e {
+                    0..160 => trit(b.qs[e % 32], e / 32),
+                    160..240 => trit(b.qs[32 + (e - 160) % 16], (e - 160) / 16),
+                    _ => trit(b.qh[(e - 240) % 4], (e - 240) / 4),
+                };
+            });
+        }
+        other => unreachable!("{other} has no quantized GPU layout"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    /// Decodes chunk `chunk` of `row` from the planes exactly as kernels/quant.cuh does.
+    fn decode_chunk(
+        layout: &QuantLayout,
+        packed: &Repacked,
+        row: usize,
+        chunk: usize,
+    ) -> [f32; CHUNK_VALUES] {
+        let (lane, tile) = (chunk % LANES, row * packed.tiles + chunk / LANES);
+        let lane_bytes = |plane: &Range<usize>, bytes: usize| {
+            &packed.bytes[plane.start + (tile * LANES + lane) * bytes..][..bytes]
+        };
+        let low = unpack_bits(
+            layout.code_bits,
+            lane_bytes(&packed.codes, layout.code_bytes()),
+        );
+        let codes: [u8; CHUNK_VALUES] = if layout.extra_bits > 0 {
+            let high = unpack_bits(
+                layout.extra_bits,
+                lane_bytes(&packed.extra, layout.extra_bytes()),
+            );
+            std::array::from_fn(|i| low[i] | high[i] << layout.code_bits)
+        } else {
+            low
+        };
+        let s = &packed.bytes[packed.scales.start + tile * layout.scale_bytes()..]
+            [..layout.scale_bytes()];
+        let f16_at = |at: usize| f16::from_le_bytes([s[at], s[at + 1]]).to_f32();
+        let (sb, j) = (lane / 16, lane % 16);
+        let unsigned = |c: u8| f32::from(c);
+        let (value_of, scale, offset): (&dyn Fn(u8) -> f32, f32, f32) = match layout.ty {
+            GgmlType::Q8_0 => (&|c| f32::from(c as i8), f16_at(2 * (lane / 2)), 0.0),
+            GgmlType::Q4_0 => (
+                &unsigned,
+                f16_at(2 * (lane / 2)),
+                -8.0 * f16_at(2 * (lane / 2)),
+            ),
+            GgmlType::Q5_0 => (
+                &unsigned,
+                f16_at(2 * (lane / 2)),
+                -16.0 * f16_at(2 * (lane / 2)),
+            ),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => (
+                &unsigned,
+                f16_at(4 * (lane / 2)),
+                f16_at(4 * (lane / 2) + 2),
+            ),
+            GgmlType::IQ4_NL => (
+                &|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]),
+                f16_at(2 * (lane / 2)),
+                0.0,
+            ),
+            GgmlType::Q1_0 => (
+                &unsigned,
+                2.0 * f16_at(2 * (lane / 8)),
+                -f16_at(2 * (lane / 8)),
+            ),
+            GgmlType::Q2_K => {
+                let sc = s[lane];
+                (
+                    &unsigned,
+                    f16_at(32 + 4 * sb) * f32::from(sc & 0xf),
+                    -(f16_at(34 + 4 * sb) * f32::from(sc >> 4)),
+                )
+            }
+            GgmlType::Q3_K => {
+                let (low_byte, high_byte) = (s[12 * sb + (j & 7)], s[12 * sb + 8 + (j & 3)]);
+                let sc =
+                    ((low_byte >> (4 * (j >> 3))) & 0xf) | ((high_byte >> (2 * (j >> 2))) & 3) << 4;
+                let scale = f16_at(24 + 2 * sb) * (i32::from(sc) - 32) as f32;
+                (&unsigned, scale, -4.0 * scale)
+            }
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let head = &s[16 * sb..16 * sb + 16];
+                let (sub, jj) = (j / 2, (j / 2) & 3);
+                let (a, b, e) = (head[4 + jj], head[8 + jj], head[12 + jj]);
+                let (sc, m) = if sub < 4 {
+                    (a & 63, b & 63)
+                } else {
+                    ((e & 0xf) | (a >> 6) << 4, (e >> 4) | (b >> 6) << 4)
+                };
+                let (d, dmin) = (f16_at(16 * sb), f16_at(16 * sb + 2));
+                (&unsigned, d * f32::from(sc), -(dmin * f32::from(m)))
+            }
+            GgmlType::Q6_K => {
+                let scale = f16_at(32 + 2 * sb) * f32::from(s[lane] as i8);
+                (&unsigned, scale, -32.0 * scale)
+            }
+            GgmlType::IQ4_XS => {
+                let head = &s[8 * sb..8 * sb + 8];
+                let g = j / 2;
+                let scales_h = u16::from_le_bytes([head[2], head[3]]);
+                let scales_l = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+                let ls = ((scales_l >> (4 * g)) & 0xf) as i32
+                    | ((i32::from(scales_h) >> (2 * g)) & 3) << 4;
+                (
+                    &|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]),
+                    f16_at(8 * sb) * (ls - 32) as f32,
+                    0.0,
+                )
+            }
+            GgmlType::TQ1_0 | GgmlType::TQ2_0 => (&unsigned, f16_at(2 * sb), -f16_at(2 * sb)),
+            other => unreachable!("{other}"),
+        };
+        std::array::from_fn(|i| scale.mul_add(value_of(codes[i]), offset))
+    }
+
+    fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).unwrap()];
+        kiln_quant::quantize(ty, &values, &mut bytes).unwrap();
+        bytes
+    }
+
+    /// Every format: the repacked planes decode (the kernels' way) to exactly the values
+    /// kiln_quant::dequantize gives, padding decodes to zero, and the planes take the
+    /// original bytes plus padding.
+    #[test]
+    fn repacked_planes_decode_to_the_reference_values() {
+        for (index, layout) in LAYOUTS.iter().enumerate() {
+            let block = layout.block_values();
+            // A single block, a partial tile, several whole tiles, and tiles plus a remainder.
+            let mut shapes = vec![
+                (1, block),
+                (3, TILE_VALUES.max(block)),
+                (2, 3 * TILE_VALUES + block),
+            ];
+            if block == 32 {
+                shapes.extend([(5, 96), (2, 4128)]);
+            }
+            for (rows, cols) in shapes {
+                let bytes =
+                    random_weights(layout.ty, rows, cols, 1000 * index as u64 + cols as u64);
+                let packed = repack(layout, &bytes, rows, cols);
+                let row_bytes = bytes.len() / rows;
+                for row in 0..rows {
+                    let mut want = vec![0f32; cols];
+                    kiln_quant::dequantize(
+                        layout.ty,
+                        &bytes[row * row_bytes..(row + 1) * row_bytes],
+                        &mut want,
+                    )
+                    .unwrap();
+                    for chunk in 0..packed.tiles * LANES {
+                        let got = decode_chunk(layout, &packed, row, chunk);
+                        for (i, &value) in got.iter().enumerate() {
+                            let column = chunk * CHUNK_VALUES + i;
+                            let expected = want.get(column).copied().unwrap_or(0.0);
+                            assert!(
+                                value == expected,
+                                "{} {rows}x{cols}: row {row} column {column}: {value} != {expected}",
+                                layout.ty
+                            );
+                        }
+                    }
+                }
+                if layout.ty != GgmlType::TQ1_0 && cols % TILE_VALUES == 0 {
+                    let planes = packed.codes.len() + packed.extra.len() + packed.scales.len();
+                    assert_eq!(
+                        planes,
+                        bytes.len(),
+                        "{}: planes hold exactly the original bytes",
+                        layout.ty
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_computable_type_has_a_gpu_layout() {
+        for &ty in kiln_quant::ALL_TYPES {
+            if kiln_quant::can_dequantize(ty) && !matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+                assert!(
+                    quant_layout(ty).is_some() || FloatKind::of(ty).is_some(),
+                    "{ty} has no GPU layout"
+                );
+            }
+        }
+        for layout in LAYOUTS {
+            assert_eq!(TILE_VALUES % layout.block_values(), 0, "{}", layout.ty);
+            assert!(
+                layout
+                    .scale_fields
+                    .iter()
+                    .all(|&(offset, len)| offset + len <= layout.block_bytes()),
+                "{}",
+                layout.ty
+            );
+        }
+    }
+
+    #[test]
+    fn bit_planes_round_trip() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for bits in [1, 2, 4, 8] {
+            for _ in 0..100 {
+                let codes: [u8; CHUNK_VALUES] =
+                    std::array::from_fn(|_| rng.gen_range(0..=((1u16 << bits) - 1) as u8));
+                let mut packed = vec![0u8; 2 * bits];
+                pack_bits(bits, &codes, &mut packed);
+                assert_eq!(unpack_bits(bits, &packed), codes, "{bits} bits");
+            }
+        }
+    }
+
+    #[test]
+    fn float_rows_are_padded_to_whole_chunks() {
+        let src: Vec<u8> = (0..3 * 7 * 2).map(|i| i as u8 + 1).collect();
+        let padded = pad_float_rows(FloatKind::F16, &src, 3, 7);
+        assert_eq!(padded.len(), 3 * 16 * 2);
+        for row in 0..3 {
+            assert_eq!(
+                &padded[row * 32..row * 32 + 14],
+                &src[row * 14..row * 14 + 14]
+            );
+            assert!(padded[row * 32 + 14..row * 32 + 32].iter().all(|&b| b == 0));
+        }
+        let aligned = [1u8; 2 * 16 * 4];
+        assert!(matches!(
+            pad_float_rows(FloatKind::F32, &aligned, 2, 16),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+}

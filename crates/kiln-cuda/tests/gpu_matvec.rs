@@ -1,0 +1,703 @@
+//! GPU tests of the weight products (src/matvec.rs): every format against the CPU reference
+//! (kiln_quant::dequantize, then f64 dot products), plus a bandwidth benchmark. They need an
+//! NVIDIA GPU: run them on the device with scripts/gpu-tests.sh (which passes --include-ignored).
+//!
+//! Each test checks every case and reports all failures at the end, so one run on the device
+//! shows the full picture.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaSlice;
+use kiln_core::WeightSource;
+use kiln_cuda::matvec::{self, GpuWeight, QuantizedActivations};
+use kiln_cuda::{CacheDir, CudaDevice, CudaError, RegistryConfig};
+use kiln_quant::GgmlType;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const FORMATS: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::Q1_0,
+];
+
+/// Token counts: every mat-vec specialization class (1, 2-3, 4-8 rows per warp) and the mat-mat.
+const TOKEN_COUNTS: &[usize] = &[1, 2, 3, 5, 8, 37];
+
+/// Kernel against an f64 reference on the same inputs (for quantized mat-vecs: the activations
+/// rounded to int8 exactly as the kernel rounds them), so only f32 rounding differs. The error
+/// is measured against sum_c |W[r][c] x[t][c]|, which bounds every summation order's rounding
+/// (an output itself may cancel to near zero); that ratio is about 1e-7, and 1e-5 still catches
+/// any wrong code, scale or index, which gives errors of order 1e-2 or more.
+const ROUNDING_TOLERANCE: f64 = 1e-5;
+/// Quantized mat-vecs against the exact product with f32 activations, as the relative L2 error
+/// pooled over all cases of a format (a single case may have one output, whose ratio is
+/// meaningless). Activations are rounded to int8 per 16 values, an error of at most
+/// max|x|/254 per value; for uniform activations the relative error of a dot product is about
+/// (1/254/sqrt(3)) / rms(x) = 0.4%, so 1e-2 leaves a 2.5x margin.
+const Q8_TOLERANCE: f64 = 1e-2;
+/// silu(g) * u combines the errors of two products (silu's slope is at most 1.1).
+const Q8_SWIGLU_TOLERANCE: f64 = 2e-2;
+
+fn device() -> &'static CudaDevice {
+    static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
+    DEVICE.get_or_init(|| {
+        CudaDevice::new(
+            0,
+            RegistryConfig {
+                cache_dir: CacheDir::Default,
+                arch: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
+    })
+}
+
+/// A fresh seed per run, printed so a failure can be replayed.
+fn rng(test: &str) -> ChaCha8Rng {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    eprintln!("{test}: seed {seed}");
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+/// A weight as GGUF bytes plus its exact dequantized values (row-major).
+struct HostWeight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Arc<Vec<u8>>,
+    values: Vec<f32>,
+}
+
+impl HostWeight {
+    fn random(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostWeight {
+        let source = random_f32(rng, rows * cols);
+        let mut bytes =
+            vec![0u8; kiln_quant::quantized_size(ty, rows * cols).expect("whole blocks")];
+        kiln_quant::quantize(ty, &source, &mut bytes).expect("quantize");
+        let mut values = vec![0f32; rows * cols];
+        kiln_quant::dequantize(ty, &bytes, &mut values).expect("dequantize");
+        HostWeight {
+            ty,
+            rows,
+            cols,
+            bytes: Arc::new(bytes),
+            values,
+        }
+    }
+
+    fn source(&self, name: &str) -> WeightSource {
+        WeightSource {
+            name: name.to_string(),
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            range: 0..self.bytes.len(),
+            owner: self.bytes.clone(),
+        }
+    }
+
+    fn upload(&self, name: &str) -> GpuWeight {
+        matvec::upload_weight(device(), &self.source(name))
+            .unwrap_or_else(|e| panic!("upload {name}: {e}"))
+    }
+
+    fn is_float(&self) -> bool {
+        matches!(self.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    }
+
+    /// out[t][r] = sum_c W[r][c] * x[t][c] in f64, with sum_c |W[r][c] x[t][c]| as the scale.
+    fn product(&self, x: &[f64], n: usize) -> Expected {
+        let mut expected = Expected {
+            values: vec![0f64; n * self.rows],
+            scale: vec![0f64; n * self.rows],
+        };
+        for t in 0..n {
+            let xt = &x[t * self.cols..(t + 1) * self.cols];
+            for r in 0..self.rows {
+                let row = &self.values[r * self.cols..(r + 1) * self.cols];
+                let (mut sum, mut abs) = (0f64, 0f64);
+                for (&w, &v) in row.iter().zip(xt) {
+                    sum += f64::from(w) * v;
+                    abs += (f64::from(w) * v).abs();
+                }
+                expected.values[t * self.rows + r] = sum;
+                expected.scale[t * self.rows + r] = abs;
+            }
+        }
+        expected
+    }
+
+    /// (what the kernel computes exactly, the exact product with the f32 activations): they
+    /// differ for quantized weights in the mat-vec path, which rounds activations to int8.
+    fn products(&self, x: &[f32], n: usize) -> (Expected, Expected) {
+        let exact = self.product(&widen(x), n);
+        if self.is_float() || n > matvec::MAX_MATVEC_TOKENS {
+            return (exact.clone(), exact);
+        }
+        (self.product(&dequantized_activations(x), n), exact)
+    }
+}
+
+/// Reference outputs and the per-output scale their rounding error is measured against.
+#[derive(Clone)]
+struct Expected {
+    values: Vec<f64>,
+    scale: Vec<f64>,
+}
+
+impl Expected {
+    /// silu(g) * u per output; its scale propagates the scales of g and u to first order.
+    fn swiglu(gate: &Expected, up: &Expected) -> Expected {
+        let mut out = Expected {
+            values: Vec::new(),
+            scale: Vec::new(),
+        };
+        for i in 0..gate.values.len() {
+            let (g, u) = (gate.values[i], up.values[i]);
+            out.values.push(silu(g) * u);
+            out.scale
+                .push(1.1 * u.abs() * gate.scale[i] + silu(g).abs() * up.scale[i]);
+        }
+        out
+    }
+
+    /// ||got - values|| / ||scale||; infinite when an output is not finite.
+    fn error(&self, got: &[f32]) -> f64 {
+        if !got.iter().all(|v| v.is_finite()) {
+            return f64::INFINITY;
+        }
+        let err: f64 = got
+            .iter()
+            .zip(&self.values)
+            .map(|(&g, &w)| (f64::from(g) - w).powi(2))
+            .sum();
+        let scale: f64 = self.scale.iter().map(|s| s * s).sum();
+        (err / scale.max(f64::MIN_POSITIVE)).sqrt()
+    }
+}
+
+/// Relative L2 error pooled over many cases.
+#[derive(Default)]
+struct Pool {
+    err2: f64,
+    norm2: f64,
+}
+
+impl Pool {
+    fn add(&mut self, got: &[f32], want: &[f64]) {
+        for (&g, &w) in got.iter().zip(want) {
+            self.err2 += (f64::from(g) - w).powi(2);
+            self.norm2 += w * w;
+        }
+    }
+
+    fn check(&self, failures: &mut Vec<String>, what: &str, tolerance: f64) {
+        let relative = (self.err2 / self.norm2.max(f64::MIN_POSITIVE)).sqrt();
+        eprintln!("{what}: pooled relative L2 error against the exact product {relative:.2e}");
+        if relative.is_nan() || relative > tolerance {
+            failures.push(format!("{what}: pooled relative L2 error {relative:.3e} > {tolerance:.0e} against the exact product"));
+        }
+    }
+}
+
+fn silu(g: f64) -> f64 {
+    g / (1.0 + (-g).exp())
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+/// The activations as the quantized mat-vec kernels see them (matvec_input.cu): per 16 values,
+/// d = max|x| / 127 and x ~ d * round-half-even(x * 127 / max|x|), all in f32 like the kernel.
+fn dequantized_activations(x: &[f32]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for chunk in x.chunks(16) {
+        let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        out.extend(
+            chunk
+                .iter()
+                .map(|&v| f64::from(d) * f64::from((v * inverse).round_ties_even())),
+        );
+    }
+    out
+}
+
+/// Extra poisoned values after each output: a kernel writing past `n * rows` turns them finite.
+const GUARD: usize = 64;
+
+fn poisoned(len: usize) -> CudaSlice<f32> {
+    device()
+        .alloc_poisoned::<f32>(len + GUARD, "test output")
+        .expect("alloc")
+}
+
+fn upload_f32(values: &[f32]) -> CudaSlice<f32> {
+    device().upload(values, "test input").expect("upload")
+}
+
+/// Downloads `len` values and checks the guard after them is still poison.
+fn download(out: &CudaSlice<f32>, len: usize, failures: &mut Vec<String>, case: &str) -> Vec<f32> {
+    let all = device().download(out).expect("download");
+    if all[len..].iter().any(|v| !v.is_nan()) {
+        failures.push(format!("{case}: wrote past the end of the output"));
+    }
+    all[..len].to_vec()
+}
+
+fn report(test: &str, failures: Vec<String>) {
+    assert!(
+        failures.is_empty(),
+        "{test}: {} failing cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Row lengths per format: one block, a few blocks not filling a 512-value tile, and several
+/// tiles plus a remainder (for floats: odd, a multiple of 4 but not 16, and long).
+fn column_choices(ty: GgmlType) -> [usize; 3] {
+    match ty.block_size() {
+        1 => [7, 100, 4100],
+        32 => [96, 512, 4128],
+        128 => [128, 640, 4224],
+        _ => [256, 768, 4352],
+    }
+}
+
+/// (rows, cols) cases: rows 1, 5, 7, 33 and 4097 (a partial last block of the grid).
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let [small, mid, big] = column_choices(ty);
+    vec![(1, big), (7, mid), (33, big), (5, small), (4097, small)]
+}
+
+fn check(failures: &mut Vec<String>, case: &str, got: &[f32], expected: &Expected) {
+    let error = expected.error(got);
+    if error.is_nan() || error > ROUNDING_TOLERANCE {
+        failures.push(format!(
+            "{case}: error {error:.3e} > {ROUNDING_TOLERANCE:.0e} (relative to sum |w x|)"
+        ));
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matmul_matches_the_cpu_reference_for_every_format() {
+    let mut rng = rng("matmul");
+    let mut failures = Vec::new();
+    for &ty in FORMATS {
+        let mut pool = Pool::default();
+        for (rows, cols) in shapes(ty) {
+            let host = HostWeight::random(&mut rng, ty, rows, cols);
+            let weight = host.upload(&format!("{ty} {rows}x{cols}"));
+            for &n in TOKEN_COUNTS {
+                let case = format!("matmul {ty} {rows}x{cols} n={n}");
+                let x = random_f32(&mut rng, n * cols);
+                let mut out = poisoned(n * rows);
+                if let Err(e) = matvec::matmul(device(), &weight, &upload_f32(&x), &mut out, n) {
+                    failures.push(format!("{case}: {e}"));
+                    continue;
+                }
+                let got = download(&out, n * rows, &mut failures, &case);
+                let (computed, exact) = host.products(&x, n);
+                check(&mut failures, &case, &got, &computed);
+                pool.add(&got, &exact.values);
+            }
+        }
+        pool.check(&mut failures, &format!("matmul {ty}"), Q8_TOLERANCE);
+    }
+    report("matmul", failures);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matmul_add_accumulates_into_the_output() {
+    let mut rng = rng("matmul_add");
+    let mut failures = Vec::new();
+    for &ty in FORMATS {
+        let [_, mid, big] = column_choices(ty);
+        for (rows, cols) in [(33, big), (7, mid)] {
+            let host = HostWeight::random(&mut rng, ty, rows, cols);
+            let weight = host.upload("add");
+            for n in [1, 3, 8, 37] {
+                let case = format!("matmul_add {ty} {rows}x{cols} n={n}");
+                let x = random_f32(&mut rng, n * cols);
+                let residual = random_f32(&mut rng, n * rows);
+                let mut out = poisoned(n * rows);
+                device()
+                    .stream()
+                    .memcpy_htod(&residual, &mut out.slice_mut(..n * rows))
+                    .expect("upload residual");
+                if let Err(e) = matvec::matmul_add(device(), &weight, &upload_f32(&x), &mut out, n)
+                {
+                    failures.push(format!("{case}: {e}"));
+                    continue;
+                }
+                let got = download(&out, n * rows, &mut failures, &case);
+                let (mut computed, _) = host.products(&x, n);
+                computed
+                    .values
+                    .iter_mut()
+                    .zip(&residual)
+                    .for_each(|(w, &r)| *w += f64::from(r));
+                check(&mut failures, &case, &got, &computed);
+            }
+        }
+    }
+    report("matmul_add", failures);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matmul_swiglu_fuses_gate_and_up() {
+    let mut rng = rng("matmul_swiglu");
+    let mut failures = Vec::new();
+    for &ty in FORMATS {
+        let mut pool = Pool::default();
+        let [_, mid, big] = column_choices(ty);
+        for (rows, cols) in [(33, big), (7, mid), (4097, mid)] {
+            let gate_host = HostWeight::random(&mut rng, ty, rows, cols);
+            let up_host = HostWeight::random(&mut rng, ty, rows, cols);
+            let (gate, up) = (gate_host.upload("gate"), up_host.upload("up"));
+            for &n in TOKEN_COUNTS {
+                let case = format!("matmul_swiglu {ty} {rows}x{cols} n={n}");
+                let x = random_f32(&mut rng, n * cols);
+                let mut out = poisoned(n * rows);
+                if let Err(e) =
+                    matvec::matmul_swiglu(device(), &gate, &up, &upload_f32(&x), &mut out, n)
+                {
+                    failures.push(format!("{case}: {e}"));
+                    continue;
+                }
+                let got = download(&out, n * rows, &mut failures, &case);
+                let (gate_computed, gate_exact) = gate_host.products(&x, n);
+                let (up_computed, up_exact) = up_host.products(&x, n);
+                check(
+                    &mut failures,
+                    &case,
+                    &got,
+                    &Expected::swiglu(&gate_computed, &up_computed),
+                );
+                pool.add(&got, &Expected::swiglu(&gate_exact, &up_exact).values);
+            }
+        }
+        pool.check(
+            &mut failures,
+            &format!("matmul_swiglu {ty}"),
+            Q8_SWIGLU_TOLERANCE,
+        );
+    }
+    report("matmul_swiglu", failures);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn embed_rows_decodes_rows_exactly() {
+    let mut rng = rng("embed_rows");
+    let mut failures = Vec::new();
+    for &ty in FORMATS {
+        let [small, mid, big] = column_choices(ty);
+        for (rows, cols) in [(37, big), (300, mid), (5, small)] {
+            let host = HostWeight::random(&mut rng, ty, rows, cols);
+            let table = host.upload("table");
+            for n in [1, 4, 37] {
+                let case = format!("embed {ty} {rows}x{cols} n={n}");
+                let mut ids: Vec<u32> = (0..n).map(|_| rng.gen_range(0..rows as u32)).collect();
+                // The last id of the batch is out of range: its row must come back as NaN.
+                let bad = n > 1;
+                if bad {
+                    ids[n - 1] = rows as u32 + 3;
+                }
+                let ids_gpu = device().upload(&ids, "ids").expect("upload ids");
+                let mut out = poisoned(n * cols);
+                if let Err(e) =
+                    matvec::embed_rows(device(), &table, &ids_gpu.slice(..), &mut out, n)
+                {
+                    failures.push(format!("{case}: {e}"));
+                    continue;
+                }
+                let got = download(&out, n * cols, &mut failures, &case);
+                for (t, &id) in ids.iter().enumerate() {
+                    let row = &got[t * cols..(t + 1) * cols];
+                    if bad && t == n - 1 {
+                        if !row.iter().all(|v| v.is_nan()) {
+                            failures.push(format!(
+                                "{case}: out-of-range id {id} did not give a NaN row"
+                            ));
+                        }
+                        continue;
+                    }
+                    let want = &host.values[id as usize * cols..(id as usize + 1) * cols];
+                    // Decoding is exact (the same f32 operations as the CPU), so values match bit for bit.
+                    if let Some(c) = (0..cols)
+                        .find(|&c| row[c].to_bits() != want[c].to_bits() && row[c] != want[c])
+                    {
+                        failures.push(format!(
+                            "{case}: token {t} (row {id}) column {c}: {} != {}",
+                            row[c], want[c]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    report("embed_rows", failures);
+}
+
+/// One quantization shared by two weights gives exactly what matmul gives each of them.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn prequantized_activations_serve_several_weights() {
+    let mut rng = rng("prequantized");
+    let mut failures = Vec::new();
+    let (rows, cols, n) = (300, 1024, 3);
+    let hosts = [
+        HostWeight::random(&mut rng, GgmlType::Q4_K, rows, cols),
+        HostWeight::random(&mut rng, GgmlType::Q6_K, rows, cols),
+    ];
+    let weights: Vec<GpuWeight> = hosts.iter().map(|h| h.upload("shared input")).collect();
+    let x = random_f32(&mut rng, n * cols);
+    let x_gpu = upload_f32(&x);
+    let mut shared = QuantizedActivations::new(device(), 4, cols).expect("activation buffer");
+    matvec::quantize_activations(device(), &x_gpu, n, &mut shared).expect("quantize");
+    for (host, weight) in hosts.iter().zip(&weights) {
+        let case = format!("prequantized {}", host.ty);
+        let (mut direct, mut shared_out) = (poisoned(n * rows), poisoned(n * rows));
+        matvec::matmul(device(), weight, &x_gpu, &mut direct, n).expect("matmul");
+        matvec::matmul_quantized(device(), weight, &shared, &mut shared_out, n, false)
+            .expect("matmul_quantized");
+        let direct = download(&direct, n * rows, &mut failures, &case);
+        let shared_out = download(&shared_out, n * rows, &mut failures, &case);
+        if direct
+            .iter()
+            .zip(&shared_out)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            failures.push(format!(
+                "{case}: shared quantization differs from matmul's own"
+            ));
+        }
+        check(&mut failures, &case, &shared_out, &host.products(&x, n).0);
+    }
+    let mut out = poisoned(n * rows);
+    matvec::matmul_swiglu_quantized(device(), &weights[0], &weights[0], &shared, &mut out, n)
+        .expect("swiglu");
+    let got = download(&out, n * rows, &mut failures, "prequantized swiglu");
+    let g = hosts[0].products(&x, n).0;
+    check(
+        &mut failures,
+        "prequantized swiglu",
+        &got,
+        &Expected::swiglu(&g, &g),
+    );
+    // More tokens than the buffer holds, and a float weight, are refused.
+    assert!(matches!(
+        matvec::quantize_activations(device(), &x_gpu, 5, &mut shared),
+        Err(CudaError::InvalidArgument { .. })
+    ));
+    let float = HostWeight::random(&mut rng, GgmlType::F16, rows, cols).upload("f16");
+    let mut out = poisoned(n * rows);
+    assert!(matches!(
+        matvec::matmul_quantized(device(), &float, &shared, &mut out, n, false),
+        Err(CudaError::InvalidArgument { .. })
+    ));
+    report("prequantized", failures);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn bad_arguments_are_typed_errors() {
+    let mut rng = rng("bad_arguments");
+    let a = HostWeight::random(&mut rng, GgmlType::Q4_0, 8, 64).upload("a");
+    let b = HostWeight::random(&mut rng, GgmlType::Q8_0, 8, 64).upload("b");
+    let x = upload_f32(&random_f32(&mut rng, 2 * 64));
+    let mut out = poisoned(2 * 8);
+    let invalid = |result: Result<(), CudaError>, what: &str| match result {
+        Err(CudaError::InvalidArgument { reason, .. }) => eprintln!("{what}: {reason}"),
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    invalid(
+        matvec::matmul_swiglu(device(), &a, &b, &x, &mut out, 2),
+        "gate/up of different types",
+    );
+    invalid(
+        matvec::matmul(device(), &a, &x, &mut out, 3),
+        "x shorter than n * cols",
+    );
+    let mut short = device()
+        .alloc_poisoned::<f32>(2 * 8 - 1, "short output")
+        .expect("alloc");
+    invalid(
+        matvec::matmul(device(), &a, &x, &mut short, 2),
+        "output shorter than n * rows",
+    );
+    let unsupported = WeightSource {
+        name: "iq2".into(),
+        ty: GgmlType::IQ2_XXS,
+        rows: 1,
+        cols: 256,
+        range: 0..66,
+        owner: Arc::new(vec![0u8; 66]),
+    };
+    assert!(matches!(
+        matvec::upload_weight(device(), &unsupported),
+        Err(CudaError::InvalidArgument { .. })
+    ));
+}
+
+/// A rows x cols weight of valid blocks made cheaply: 64 random rows quantized, then repeated.
+fn benchmark_weight(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> WeightSource {
+    const DISTINCT_ROWS: usize = 64;
+    let seed_rows = HostWeight::random(rng, ty, DISTINCT_ROWS, cols);
+    let row_bytes = seed_rows.bytes.len() / DISTINCT_ROWS;
+    let mut bytes = Vec::with_capacity(rows * row_bytes);
+    while bytes.len() < rows * row_bytes {
+        let take = (rows * row_bytes - bytes.len()).min(seed_rows.bytes.len());
+        bytes.extend_from_slice(&seed_rows.bytes[..take]);
+    }
+    let len = bytes.len();
+    WeightSource {
+        name: format!("{ty} {rows}x{cols}"),
+        ty,
+        rows,
+        cols,
+        range: 0..len,
+        owner: Arc::new(bytes),
+    }
+}
+
+/// Mean milliseconds of `launch` over `rounds` calls (after one warm-up call), by CUDA events.
+fn time_ms(rounds: usize, mut launch: impl FnMut(usize)) -> f64 {
+    let ctx = device().context();
+    let (start, end) = (
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .expect("event"),
+        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .expect("event"),
+    );
+    launch(0);
+    start.record(device().stream()).expect("record");
+    for round in 0..rounds {
+        launch(round);
+    }
+    end.record(device().stream()).expect("record");
+    f64::from(start.elapsed_ms(&end).expect("elapsed")) / rounds as f64
+}
+
+/// Prints, per format, the weight bandwidth of the mat-vec on Llama-3-8B's FFN shapes
+/// (14336 x 4096 and 4096 x 14336): `matmul` for 1 token (activation quantization included),
+/// the mat-vec kernel alone for 1, 4 and 8 tokens, and the mat-mat's TFLOP/s for 512 tokens.
+/// Each measurement cycles through enough copies of the weight to defeat the L2 cache.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matvec_bandwidth_on_8b_shapes() {
+    const ROUNDS: usize = 24;
+    const PEAK_GBPS: f64 = 4200.0; // measured copy bandwidth of an H200
+    let mut rng = rng("bandwidth");
+    let l2 = device().info().l2_cache_bytes.max(1 << 20);
+    println!("{}", device().info());
+    println!(
+        "{:<7} {:>11} {:>9} | {:>15} | kernel alone GB/s (% of {PEAK_GBPS:.0}) for n = 1, 4, 8 | pp512 TFLOP/s",
+        "format", "shape", "MiB", "matmul n=1 GB/s"
+    );
+    let mut failures = Vec::new();
+    for &ty in FORMATS {
+        for (rows, cols) in [(14336, 4096), (4096, 14336)] {
+            let source = benchmark_weight(&mut rng, ty, rows, cols);
+            let first = matvec::upload_weight(device(), &source).expect("upload");
+            let bytes = first.device_bytes();
+            let copies = (5 * l2 / 2).div_ceil(bytes).clamp(2, 12);
+            let mut weights = vec![first];
+            weights.extend(
+                (1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")),
+            );
+            let x = upload_f32(&random_f32(&mut rng, 512 * cols));
+            let mut out = device()
+                .alloc_zeros::<f32>(512 * rows, "benchmark output")
+                .expect("alloc");
+            let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+            let matmul_ms = time_ms(ROUNDS * copies, |i| {
+                matvec::matmul(device(), &weights[i % copies], &x, &mut out, 1).expect("matmul")
+            });
+            let mut kernel = Vec::new();
+            if weights[0].ty.block_size() > 1 {
+                let mut q = QuantizedActivations::new(device(), 8, cols).expect("activations");
+                matvec::quantize_activations(device(), &x, 8, &mut q).expect("quantize");
+                for n in [1, 4, 8] {
+                    let ms = time_ms(ROUNDS * copies, |i| {
+                        matvec::matmul_quantized(
+                            device(),
+                            &weights[i % copies],
+                            &q,
+                            &mut out,
+                            n,
+                            false,
+                        )
+                        .expect("matvec")
+                    });
+                    kernel.push(format!(
+                        "{:6.0} ({:4.1}%)",
+                        gbps(ms),
+                        100.0 * gbps(ms) / PEAK_GBPS
+                    ));
+                }
+            } else {
+                for n in [1, 4, 8] {
+                    let ms = time_ms(ROUNDS * copies, |i| {
+                        matvec::matmul(device(), &weights[i % copies], &x, &mut out, n)
+                            .expect("matvec")
+                    });
+                    kernel.push(format!(
+                        "{:6.0} ({:4.1}%)",
+                        gbps(ms),
+                        100.0 * gbps(ms) / PEAK_GBPS
+                    ));
+                }
+            }
+            let matmat_ms = time_ms(2, |i| {
+                matvec::matmul(device(), &weights[i % copies], &x, &mut out, 512).expect("matmat")
+            });
+            let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (matmat_ms * 1e-3) / 1e12;
+            println!(
+                "{:<7} {:>5}x{:<5} {:>9.1} | {:>8.0} ({:4.1}%) | {} | {tflops:6.1}",
+                ty.name(),
+                rows,
+                cols,
+                bytes as f64 / (1 << 20) as f64,
+                gbps(matmul_ms),
+                100.0 * gbps(matmul_ms) / PEAK_GBPS,
+                kernel.join(" ")
+            );
+            let result = device().download(&out).expect("download");
+            if !result[..512 * rows].iter().all(|v| v.is_finite()) {
+                failures.push(format!("{ty} {rows}x{cols}: non-finite outputs"));
+            }
+        }
+    }
+    report("bandwidth", failures);
+}

@@ -1,0 +1,449 @@
+//! `kiln quantize` and the random models against llama-quantize.
+//!
+//! The expected per-tensor types are written out by hand from llama.cpp's
+//! rules (src/llama-quant.cpp, `llama_tensor_get_type`): output.weight goes to
+//! Q6_K (Q8_0 when its rows do not fit the block), attn_v and ffn_down get Q6_K
+//! in the "use more bits" layers (the first and last eighth and every third
+//! one between), and rows that are not a multiple of 256 fall back to
+//! Q5_0/Q5_1/Q8_0/Q4_0/IQ4_NL, or F16 when not even a multiple of 32.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_core::{CpuBackend, SamplingParams};
+use kiln_gguf::{GgufFile, TensorInfo, Value};
+use kiln_models::quantize::{parse_file_type, plan_tensors, quantize_file, FileType, QuantHparams, QuantizeError, QuantizeOptions};
+use kiln_models::synthetic::{find_shape, ModelShape, RandomModel};
+use kiln_models::{Logits, Model, ModelOptions};
+use kiln_quant::GgmlType::{self, *};
+
+fn stories() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
+    assert!(p.exists(), "model not found at {}", p.display());
+    p
+}
+
+fn testdata() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata");
+    assert!(p.join("README.md").exists(), "test data not found at {}", p.display());
+    p
+}
+
+fn options(name: &str) -> QuantizeOptions {
+    QuantizeOptions::new(parse_file_type(name).unwrap())
+}
+
+fn shape(name: &str, n_layer: u64) -> ModelShape {
+    ModelShape { n_layer, ..find_shape(name).unwrap() }
+}
+
+/// Planned output type per tensor name for the random model of `shape`.
+fn planned(shape: ModelShape, opts: &QuantizeOptions) -> HashMap<String, GgmlType> {
+    let model = RandomModel::new(shape, 0);
+    let hp = QuantHparams::from_metadata(&model.metadata()).unwrap();
+    let plans = plan_tensors(&hp, model.tensors(), opts).unwrap();
+    plans.into_iter().map(|p| (p.name, p.dst_type)).collect()
+}
+
+/// Expected types of a llama/qwen3 model: `base` for every matrix, `more`
+/// for attn_v/ffn_down of the listed layers, F32 norms, `embd`/`out` for the
+/// embeddings and the output matrix.
+struct Expect<'a> {
+    n_layer: u64,
+    base: GgmlType,
+    embd: GgmlType,
+    out: Option<GgmlType>,
+    attn_v: &'a dyn Fn(u64) -> GgmlType,
+    ffn_down: &'a dyn Fn(u64) -> GgmlType,
+    attn_output: GgmlType,
+    qk_norm: bool,
+}
+
+impl Expect<'_> {
+    fn table(&self) -> HashMap<String, GgmlType> {
+        let mut t = HashMap::new();
+        t.insert("token_embd.weight".to_string(), self.embd);
+        t.insert("output_norm.weight".to_string(), F32);
+        if let Some(out) = self.out {
+            t.insert("output.weight".to_string(), out);
+        }
+        for l in 0..self.n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            for s in ["attn_q", "attn_k", "ffn_gate", "ffn_up"] {
+                t.insert(n(s), self.base);
+            }
+            t.insert(n("attn_output"), self.attn_output);
+            t.insert(n("attn_v"), (self.attn_v)(l));
+            t.insert(n("ffn_down"), (self.ffn_down)(l));
+            for s in ["attn_norm", "ffn_norm"] {
+                t.insert(n(s), F32);
+            }
+            if self.qk_norm {
+                t.insert(n("attn_q_norm"), F32);
+                t.insert(n("attn_k_norm"), F32);
+            }
+        }
+        t
+    }
+}
+
+fn assert_same_types(got: &HashMap<String, GgmlType>, expected: &HashMap<String, GgmlType>, what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: tensor count");
+    for (name, ty) in expected {
+        assert_eq!(got.get(name), Some(ty), "{what}: {name}");
+    }
+}
+
+/// Layers whose attn_v/ffn_down get more bits in a 32-layer Q4_K_M/Q5_K_M.
+const MORE_BITS_32: &[u64] = &[0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31];
+/// The same for 36 layers (qwen3-8b): below 36/8 = 4, from 7*36/8 = 31, and (i - 4) % 3 == 2.
+const MORE_BITS_36: &[u64] = &[0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 31, 32, 33, 34, 35];
+
+#[test]
+fn llama3_8b_q4_k_m_types_match_llama_quantize() {
+    let more = |l: u64| if MORE_BITS_32.contains(&l) { Q6_K } else { Q4_K };
+    let expected = Expect { n_layer: 32, base: Q4_K, embd: Q4_K, out: Some(Q6_K), attn_v: &more, ffn_down: &more, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(shape("llama3-8b", 32), &options("Q4_K_M")), &expected.table(), "llama3-8b Q4_K_M");
+    // The alias Q4_K means Q4_K_M, as in llama-quantize.
+    assert_same_types(&planned(shape("llama3-8b", 32), &options("q4_k")), &expected.table(), "llama3-8b Q4_K");
+}
+
+#[test]
+fn llama3_8b_two_layers_q4_k_m_types_match_llama_quantize() {
+    // With 2 layers only layer 1 (>= 7*2/8) uses more bits.
+    let more = |l: u64| if l == 1 { Q6_K } else { Q4_K };
+    let expected = Expect { n_layer: 2, base: Q4_K, embd: Q4_K, out: Some(Q6_K), attn_v: &more, ffn_down: &more, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(shape("llama3-8b", 2), &options("Q4_K_M")), &expected.table(), "llama3-8b --layers 2");
+}
+
+#[test]
+fn qwen3_8b_q5_k_m_types_match_llama_quantize() {
+    let more = |l: u64| if MORE_BITS_36.contains(&l) { Q6_K } else { Q5_K };
+    let expected = Expect { n_layer: 36, base: Q5_K, embd: Q5_K, out: Some(Q6_K), attn_v: &more, ffn_down: &more, attn_output: Q5_K, qk_norm: true };
+    assert_same_types(&planned(shape("qwen3-8b", 36), &options("Q5_K_M")), &expected.table(), "qwen3-8b Q5_K_M");
+}
+
+#[test]
+fn other_mixes_match_llama_quantize() {
+    let s = shape("llama3-8b", 32);
+    // Q4_K_S: the first 4 attn_v and the first 32/8 ffn_down in Q5_K.
+    let first4 = |l: u64| if l < 4 { Q5_K } else { Q4_K };
+    let e = Expect { n_layer: 32, base: Q4_K, embd: Q4_K, out: Some(Q6_K), attn_v: &first4, ffn_down: &first4, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(s, &options("Q4_K_S")), &e.table(), "Q4_K_S");
+    // Q3_K_M: attn_v Q5_K for the first 2, else Q4_K; ffn_down Q5_K below 32/16, else Q4_K; attn_output Q4_K.
+    let v = |l: u64| if l < 2 { Q5_K } else { Q4_K };
+    let e = Expect { n_layer: 32, base: Q3_K, embd: Q3_K, out: Some(Q6_K), attn_v: &v, ffn_down: &v, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(s, &options("Q3_K_M")), &e.table(), "Q3_K_M");
+    // Q2_K: attn_v Q4_K (4 query heads per KV head), ffn_down and attn_output Q3_K.
+    let e = Expect { n_layer: 32, base: Q2_K, embd: Q2_K, out: Some(Q6_K), attn_v: &|_| Q4_K, ffn_down: &|_| Q3_K, attn_output: Q3_K, qk_norm: false };
+    assert_same_types(&planned(s, &options("Q2_K")), &e.table(), "Q2_K");
+    // IQ4_NL: attn_v Q5_K (n_gqa >= 4), ffn_down Q5_K in the first eighth.
+    let first4_nl = |l: u64| if l < 4 { Q5_K } else { IQ4_NL };
+    let e = Expect { n_layer: 32, base: IQ4_NL, embd: IQ4_NL, out: Some(Q6_K), attn_v: &|_| Q5_K, ffn_down: &first4_nl, attn_output: IQ4_NL, qk_norm: false };
+    assert_same_types(&planned(s, &options("IQ4_NL")), &e.table(), "IQ4_NL");
+    // TQ2_0: embeddings Q4_K, output Q6_K, everything else ternary.
+    let e = Expect { n_layer: 32, base: TQ2_0, embd: Q4_K, out: Some(Q6_K), attn_v: &|_| TQ2_0, ffn_down: &|_| TQ2_0, attn_output: TQ2_0, qk_norm: false };
+    assert_same_types(&planned(s, &options("TQ2_0")), &e.table(), "TQ2_0");
+    // Q8_0 keeps Q8_0 for the output; F16 converts every matrix and no mix rule applies.
+    let e = Expect { n_layer: 32, base: Q8_0, embd: Q8_0, out: Some(Q8_0), attn_v: &|_| Q8_0, ffn_down: &|_| Q8_0, attn_output: Q8_0, qk_norm: false };
+    assert_same_types(&planned(s, &options("Q8_0")), &e.table(), "Q8_0");
+    let e = Expect { n_layer: 32, base: F16, embd: F16, out: Some(F16), attn_v: &|_| F16, ffn_down: &|_| F16, attn_output: F16, qk_norm: false };
+    assert_same_types(&planned(s, &options("F16")), &e.table(), "F16");
+    // --pure: every matrix in the default type, output and embeddings included.
+    let pure = QuantizeOptions { pure: true, ..options("Q4_K_M") };
+    let e = Expect { n_layer: 32, base: Q4_K, embd: Q4_K, out: Some(Q4_K), attn_v: &|_| Q4_K, ffn_down: &|_| Q4_K, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(s, &pure), &e.table(), "--pure Q4_K_M");
+}
+
+#[test]
+fn seventy_b_llama_gets_q5_k_attn_v() {
+    let s = ModelShape { n_layer: 80, n_embd: 8192, n_head: 64, n_head_kv: 8, n_ff: 28672, ..find_shape("llama3-8b").unwrap() };
+    let types = planned(s, &options("Q4_K_M"));
+    // Layers 0..10 and 70..80 use more bits; between, (l - 10) % 3 == 2 does.
+    assert_eq!(types["blk.0.attn_v.weight"], Q6_K);
+    assert_eq!(types["blk.12.attn_v.weight"], Q6_K);
+    assert_eq!(types["blk.13.attn_v.weight"], Q5_K, "70B raises the other attn_v from Q4_K to Q5_K");
+    assert_eq!(types["blk.13.ffn_down.weight"], Q4_K);
+    assert_eq!(types["blk.13.attn_q.weight"], Q4_K);
+}
+
+#[test]
+fn tied_qwen3_embeddings_follow_the_output_rule() {
+    let types = planned(shape("qwen3-0.6b", 28), &options("Q4_K_M"));
+    assert!(!types.contains_key("output.weight"));
+    assert_eq!(types["token_embd.weight"], Q6_K, "tied token_embd is quantized like output.weight");
+}
+
+/// llama-quantize's types for stories260K (n_embd 64, n_ff 172, tied, 5
+/// layers): no row is a multiple of 256, so Q4_K falls back to Q5_0 and Q6_K
+/// to Q8_0, and the 172-long ffn_down rows (not a multiple of 32) to F16. The
+/// tied token_embd takes the output rule: rows of 64 do not fit Q4_K -> Q8_0.
+fn stories_q4_k_m_expected(file: &GgufFile) -> HashMap<String, GgmlType> {
+    let mut t = HashMap::new();
+    for info in file.tensors() {
+        let n = &info.name;
+        let layer: u64 = n.split('.').nth(1).and_then(|l| l.parse().ok()).unwrap_or(99);
+        let ty = if info.dims.len() == 1 {
+            F32
+        } else if n == "token_embd.weight" || (n.ends_with("attn_v.weight") && (layer == 2 || layer == 4)) {
+            Q8_0
+        } else if n.ends_with("ffn_down.weight") {
+            F16
+        } else {
+            Q5_0
+        };
+        t.insert(n.clone(), ty);
+    }
+    t
+}
+
+fn types_of(file: &GgufFile) -> HashMap<String, GgmlType> {
+    file.tensors().iter().map(|t| (t.name.clone(), t.ty)).collect()
+}
+
+fn dequantize_all(file: &GgufFile, t: &TensorInfo) -> Vec<f32> {
+    let mut out = vec![0f32; t.n_elements() as usize];
+    kiln_quant::dequantize(t.ty, file.tensor_data(t), &mut out).unwrap();
+    out
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Largest rel-L2 error of a type on these weights: the largest value measured
+/// over all tensors of these tests (Gaussian and trained weights), plus about
+/// 50%. An all-zero or uncorrelated tensor gives 1 or more, above every bound;
+/// ternary and 1-bit types are that coarse on Gaussian data (measured 0.77
+/// and 0.59), so their bounds sit just below 1.
+fn tolerance(ty: GgmlType) -> f64 {
+    match ty {
+        F32 => 0.0,
+        F16 => 1e-3,
+        BF16 => 5e-3,
+        Q8_0 => 0.01,
+        Q6_K => 0.03,
+        Q5_0 | Q5_1 | Q5_K => 0.075,
+        Q4_0 | Q4_1 | Q4_K | IQ4_NL | IQ4_XS => 0.15,
+        Q3_K => 0.22,
+        Q2_K => 0.43,
+        Q1_0 => 0.8,
+        TQ1_0 | TQ2_0 => 0.9,
+        other => panic!("no tolerance for {other}"),
+    }
+}
+
+struct TempDir(tempfile::TempDir);
+
+impl TempDir {
+    fn new() -> Self {
+        TempDir(tempfile::tempdir().unwrap())
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+}
+
+#[test]
+fn stories_q4_k_m_has_llama_quantize_types_values_and_metadata() {
+    let dir = TempDir::new();
+    let out = dir.path("q4km.gguf");
+    let summary = quantize_file(&stories(), &out, &options("Q4_K_M"), &()).unwrap();
+    let input = GgufFile::open(stories()).unwrap();
+    let output = GgufFile::open(&out).unwrap();
+    assert_same_types(&types_of(&output), &stories_q4_k_m_expected(&input), "stories260K Q4_K_M");
+    assert_eq!(summary.n_fallback, 35, "every one of the 5 x 7 layer matrices needs a fallback type");
+    // Tensor order and every metadata key but the two llama-quantize sets are kept.
+    let names = |f: &GgufFile| f.tensors().iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&input), names(&output));
+    assert_eq!(output.get("general.file_type"), Some(&Value::U32(15)));
+    assert_eq!(output.get("general.quantization_version"), Some(&Value::U32(2)));
+    for (key, value) in input.metadata() {
+        if key != "general.file_type" {
+            assert_eq!(output.get(key), Some(value), "{key}");
+        }
+    }
+    for (a, b) in input.tensors().iter().zip(output.tensors()) {
+        let err = rel_l2(&dequantize_all(&output, b), &dequantize_all(&input, a));
+        assert!(err <= tolerance(b.ty), "{}: {} rel_l2 {err:.4}", b.name, b.ty);
+    }
+}
+
+#[test]
+fn many_file_types_on_stories_load_and_stay_close() {
+    let dir = TempDir::new();
+    let input = GgufFile::open(stories()).unwrap();
+    for name in ["F32", "F16", "BF16", "Q5_K_M", "Q6_K", "Q2_K", "Q3_K_L", "Q4_K_S", "IQ4_XS", "TQ1_0", "TQ2_0"] {
+        let out = dir.path(&format!("{name}.gguf"));
+        quantize_file(&stories(), &out, &options(name), &()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let output = GgufFile::open(&out).unwrap();
+        for (a, b) in input.tensors().iter().zip(output.tensors()) {
+            assert_eq!(a.dims, b.dims);
+            let err = rel_l2(&dequantize_all(&output, b), &dequantize_all(&input, a));
+            assert!(err <= tolerance(b.ty), "{name} {}: {} rel_l2 {err:.4}", b.name, b.ty);
+        }
+    }
+}
+
+#[test]
+fn f16_and_bf16_are_byte_identical_to_llama_quantize() {
+    // shared/testdata's stories260K-F16/-BF16 were written by llama-quantize
+    // from the same F32 file (it reorders tensors, so compare by name).
+    let dir = TempDir::new();
+    for name in ["F16", "BF16"] {
+        let out = dir.path(&format!("{name}.gguf"));
+        quantize_file(&stories(), &out, &options(name), &()).unwrap();
+        let ours = GgufFile::open(&out).unwrap();
+        let theirs = GgufFile::open(testdata().join(format!("models/stories260K-{name}.gguf"))).unwrap();
+        assert_eq!(ours.tensors().len(), theirs.tensors().len());
+        for t in theirs.tensors() {
+            let mine = ours.tensor(&t.name).unwrap_or_else(|| panic!("{} missing", t.name));
+            assert_eq!((mine.ty, &mine.dims), (t.ty, &t.dims), "{}", t.name);
+            assert!(ours.tensor_data(mine) == theirs.tensor_data(t), "{name} {}: bytes differ", t.name);
+        }
+        assert_eq!(ours.get("general.file_type"), theirs.get("general.file_type"));
+    }
+}
+
+#[test]
+fn stories_errors_are_llama_quantize_errors() {
+    let dir = TempDir::new();
+    // Q4_0 has no fallback and 172 is not a multiple of 32.
+    match quantize_file(&stories(), &dir.path("q4_0.gguf"), &options("Q4_0"), &()) {
+        Err(QuantizeError::NoFallback { tensor, ty: Q4_0, row_len: 172 }) => assert_eq!(tensor, "blk.0.ffn_down.weight"),
+        other => panic!("expected NoFallback, got {other:?}"),
+    }
+    // Q1_0 blocks are 128 long; the first 64-wide matrix in llama.cpp's order is blk.0.attn_k.
+    match quantize_file(&stories(), &dir.path("q1_0.gguf"), &options("Q1_0"), &()) {
+        Err(QuantizeError::NoFallback { tensor, ty: Q1_0, row_len: 64 }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
+        other => panic!("expected NoFallback, got {other:?}"),
+    }
+    assert!(!dir.path("q4_0.gguf").exists() && !dir.path("q4_0.gguf.tmp").exists(), "a failed run leaves no file");
+    let err = parse_file_type("Q7_K").unwrap_err().to_string();
+    assert!(err.contains("'Q7_K'") && err.contains("Q4_K_M") && err.contains("IQ4_NL"), "{err}");
+    assert!(matches!(parse_file_type("IQ2_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ2_XXS))));
+    match quantize_file(&dir.path("missing.gguf"), &dir.path("x.gguf"), &options("Q8_0"), &()) {
+        Err(e @ QuantizeError::Open { .. }) => assert!(e.to_string().contains("missing.gguf"), "{e}"),
+        other => panic!("expected Open, got {other:?}"),
+    }
+    match quantize_file(&stories(), &dir.path("no/such/dir/x.gguf"), &options("F16"), &()) {
+        Err(e @ QuantizeError::Write { .. }) => assert!(e.to_string().contains("no/such/dir"), "{e}"),
+        other => panic!("expected Write, got {other:?}"),
+    }
+    assert!(matches!(quantize_file(&stories(), &stories(), &options("F16"), &()), Err(QuantizeError::SameFile { .. })));
+}
+
+#[test]
+fn requantizing_needs_the_flag() {
+    let dir = TempDir::new();
+    let src = testdata().join("models/tiny-llama-Q8_0.gguf");
+    match quantize_file(&src, &dir.path("a.gguf"), &options("Q4_K_M"), &()) {
+        Err(QuantizeError::RequantizeDisabled { from: Q8_0, .. }) => {}
+        other => panic!("expected RequantizeDisabled, got {other:?}"),
+    }
+    let out = dir.path("b.gguf");
+    let opts = QuantizeOptions { allow_requantize: true, ..options("Q4_K_M") };
+    quantize_file(&src, &out, &opts, &()).unwrap();
+    let (input, output) = (GgufFile::open(&src).unwrap(), GgufFile::open(&out).unwrap());
+    for (a, b) in input.tensors().iter().zip(output.tensors()) {
+        let err = rel_l2(&dequantize_all(&output, b), &dequantize_all(&input, a));
+        assert!(err <= tolerance(b.ty), "{}: {} rel_l2 {err:.4}", b.name, b.ty);
+    }
+    // Converting to the type a tensor already has copies it: Q8_0 -> Q8_0 needs no flag.
+    quantize_file(&src, &dir.path("c.gguf"), &QuantizeOptions { pure: true, ..options("Q8_0") }, &()).unwrap();
+    let copy = GgufFile::open(dir.path("c.gguf")).unwrap();
+    for (a, b) in input.tensors().iter().zip(copy.tensors()) {
+        assert!(input.tensor_data(a) == copy.tensor_data(b), "{}", a.name);
+    }
+}
+
+/// Every type kiln writes, through the mixes that use it, on rows of 256 and 512.
+const RANDOM_MODEL_TYPES: &[&str] =
+    &["Q4_K_M", "Q5_K_S", "Q2_K", "Q3_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "Q1_0", "BF16"];
+
+#[test]
+fn random_tiny_models_hold_their_planned_types_and_values() {
+    let dir = TempDir::new();
+    let cases = RANDOM_MODEL_TYPES.iter().map(|&t| ("tiny-llama", t)).chain([("tiny-qwen3", "Q4_K_M")]);
+    for (shape_name, type_name) in cases {
+        let model = RandomModel::new(find_shape(shape_name).unwrap(), 42);
+        let out = dir.path(&format!("{shape_name}-{type_name}.gguf"));
+        let opts = options(type_name);
+        model.write(&out, &opts, &()).unwrap();
+        let file = GgufFile::open(&out).unwrap();
+        let hp = QuantHparams::from_metadata(&model.metadata()).unwrap();
+        let plans = plan_tensors(&hp, model.tensors(), &opts).unwrap();
+        assert_eq!(file.tensors().len(), plans.len());
+        assert_eq!(file.get("general.file_type"), Some(&Value::U32(opts.ftype.id())));
+        for (index, (t, p)) in file.tensors().iter().zip(&plans).enumerate() {
+            assert_eq!((&t.name, t.ty), (&p.name, p.dst_type));
+            let values = dequantize_all(&file, t);
+            let row_len = t.dims[0] as usize;
+            let mut original = vec![0f32; values.len()];
+            for (row, chunk) in original.chunks_mut(row_len).enumerate() {
+                model.original_row(index, row, chunk);
+            }
+            let err = rel_l2(&values, &original);
+            assert!(err <= tolerance(t.ty), "{shape_name} {type_name} {}: {} rel_l2 {err:.4}", t.name, t.ty);
+        }
+    }
+}
+
+#[test]
+fn random_model_is_kiln_quantize_of_its_f16_original() {
+    let dir = TempDir::new();
+    for shape_name in ["tiny-llama", "tiny-qwen3"] {
+        let model = RandomModel::new(find_shape(shape_name).unwrap(), 9);
+        let (f16, direct, converted) = (dir.path("f16.gguf"), dir.path("direct.gguf"), dir.path("converted.gguf"));
+        model.write(&f16, &options("F16"), &()).unwrap();
+        model.write(&direct, &options("Q4_K_M"), &()).unwrap();
+        quantize_file(&f16, &converted, &options("Q4_K_M"), &()).unwrap();
+        let (a, b) = (std::fs::read(&direct).unwrap(), std::fs::read(&converted).unwrap());
+        assert!(a == b, "{shape_name}: the random Q4_K_M model differs from `kiln quantize` of its F16 version");
+    }
+}
+
+fn greedy_tokens(path: &Path, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let file = Arc::new(GgufFile::open(path).unwrap());
+    let options = ModelOptions { n_ctx: Some(128), ..ModelOptions::default() };
+    let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
+    let logits = model.forward(prompt, Logits::Last).unwrap().to_vec();
+    let greedy = SamplingParams::greedy();
+    let mut token = model.sample_last(&greedy, prompt, 0).unwrap();
+    let mut out = vec![token];
+    for i in 1..n {
+        token = model.decode_sample(token, &greedy, prompt, i as u64).unwrap();
+        out.push(token);
+    }
+    (logits, out)
+}
+
+#[test]
+fn quantized_models_load_and_generate() {
+    let dir = TempDir::new();
+    // BOS and four arbitrary tokens of the 512-token vocabulary.
+    let prompt = [1, 403, 407, 261, 378];
+    let (reference, _) = greedy_tokens(&stories(), &prompt, 1);
+    for name in ["Q4_K_M", "Q6_K", "F16"] {
+        let out = dir.path(&format!("{name}.gguf"));
+        quantize_file(&stories(), &out, &options(name), &()).unwrap();
+        let (logits, tokens) = greedy_tokens(&out, &prompt, 16);
+        // Weight errors of a few percent (see `tolerance`) move these logits by
+        // a few percent; a broken tensor moves them by 30% or more.
+        let err = rel_l2(&logits, &reference);
+        assert!(err < 0.1, "{name}: logits rel_l2 {err:.4} against the F32 model");
+        assert!(tokens.iter().all(|&t| t < 512), "{name}: {tokens:?}");
+    }
+    for shape_name in ["tiny-llama", "tiny-qwen3"] {
+        let out = dir.path(&format!("{shape_name}.gguf"));
+        RandomModel::new(find_shape(shape_name).unwrap(), 1).write(&out, &options("Q4_K_M"), &()).unwrap();
+        let (logits, tokens) = greedy_tokens(&out, &[504, 10, 20, 30], 8);
+        assert!(logits.iter().all(|l| l.is_finite()), "{shape_name}: non-finite logits");
+        assert_eq!(tokens.len(), 8);
+        let tokenizer = kiln_tokenizer::Tokenizer::from_gguf(&GgufFile::open(&out).unwrap()).unwrap();
+        assert_eq!(tokenizer.vocab_size(), 512);
+    }
+}
