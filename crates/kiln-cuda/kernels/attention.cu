@@ -12,6 +12,7 @@
 // kiln-test-defines: HEAD_DIM=128,GROUP=8
 // kiln-test-defines: HEAD_DIM=256,GROUP=4
 // kiln-test-defines: HEAD_DIM=80,GROUP=7
+// kiln-test-defines: HEAD_DIM=4,GROUP=1
 #include "common.cuh"
 #include "step.cuh"
 
@@ -30,6 +31,8 @@
 #define MIN_CHUNK 32
 // Most splits attention_reduce_f32 accepts (the host never launches more).
 #define MAX_SPLITS 256
+// Splits whose partials attention_reduce_f32 loads together.
+#define REDUCE_BATCH 16
 // Lanes that share one row's dot products: a power of two dividing 32.
 #define TEAM (HEAD_DIM >= 32 ? 32 : HEAD_DIM >= 16 ? 16 : HEAD_DIM >= 8 ? 8 : HEAD_DIM >= 4 ? 4 : HEAD_DIM >= 2 ? 2 : 1)
 #define TEAMS_PER_WARP (32 / TEAM)
@@ -43,10 +46,10 @@
 #define DIM_THREADS (HEAD_DIM / V_VEC < ATT_THREADS ? HEAD_DIM / V_VEC : ATT_THREADS)
 #define ROW_GROUPS (ATT_THREADS / DIM_THREADS)
 #define V_CHUNKS ((HEAD_DIM + V_VEC * DIM_THREADS - 1) / (V_VEC * DIM_THREADS))
+#define V_STEPS ((TILE + ROW_GROUPS - 1) / ROW_GROUPS)
 #define NEG_INF __int_as_float(0xff800000)
 
 static_assert(TILE % (ATT_WARPS * TEAMS_PER_WARP * ROWS_PER_TEAM) == 0, "the score loop must tile TILE exactly");
-static_assert(TILE % ROW_GROUPS == 0, "the V loop must tile TILE exactly (HEAD_DIM must be at least 8)");
 
 // VEC consecutive floats from `src` (aligned to VEC floats), or zeros when `live` is false.
 template <int N>
@@ -212,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_split_f32
             // rows past the end load zeros and carry zero weight.
             const u32 rows_here = min((u32)TILE, end - tile);
 #pragma unroll 8
-            for (int step = 0; step < TILE / ROW_GROUPS; ++step) {
+            for (int step = 0; step < V_STEPS; ++step) {
                 const u32 j = step * ROW_GROUPS + row_group;
                 const bool live = j < rows_here;
                 const float* v_row = v_cache + (u64)(tile + j) * kv_width + kv_head * HEAD_DIM;
@@ -223,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_split_f32
                     load_or_zero<V_VEC>(v, v_row + d, live && d < HEAD_DIM);
 #pragma unroll
                     for (int g = 0; g < GROUP; ++g) {
-                        const float p = p_s[g][j];
+                        const float p = live ? p_s[g][j] : 0.0f;
 #pragma unroll
                         for (int c = 0; c < V_VEC; ++c) {
                             acc[g][k][c] += p * v[c];
@@ -303,29 +306,44 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_reduce_f32(
     const u64 row = (u64)token * n_heads + head;
     const float* ml = part_ml + row * n_splits * 2;
 
+    // Every split's (max, sum) is read once, in parallel: a serial walk would pay one memory
+    // latency per split.
+    __shared__ float max_s[MAX_SPLITS];
     __shared__ float weight_s[MAX_SPLITS];
-    __shared__ float total_s;
+    for (u32 s = threadIdx.x; s < live; s += ATT_THREADS) {
+        max_s[s] = ml[s * 2];
+    }
+    __syncthreads();
     float max_value = NEG_INF;
     for (u32 s = 0; s < live; ++s) {
-        max_value = fmaxf(max_value, ml[s * 2]);
+        max_value = fmaxf(max_value, max_s[s]);
     }
+    float sum = 0.0f;
     for (u32 s = threadIdx.x; s < live; s += ATT_THREADS) {
-        weight_s[s] = expf(ml[s * 2] - max_value);
+        const float weight = expf(max_s[s] - max_value);
+        weight_s[s] = weight;
+        sum += ml[s * 2 + 1] * weight;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.0f;
-        for (u32 s = 0; s < live; ++s) {
-            total += ml[s * 2 + 1] * weight_s[s];
-        }
-        total_s = total;
-    }
-    __syncthreads();
+    const float total = block_sum<ATT_THREADS>(sum);
     for (u32 d = threadIdx.x; d < HEAD_DIM; d += ATT_THREADS) {
+        const float* column = part_acc + row * n_splits * HEAD_DIM + d;
         float value = 0.0f;
-        for (u32 s = 0; s < live; ++s) {
-            value += part_acc[(row * n_splits + s) * HEAD_DIM + d] * weight_s[s];
+        u32 s = 0;
+        // Batches of independent loads, so REDUCE_BATCH splits are in flight at once.
+        for (; s + REDUCE_BATCH <= live; s += REDUCE_BATCH) {
+            float batch[REDUCE_BATCH];
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; ++u) {
+                batch[u] = column[(u64)(s + u) * HEAD_DIM];
+            }
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; ++u) {
+                value += batch[u] * weight_s[s + u];
+            }
         }
-        out[row * HEAD_DIM + d] = value / total_s;
+        for (; s < live; ++s) {
+            value += column[(u64)s * HEAD_DIM] * weight_s[s];
+        }
+        out[row * HEAD_DIM + d] = value / total;
     }
 }

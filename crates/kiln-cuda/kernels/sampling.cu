@@ -47,6 +47,8 @@ struct SampleShared {
     u32 found;
     u32 last_nonempty;
     float found_above;
+    // Each thread's largest value: the k-th largest of these bounds the k-th largest logit.
+    float thread_max[SAMPLE_THREADS];
     float best_value[SAMPLE_THREADS / 32];
     u32 best_id[SAMPLE_THREADS / 32];
 };
@@ -69,13 +71,13 @@ struct VocabSource {
     }
 };
 
-// Survivors of top-k in shared memory.
+// Values in shared memory with their token ids (or, when `ids` is null, their positions).
 struct CandidateSource {
     const float* values;
     const u32* ids;
     u32 n;
     __device__ u32 size() const { return n; }
-    __device__ u32 id(u32 i) const { return ids[i]; }
+    __device__ u32 id(u32 i) const { return ids != nullptr ? ids[i] : i; }
     __device__ float value(u32 i) const { return values[i]; }
 };
 
@@ -166,13 +168,39 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
             sh.last_nonempty = 0;
         }
         __syncthreads();
-        for (u32 i = tid; i < src.size(); i += SAMPLE_THREADS) {
-            const float v = src.value(i);
-            const u64 key = rank.composite(v, src.id(i));
-            if (key >= cut && (key >> hi) == (prefix >> hi)) {
-                const u32 digit = (u32)(key >> lo) & digit_mask;
-                atomicAdd(&sh.count[digit], 1u);
-                atomicAdd(&sh.mass[digit], rank.weight(v, kind));
+        // Logits crowd into few digits, so lanes of a warp sharing one are summed first and
+        // only one of them updates the bins (the loop bound is uniform for the warp ops).
+        const u32 lane = tid & 31;
+        for (u32 first = 0; first < src.size(); first += SAMPLE_THREADS) {
+            const u32 i = first + tid;
+            bool hit = false;
+            u32 digit = 0;
+            float weight = 0.0f;
+            if (i < src.size()) {
+                const float v = src.value(i);
+                const u64 key = rank.composite(v, src.id(i));
+                if (key >= cut && (key >> hi) == (prefix >> hi)) {
+                    hit = true;
+                    digit = (u32)(key >> lo) & digit_mask;
+                    weight = rank.weight(v, kind);
+                }
+            }
+            const u32 hits = __ballot_sync(0xffffffffu, hit);
+            if (hits == 0) {
+                continue;
+            }
+            const u32 peers = __match_any_sync(0xffffffffu, hit ? digit : 0xffffffffu);
+            float peer_weight = kind == WEIGHT_COUNT ? (float)__popc(peers) : 0.0f;
+            for (u32 pending = kind == WEIGHT_COUNT ? 0u : hits; pending != 0; pending &= pending - 1) {
+                const int source = __ffs(pending) - 1;
+                const float w = __shfl_sync(0xffffffffu, weight, source);
+                if ((peers >> source) & 1u) {
+                    peer_weight += w;
+                }
+            }
+            if (hit && lane == (u32)(__ffs(peers) - 1)) {
+                atomicAdd(&sh.count[digit], (u32)__popc(peers));
+                atomicAdd(&sh.mass[digit], peer_weight);
             }
         }
         __syncthreads();
@@ -224,9 +252,31 @@ __device__ u32 draw_token(const Source& src, SampleShared& sh, const Ranking& ra
     return rank.id_of(select_by_weight(src, sh, rank, cut, WEIGHT_TEMPERED, target, true));
 }
 
+// Moves the tokens `keep(value, id)` accepts into shared memory and returns how many there
+// are; past CANDIDATE_CAP only the count grows.
+template <class Keep>
+__device__ u32 gather_candidates(const VocabSource& vocab, SampleShared& sh, Keep keep) {
+    if (threadIdx.x == 0) {
+        sh.n_cand = 0;
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < vocab.size(); i += SAMPLE_THREADS) {
+        const float v = vocab.value(i);
+        if (keep(v, i)) {
+            const u32 slot = atomicAdd(&sh.n_cand, 1u);
+            if (slot < CANDIDATE_CAP) {
+                sh.cand_value[slot] = v;
+                sh.cand_id[slot] = i;
+            }
+        }
+    }
+    __syncthreads();
+    return sh.n_cand;
+}
+
 // Samples from logits[0..n_vocab] with the step's settings and stores the token in the step.
 // Launch: one block of SAMPLE_THREADS threads, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_token_f32(const float* logits, u32* step, u32 n_vocab) {
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32(const float* logits, u32* step, u32 n_vocab) {
     __shared__ SampleShared sh;
     extern __shared__ u32 penalized[];
     const u32 tid = threadIdx.x;
@@ -262,6 +312,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_token_f32(co
             best_id = i;
         }
     }
+    sh.thread_max[tid] = best;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
         const float other = __shfl_xor_sync(0xffffffffu, best, offset);
@@ -300,25 +351,33 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_token_f32(co
     const u64 top = rank.composite(best, best_id);
     const u32 top_k = step[STEP_TOP_K];
     const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
-    u64 cut = 0;
-    if (k < n_vocab) {
-        cut = select_by_weight(vocab, sh, rank, 0, WEIGHT_COUNT, (float)k, false);
+    if (k <= CANDIDATE_CAP) {
+        // The k largest thread maxima are k distinct logits, so the k-th largest of them is
+        // at most the k-th largest logit: everything at or above it holds the top k, usually
+        // few more. Gather those into shared memory; rank there.
+        Ranking by_thread = rank;
+        by_thread.id_bits = RADIX_BITS;
+        by_thread.id_mask = RADIX_BINS - 1;
+        const CandidateSource maxima{sh.thread_max, nullptr, SAMPLE_THREADS};
+        const u64 kth = select_by_weight(maxima, sh, by_thread, 0, WEIGHT_COUNT, (float)k, false);
+        const float floor = sh.thread_max[by_thread.id_of(kth)];
+        const auto at_or_above_floor = [floor](float v, u32) { return v >= floor; };
+        if (gather_candidates(vocab, sh, at_or_above_floor) <= CANDIDATE_CAP) {
+            const CandidateSource candidates{sh.cand_value, sh.cand_id, sh.n_cand};
+            const u64 cut = k < sh.n_cand ? select_by_weight(candidates, sh, rank, 0, WEIGHT_COUNT, (float)k, false) : 0;
+            const u32 token = draw_token(candidates, sh, rank, cut, top, step);
+            if (tid == 0) {
+                step[STEP_SAMPLED] = token;
+            }
+            return;
+        }
+        __syncthreads();
     }
+    // Too many candidates: rank the whole vocabulary in global memory.
+    const u64 cut = k < n_vocab ? select_by_weight(vocab, sh, rank, 0, WEIGHT_COUNT, (float)k, false) : 0;
     u32 token;
     if (k <= CANDIDATE_CAP) {
-        if (tid == 0) {
-            sh.n_cand = 0;
-        }
-        __syncthreads();
-        for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
-            const float v = vocab.value(i);
-            if (rank.composite(v, i) >= cut) {
-                const u32 slot = atomicAdd(&sh.n_cand, 1u);
-                sh.cand_value[slot] = v;
-                sh.cand_id[slot] = i;
-            }
-        }
-        __syncthreads();
+        gather_candidates(vocab, sh, [&rank, cut](float v, u32 i) { return rank.composite(v, i) >= cut; });
         const CandidateSource candidates{sh.cand_value, sh.cand_id, sh.n_cand};
         token = draw_token(candidates, sh, rank, cut, top, step);
     } else {

@@ -22,11 +22,10 @@ use crate::{CudaDevice, CudaError, RegistryConfig};
 const BLOCK: u32 = 256;
 /// Rows of at most this many values are normalized by one warp, longer ones by a block.
 const WARP_NORM_MAX_DIM: usize = 512;
-/// `attention.cu`'s MIN_CHUNK and MAX_SPLITS.
+/// `attention.cu`'s ATT_THREADS, MIN_CHUNK and MAX_SPLITS.
+const ATTENTION_THREADS: u32 = 128;
 const ATTENTION_MIN_CHUNK: usize = 32;
 const ATTENTION_MAX_SPLITS: usize = 256;
-/// Narrower heads would leave attention.cu's V pass more row groups than rows per tile.
-const ATTENTION_MIN_HEAD_DIM: usize = 8;
 /// Cap on the attention partials; long prompt batches use fewer splits instead.
 const ATTENTION_WORKSPACE_MAX_BYTES: usize = 64 << 20;
 /// `rope.cu`'s PROLOGUE_WARPS and PROLOGUE_MAX_HEAD_DIM.
@@ -75,10 +74,19 @@ struct Kernels {
     sample: CudaFunction,
 }
 
-/// Attention kernels specialized per (head_dim, group), and the split partials they share.
+/// Attention kernels of one (head_dim, group) specialization.
+#[derive(Clone)]
+struct AttentionKernels {
+    split: CudaFunction,
+    reduce: CudaFunction,
+    /// Split blocks the whole GPU holds at once: the grid aims for one full wave.
+    resident_blocks: usize,
+}
+
+/// Attention kernels per (head_dim, group), and the split partials they share.
 #[derive(Default)]
 struct AttentionState {
-    kernels: HashMap<(usize, usize), (CudaFunction, CudaFunction)>,
+    kernels: HashMap<(usize, usize), AttentionKernels>,
     workspace: Option<CudaSlice<f32>>,
 }
 
@@ -91,9 +99,6 @@ pub struct CudaBackend {
     current_step: AtomicU64,
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
-    /// Attention blocks to aim for: several per multiprocessor, so that enough cache rows are
-    /// in flight to approach the memory bandwidth at long context.
-    attention_blocks: usize,
     max_sample_shared_bytes: usize,
 }
 
@@ -124,8 +129,7 @@ impl CudaBackend {
             .sample
             .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_sample_shared_bytes as i32)
             .map_err(|e| BackendError::Device(format!("raising the sampler's shared memory limit: {e:?}")))?;
-        let multiprocessors = device.info().multiprocessor_count as usize;
-        let (busy_blocks, attention_blocks) = (2 * multiprocessors, 8 * multiprocessors);
+        let busy_blocks = 2 * device.info().multiprocessor_count as usize;
         Ok(CudaBackend {
             device,
             kernels,
@@ -133,7 +137,6 @@ impl CudaBackend {
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
             busy_blocks,
-            attention_blocks,
             max_sample_shared_bytes,
         })
     }
@@ -148,13 +151,14 @@ impl CudaBackend {
         LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
     }
 
-    /// How many splits the attention of `n` tokens uses: enough blocks to fill the GPU, no more
-    /// than the cache can feed, and partials within the workspace cap. Fixed by the shapes
-    /// alone, so a captured decode step keeps one grid for every position.
-    fn attention_splits(&self, n: usize, p: &AttentionParams) -> usize {
+    /// How many splits the attention of `n` tokens uses: one full wave of resident blocks (so
+    /// that enough cache rows are in flight for the memory bandwidth at long context, with no
+    /// straggling second wave), no more than the cache can feed, and partials within the
+    /// workspace cap. Fixed by the shapes alone, so a captured decode step keeps one grid for
+    /// every position.
+    fn attention_splits(n: usize, p: &AttentionParams, resident_blocks: usize) -> usize {
         let per_split_bytes = n * p.n_heads * (p.head_dim + 2) * 4;
-        self.attention_blocks
-            .div_ceil(p.n_kv_heads * n)
+        (resident_blocks / (p.n_kv_heads * n))
             .min(p.n_ctx.div_ceil(ATTENTION_MIN_CHUNK))
             .min(ATTENTION_MAX_SPLITS)
             .min(ATTENTION_WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
@@ -246,13 +250,18 @@ impl CudaBackend {
 }
 
 impl AttentionState {
-    fn kernels(&mut self, device: &CudaDevice, head_dim: usize, group: usize) -> Result<&(CudaFunction, CudaFunction)> {
+    fn kernels(&mut self, device: &CudaDevice, head_dim: usize, group: usize) -> Result<&AttentionKernels> {
         Ok(match self.kernels.entry((head_dim, group)) {
             Entry::Occupied(loaded) => loaded.into_mut(),
             Entry::Vacant(slot) => {
                 let defines = [("HEAD_DIM", head_dim as i64), ("GROUP", group as i64)];
                 let load = |kernel| device.registry().function("attention", kernel, &defines).map_err(backend_error);
-                slot.insert((load("attention_split_f32")?, load("attention_reduce_f32")?))
+                let split = load("attention_split_f32")?;
+                let per_multiprocessor = split
+                    .occupancy_max_active_blocks_per_multiprocessor(ATTENTION_THREADS, 0, None)
+                    .map_err(|e| BackendError::Device(format!("attention occupancy: {e:?}")))?;
+                let resident_blocks = (per_multiprocessor as usize).max(1) * device.info().multiprocessor_count as usize;
+                slot.insert(AttentionKernels { split, reduce: load("attention_reduce_f32")?, resident_blocks })
             }
         })
     }
@@ -442,7 +451,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, k_cache: &CudaSlice<f32>, v_cache: &CudaSlice<f32>, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim < ATTENTION_MIN_HEAD_DIM {
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 {
             return Err(BackendError::Device(format!("attention: {} query heads over {} kv heads of dim {}", p.n_heads, p.n_kv_heads, p.head_dim)));
         }
         let (q_width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
@@ -453,26 +462,26 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let n_splits = self.attention_splits(n, p);
-        let partial_len = n * p.n_heads * n_splits * p.head_dim;
-        let workspace_len = if n_splits > 1 { partial_len + n * p.n_heads * n_splits * 2 } else { 1 };
         let capturing = self.is_capturing();
         let mut state = self.attention.lock().unwrap_or_else(PoisonError::into_inner);
-        let (split, reduce) = state.kernels(&self.device, p.head_dim, p.n_heads / p.n_kv_heads)?.clone();
+        let kernels = state.kernels(&self.device, p.head_dim, p.n_heads / p.n_kv_heads)?.clone();
+        let n_splits = Self::attention_splits(n, p, kernels.resident_blocks);
+        let partial_len = n * p.n_heads * n_splits * p.head_dim;
+        let workspace_len = if n_splits > 1 { partial_len + n * p.n_heads * n_splits * 2 } else { 1 };
         let workspace = state.workspace(&self.device, workspace_len, capturing)?;
         let (mut partial_acc, mut partial_ml) = workspace.split_at_mut(partial_len.min(workspace_len - 1));
         let ints = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("kv heads", p.n_kv_heads)?, to_u32("cache rows", p.n_ctx)?, n_splits as u32];
         let stream = self.device.stream();
         let cfg = LaunchConfig {
             grid_dim: (n_splits as u32, ints[2], ints[0]),
-            block_dim: (128, 1, 1),
+            block_dim: (ATTENTION_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches attention.cu; q/out hold n * q_width values and the caches n_ctx rows
         // (checked above); partials hold n * n_heads * n_splits rows when n_splits > 1.
         unsafe {
             stream
-                .launch_builder(&split)
+                .launch_builder(&kernels.split)
                 .arg(&mut *out)
                 .arg(&mut partial_acc)
                 .arg(&mut partial_ml)
@@ -489,11 +498,11 @@ impl Backend for CudaBackend {
         }
         .map_err(launch_error("attention_split_f32"))?;
         if n_splits > 1 {
-            let cfg = LaunchConfig { grid_dim: (ints[1], ints[0], 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (ints[1], ints[0], 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
             unsafe {
                 stream
-                    .launch_builder(&reduce)
+                    .launch_builder(&kernels.reduce)
                     .arg(out)
                     .arg(&mut partial_acc)
                     .arg(&mut partial_ml)

@@ -4,7 +4,7 @@
 //! NVIDIA GPU: run scripts/gpu-tests.sh on the device.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kiln_core::backend::{AttentionParams, Backend, BackendError, RopeKind, RopeParams, StepInput, WeightSource};
 use kiln_core::sampling::{self, SamplingParams};
@@ -16,6 +16,23 @@ use kiln_models::{Logits, Model, ModelOptions};
 use kiln_quant::GgmlType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// Tests share the GPU; the timing tests hold it alone, so their numbers are not diluted by
+/// other tests' kernels.
+static GPU_USE: RwLock<()> = RwLock::new(());
+
+enum GpuUse {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Exclusive(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+fn shared_gpu() -> GpuUse {
+    GpuUse::Shared(GPU_USE.read().unwrap_or_else(PoisonError::into_inner))
+}
+
+fn exclusive_gpu() -> GpuUse {
+    GpuUse::Exclusive(GPU_USE.write().unwrap_or_else(PoisonError::into_inner))
+}
 
 fn gpu() -> CudaBackend {
     CudaBackend::new(0).unwrap_or_else(|e| panic!("opening GPU 0: {e}"))
@@ -79,6 +96,7 @@ fn assert_bitwise(what: &str, got: &[f32], want: &[f32]) {
 
 /// The CPU reference and the GPU under test, each with a step object holding the same values.
 struct Pair {
+    _gpu_use: GpuUse,
     cpu: CpuBackend,
     gpu: CudaBackend,
     cpu_step: <CpuBackend as Backend>::Step,
@@ -87,10 +105,19 @@ struct Pair {
 
 impl Pair {
     fn new(max_tokens: usize, max_history: usize) -> Pair {
+        Self::with_use(shared_gpu(), max_tokens, max_history)
+    }
+
+    /// For timing: no other test of this binary runs kernels meanwhile.
+    fn alone(max_tokens: usize, max_history: usize) -> Pair {
+        Self::with_use(exclusive_gpu(), max_tokens, max_history)
+    }
+
+    fn with_use(gpu_use: GpuUse, max_tokens: usize, max_history: usize) -> Pair {
         let (cpu, gpu) = (CpuBackend::new(), gpu());
         let cpu_step = cpu.alloc_step(max_tokens, max_history).expect("cpu step");
         let gpu_step = gpu.alloc_step(max_tokens, max_history).expect("gpu step");
-        Pair { cpu, gpu, cpu_step, gpu_step }
+        Pair { _gpu_use: gpu_use, cpu, gpu, cpu_step, gpu_step }
     }
 
     fn set_step(&mut self, tokens: &[u32], pos0: usize, sampling: &SamplingParams, history: &[u32], draw: u64) {
@@ -224,7 +251,7 @@ fn attention_matches_cpu_for_every_group_size_and_partial_splits() {
     let mut pair = Pair::new(8, 0);
     let n_ctx = 4096;
     // (query heads, kv heads, head_dim): group sizes 1, 2, 4, 8 and an odd 7, head dims 8..256.
-    for (n_heads, n_kv_heads, head_dim) in [(4, 4, 64), (8, 4, 8), (8, 2, 128), (32, 4, 128), (14, 2, 80), (8, 2, 256), (2, 1, 32), (6, 3, 16)] {
+    for (n_heads, n_kv_heads, head_dim) in [(4, 4, 64), (8, 4, 8), (8, 2, 128), (32, 4, 128), (14, 2, 80), (8, 2, 256), (2, 1, 32), (6, 3, 16), (3, 3, 4)] {
         let kv_width = n_kv_heads * head_dim;
         let k_cache = random(&mut rng, n_ctx * kv_width, 1.0);
         let v_cache = random(&mut rng, n_ctx * kv_width, 1.0);
@@ -297,7 +324,7 @@ fn attention_speed_at_long_context() {
     // Llama-3-8B geometry (32 query heads, 8 kv heads of 128) at a full 32k cache: one decode
     // step reads 2 x 32768 x 1024 f32 = 268 MB of K and V, about 62 us at 4.3 TB/s.
     let mut rng = rng("attention_speed");
-    let mut pair = Pair::new(1, 0);
+    let mut pair = Pair::alone(1, 0);
     let (n_heads, n_kv_heads, head_dim, n_ctx) = (32, 8, 128, 32_768);
     let kv_width = n_kv_heads * head_dim;
     let (k_cache, v_cache) = (random(&mut rng, n_ctx * kv_width, 1.0), random(&mut rng, n_ctx * kv_width, 1.0));
@@ -397,6 +424,7 @@ fn sample_both(pair: &mut Pair, logits: &[f32], gpu_logits: &CudaSlice<f32>, p: 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn the_gpu_generator_is_the_cpu_generator_bit_for_bit() {
+    let _gpu_use = shared_gpu();
     let gpu = gpu();
     let uniform = gpu.device().registry().function("sampling", "uniform_draws_f32", &[]).expect("kernel");
     for (seed, first) in [(0u64, 0u64), (42, 1_000_000), (u64::MAX, u64::MAX - 5000), (0x1234_5678_9abc_def0, 1 << 40)] {
@@ -544,6 +572,40 @@ fn whole_vocabulary_sampling_follows_the_exact_distribution() {
     }
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn sampler_speed_on_a_large_vocabulary() {
+    let mut rng = rng("sampler_speed");
+    let mut pair = Pair::alone(1, 64);
+    let n_vocab = 151_936;
+    let logits = upload(&pair.gpu, &random(&mut rng, n_vocab, 6.0));
+    let history: Vec<u32> = (0..64).map(|_| rng.gen_range(0..n_vocab as u32)).collect();
+    let base = SamplingParams::default();
+    let cases = [
+        ("greedy", SamplingParams::greedy()),
+        ("top-k 40 (defaults)", base),
+        ("defaults + penalty", SamplingParams { repeat_penalty: 1.1, ..base }),
+        ("top-p 0.9 over all", SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, ..base }),
+    ];
+    let stream = pair.gpu.device().stream().clone();
+    let timed = || pair.gpu.device().context().new_event(Some(kiln_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    let (start, end) = (timed(), timed());
+    for (what, params) in cases {
+        pair.set_step(&[], 0, &params, &history, 3);
+        let runs = 50;
+        pair.gpu.sample(&logits, n_vocab, &mut pair.gpu_step).expect("warm-up");
+        start.record(&stream).expect("record");
+        for _ in 0..runs {
+            pair.gpu.sample(&logits, n_vocab, &mut pair.gpu_step).expect("sample");
+        }
+        end.record(&stream).expect("record");
+        end.synchronize().expect("sync");
+        let micros = start.elapsed_ms(&end).expect("elapsed") as f64 * 1000.0 / runs as f64;
+        assert!((pair.gpu.sampled_token(&pair.gpu_step).expect("token") as usize) < n_vocab);
+        eprintln!("sample, {n_vocab} tokens, {what}: {micros:.1} us");
+    }
+}
+
 /// Frequencies of `draws` GPU samples from `logits`.
 fn gpu_histogram(pair: &mut Pair, logits: &[f32], params: &SamplingParams, draws: u64) -> Vec<f64> {
     let gpu_logits = upload(&pair.gpu, logits);
@@ -641,6 +703,7 @@ fn captured_steps_replay_with_each_steps_values() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn impossible_allocations_are_out_of_memory_errors() {
+    let _gpu_use = shared_gpu();
     let gpu = gpu();
     let (_, total) = gpu.device().memory_info().expect("memory info");
     match gpu.alloc(total, "huge buffer") {
@@ -696,6 +759,8 @@ struct ModelRun {
     stepwise: Vec<f32>,
     /// The greedy continuation through `decode_sample` (captured graphs after two steps).
     greedy: Vec<u32>,
+    /// The same continuation computed eagerly: `forward` one token at a time, host argmax.
+    eager: Vec<u32>,
 }
 
 fn run_model<B: Backend>(backend: Arc<B>, path: &Path, tokens: &[u32], n_new: usize) -> Result<ModelRun, String> {
@@ -718,12 +783,27 @@ fn run_model<B: Backend>(backend: Arc<B>, path: &Path, tokens: &[u32], n_new: us
         token = model.decode_sample(token, &greedy_params, &history, greedy.len() as u64).map_err(|e| fail(&e))?;
         greedy.push(token);
     }
-    Ok(ModelRun { batch, stepwise, greedy })
+    // Fed one token at a time like the greedy run above, so both hold the same cache.
+    model.reset();
+    let mut logits = Vec::new();
+    for &token in tokens {
+        logits = model.forward(&[token], Logits::Last).map_err(|e| fail(&e))?.to_vec();
+    }
+    let mut eager = Vec::with_capacity(n_new);
+    while eager.len() < n_new {
+        let next = sampling::argmax(&logits);
+        eager.push(next);
+        if eager.len() < n_new {
+            logits = model.forward(&[next], Logits::Last).map_err(|e| fail(&e))?.to_vec();
+        }
+    }
+    Ok(ModelRun { batch, stepwise, greedy, eager })
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn models_match_the_float64_references() {
+    let _gpu_use = shared_gpu();
     let gpu = Arc::new(gpu());
     let cpu = Arc::new(CpuBackend::new());
     let mut failures = Vec::new();
@@ -770,6 +850,10 @@ fn models_match_the_float64_references() {
         }
         if agree < checked {
             failures.push(format!("{name}: greedy token {agree} is {} (want {}), margin {}", run.greedy[agree], greedy_want[agree], margins[agree]));
+        }
+        // Replayed graphs run the very kernels of the eager one-token forward: same tokens.
+        if run.greedy != run.eager {
+            failures.push(format!("{name}: graph decode {:?} differs from eager decode {:?}", run.greedy, run.eager));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
