@@ -196,6 +196,51 @@ pub trait Backend: Send + Sync + 'static {
         self.swiglu(gate, up, out, n * n_ff)
     }
 
+    /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ`: one input for three products, which a
+    /// backend that converts its input per product can convert once.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_qkv(&self, wq: &Self::Weight, wk: &Self::Weight, wv: &Self::Weight, x: &Self::Buffer, q: &mut Self::Buffer, k: &mut Self::Buffer, v: &mut Self::Buffer, n: usize) -> Result<()> {
+        self.matmul(wq, x, q, n)?;
+        self.matmul(wk, x, k, n)?;
+        self.matmul(wv, x, v, n)
+    }
+
+    /// The attention prologue: optional per-head RMSNorm of q and k
+    /// (`qk_norm` = weights and eps), rotary embedding of both, and the step's
+    /// keys and values stored in the cache. Afterwards `q` holds the final
+    /// queries; `k` and the scratch buffers hold unspecified values.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_prologue(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        qk_norm: Option<(&Self::Buffer, &Self::Buffer, f32)>,
+        scratch: (&mut Self::Buffer, &mut Self::Buffer),
+        inv_freq: &Self::Buffer,
+        caches: (&mut Self::Buffer, &mut Self::Buffer),
+        step: &Self::Step,
+        n: usize,
+        q_rope: &RopeParams,
+        n_kv_heads: usize,
+    ) -> Result<()> {
+        let k_rope = RopeParams { n_heads: n_kv_heads, ..*q_rope };
+        let (q_width, kv_width) = (q_rope.n_heads * q_rope.head_dim, n_kv_heads * q_rope.head_dim);
+        let k = match qk_norm {
+            Some((q_norm, k_norm, eps)) => {
+                let (q_normed, k_normed) = scratch;
+                self.rms_norm(q, q_norm, q_normed, n * q_rope.n_heads, q_rope.head_dim, eps)?;
+                self.copy_row(q_normed, 0, q, n * q_width)?;
+                self.rms_norm(k, k_norm, k_normed, n * n_kv_heads, q_rope.head_dim, eps)?;
+                k_normed
+            }
+            None => k,
+        };
+        self.rope(q, inv_freq, step, n, q_rope)?;
+        self.rope(k, inv_freq, step, n, &k_rope)?;
+        self.kv_store(k, v, caches.0, caches.1, step, n, kv_width)
+    }
+
     /// `residual += x·Wᵀ`, using `tmp` as scratch.
     fn matmul_add(&self, w: &Self::Weight, x: &Self::Buffer, residual: &mut Self::Buffer, tmp: &mut Self::Buffer, n: usize, dim: usize) -> Result<()> {
         self.matmul(w, x, tmp, n)?;

@@ -590,6 +590,39 @@ impl Backend for CudaBackend {
         matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n).map_err(backend_error)
     }
 
+    fn matmul_qkv(&self, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, x: &CudaSlice<f32>, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        self.matmul(wq, x, q, n)?;
+        // The q product left x quantized in wq's input buffer: k and v reuse it.
+        let shared = wq.quantized_input().filter(|_| n <= matvec::MAX_MATVEC_TOKENS && wk.quantized_input().is_some() && wv.quantized_input().is_some());
+        match shared {
+            Some(qx) if wk.cols == wq.cols && wv.cols == wq.cols => {
+                matvec::matmul_quantized(&self.device, wk, qx, k, n, false).map_err(backend_error)?;
+                matvec::matmul_quantized(&self.device, wv, qx, v, n, false).map_err(backend_error)
+            }
+            _ => {
+                self.matmul(wk, x, k, n)?;
+                self.matmul(wv, x, v, n)
+            }
+        }
+    }
+
+    fn attention_prologue(
+        &self,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
+        _scratch: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        inv_freq: &CudaSlice<f32>,
+        caches: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        step: &CudaStep,
+        n: usize,
+        q_rope: &RopeParams,
+        n_kv_heads: usize,
+    ) -> Result<()> {
+        self.qk_norm_rope_store(q, k, v, qk_norm, inv_freq, caches.0, caches.1, step, n, q_rope, n_kv_heads)
+    }
+
     fn matmul_add(&self, w: &GpuWeight, x: &CudaSlice<f32>, residual: &mut CudaSlice<f32>, _tmp: &mut CudaSlice<f32>, n: usize, _dim: usize) -> Result<()> {
         matvec::matmul_add(&self.device, w, x, residual, n).map_err(backend_error)
     }

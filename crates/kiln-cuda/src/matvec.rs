@@ -202,6 +202,12 @@ impl GpuWeight {
     pub fn device_bytes(&self) -> usize {
         self.data.len()
     }
+
+    /// Quantized weights: the buffer where the last `matmul` (n <= 8) quantized its
+    /// input, so other products of the same input can reuse it via [`matmul_quantized`].
+    pub fn quantized_input(&self) -> Option<&QuantizedActivations> {
+        self.input.as_ref()
+    }
 }
 
 fn invalid(op: &'static str, reason: impl Into<String>) -> CudaError {

@@ -304,32 +304,21 @@ impl<B: Backend> Model<B> {
     fn enqueue_forward(b: &B, c: &ModelConfig, n_ctx: usize, token_embd: &B::Weight, output: Option<&B::Weight>, output_norm: &B::Buffer, layers: &mut [Layer<B>], a: &mut Activations<B>, n: usize, all_logits: bool) -> kiln_core::backend::Result<()> {
         let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let q_rope = RopeParams { kind: c.rope_kind, n_heads: c.n_head, head_dim: c.head_dim, n_rot: c.n_rot };
-        let k_rope = RopeParams { n_heads: c.n_head_kv, ..q_rope };
         let attn = AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, n_ctx, scale: 1.0 / (c.head_dim as f32).sqrt() };
 
         b.embed(token_embd, &a.step, &mut a.x, n)?;
         for l in layers.iter_mut() {
             b.rms_norm(&a.x, &l.attn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            b.matmul(&l.wq, &a.h, &mut a.q, n)?;
-            b.matmul(&l.wk, &a.h, &mut a.k, n)?;
-            b.matmul(&l.wv, &a.h, &mut a.v, n)?;
+            b.matmul_qkv(&l.wq, &l.wk, &l.wv, &a.h, &mut a.q, &mut a.k, &mut a.v, n)?;
             if let Some([bq, bk, bv]) = &l.bias {
                 b.add_bias(&mut a.q, bq, n, q_width)?;
                 b.add_bias(&mut a.k, bk, n, kv_width)?;
                 b.add_bias(&mut a.v, bv, n, kv_width)?;
             }
-            let (q, k) = match &l.qk_norm {
-                Some([qn, kn]) => {
-                    b.rms_norm(&a.q, qn, &mut a.q_normed, n * c.n_head, c.head_dim, c.rms_eps)?;
-                    b.rms_norm(&a.k, kn, &mut a.k_normed, n * c.n_head_kv, c.head_dim, c.rms_eps)?;
-                    (&mut a.q_normed, &mut a.k_normed)
-                }
-                None => (&mut a.q, &mut a.k),
-            };
-            b.rope(q, &a.inv_freq, &a.step, n, &q_rope)?;
-            b.rope(k, &a.inv_freq, &a.step, n, &k_rope)?;
-            b.kv_store(k, &a.v, &mut l.k_cache, &mut l.v_cache, &a.step, n, kv_width)?;
-            b.attention(q, &l.k_cache, &l.v_cache, &mut a.att, &a.step, n, &attn)?;
+            let qk_norm = l.qk_norm.as_ref().map(|[qn, kn]| (qn, kn, c.rms_eps));
+            let scratch = (&mut a.q_normed, &mut a.k_normed);
+            b.attention_prologue(&mut a.q, &mut a.k, &a.v, qk_norm, scratch, &a.inv_freq, (&mut l.k_cache, &mut l.v_cache), &a.step, n, &q_rope, c.n_head_kv)?;
+            b.attention(&a.q, &l.k_cache, &l.v_cache, &mut a.att, &a.step, n, &attn)?;
             b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
 
             b.rms_norm(&a.x, &l.ffn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
