@@ -205,6 +205,23 @@ pub trait Backend: Send + Sync + 'static {
         self.matmul(wv, x, v, n)
     }
 
+    /// [`Backend::rms_norm`] of `n` rows of `dim` values of `x` with `norm`, then
+    /// [`Backend::matmul_qkv`] of the result; `h` receives the normed rows (or, in a backend
+    /// that normalizes straight into its product input, is left unspecified).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_qkv(&self, x: &Self::Buffer, norm: &Self::Buffer, eps: f32, h: &mut Self::Buffer, wq: &Self::Weight, wk: &Self::Weight, wv: &Self::Weight, q: &mut Self::Buffer, k: &mut Self::Buffer, v: &mut Self::Buffer, n: usize, dim: usize) -> Result<()> {
+        self.rms_norm(x, norm, h, n, dim, eps)?;
+        self.matmul_qkv(wq, wk, wv, h, q, k, v, n)
+    }
+
+    /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then
+    /// [`Backend::ffn_gate_up`] of the result into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_ffn_gate_up(&self, x: &Self::Buffer, norm: &Self::Buffer, eps: f32, h: &mut Self::Buffer, w_gate: &Self::Weight, w_up: &Self::Weight, gate: &mut Self::Buffer, up: &mut Self::Buffer, out: &mut Self::Buffer, n: usize, dim: usize, n_ff: usize) -> Result<()> {
+        self.rms_norm(x, norm, h, n, dim, eps)?;
+        self.ffn_gate_up(w_gate, w_up, h, gate, up, out, n, n_ff)
+    }
+
     /// The attention prologue: optional per-head RMSNorm of q and k
     /// (`qk_norm` = weights and eps), rotary embedding of both, and the step's
     /// keys and values stored in the cache. Afterwards `q` holds the final

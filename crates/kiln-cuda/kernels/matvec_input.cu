@@ -1,24 +1,62 @@
 // Activations for the quantized mat-vec kernels: x [n][cols] f32 (cols a multiple of 16) to
 // the layout of quantize_chunk (quant.cuh). Values past `cols` (the padding up to whole tiles)
-// are zero, so the mat-vec kernels need no bounds checks. Grid-stride over (token, chunk).
+// are zero, so the mat-vec kernels need no bounds checks.
+#include "norm.cuh"
 #include "quant.cuh"
 
+// 16 consecutive f32 values starting at `p` (16-value aligned).
+__device__ __forceinline__ void load_chunk(const float* p, float (&v)[CHUNK_VALUES]) {
+    const float4* src = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 f = __ldg(src + i);
+        v[4 * i] = f.x;
+        v[4 * i + 1] = f.y;
+        v[4 * i + 2] = f.z;
+        v[4 * i + 3] = f.w;
+    }
+}
+
+// Grid-stride over (token, chunk).
 extern "C" __global__ void quantize_activations_q8(const float* __restrict__ x, u32 cols, u32 n, u32 tiles,
                                                    i8* __restrict__ xq, float2* __restrict__ xds) {
     const u64 chunks_per_token = (u64)tiles * 32;
     for (u64 index = global_thread_index(); index < n * chunks_per_token; index += global_thread_count()) {
         const u64 token = index / chunks_per_token;
         const u32 first = (u32)(index % chunks_per_token) * CHUNK_VALUES;
-        float v[CHUNK_VALUES];
-        const float4* src = reinterpret_cast<const float4*>(x + token * cols + first);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 f = first < cols ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[4 * i] = f.x;
-            v[4 * i + 1] = f.y;
-            v[4 * i + 2] = f.z;
-            v[4 * i + 3] = f.w;
+        float v[CHUNK_VALUES] = {};
+        if (first < cols) {
+            load_chunk(x + token * cols + first, v);
         }
         quantize_chunk(v, xq, xds, index);
+    }
+}
+
+// RMSNorm fused into the quantization above: per token row of `cols` values,
+// quantize_chunk(x / sqrt(mean(x^2) + eps) * weight), with the normalized values bit-identical
+// to norm.cu's (same reduction as rms_norm_warp_f32 for rows up to WARP_NORM_MAX_DIM, as
+// rms_norm_block_f32 beyond). Grid: one NORM_BLOCK block per token.
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
+    rms_norm_quantize_q8(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles, float eps,
+                         i8* __restrict__ xq, float2* __restrict__ xds) {
+    const u64 token = blockIdx.x;
+    const float* xr = x + token * cols;
+    // Every warp reduces short rows itself (so no block barrier is needed); all get one value.
+    const float sum_sq = cols <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(xr, cols, threadIdx.x & 31) : block_row_sum_sq(xr, cols);
+    const float scale = rms_scale(sum_sq, cols, eps);
+    const u32 chunks_per_token = tiles * 32;
+    for (u32 chunk = threadIdx.x; chunk < chunks_per_token; chunk += NORM_BLOCK) {
+        const u32 first = chunk * CHUNK_VALUES;
+        float v[CHUNK_VALUES] = {};
+        if (first < cols) {
+            float w[CHUNK_VALUES];
+            load_chunk(xr + first, v);
+            load_chunk(weight + first, w);
+#pragma unroll
+            for (int i = 0; i < CHUNK_VALUES; ++i) {
+                v[i] = rms_normed(v[i], scale, w[i]);
+            }
+        }
+        quantize_chunk(v, xq, xds, token * chunks_per_token + chunk);
     }
 }

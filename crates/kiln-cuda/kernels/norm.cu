@@ -1,13 +1,11 @@
 // RMSNorm of row-major [rows][dim] f32 data: out = x / sqrt(mean(x^2) + eps) * weight.
-#include "common.cuh"
-
-#define NORM_BLOCK 256
+#include "norm.cuh"
 
 __device__ __forceinline__ void scale_row(float* out, const float* x, const float* weight, u32 dim, float sum_sq,
                                           float eps, u32 first, u32 stride) {
-    const float scale = 1.0f / sqrtf(sum_sq / (float)dim + eps);
+    const float scale = rms_scale(sum_sq, dim, eps);
     for (u32 i = first; i < dim; i += stride) {
-        out[i] = x[i] * scale * weight[i];
+        out[i] = rms_normed(x[i], scale, weight[i]);
     }
 }
 
@@ -20,21 +18,13 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_warp_f32(float
         return;
     }
     const float* xr = x + (u64)row * dim;
-    float sum_sq = 0.0f;
-    for (u32 i = lane; i < dim; i += 32) {
-        sum_sq += xr[i] * xr[i];
-    }
-    scale_row(out + (u64)row * dim, xr, weight, dim, warp_sum(sum_sq), eps, lane, 32);
+    scale_row(out + (u64)row * dim, xr, weight, dim, warp_row_sum_sq(xr, dim, lane), eps, lane, 32);
 }
 
 // One block per row: for model-width rows. Grid: rows.
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_block_f32(float* out, const float* x, const float* weight,
                                                                             u32 rows, u32 dim, float eps) {
     const float* xr = x + (u64)blockIdx.x * dim;
-    float sum_sq = 0.0f;
-    for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
-        sum_sq += xr[i] * xr[i];
-    }
-    sum_sq = block_sum<NORM_BLOCK>(sum_sq);
+    const float sum_sq = block_row_sum_sq(xr, dim);
     scale_row(out + (u64)blockIdx.x * dim, xr, weight, dim, sum_sq, eps, threadIdx.x, NORM_BLOCK);
 }

@@ -14,14 +14,15 @@ use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstre
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
 
-use crate::matvec::{self, GpuWeight};
+use crate::matvec::{self, GpuWeight, QuantizedActivations};
 use crate::step::{CudaStep, SendGraph, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
-/// Rows of at most this many values are normalized by one warp, longer ones by a block.
-const WARP_NORM_MAX_DIM: usize = 512;
+/// Rows of at most this many values are normalized by one warp, longer ones by a block
+/// (`WARP_NORM_MAX_DIM`, kernels/norm.cuh).
+pub(crate) const WARP_NORM_MAX_DIM: usize = 512;
 /// `attention.cu`'s ATT_THREADS, MIN_CHUNK and MAX_SPLITS.
 const ATTENTION_THREADS: u32 = 128;
 const ATTENTION_MIN_CHUNK: usize = 32;
@@ -246,6 +247,28 @@ impl CudaBackend {
 
     fn is_capturing(&self) -> bool {
         self.device.stream().capture_status().is_ok_and(|status| status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}
+
+/// `w`'s quantized input buffer when a product of `n` tokens of `dim` values would go through
+/// it (the mat-vec path of a quantized weight).
+fn matvec_input(w: &GpuWeight, n: usize, dim: usize) -> Option<&QuantizedActivations> {
+    w.quantized_input().filter(|_| n <= matvec::MAX_MATVEC_TOKENS && w.cols == dim)
+}
+
+/// wq's quantized input buffer when k and v can read it too (all three quantized, same cols).
+fn shared_qkv_input<'a>(wq: &'a GpuWeight, wk: &GpuWeight, wv: &GpuWeight, n: usize, dim: usize) -> Option<&'a QuantizedActivations> {
+    matvec_input(wq, n, dim).filter(|_| matvec_input(wk, n, dim).is_some() && matvec_input(wv, n, dim).is_some())
+}
+
+impl CudaBackend {
+    /// q, k and v from activations already quantized into `qx` (wq's input buffer).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_qkv_quantized(&self, qx: &QuantizedActivations, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        for (w, out) in [(wq, q), (wk, k), (wv, v)] {
+            matvec::matmul_quantized(&self.device, w, qx, out, n, false).map_err(backend_error)?;
+        }
+        Ok(())
     }
 }
 
@@ -591,17 +614,41 @@ impl Backend for CudaBackend {
     }
 
     fn matmul_qkv(&self, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, x: &CudaSlice<f32>, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize) -> Result<()> {
-        self.matmul(wq, x, q, n)?;
-        // The q product left x quantized in wq's input buffer: k and v reuse it.
-        let shared = wq.quantized_input().filter(|_| n <= matvec::MAX_MATVEC_TOKENS && wk.quantized_input().is_some() && wv.quantized_input().is_some());
-        match shared {
-            Some(qx) if wk.cols == wq.cols && wv.cols == wq.cols => {
-                matvec::matmul_quantized(&self.device, wk, qx, k, n, false).map_err(backend_error)?;
-                matvec::matmul_quantized(&self.device, wv, qx, v, n, false).map_err(backend_error)
+        match shared_qkv_input(wq, wk, wv, n, wq.cols) {
+            Some(qx) => {
+                qx.fill(&self.device, x, n).map_err(backend_error)?;
+                self.matmul_qkv_quantized(qx, wq, wk, wv, q, k, v, n)
             }
-            _ => {
+            None => {
+                self.matmul(wq, x, q, n)?;
                 self.matmul(wk, x, k, n)?;
                 self.matmul(wv, x, v, n)
+            }
+        }
+    }
+
+    fn norm_matmul_qkv(&self, x: &CudaSlice<f32>, norm: &CudaSlice<f32>, eps: f32, h: &mut CudaSlice<f32>, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize, dim: usize) -> Result<()> {
+        match shared_qkv_input(wq, wk, wv, n, dim) {
+            Some(qx) => {
+                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;
+                self.matmul_qkv_quantized(qx, wq, wk, wv, q, k, v, n)
+            }
+            None => {
+                self.rms_norm(x, norm, h, n, dim, eps)?;
+                self.matmul_qkv(wq, wk, wv, h, q, k, v, n)
+            }
+        }
+    }
+
+    fn norm_ffn_gate_up(&self, x: &CudaSlice<f32>, norm: &CudaSlice<f32>, eps: f32, h: &mut CudaSlice<f32>, w_gate: &GpuWeight, w_up: &GpuWeight, gate: &mut CudaSlice<f32>, up: &mut CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, dim: usize, n_ff: usize) -> Result<()> {
+        match matvec_input(w_gate, n, dim) {
+            Some(qx) => {
+                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;
+                matvec::matmul_swiglu_quantized(&self.device, w_gate, w_up, qx, out, n).map_err(backend_error)
+            }
+            None => {
+                self.rms_norm(x, norm, h, n, dim, eps)?;
+                self.ffn_gate_up(w_gate, w_up, h, gate, up, out, n, n_ff)
             }
         }
     }

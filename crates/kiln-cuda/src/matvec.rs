@@ -18,7 +18,8 @@
 //! plus two f32 per 16 values) that [`matmul`] quantizes into, so calls on one weight must come
 //! from one host thread at a time (as they do on the device's single stream). Callers that
 //! multiply one input by several weights can quantize it once with [`quantize_activations`]
-//! and call [`matmul_quantized`] / [`matmul_swiglu_quantized`].
+//! (or normalize and quantize it in one launch with [`rms_norm_quantize`]) and call
+//! [`matmul_quantized`] / [`matmul_swiglu_quantized`].
 
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -49,6 +50,8 @@ const MV_WARPS: u32 = 4;
 const MM_SLOTS: u32 = 64;
 const MM_TOKENS: u32 = 64;
 const MM_THREADS: u32 = 256;
+/// Threads per token of rms_norm_quantize_q8 (`NORM_BLOCK`, kernels/norm.cuh).
+const NORM_THREADS: u32 = 256;
 /// Block size of the grid-stride kernels (quantize_activations_q8, embed_*).
 const STRIDE_THREADS: u32 = 256;
 /// Enough blocks of the grid-stride kernels to fill the GPU several times over.
@@ -303,6 +306,7 @@ pub struct QuantizedActivations {
     /// Tokens of the last quantization, so a product cannot read stale ones.
     filled_tokens: AtomicUsize,
     quantize: OnceLock<CudaFunction>,
+    norm_quantize: OnceLock<CudaFunction>,
 }
 
 impl QuantizedActivations {
@@ -328,6 +332,7 @@ impl QuantizedActivations {
             cols,
             filled_tokens: AtomicUsize::new(0),
             quantize: OnceLock::new(),
+            norm_quantize: OnceLock::new(),
         })
     }
 
@@ -339,27 +344,41 @@ impl QuantizedActivations {
         self.max_tokens
     }
 
-    /// Quantizes the first `n` tokens of `x` [n][cols]. Writes the device buffers through a
-    /// shared reference: their only readers are later launches on the same stream.
-    fn fill(&self, device: &CudaDevice, x: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
-        const OP: &str = "quantize_activations";
+    /// Checks that `x` holds `n` tokens this buffer can take, and returns `kernel` of
+    /// matvec_input.cu from `slot`, looking it up on first use.
+    fn prepare<'a>(
+        &self,
+        device: &CudaDevice,
+        op: &'static str,
+        slot: &'a OnceLock<CudaFunction>,
+        kernel: &str,
+        x: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<&'a CudaFunction, CudaError> {
         if n > self.max_tokens {
             return Err(invalid(
-                OP,
+                op,
                 format!("{n} tokens exceed the buffer's {}", self.max_tokens),
             ));
         }
-        check_len(OP, "x", x.len(), n * self.cols)?;
-        let function = match self.quantize.get() {
-            Some(function) => function,
-            None => {
-                let function =
-                    device
-                        .registry()
-                        .function("matvec_input", "quantize_activations_q8", &[])?;
-                self.quantize.get_or_init(|| function)
-            }
-        };
+        check_len(op, "x", x.len(), n * self.cols)?;
+        if let Some(function) = slot.get() {
+            return Ok(function);
+        }
+        let function = device.registry().function("matvec_input", kernel, &[])?;
+        Ok(slot.get_or_init(|| function))
+    }
+
+    /// Quantizes the first `n` tokens of `x` [n][cols]. Writes the device buffers through a
+    /// shared reference: their only readers are later launches on the same stream.
+    pub(crate) fn fill(
+        &self,
+        device: &CudaDevice,
+        x: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "quantize_activations";
+        let function = self.prepare(device, OP, &self.quantize, "quantize_activations_q8", x, n)?;
         let tiles = tiles_of(self.cols);
         let (cols, n32, tiles32) = (
             to_u32(OP, "cols", self.cols)?,
@@ -397,6 +416,53 @@ pub fn quantize_activations(
     out: &mut QuantizedActivations,
 ) -> Result<(), CudaError> {
     out.fill(device, x, n)
+}
+
+/// RMSNorm of the first `n` tokens of `x` [n][cols] (`x / sqrt(mean(x²) + eps) * weight`),
+/// quantized into `out` in the same launch. The normalized values are bit-identical to the
+/// backend's `rms_norm` (the kernels share their reduction code), so this equals `rms_norm`
+/// followed by [`quantize_activations`]. Writes `out` through a shared reference like `matmul`
+/// does with a weight's own input buffer.
+pub fn rms_norm_quantize(
+    device: &CudaDevice,
+    x: &CudaSlice<f32>,
+    weight: &CudaSlice<f32>,
+    eps: f32,
+    n: usize,
+    out: &QuantizedActivations,
+) -> Result<(), CudaError> {
+    const OP: &str = "rms_norm_quantize";
+    let function = out.prepare(device, OP, &out.norm_quantize, "rms_norm_quantize_q8", x, n)?;
+    check_len(OP, "norm weight", weight.len(), out.cols)?;
+    if n > 0 {
+        let tiles = tiles_of(out.cols);
+        let (cols, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "tiles", tiles)?);
+        let cfg = LaunchConfig {
+            grid_dim: (to_u32(OP, "n", n)?, 1, 1),
+            block_dim: (NORM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches rms_norm_quantize_q8; x holds n * cols values and weight
+        // cols (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
+        // tiles * 32 pairs.
+        unsafe {
+            device
+                .stream()
+                .launch_builder(function)
+                .arg(x)
+                .arg(weight)
+                .arg(&cols)
+                .arg(&tiles32)
+                .arg(&eps)
+                .arg(&out.codes)
+                .arg(&out.scales)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(CudaError::driver("launching rms_norm_quantize_q8"))?;
+    }
+    out.filled_tokens.store(n, Ordering::Relaxed);
+    Ok(())
 }
 
 fn check_len(op: &'static str, what: &str, have: usize, need: usize) -> Result<(), CudaError> {
@@ -821,10 +887,16 @@ mod tests {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("#define {name} {line}"))
         };
-        let (quant, matvec, matmat) = (
+        let (quant, matvec, matmat, norm) = (
             include_str!("../kernels/quant.cuh"),
             include_str!("../kernels/matvec.cuh"),
             include_str!("../kernels/matmat.cu"),
+            include_str!("../kernels/norm.cuh"),
+        );
+        assert_eq!(define(norm, "NORM_BLOCK"), NORM_THREADS);
+        assert_eq!(
+            define(norm, "WARP_NORM_MAX_DIM") as usize,
+            crate::backend::WARP_NORM_MAX_DIM
         );
         assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
         assert_eq!(define(quant, "CHUNK_VALUES") as usize, CHUNK_VALUES);

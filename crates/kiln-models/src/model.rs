@@ -308,8 +308,7 @@ impl<B: Backend> Model<B> {
 
         b.embed(token_embd, &a.step, &mut a.x, n)?;
         for l in layers.iter_mut() {
-            b.rms_norm(&a.x, &l.attn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            b.matmul_qkv(&l.wq, &l.wk, &l.wv, &a.h, &mut a.q, &mut a.k, &mut a.v, n)?;
+            b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, &l.wk, &l.wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
             if let Some([bq, bk, bv]) = &l.bias {
                 b.add_bias(&mut a.q, bq, n, q_width)?;
                 b.add_bias(&mut a.k, bk, n, kv_width)?;
@@ -321,8 +320,7 @@ impl<B: Backend> Model<B> {
             b.attention(&a.q, &l.k_cache, &l.v_cache, &mut a.att, &a.step, n, &attn)?;
             b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
 
-            b.rms_norm(&a.x, &l.ffn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            b.ffn_gate_up(&l.w_gate, &l.w_up, &a.h, &mut a.gate, &mut a.up, &mut a.act, n, c.n_ff)?;
+            b.norm_ffn_gate_up(&a.x, &l.ffn_norm, c.rms_eps, &mut a.h, &l.w_gate, &l.w_up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, c.n_ff)?;
             b.matmul_add(&l.w_down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd)?;
         }
         let out_w = output.unwrap_or(token_embd);
