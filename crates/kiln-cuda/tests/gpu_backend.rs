@@ -3,6 +3,8 @@
 //! then whole models against the float64 references in shared/testdata. Every test needs an
 //! NVIDIA GPU: run scripts/gpu-tests.sh on the device.
 
+mod common;
+use common::rng;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -14,7 +16,7 @@ use kiln_cuda::CudaBackend;
 use kiln_gguf::GgufFile;
 use kiln_models::{Logits, Model, ModelOptions};
 use kiln_quant::GgmlType;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 /// Tests share the GPU; the timing tests hold it alone, so their numbers are not diluted by
@@ -38,12 +40,6 @@ fn gpu() -> CudaBackend {
     CudaBackend::new(0).unwrap_or_else(|e| panic!("opening GPU 0: {e}"))
 }
 
-/// A fresh seed per run, printed so that a failure can be replayed.
-fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    eprintln!("{test}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
 
 fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-scale..scale)).collect()

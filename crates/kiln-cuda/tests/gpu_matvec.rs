@@ -5,6 +5,8 @@
 //! Each test checks every case and reports all failures at the end, so one run on the device
 //! shows the full picture.
 
+mod common;
+use common::rng;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUevent_flags;
@@ -13,7 +15,7 @@ use kiln_core::WeightSource;
 use kiln_cuda::matvec::{self, GpuWeight, QuantizedActivations};
 use kiln_cuda::{CacheDir, CudaDevice, CudaError, RegistryConfig};
 use kiln_quant::GgmlType;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 const FORMATS: &[GgmlType] = &[
@@ -69,14 +71,6 @@ fn device() -> &'static CudaDevice {
     })
 }
 
-/// A fresh seed per run, printed so a failure can be replayed.
-fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    eprintln!("{test}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
 
 fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()

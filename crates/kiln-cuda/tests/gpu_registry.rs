@@ -1,6 +1,8 @@
 //! GPU tests of the registry and device layer. They need an NVIDIA GPU, libcuda and libnvrtc:
 //! run them on the device with scripts/gpu-tests.sh (which passes --include-ignored).
 
+mod common;
+use common::rng;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
@@ -9,7 +11,7 @@ use kiln_cuda::{
     CacheDir, CubinCache, CubinKey, CubinOrigin, CudaDevice, CudaError, KernelRegistry,
     RegistryConfig,
 };
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 fn open_device() -> CudaDevice {
@@ -23,14 +25,6 @@ fn open_device() -> CudaDevice {
     .unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
 }
 
-/// A fresh seed per run, printed so a failure can be replayed.
-fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    eprintln!("{test}: seed {seed}");
-    ChaCha8Rng::seed_from_u64(seed)
-}
 
 fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-4.0f32..4.0)).collect()
