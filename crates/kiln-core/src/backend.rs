@@ -60,7 +60,7 @@ impl WeightSource {
     /// Checks that the byte range holds exactly `rows` rows of `cols` values.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| BackendError::BadWeight { name: self.name.clone(), reason };
-        if self.cols % self.ty.block_size() != 0 {
+        if !self.cols.is_multiple_of(self.ty.block_size()) {
             return Err(bad(format!(
                 "row length {} is not a multiple of the {} block size {}",
                 self.cols,
@@ -161,8 +161,10 @@ pub trait Backend: Send + Sync + 'static {
     fn swiglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
     /// Rotary embedding in place, positions from `step`.
     fn rope(&self, x: &mut Self::Buffer, inv_freq: &Self::Buffer, step: &Self::Step, n: usize, p: &RopeParams) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
     /// Stores `n` tokens of K and V (`[n][n_kv_heads * head_dim]`) at their positions.
     fn kv_store(&self, k: &Self::Buffer, v: &Self::Buffer, k_cache: &mut Self::Buffer, v_cache: &mut Self::Buffer, step: &Self::Step, n: usize, kv_width: usize) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
     /// Causal grouped-query attention of `n` query tokens over the cache.
     fn attention(&self, q: &Self::Buffer, k_cache: &Self::Buffer, v_cache: &Self::Buffer, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
     /// Copies row `src_row` of a `[_][dim]` buffer into row 0 of `dst`.

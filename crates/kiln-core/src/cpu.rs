@@ -95,7 +95,7 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
     let row_bytes = w.cols / w.ty.block_size() * w.ty.type_size();
     let bytes = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
-    if w.ty == GgmlType::F32 && (bytes.as_ptr() as usize) % 4 == 0 {
+    if w.ty == GgmlType::F32 && (bytes.as_ptr() as usize).is_multiple_of(4) {
         // SAFETY: aligned, length is cols * 4, and every bit pattern is a valid f32.
         return unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, w.cols) };
     }

@@ -93,7 +93,7 @@ fn tensor_n_bytes(tensor: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufE
         .filter(|&n| n <= i64::MAX as u64)
         .ok_or_else(overflow)?;
     let block_size = ty.block_size() as u64;
-    if dims[0] % block_size != 0 {
+    if !dims[0].is_multiple_of(block_size) {
         return Err(GgufError::RowNotBlockAligned {
             tensor: tensor.to_owned(),
             ty,

@@ -96,7 +96,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 /// Bytes taken by `n_elements` values of type `ty`.
 pub fn quantized_size(ty: GgmlType, n_elements: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
-    if n_elements % block_size != 0 {
+    if !n_elements.is_multiple_of(block_size) {
         return Err(QuantError::NotBlockMultiple {
             ty,
             n: n_elements,
