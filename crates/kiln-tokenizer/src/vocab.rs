@@ -48,7 +48,7 @@ impl Vocab {
         let mut ids = HashMap::with_capacity(n);
         let mut texts = Vec::with_capacity(n);
         for (i, text) in spec.tokens.iter().enumerate() {
-            // llama.cpp gives empty entries a unique placeholder instead of rejecting the vocab.
+            // llama.cpp gives empty entries a unique stand-in text instead of rejecting the vocab.
             let text = if text.is_empty() { format!("[EMPTY_{i}]") } else { text.clone() };
             if let Some(prev) = ids.insert(text.clone(), i as u32) {
                 return Err(TokenizerError::BadVocab(format!(
