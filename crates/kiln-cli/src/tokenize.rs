@@ -33,7 +33,7 @@ pub fn tokenize(args: TokenizeArgs) -> CliResult {
         println!("[{}]", list.join(", "));
     } else {
         for id in ids {
-            println!("{id:6} -> '{}'", String::from_utf8_lossy(&tok.token_to_piece(id)));
+            println!("{id:6} -> '{}'", String::from_utf8_lossy(tok.piece(id, true)));
         }
     }
     Ok(())
