@@ -82,39 +82,18 @@ const QWEN3_8B: ModelShape = ModelShape {
     tokenizer: TokenizerStyle::Qwen2,
 };
 
+/// `base` scaled down to the sizes of shared/testdata's tiny models.
+const fn tiny(name: &'static str, base: ModelShape) -> ModelShape {
+    ModelShape { name, n_embd: 256, n_layer: 2, n_head: 4, n_head_kv: 2, head_dim: 64, n_ff: 512, n_vocab: 512, n_special: 8, n_ctx: 2048, ..base }
+}
+
 /// Every shape `random-model` knows.
 pub const SHAPES: &[ModelShape] = &[
     LLAMA3_8B,
     QWEN3_8B,
     ModelShape { name: "qwen3-0.6b", n_embd: 1024, n_layer: 28, n_head: 16, n_ff: 3072, tied_embeddings: true, ..QWEN3_8B },
-    ModelShape {
-        name: "tiny-llama",
-        n_embd: 256,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 64,
-        n_ff: 512,
-        n_vocab: 512,
-        n_special: 8,
-        n_ctx: 2048,
-        rope_base: 10000.0,
-        ..LLAMA3_8B
-    },
-    ModelShape {
-        name: "tiny-qwen3",
-        n_embd: 256,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 64,
-        n_ff: 512,
-        n_vocab: 512,
-        n_special: 8,
-        n_ctx: 2048,
-        tied_embeddings: true,
-        ..QWEN3_8B
-    },
+    ModelShape { rope_base: 10000.0, ..tiny("tiny-llama", LLAMA3_8B) },
+    ModelShape { tied_embeddings: true, ..tiny("tiny-qwen3", QWEN3_8B) },
 ];
 
 pub fn find_shape(name: &str) -> Option<ModelShape> {
