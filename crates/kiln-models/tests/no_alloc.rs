@@ -3,7 +3,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kiln_core::{CpuBackend, SamplingParams};
@@ -12,6 +12,9 @@ use kiln_models::{Logits, Model, ModelOptions};
 
 struct Counting;
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+/// The pool being measured; allocations on other threads (the test harness,
+/// the other test's pool starting up or shutting down) are not counted.
+static MEASURED_POOL: AtomicU64 = AtomicU64::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -28,13 +31,13 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 thread_local! {
-    /// Set on the rayon workers that run the model, so the test harness's own
-    /// threads (which allocate to report results) are not counted.
-    static TRACKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The id of the pool this rayon worker belongs to (0 elsewhere).
+    static POOL: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fn count() {
-    if TRACKED.try_with(|t| t.get()).unwrap_or(false) {
+    let pool = POOL.try_with(|p| p.get()).unwrap_or(0);
+    if pool != 0 && pool == MEASURED_POOL.load(Ordering::Relaxed) {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -48,9 +51,7 @@ fn decode_steps_do_not_allocate() {
     // parallel loops use the worker's own job deque (work injected from a
     // foreign thread goes through rayon's global queue, which allocates a block
     // per 63 jobs). On one worker, every allocation would be kiln's own.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    pool.broadcast(|_| TRACKED.with(|t| t.set(true)));
-    let allocations = pool.install(|| decode_loop(100));
+    let allocations = measure(1, 1, 100);
     assert_eq!(allocations, 0, "{allocations} allocations in 100 decode steps");
 }
 
@@ -58,16 +59,22 @@ fn decode_steps_do_not_allocate() {
 fn decode_steps_on_two_workers_allocate_almost_nothing() {
     // With work stealing, rayon's own bookkeeping allocates now and then
     // (seen: 0 to 4 times per 100 steps, never per step); kiln's code adds none.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-    pool.broadcast(|_| TRACKED.with(|t| t.set(true)));
-    let allocations = pool.install(|| decode_loop(100));
+    let allocations = measure(2, 2, 100);
     assert!(allocations <= 10, "{allocations} allocations in 100 decode steps");
 }
 
-fn decode_loop(steps: u64) -> usize {
+/// Allocations on the workers of a fresh `threads`-thread pool (tagged `id`)
+/// during `steps` decode steps run on that pool.
+fn measure(id: u64, threads: usize, steps: u64) -> usize {
     // The counter is process-wide: one measurement at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    pool.broadcast(|_| POOL.with(|p| p.set(id)));
+    pool.install(|| decode_loop(id, steps))
+}
+
+fn decode_loop(id: u64, steps: u64) -> usize {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let options = ModelOptions { n_ctx: Some(256), ..Default::default() };
@@ -83,9 +90,11 @@ fn decode_loop(steps: u64) -> usize {
         tok = model.decode_sample(tok, &sampling, &history, draw).unwrap();
     }
     let before = ALLOCATIONS.load(Ordering::Relaxed);
+    MEASURED_POOL.store(id, Ordering::Relaxed);
     for draw in 8..8 + steps {
         history.push(tok);
         tok = model.decode_sample(tok, &sampling, &history, draw).unwrap();
     }
+    MEASURED_POOL.store(0, Ordering::Relaxed);
     ALLOCATIONS.load(Ordering::Relaxed) - before
 }
