@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test that needs no GPU: unit and integration tests of all crates,
+# Checks formatting and clippy lints, then runs every test that needs no GPU: unit and integration tests of all crates,
 # the tokenizer/model reference checks against ../shared/testdata, and the NVRTC
 # compile check of every CUDA kernel for sm_90 (NVRTC comes from pip; no GPU needed).
 # GPU tests are #[ignore]d here and run on a GPU machine with scripts/gpu-tests.sh.
@@ -12,4 +12,6 @@ if ! eval "$(bash scripts/nvrtc-env.sh 2>/dev/null)"; then
     eval "$(bash scripts/nvrtc-env.sh)"
 fi
 
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
 cargo test --release --workspace "$@"

@@ -18,19 +18,11 @@ struct Source {
 fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
     println!("cargo:rerun-if-changed={}", dir.display());
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .collect();
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display())).map(|entry| entry.expect("directory entry").path()).collect();
     files.sort();
 
-    let with_ext = |ext: &str| -> Vec<PathBuf> {
-        files
-            .iter()
-            .filter(|p| p.extension().is_some_and(|e| e == ext))
-            .cloned()
-            .collect()
-    };
+    let with_ext = |ext: &str| -> Vec<PathBuf> { files.iter().filter(|p| p.extension().is_some_and(|e| e == ext)).cloned().collect() };
     let headers = with_ext("cuh");
     let header_names: Vec<String> = headers.iter().map(|p| file_name(p)).collect();
 
@@ -45,25 +37,15 @@ fn main() {
             fail("declares no `extern \"C\" __global__` kernel".into());
         }
         let test_defines = scan::test_defines(&text).unwrap_or_else(|why| fail(why));
-        let stem = path
-            .file_stem()
-            .expect("file stem")
-            .to_string_lossy()
-            .into_owned();
+        let stem = path.file_stem().expect("file stem").to_string_lossy().into_owned();
         if !stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             fail("a kernel file name may use only letters, digits and `_`".into());
         }
-        sources.push(Source {
-            stem,
-            path,
-            kernels,
-            test_defines,
-        });
+        sources.push(Source { stem, path, kernels, test_defines });
     }
     for path in &headers {
         println!("cargo:rerun-if-changed={}", path.display());
-        check_includes(&read(path), &header_names)
-            .unwrap_or_else(|why| panic!("{}: {why}", path.display()));
+        check_includes(&read(path), &header_names).unwrap_or_else(|why| panic!("{}: {why}", path.display()));
     }
     check_unique_kernel_names(&sources);
 
@@ -74,10 +56,7 @@ fn main() {
             .test_defines
             .iter()
             .map(|set| {
-                let items: Vec<String> = set
-                    .iter()
-                    .map(|(name, value)| format!("({name:?}, {value})"))
-                    .collect();
+                let items: Vec<String> = set.iter().map(|(name, value)| format!("({name:?}, {value})")).collect();
                 format!("&[{}]", items.join(", "))
             })
             .collect();
@@ -93,12 +72,7 @@ fn main() {
     }
     out.push_str("];\nstatic KERNEL_HEADERS: &[KernelHeader] = &[\n");
     for (path, name) in headers.iter().zip(&header_names) {
-        writeln!(
-            out,
-            "    KernelHeader {{ name: {name:?}, code: include_str!({:?}) }},",
-            path.display().to_string()
-        )
-        .expect("write to String");
+        writeln!(out, "    KernelHeader {{ name: {name:?}, code: include_str!({:?}) }},", path.display().to_string()).expect("write to String");
     }
     out.push_str("];\n");
 
@@ -111,18 +85,13 @@ fn read(path: &Path) -> String {
 }
 
 fn file_name(path: &Path) -> String {
-    path.file_name()
-        .expect("file name")
-        .to_string_lossy()
-        .into_owned()
+    path.file_name().expect("file name").to_string_lossy().into_owned()
 }
 
 fn check_includes(text: &str, header_names: &[String]) -> Result<(), String> {
     for include in scan::local_includes(text)? {
         if !header_names.contains(&include) {
-            return Err(format!(
-                "#include \"{include}\" names no header in kernels/ (have: {header_names:?})"
-            ));
+            return Err(format!("#include \"{include}\" names no header in kernels/ (have: {header_names:?})"));
         }
     }
     Ok(())
@@ -133,10 +102,7 @@ fn check_unique_kernel_names(sources: &[Source]) {
     for (index, source) in sources.iter().enumerate() {
         for other in &sources[index + 1..] {
             if let Some(name) = source.kernels.iter().find(|k| other.kernels.contains(k)) {
-                panic!(
-                    "kernel `{name}` is declared in both {}.cu and {}.cu",
-                    source.stem, other.stem
-                );
+                panic!("kernel `{name}` is declared in both {}.cu and {}.cu", source.stem, other.stem);
             }
         }
     }

@@ -198,7 +198,14 @@ fn generate<B: Backend>(model: &mut Model<B>, tokens: &[u32]) -> CliResult {
 /// llama-bench's method: one warm-up, then per repetition an emptied cache,
 /// the depth prefilled untimed, and the timed prompt or generation run.
 /// Token ids are drawn before the clock starts.
-fn run_test<B: Backend>(model: &mut Model<B>, summary: &ModelSummary, draw: &mut TokenDraw, spec: TestSpec, reps: usize, warmup: bool) -> CliResult<TestResult> {
+fn run_test<B: Backend>(
+    model: &mut Model<B>,
+    summary: &ModelSummary,
+    draw: &mut TokenDraw,
+    spec: TestSpec,
+    reps: usize,
+    warmup: bool,
+) -> CliResult<TestResult> {
     let timed = |model: &mut Model<B>, tokens: &[u32]| -> CliResult<u64> {
         let start = Instant::now();
         if spec.n_prompt > 0 {
@@ -250,10 +257,7 @@ fn cell(value: &str, width: i32) -> String {
 
 fn markdown_header(cols: &[(&str, i32)]) -> String {
     let names: String = cols.iter().map(|&(name, w)| cell(name, w)).collect();
-    let rule: String = cols
-        .iter()
-        .map(|&(_, w)| format!(" {}{} |", "-".repeat(w.unsigned_abs() as usize - 1), if w > 0 { ":" } else { "-" }))
-        .collect();
+    let rule: String = cols.iter().map(|&(_, w)| format!(" {}{} |", "-".repeat(w.unsigned_abs() as usize - 1), if w > 0 { ":" } else { "-" })).collect();
     format!("|{names}\n|{rule}")
 }
 
@@ -364,11 +368,7 @@ impl Report<'_> {
 
 fn cpu_info() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-        .unwrap_or_default()
+    info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default()
 }
 
 /// The current time as RFC 3339 ("2024-05-01T12:34:56Z"), as llama-bench writes it.

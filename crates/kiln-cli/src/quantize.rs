@@ -47,8 +47,7 @@ fn tensor_mib(ty: kiln_quant::GgmlType, n_elements: u64) -> f64 {
 impl ProgressReport {
     pub fn stderr() -> ProgressReport {
         let bar = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% eta {eta} {msg}")
-            .expect("the template is valid");
+        let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% eta {eta} {msg}").expect("the template is valid");
         bar.set_style(style);
         ProgressReport { bar, n_tensors: AtomicUsize::new(0), current: Mutex::new(None) }
     }
@@ -63,7 +62,13 @@ impl ProgressReport {
                 format!("converting to {} .. size = {:8.2} MiB -> {:8.2} MiB", p.dst_type, tensor_mib(p.src_type, n), tensor_mib(p.dst_type, n))
             };
             let fallback = if p.fallback { " (fallback)" } else { "" };
-            let line = format!("[{:4}/{:4}] {:36} - [{shape}], type = {:>6}, {what}{fallback}", index + 1, self.n_tensors.load(Ordering::Relaxed), p.name, p.src_type.name());
+            let line = format!(
+                "[{:4}/{:4}] {:36} - [{shape}], type = {:>6}, {what}{fallback}",
+                index + 1,
+                self.n_tensors.load(Ordering::Relaxed),
+                p.name,
+                p.src_type.name()
+            );
             self.bar.suspend(|| eprintln!("{line}"));
         }
     }

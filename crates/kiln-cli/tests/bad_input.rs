@@ -153,7 +153,8 @@ fn missing_tensor() {
 #[test]
 fn wrong_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let path = edited_copy(dir.path(), "shape.gguf", |_, v| Some(v.clone()), |n, d| Some(if n == "blk.1.ffn_gate.weight" { vec![d[1], d[0]] } else { d.to_vec() }));
+    let path =
+        edited_copy(dir.path(), "shape.gguf", |_, v| Some(v.clone()), |n, d| Some(if n == "blk.1.ffn_gate.weight" { vec![d[1], d[0]] } else { d.to_vec() }));
     expect_run_error(&path, "blk.1.ffn_gate.weight");
 }
 

@@ -61,12 +61,7 @@ impl WeightSource {
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| BackendError::BadWeight { name: self.name.clone(), reason };
         if !self.cols.is_multiple_of(self.ty.block_size()) {
-            return Err(bad(format!(
-                "row length {} is not a multiple of the {} block size {}",
-                self.cols,
-                self.ty,
-                self.ty.block_size()
-            )));
+            return Err(bad(format!("row length {} is not a multiple of the {} block size {}", self.cols, self.ty, self.ty.block_size())));
         }
         let want = (self.cols / self.ty.block_size()) as u64 * self.ty.type_size() as u64 * self.rows as u64;
         let have = self.range.len() as u64;
@@ -163,10 +158,28 @@ pub trait Backend: Send + Sync + 'static {
     fn rope(&self, x: &mut Self::Buffer, inv_freq: &Self::Buffer, step: &Self::Step, n: usize, p: &RopeParams) -> Result<()>;
     #[allow(clippy::too_many_arguments)]
     /// Stores `n` tokens of K and V (`[n][n_kv_heads * head_dim]`) at their positions.
-    fn kv_store(&self, k: &Self::Buffer, v: &Self::Buffer, k_cache: &mut Self::Buffer, v_cache: &mut Self::Buffer, step: &Self::Step, n: usize, kv_width: usize) -> Result<()>;
+    fn kv_store(
+        &self,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        k_cache: &mut Self::Buffer,
+        v_cache: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        kv_width: usize,
+    ) -> Result<()>;
     #[allow(clippy::too_many_arguments)]
     /// Causal grouped-query attention of `n` query tokens over the cache.
-    fn attention(&self, q: &Self::Buffer, k_cache: &Self::Buffer, v_cache: &Self::Buffer, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k_cache: &Self::Buffer,
+        v_cache: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()>;
     /// Copies row `src_row` of a `[_][dim]` buffer into row 0 of `dst`.
     fn copy_row(&self, src: &Self::Buffer, src_row: usize, dst: &mut Self::Buffer, dim: usize) -> Result<()>;
     /// Samples one token from `logits[0..n_vocab]` with the step's sampler
@@ -192,7 +205,17 @@ pub trait Backend: Send + Sync + 'static {
 
     /// `out = silu(x·Wgᵀ) * (x·Wuᵀ)`, using `gate`/`up` as scratch.
     #[allow(clippy::too_many_arguments)]
-    fn ffn_gate_up(&self, w_gate: &Self::Weight, w_up: &Self::Weight, x: &Self::Buffer, gate: &mut Self::Buffer, up: &mut Self::Buffer, out: &mut Self::Buffer, n: usize, n_ff: usize) -> Result<()> {
+    fn ffn_gate_up(
+        &self,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        x: &Self::Buffer,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        n_ff: usize,
+    ) -> Result<()> {
         self.matmul(w_gate, x, gate, n)?;
         self.matmul(w_up, x, up, n)?;
         self.swiglu(gate, up, out, n * n_ff)
@@ -201,7 +224,17 @@ pub trait Backend: Send + Sync + 'static {
     /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ`: one input for three products, which a
     /// backend that converts its input per product can convert once.
     #[allow(clippy::too_many_arguments)]
-    fn matmul_qkv(&self, wq: &Self::Weight, wk: &Self::Weight, wv: &Self::Weight, x: &Self::Buffer, q: &mut Self::Buffer, k: &mut Self::Buffer, v: &mut Self::Buffer, n: usize) -> Result<()> {
+    fn matmul_qkv(
+        &self,
+        wq: &Self::Weight,
+        wk: &Self::Weight,
+        wv: &Self::Weight,
+        x: &Self::Buffer,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        n: usize,
+    ) -> Result<()> {
         self.matmul(wq, x, q, n)?;
         self.matmul(wk, x, k, n)?;
         self.matmul(wv, x, v, n)
@@ -211,7 +244,21 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Backend::matmul_qkv`] of the result; `h` receives the normed rows (or, in a backend
     /// that normalizes straight into its product input, is left unspecified).
     #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_qkv(&self, x: &Self::Buffer, norm: &Self::Buffer, eps: f32, h: &mut Self::Buffer, wq: &Self::Weight, wk: &Self::Weight, wv: &Self::Weight, q: &mut Self::Buffer, k: &mut Self::Buffer, v: &mut Self::Buffer, n: usize, dim: usize) -> Result<()> {
+    fn norm_matmul_qkv(
+        &self,
+        x: &Self::Buffer,
+        norm: &Self::Buffer,
+        eps: f32,
+        h: &mut Self::Buffer,
+        wq: &Self::Weight,
+        wk: &Self::Weight,
+        wv: &Self::Weight,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        n: usize,
+        dim: usize,
+    ) -> Result<()> {
         self.rms_norm(x, norm, h, n, dim, eps)?;
         self.matmul_qkv(wq, wk, wv, h, q, k, v, n)
     }
@@ -219,7 +266,21 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then
     /// [`Backend::ffn_gate_up`] of the result into `out`.
     #[allow(clippy::too_many_arguments)]
-    fn norm_ffn_gate_up(&self, x: &Self::Buffer, norm: &Self::Buffer, eps: f32, h: &mut Self::Buffer, w_gate: &Self::Weight, w_up: &Self::Weight, gate: &mut Self::Buffer, up: &mut Self::Buffer, out: &mut Self::Buffer, n: usize, dim: usize, n_ff: usize) -> Result<()> {
+    fn norm_ffn_gate_up(
+        &self,
+        x: &Self::Buffer,
+        norm: &Self::Buffer,
+        eps: f32,
+        h: &mut Self::Buffer,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        gate: &mut Self::Buffer,
+        up: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        dim: usize,
+        n_ff: usize,
+    ) -> Result<()> {
         self.rms_norm(x, norm, h, n, dim, eps)?;
         self.ffn_gate_up(w_gate, w_up, h, gate, up, out, n, n_ff)
     }

@@ -37,12 +37,9 @@ const SAMPLE_THREADS: u32 = 1024;
 
 pub(crate) fn backend_error(error: CudaError) -> BackendError {
     match error {
-        CudaError::OutOfMemory { requested_bytes, free_bytes, what } => BackendError::OutOfMemory {
-            device: "GPU".into(),
-            what,
-            requested_bytes: requested_bytes as u64,
-            free_bytes: Some(free_bytes as u64),
-        },
+        CudaError::OutOfMemory { requested_bytes, free_bytes, what } => {
+            BackendError::OutOfMemory { device: "GPU".into(), what, requested_bytes: requested_bytes as u64, free_bytes: Some(free_bytes as u64) }
+        }
         other => BackendError::Device(other.to_string()),
     }
 }
@@ -213,7 +210,14 @@ impl CudaBackend {
         });
         let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
         let cache_rows = to_u32("cache rows", k_cache.len().min(v_cache.len()) / kv_width)?;
-        let ints = [to_u32("tokens", n)?, to_u32("heads", rope.n_heads)?, to_u32("kv heads", n_kv_heads)?, to_u32("head_dim", hd)?, to_u32("n_rot", rope.n_rot)?, u32::from(rope.kind == RopeKind::Neox)];
+        let ints = [
+            to_u32("tokens", n)?,
+            to_u32("heads", rope.n_heads)?,
+            to_u32("kv heads", n_kv_heads)?,
+            to_u32("head_dim", hd)?,
+            to_u32("n_rot", rope.n_rot)?,
+            u32::from(rope.kind == RopeKind::Neox),
+        ];
         let blocks = to_u32("prologue blocks", rows.div_ceil(PROLOGUE_WARPS))?;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (PROLOGUE_WARPS as u32 * 32, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches rope.cu's qk_norm_rope_store_f32; q_out aliases q, which the kernel
@@ -264,7 +268,17 @@ fn shared_qkv_input<'a>(wq: &'a GpuWeight, wk: &GpuWeight, wv: &GpuWeight, n: us
 impl CudaBackend {
     /// q, k and v from activations already quantized into `qx` (wq's input buffer).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_qkv_quantized(&self, qx: &QuantizedActivations, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+    fn matmul_qkv_quantized(
+        &self,
+        qx: &QuantizedActivations,
+        wq: &GpuWeight,
+        wk: &GpuWeight,
+        wv: &GpuWeight,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
         for (w, out) in [(wq, q), (wk, k), (wv, v)] {
             matvec::matmul_quantized(&self.device, w, qx, out, n, false).map_err(backend_error)?;
         }
@@ -361,11 +375,8 @@ impl Backend for CudaBackend {
         }
         let (rows32, dim32) = (to_u32("rows", rows)?, to_u32("dim", dim)?);
         let warps_per_block = BLOCK as usize / 32;
-        let (function, blocks) = if dim <= WARP_NORM_MAX_DIM {
-            (&self.kernels.rms_norm_warp, rows.div_ceil(warps_per_block))
-        } else {
-            (&self.kernels.rms_norm_block, rows)
-        };
+        let (function, blocks) =
+            if dim <= WARP_NORM_MAX_DIM { (&self.kernels.rms_norm_warp, rows.div_ceil(warps_per_block)) } else { (&self.kernels.rms_norm_block, rows) };
         let cfg = LaunchConfig { grid_dim: (to_u32("blocks", blocks)?, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument list matches norm.cu; every pointer covers rows * dim (checked above).
         unsafe { self.device.stream().launch_builder(function).arg(out).arg(x).arg(weight).arg(&rows32).arg(&dim32).arg(&eps).launch(cfg) }
@@ -426,7 +437,13 @@ impl Backend for CudaBackend {
         if pairs == 0 {
             return Ok(());
         }
-        let args = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("head_dim", p.head_dim)?, to_u32("n_rot", p.n_rot)?, u32::from(p.kind == RopeKind::Neox)];
+        let args = [
+            to_u32("tokens", n)?,
+            to_u32("heads", p.n_heads)?,
+            to_u32("head_dim", p.head_dim)?,
+            to_u32("n_rot", p.n_rot)?,
+            u32::from(p.kind == RopeKind::Neox),
+        ];
         // SAFETY: matches rope.cu's rope_f32; x holds n * n_heads * head_dim values (checked).
         unsafe {
             self.device
@@ -446,7 +463,16 @@ impl Backend for CudaBackend {
         .map_err(launch_error("rope"))
     }
 
-    fn kv_store(&self, k: &CudaSlice<f32>, v: &CudaSlice<f32>, k_cache: &mut CudaSlice<f32>, v_cache: &mut CudaSlice<f32>, step: &CudaStep, n: usize, kv_width: usize) -> Result<()> {
+    fn kv_store(
+        &self,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        k_cache: &mut CudaSlice<f32>,
+        v_cache: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        kv_width: usize,
+    ) -> Result<()> {
         check_len("kv_store input", k.len().min(v.len()), n * kv_width)?;
         check_len("kv_store tokens in the step", step.n_tokens, n)?;
         if n * kv_width == 0 {
@@ -473,7 +499,16 @@ impl Backend for CudaBackend {
         .map_err(launch_error("kv_store"))
     }
 
-    fn attention(&self, q: &CudaSlice<f32>, k_cache: &CudaSlice<f32>, v_cache: &CudaSlice<f32>, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
+    fn attention(
+        &self,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<f32>,
+        v_cache: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()> {
         if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 {
             return Err(BackendError::Device(format!("attention: {} query heads over {} kv heads of dim {}", p.n_heads, p.n_kv_heads, p.head_dim)));
         }
@@ -495,11 +530,7 @@ impl Backend for CudaBackend {
         let (mut partial_acc, mut partial_ml) = workspace.split_at_mut(partial_len.min(workspace_len - 1));
         let ints = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("kv heads", p.n_kv_heads)?, to_u32("cache rows", p.n_ctx)?, n_splits as u32];
         let stream = self.device.stream();
-        let cfg = LaunchConfig {
-            grid_dim: (n_splits as u32, ints[2], ints[0]),
-            block_dim: (ATTENTION_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (n_splits as u32, ints[2], ints[0]), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches attention.cu; q/out hold n * q_width values and the caches n_ctx rows
         // (checked above); partials hold n * n_heads * n_splits rows when n_splits > 1.
         unsafe {
@@ -545,10 +576,7 @@ impl Backend for CudaBackend {
         check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
         check_len("copy_row destination", dst.len(), dim)?;
         let row = src.slice(src_row * dim..(src_row + 1) * dim);
-        self.device
-            .stream()
-            .memcpy_dtod(&row, &mut dst.slice_mut(..dim))
-            .map_err(|e| BackendError::Device(format!("copy_row: {e:?}")))
+        self.device.stream().memcpy_dtod(&row, &mut dst.slice_mut(..dim)).map_err(|e| BackendError::Device(format!("copy_row: {e:?}")))
     }
 
     fn sample(&self, logits: &CudaSlice<f32>, n_vocab: usize, step: &mut CudaStep) -> Result<()> {
@@ -560,7 +588,10 @@ impl Backend for CudaBackend {
         if bitmap_bytes > self.max_sample_shared_bytes {
             return Err(BackendError::Unsupported {
                 backend: "CUDA".into(),
-                what: format!("sampling a vocabulary of {n_vocab} tokens (the penalty bitmap needs {bitmap_bytes} bytes of shared memory, {} available)", self.max_sample_shared_bytes),
+                what: format!(
+                    "sampling a vocabulary of {n_vocab} tokens (the penalty bitmap needs {bitmap_bytes} bytes of shared memory, {} available)",
+                    self.max_sample_shared_bytes
+                ),
             });
         }
         let n32 = to_u32("n_vocab", n_vocab)?;
@@ -594,9 +625,8 @@ impl Backend for CudaBackend {
                 // The capture always ends, so a failed record leaves the stream usable.
                 let captured = stream.end_capture(CUgraphInstantiate_flags(0));
                 recorded?;
-                let graph = captured
-                    .map_err(graph_error("capturing"))?
-                    .ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
+                let graph =
+                    captured.map_err(graph_error("capturing"))?.ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
                 graph.launch().map_err(graph_error("launching"))?;
                 graphs.insert(slot, StepGraph::Captured(SendGraph(graph)));
             }
@@ -609,11 +639,31 @@ impl Backend for CudaBackend {
         self.device.synchronize().map_err(backend_error)
     }
 
-    fn ffn_gate_up(&self, w_gate: &GpuWeight, w_up: &GpuWeight, x: &CudaSlice<f32>, _gate: &mut CudaSlice<f32>, _up: &mut CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, _n_ff: usize) -> Result<()> {
+    fn ffn_gate_up(
+        &self,
+        w_gate: &GpuWeight,
+        w_up: &GpuWeight,
+        x: &CudaSlice<f32>,
+        _gate: &mut CudaSlice<f32>,
+        _up: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        _n_ff: usize,
+    ) -> Result<()> {
         matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n).map_err(backend_error)
     }
 
-    fn matmul_qkv(&self, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, x: &CudaSlice<f32>, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+    fn matmul_qkv(
+        &self,
+        wq: &GpuWeight,
+        wk: &GpuWeight,
+        wv: &GpuWeight,
+        x: &CudaSlice<f32>,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
         match shared_qkv_input(wq, wk, wv, n, wq.cols) {
             Some(qx) => {
                 qx.fill(&self.device, x, n).map_err(backend_error)?;
@@ -627,7 +677,21 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn norm_matmul_qkv(&self, x: &CudaSlice<f32>, norm: &CudaSlice<f32>, eps: f32, h: &mut CudaSlice<f32>, wq: &GpuWeight, wk: &GpuWeight, wv: &GpuWeight, q: &mut CudaSlice<f32>, k: &mut CudaSlice<f32>, v: &mut CudaSlice<f32>, n: usize, dim: usize) -> Result<()> {
+    fn norm_matmul_qkv(
+        &self,
+        x: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        h: &mut CudaSlice<f32>,
+        wq: &GpuWeight,
+        wk: &GpuWeight,
+        wv: &GpuWeight,
+        q: &mut CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
+        v: &mut CudaSlice<f32>,
+        n: usize,
+        dim: usize,
+    ) -> Result<()> {
         match shared_qkv_input(wq, wk, wv, n, dim) {
             Some(qx) => {
                 matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;
@@ -640,7 +704,21 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn norm_ffn_gate_up(&self, x: &CudaSlice<f32>, norm: &CudaSlice<f32>, eps: f32, h: &mut CudaSlice<f32>, w_gate: &GpuWeight, w_up: &GpuWeight, gate: &mut CudaSlice<f32>, up: &mut CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, dim: usize, n_ff: usize) -> Result<()> {
+    fn norm_ffn_gate_up(
+        &self,
+        x: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        h: &mut CudaSlice<f32>,
+        w_gate: &GpuWeight,
+        w_up: &GpuWeight,
+        gate: &mut CudaSlice<f32>,
+        up: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        dim: usize,
+        n_ff: usize,
+    ) -> Result<()> {
         match matvec_input(w_gate, n, dim) {
             Some(qx) => {
                 matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;

@@ -46,17 +46,9 @@ impl CubinKey {
         }
         sorted.sort();
         if let Some(pair) = sorted.windows(2).find(|pair| pair[0].0 == pair[1].0) {
-            return Err(CudaError::InvalidDefine {
-                name: pair[0].0.clone(),
-                reason: "defined more than once",
-            });
+            return Err(CudaError::InvalidDefine { name: pair[0].0.clone(), reason: "defined more than once" });
         }
-        Ok(CubinKey {
-            source,
-            source_digest: source.digest(),
-            defines: sorted,
-            arch: arch.to_string(),
-        })
+        Ok(CubinKey { source, source_digest: source.digest(), defines: sorted, arch: arch.to_string() })
     }
 
     pub fn source(&self) -> &'static KernelSource {
@@ -83,20 +75,14 @@ impl CubinKey {
             hash_text(&mut hasher, &option);
         }
         let digest = hasher.finalize();
-        let hex: String = digest[..16]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
+        let hex: String = digest[..16].iter().map(|byte| format!("{byte:02x}")).collect();
         format!("{}-{hex}.cubin", self.source.name)
     }
 }
 
 impl PartialEq for CubinKey {
     fn eq(&self, other: &Self) -> bool {
-        self.source.name == other.source.name
-            && self.source_digest == other.source_digest
-            && self.defines == other.defines
-            && self.arch == other.arch
+        self.source.name == other.source.name && self.source_digest == other.source_digest && self.defines == other.defines && self.arch == other.arch
     }
 }
 
@@ -113,32 +99,20 @@ impl Hash for CubinKey {
 
 /// Real architectures only (`sm_90`, `sm_90a`, `sm_100f`): NVRTC emits CUBIN for nothing else.
 pub(crate) fn validate_arch(arch: &str) -> Result<(), CudaError> {
-    let digits = arch
-        .strip_prefix("sm_")
-        .map(|rest| rest.trim_end_matches(['a', 'f']));
+    let digits = arch.strip_prefix("sm_").map(|rest| rest.trim_end_matches(['a', 'f']));
     match digits {
         Some(d) if (2..=4).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()) => Ok(()),
-        _ => Err(CudaError::InvalidArch {
-            arch: arch.to_string(),
-        }),
+        _ => Err(CudaError::InvalidArch { arch: arch.to_string() }),
     }
 }
 
 fn validate_define_name(name: &str) -> Result<(), CudaError> {
-    let invalid = |reason| {
-        Err(CudaError::InvalidDefine {
-            name: name.to_string(),
-            reason,
-        })
-    };
+    let invalid = |reason| Err(CudaError::InvalidDefine { name: name.to_string(), reason });
     let mut bytes = name.bytes();
     match bytes.next() {
         None => invalid("the name is empty"),
         Some(first) if first.is_ascii_digit() => invalid("a name cannot start with a digit"),
-        Some(first)
-            if !(first.is_ascii_alphanumeric() || first == b'_')
-                || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
-        {
+        Some(first) if !(first.is_ascii_alphanumeric() || first == b'_') || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
             invalid("a name may use only ASCII letters, digits and `_`")
         }
         Some(_) => Ok(()),
@@ -158,20 +132,12 @@ pub enum CacheDir {
 
 impl CacheDir {
     pub fn resolve(&self) -> Option<PathBuf> {
-        let from_env = |name: &str| {
-            std::env::var_os(name)
-                .filter(|value| !value.is_empty())
-                .map(PathBuf::from)
-        };
+        let from_env = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
         match self {
             CacheDir::At(path) => Some(path.clone()),
             CacheDir::MemoryOnly => None,
             CacheDir::Default => from_env("KILN_CACHE_DIR")
-                .or_else(|| {
-                    from_env("XDG_CACHE_HOME")
-                        .filter(|p| p.is_absolute())
-                        .map(|p| p.join("kiln/kernels"))
-                })
+                .or_else(|| from_env("XDG_CACHE_HOME").filter(|p| p.is_absolute()).map(|p| p.join("kiln/kernels")))
                 .or_else(|| from_env("HOME").map(|home| home.join(".cache/kiln/kernels"))),
         }
     }
@@ -210,9 +176,7 @@ impl CubinCache {
             },
             None => {
                 if *location == CacheDir::Default {
-                    tracing::warn!(
-                        "no KILN_CACHE_DIR, XDG_CACHE_HOME or HOME; caching kernels in memory only"
-                    );
+                    tracing::warn!("no KILN_CACHE_DIR, XDG_CACHE_HOME or HOME; caching kernels in memory only");
                 }
                 None
             }
@@ -228,19 +192,13 @@ impl CubinCache {
     /// The file that does or would hold `key`'s entry.
     pub fn entry_path(&self, key: &CubinKey) -> Result<Option<PathBuf>, CudaError> {
         let version = nvrtc_version()?;
-        Ok(self
-            .dir
-            .as_ref()
-            .map(|dir| dir.join(key.file_name(version))))
+        Ok(self.dir.as_ref().map(|dir| dir.join(key.file_name(version))))
     }
 
     pub fn get_or_compile(&self, key: &CubinKey) -> Result<Cubin, CudaError> {
         let path = self.entry_path(key)?;
         if let Some(bytes) = path.as_deref().and_then(read_entry) {
-            return Ok(Cubin {
-                bytes,
-                origin: CubinOrigin::Disk,
-            });
+            return Ok(Cubin { bytes, origin: CubinOrigin::Disk });
         }
         let bytes = compile_key(key)?;
         if let Some(path) = &path {
@@ -248,10 +206,7 @@ impl CubinCache {
                 tracing::warn!(path = %path.display(), %error, "could not write the kernel cache entry");
             }
         }
-        Ok(Cubin {
-            bytes,
-            origin: CubinOrigin::Compiled,
-        })
+        Ok(Cubin { bytes, origin: CubinOrigin::Compiled })
     }
 }
 
@@ -335,14 +290,9 @@ fn decode_entry(data: &[u8]) -> Result<&[u8], &'static str> {
 
 fn write_entry(path: &Path, payload: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let stem = path
-        .file_name()
-        .map_or("entry".into(), |name| name.to_string_lossy());
+    let stem = path.file_name().map_or("entry".into(), |name| name.to_string_lossy());
     let (temp_path, mut file) = create_temp_file(dir, &stem)?;
-    let written = file
-        .write_all(&encode_entry(payload))
-        .and_then(|()| file.sync_all())
-        .and_then(|()| fs::rename(&temp_path, path));
+    let written = file.write_all(&encode_entry(payload)).and_then(|()| file.sync_all()).and_then(|()| fs::rename(&temp_path, path));
     if written.is_err() {
         let _ = fs::remove_file(&temp_path);
     }
@@ -362,16 +312,10 @@ mod tests {
         for index in every_header_byte.chain([HEADER_LEN, HEADER_LEN + 500, entry.len() - 1]) {
             let mut flipped = entry.clone();
             flipped[index] ^= 0x10;
-            assert!(
-                decode_entry(&flipped).is_err(),
-                "flip at byte {index} went unnoticed"
-            );
+            assert!(decode_entry(&flipped).is_err(), "flip at byte {index} went unnoticed");
         }
         for len in [0, HEADER_LEN - 1, HEADER_LEN, entry.len() - 1] {
-            assert!(
-                decode_entry(&entry[..len]).is_err(),
-                "truncation to {len} bytes went unnoticed"
-            );
+            assert!(decode_entry(&entry[..len]).is_err(), "truncation to {len} bytes went unnoticed");
         }
     }
 
@@ -381,22 +325,13 @@ mod tests {
             assert!(validate_arch(good).is_ok(), "{good}");
         }
         for bad in ["", "sm90", "compute_90", "sm_", "sm_9x", "sm_90ab", "sm_1"] {
-            assert!(
-                matches!(validate_arch(bad), Err(CudaError::InvalidArch { .. })),
-                "{bad}"
-            );
+            assert!(matches!(validate_arch(bad), Err(CudaError::InvalidArch { .. })), "{bad}");
         }
         for good in ["A", "_x", "BLOCK_SIZE", "n2"] {
             assert!(validate_define_name(good).is_ok(), "{good}");
         }
         for bad in ["", "2x", "A B", "A=1", "é", "-D"] {
-            assert!(
-                matches!(
-                    validate_define_name(bad),
-                    Err(CudaError::InvalidDefine { .. })
-                ),
-                "{bad}"
-            );
+            assert!(matches!(validate_define_name(bad), Err(CudaError::InvalidDefine { .. })), "{bad}");
         }
     }
 
@@ -417,12 +352,7 @@ mod tests {
         assert_eq!(cache.dir(), None);
         let cache = CubinCache::new(&CacheDir::At(dir.path().join("kernels")));
         assert_eq!(cache.dir(), Some(dir.path().join("kernels").as_path()));
-        let leftovers: Vec<_> = fs::read_dir(dir.path().join("kernels"))
-            .expect("read dir")
-            .collect();
-        assert!(
-            leftovers.is_empty(),
-            "the writability probe left files behind"
-        );
+        let leftovers: Vec<_> = fs::read_dir(dir.path().join("kernels")).expect("read dir").collect();
+        assert!(leftovers.is_empty(), "the writability probe left files behind");
     }
 }

@@ -4,10 +4,7 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, DriverError,
-    PinnedHostSlice, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr, DriverError, PinnedHostSlice, ValidAsZeroBits};
 
 use crate::error::library_candidates;
 use crate::registry::{KernelRegistry, RegistryConfig};
@@ -39,44 +36,26 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// `sm_<major><minor>`, the architecture kernels are compiled for by default.
     pub fn arch(&self) -> String {
-        format!(
-            "sm_{}{}",
-            self.compute_capability.0, self.compute_capability.1
-        )
+        format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
     }
 
     fn query(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
         let ordinal = ctx.ordinal();
         let context = |what: &str| format!("reading the {what} of device {ordinal}");
         let attribute = |attribute, what: &str| -> Result<usize, CudaError> {
-            let value = ctx
-                .attribute(attribute)
-                .map_err(CudaError::driver(context(what)))?;
+            let value = ctx.attribute(attribute).map_err(CudaError::driver(context(what)))?;
             Ok(usize::try_from(value).unwrap_or(0))
         };
-        let (free_memory_bytes, total_memory_bytes) = ctx
-            .mem_get_info()
-            .map_err(CudaError::driver(context("memory size")))?;
+        let (free_memory_bytes, total_memory_bytes) = ctx.mem_get_info().map_err(CudaError::driver(context("memory size")))?;
         Ok(DeviceInfo {
             ordinal,
             name: ctx.name().map_err(CudaError::driver(context("name")))?,
-            compute_capability: ctx
-                .compute_capability()
-                .map_err(CudaError::driver(context("compute capability")))?,
+            compute_capability: ctx.compute_capability().map_err(CudaError::driver(context("compute capability")))?,
             total_memory_bytes,
             free_memory_bytes,
-            multiprocessor_count: attribute(
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                "multiprocessor count",
-            )? as u32,
-            l2_cache_bytes: attribute(
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
-                "L2 size",
-            )?,
-            max_shared_memory_per_block_optin: attribute(
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                "shared memory limit",
-            )?,
+            multiprocessor_count: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count")? as u32,
+            l2_cache_bytes: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2 size")?,
+            max_shared_memory_per_block_optin: attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "shared memory limit")?,
             driver_version: driver_version()?,
         })
     }
@@ -108,19 +87,14 @@ pub fn ensure_driver() -> Result<(), CudaError> {
     if *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() }) {
         Ok(())
     } else {
-        Err(CudaError::DriverUnavailable(format!(
-            "none of {:?} could be loaded (no NVIDIA driver installed?)",
-            library_candidates("cuda")
-        )))
+        Err(CudaError::DriverUnavailable(format!("none of {:?} could be loaded (no NVIDIA driver installed?)", library_candidates("cuda"))))
     }
 }
 
 fn driver_version() -> Result<(i32, i32), CudaError> {
     let mut version = 0;
     // SAFETY: the driver library is loaded (ensured before any context exists).
-    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
-        .result()
-        .map_err(CudaError::driver("reading the driver version"))?;
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }.result().map_err(CudaError::driver("reading the driver version"))?;
     Ok((version / 1000, version % 1000 / 10))
 }
 
@@ -135,9 +109,7 @@ pub fn device_count() -> Result<usize, CudaError> {
 pub fn list_devices() -> Result<Vec<DeviceInfo>, CudaError> {
     (0..device_count()?)
         .map(|ordinal| {
-            let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!(
-                "opening a context on device {ordinal}"
-            )))?;
+            let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening a context on device {ordinal}")))?;
             DeviceInfo::query(&ctx)
         })
         .collect()
@@ -154,9 +126,7 @@ pub struct CudaDevice {
 impl CudaDevice {
     pub fn new(ordinal: usize, config: RegistryConfig) -> Result<Self, CudaError> {
         ensure_driver()?;
-        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!(
-            "opening a context on device {ordinal}"
-        )))?;
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver(format!("opening a context on device {ordinal}")))?;
         let info = DeviceInfo::query(&ctx)?;
         let registry = KernelRegistry::new(ctx.clone(), config)?;
         // One stream orders all work, so cudarc's per-buffer events are not needed; they would
@@ -165,13 +135,7 @@ impl CudaDevice {
         // SAFETY: no buffer has been allocated through this context yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(CudaError::driver("creating the device stream"))?;
-        Ok(CudaDevice {
-            stream,
-            ctx,
-            registry,
-            info,
-            staging: Mutex::new(None),
-        })
+        Ok(CudaDevice { stream, ctx, registry, info, staging: Mutex::new(None) })
     }
 
     /// Properties as read when the device was opened (free memory included).
@@ -193,64 +157,37 @@ impl CudaDevice {
 
     /// (free, total) bytes of device memory now.
     pub fn memory_info(&self) -> Result<(usize, usize), CudaError> {
-        self.ctx
-            .mem_get_info()
-            .map_err(CudaError::driver("reading free device memory"))
+        self.ctx.mem_get_info().map_err(CudaError::driver("reading free device memory"))
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.stream
-            .synchronize()
-            .map_err(CudaError::driver("synchronizing the stream"))
+        self.stream.synchronize().map_err(CudaError::driver("synchronizing the stream"))
     }
 
     /// # Safety
     /// The memory is uninitialized: it must be written before it is read.
-    pub unsafe fn alloc_uninit<T: DeviceRepr>(
-        &self,
-        len: usize,
-        what: &str,
-    ) -> Result<CudaSlice<T>, CudaError> {
-        let out_of_memory = |free_bytes| CudaError::OutOfMemory {
-            requested_bytes: len.saturating_mul(size_of::<T>()),
-            free_bytes,
-            what: what.to_string(),
-        };
+    pub unsafe fn alloc_uninit<T: DeviceRepr>(&self, len: usize, what: &str) -> Result<CudaSlice<T>, CudaError> {
+        let out_of_memory = |free_bytes| CudaError::OutOfMemory { requested_bytes: len.saturating_mul(size_of::<T>()), free_bytes, what: what.to_string() };
         // cudarc multiplies without checking; an overflow must not become a small allocation.
         let bytes = len
             .checked_mul(size_of::<T>())
             .filter(|&bytes| bytes <= isize::MAX as usize)
             .ok_or_else(|| out_of_memory(self.memory_info().map_or(0, |(free, _)| free)))?;
         self.stream.alloc::<T>(len).map_err(|error| match error {
-            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                out_of_memory(self.memory_info().map_or(0, |(free, _)| free))
-            }
-            error => CudaError::Driver {
-                context: format!("allocating {bytes} bytes for {what}"),
-                error,
-            },
+            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => out_of_memory(self.memory_info().map_or(0, |(free, _)| free)),
+            error => CudaError::Driver { context: format!("allocating {bytes} bytes for {what}"), error },
         })
     }
 
-    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        len: usize,
-        what: &str,
-    ) -> Result<CudaSlice<T>, CudaError> {
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize, what: &str) -> Result<CudaSlice<T>, CudaError> {
         // SAFETY: filled with zeros before it is handed out.
         let mut slice = unsafe { self.alloc_uninit(len, what)? };
-        self.stream
-            .memset_zeros(&mut slice)
-            .map_err(CudaError::driver(format!("zeroing {what}")))?;
+        self.stream.memset_zeros(&mut slice).map_err(CudaError::driver(format!("zeroing {what}")))?;
         Ok(slice)
     }
 
     /// Filled with [`POISON_BYTE`], so elements a kernel fails to write stand out as NaN.
-    pub fn alloc_poisoned<T: DeviceRepr + bytemuck::Pod>(
-        &self,
-        len: usize,
-        what: &str,
-    ) -> Result<CudaSlice<T>, CudaError> {
+    pub fn alloc_poisoned<T: DeviceRepr + bytemuck::Pod>(&self, len: usize, what: &str) -> Result<CudaSlice<T>, CudaError> {
         // SAFETY: every byte is set below, and any bit pattern is a valid `Pod` value.
         let mut slice = unsafe { self.alloc_uninit::<T>(len, what)? };
         let bytes = slice.num_bytes();
@@ -258,15 +195,8 @@ impl CudaDevice {
             // `_record` marks the write for cudarc's stream tracking when it goes out of scope.
             let (pointer, _record) = slice.device_ptr_mut(&self.stream);
             // SAFETY: `pointer` addresses exactly `bytes` bytes owned by `slice`.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    pointer,
-                    POISON_BYTE,
-                    bytes,
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(CudaError::driver(format!("poisoning {what}")))?;
+            unsafe { cudarc::driver::result::memset_d8_async(pointer, POISON_BYTE, bytes, self.stream.cu_stream()) }
+                .map_err(CudaError::driver(format!("poisoning {what}")))?;
         }
         Ok(slice)
     }
@@ -275,9 +205,7 @@ impl CudaDevice {
     pub fn upload<T: DeviceRepr>(&self, data: &[T], what: &str) -> Result<CudaSlice<T>, CudaError> {
         // SAFETY: fully overwritten by the copy.
         let mut slice = unsafe { self.alloc_uninit(data.len(), what)? };
-        self.stream
-            .memcpy_htod(data, &mut slice)
-            .map_err(CudaError::driver(format!("uploading {what}")))?;
+        self.stream.memcpy_htod(data, &mut slice).map_err(CudaError::driver(format!("uploading {what}")))?;
         Ok(slice)
     }
 
@@ -294,31 +222,20 @@ impl CudaDevice {
         let fail = |step: &str| CudaError::driver(format!("{step} while uploading {what}"));
         for (index, chunk) in bytes.chunks(STAGING_CHUNK_BYTES).enumerate() {
             let slot = index % staging.buffers.len();
-            staging.copied[slot]
-                .synchronize()
-                .map_err(fail("waiting for a staging buffer"))?;
-            let host = staging.buffers[slot]
-                .as_mut_slice()
-                .map_err(fail("mapping a staging buffer"))?;
+            staging.copied[slot].synchronize().map_err(fail("waiting for a staging buffer"))?;
+            let host = staging.buffers[slot].as_mut_slice().map_err(fail("mapping a staging buffer"))?;
             host[..chunk.len()].copy_from_slice(chunk);
             let offset = index * STAGING_CHUNK_BYTES;
             let mut target = slice.slice_mut(offset..offset + chunk.len());
-            self.stream
-                .memcpy_htod(&host[..chunk.len()], &mut target)
-                .map_err(fail("copying a chunk"))?;
-            staging.copied[slot]
-                .record(&self.stream)
-                .map_err(fail("recording a copy"))?;
+            self.stream.memcpy_htod(&host[..chunk.len()], &mut target).map_err(fail("copying a chunk"))?;
+            staging.copied[slot].record(&self.stream).map_err(fail("recording a copy"))?;
         }
         Ok(slice)
     }
 
     /// Copies to the host and waits for the copy.
     pub fn download<T: DeviceRepr>(&self, slice: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
-        let data = self
-            .stream
-            .clone_dtoh(slice)
-            .map_err(CudaError::driver("downloading a buffer"))?;
+        let data = self.stream.clone_dtoh(slice).map_err(CudaError::driver("downloading a buffer"))?;
         self.synchronize()?;
         Ok(data)
     }
@@ -326,10 +243,7 @@ impl CudaDevice {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaDevice")
-            .field("info", &self.info)
-            .field("registry", &self.registry)
-            .finish()
+        f.debug_struct("CudaDevice").field("info", &self.info).field("registry", &self.registry).finish()
     }
 }
 
@@ -343,17 +257,10 @@ impl Staging {
     fn new(ctx: &Arc<CudaContext>) -> Result<Self, CudaError> {
         let pinned = || {
             // SAFETY: staging bytes are always written before the copy that reads them.
-            unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK_BYTES) }
-                .map_err(CudaError::driver("allocating pinned staging memory"))
+            unsafe { ctx.alloc_pinned::<u8>(STAGING_CHUNK_BYTES) }.map_err(CudaError::driver("allocating pinned staging memory"))
         };
-        let event = || {
-            ctx.new_event(None)
-                .map_err(CudaError::driver("creating a staging event"))
-        };
-        Ok(Staging {
-            buffers: [pinned()?, pinned()?],
-            copied: [event()?, event()?],
-        })
+        let event = || ctx.new_event(None).map_err(CudaError::driver("creating a staging event"));
+        Ok(Staging { buffers: [pinned()?, pinned()?], copied: [event()?, event()?] })
     }
 }
 

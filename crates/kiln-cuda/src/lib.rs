@@ -39,18 +39,13 @@ mod step;
 
 pub use backend::CudaBackend;
 pub use cache::{CacheDir, Cubin, CubinCache, CubinKey, CubinOrigin};
-pub use device::{
-    device_count, ensure_driver, list_devices, CudaDevice, DeviceInfo, POISON_BYTE,
-    STAGING_CHUNK_BYTES,
-};
+pub use device::{device_count, ensure_driver, list_devices, CudaDevice, DeviceInfo, POISON_BYTE, STAGING_CHUNK_BYTES};
 pub use error::CudaError;
 pub use nvrtc::{compile_cubin, ensure_nvrtc, nvrtc_version};
 pub use profile::{profile_range, ProfileRange};
 pub use registry::{KernelRegistry, RegistryConfig};
+pub use sources::{find_kernel, find_source, kernel_headers, kernel_sources, KernelHeader, KernelSource};
 pub use step::CudaStep;
-pub use sources::{
-    find_kernel, find_source, kernel_headers, kernel_sources, KernelHeader, KernelSource,
-};
 
 /// The cudarc version this crate is built against, for callers that launch kernels.
 pub use cudarc;

@@ -29,17 +29,12 @@ mod repack;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
-use repack::{
-    float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout,
-    CHUNK_VALUES, LANES, TILE_VALUES,
-};
+use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
 pub const MAX_MATVEC_TOKENS: usize = 8;
@@ -83,14 +78,8 @@ unsafe impl DeviceRepr for FloatArg {}
 
 #[derive(Debug)]
 enum Storage {
-    Quant {
-        layout: &'static QuantLayout,
-        planes: PlanesArg,
-    },
-    Float {
-        kind: FloatKind,
-        rows: FloatArg,
-    },
+    Quant { layout: &'static QuantLayout, planes: PlanesArg },
+    Float { kind: FloatKind, rows: FloatArg },
 }
 
 /// Rows of each mat-vec warp for `ntok` tokens: more rows share each activation load, which
@@ -122,12 +111,7 @@ enum Kernel {
 impl KernelSlots {
     const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 3;
 
-    fn get(
-        &self,
-        device: &CudaDevice,
-        storage: &Storage,
-        kernel: Kernel,
-    ) -> Result<&CudaFunction, CudaError> {
+    fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
             Kernel::Matvec { ntok, swiglu } => (ntok - 1) + usize::from(swiglu) * MAX_MATVEC_TOKENS,
             Kernel::Matmat { swiglu } => 2 * MAX_MATVEC_TOKENS + usize::from(swiglu),
@@ -143,10 +127,7 @@ impl KernelSlots {
 }
 
 /// Source file, kernel name and compile-time defines of `kernel` for weights stored as `storage`.
-fn kernel_id(
-    storage: &Storage,
-    kernel: Kernel,
-) -> (&'static str, String, Vec<(&'static str, i64)>) {
+fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&'static str, i64)>) {
     let suffix = match storage {
         Storage::Quant { layout, .. } => layout.kernel,
         Storage::Float { kind, .. } => kind.kernel(),
@@ -159,17 +140,10 @@ fn kernel_id(
                 Storage::Quant { layout, .. } if layout.block_values() == 256 => "matvec_kquant",
                 Storage::Quant { .. } => "matvec_legacy",
             };
-            let defines = vec![
-                ("NTOK", ntok as i64),
-                ("ROWS_PER_WARP", i64::from(rows_per_warp(ntok))),
-            ];
+            let defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(rows_per_warp(ntok)))];
             (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
         }
-        Kernel::Matmat { swiglu } => (
-            "matmat",
-            format!("matmat_{}{suffix}", fused(swiglu)),
-            Vec::new(),
-        ),
+        Kernel::Matmat { swiglu } => ("matmat", format!("matmat_{}{suffix}", fused(swiglu)), Vec::new()),
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
     }
 }
@@ -214,19 +188,11 @@ impl GpuWeight {
 }
 
 fn invalid(op: &'static str, reason: impl Into<String>) -> CudaError {
-    CudaError::InvalidArgument {
-        op,
-        reason: reason.into(),
-    }
+    CudaError::InvalidArgument { op, reason: reason.into() }
 }
 
 fn to_u32(op: &'static str, what: &str, value: usize) -> Result<u32, CudaError> {
-    u32::try_from(value).map_err(|_| {
-        invalid(
-            op,
-            format!("{what} = {value} does not fit the kernels' 32-bit indices"),
-        )
-    })
+    u32::try_from(value).map_err(|_| invalid(op, format!("{what} = {value} does not fit the kernels' 32-bit indices")))
 }
 
 fn device_address<T>(device: &CudaDevice, slice: &CudaSlice<T>) -> u64 {
@@ -237,8 +203,7 @@ fn device_address<T>(device: &CudaDevice, slice: &CudaSlice<T>) -> u64 {
 /// Uploads a weight once, repacked into the layout its kernels read (see `repack.rs`).
 pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeight, CudaError> {
     const OP: &str = "upload_weight";
-    src.validate()
-        .map_err(|error| invalid(OP, error.to_string()))?;
+    src.validate().map_err(|error| invalid(OP, error.to_string()))?;
     let (rows, cols) = (src.rows, src.cols);
     let what = format!("weight {} ({} {rows}x{cols})", src.name, src.ty);
     if rows == 0 || cols == 0 {
@@ -250,19 +215,8 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
         let stride = float_stride(cols);
         let bytes = pad_float_rows(kind, src.bytes(), rows, cols);
         let data = device.upload_via_pinned(&bytes, &what)?;
-        let rows_arg = FloatArg {
-            data: device_address(device, &data),
-            stride: to_u32(OP, "row stride", stride)?,
-            _pad: 0,
-        };
-        (
-            Storage::Float {
-                kind,
-                rows: rows_arg,
-            },
-            data,
-            None,
-        )
+        let rows_arg = FloatArg { data: device_address(device, &data), stride: to_u32(OP, "row stride", stride)?, _pad: 0 };
+        (Storage::Float { kind, rows: rows_arg }, data, None)
     } else if let Some(layout) = quant_layout(src.ty) {
         let packed = repack(layout, src.bytes(), rows, cols);
         let data = device.upload_via_pinned(&packed.bytes, &what)?;
@@ -277,21 +231,9 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
         let input = QuantizedActivations::new(device, MAX_MATVEC_TOKENS, cols)?;
         (Storage::Quant { layout, planes }, data, Some(input))
     } else {
-        return Err(invalid(
-            OP,
-            format!("{what}: no GPU kernels for type {}", src.ty),
-        ));
+        return Err(invalid(OP, format!("{what}: no GPU kernels for type {}", src.ty)));
     };
-    Ok(GpuWeight {
-        name: src.name.clone(),
-        ty: src.ty,
-        rows,
-        cols,
-        storage,
-        data,
-        input,
-        kernels: KernelSlots::default(),
-    })
+    Ok(GpuWeight { name: src.name.clone(), ty: src.ty, rows, cols, storage, data, input, kernels: KernelSlots::default() })
 }
 
 /// Activations quantized for the quantized mat-vec kernels: for up to `max_tokens` tokens of
@@ -314,17 +256,11 @@ impl QuantizedActivations {
     pub fn new(device: &CudaDevice, max_tokens: usize, cols: usize) -> Result<Self, CudaError> {
         const OP: &str = "QuantizedActivations::new";
         if cols % CHUNK_VALUES != 0 || cols == 0 || max_tokens == 0 {
-            return Err(invalid(
-                OP,
-                format!(
-                    "{max_tokens} tokens of {cols} values: need cols a non-zero multiple of 16"
-                ),
-            ));
+            return Err(invalid(OP, format!("{max_tokens} tokens of {cols} values: need cols a non-zero multiple of 16")));
         }
         let padded = tiles_of(cols) * TILE_VALUES;
         let codes = device.alloc_zeros::<i8>(max_tokens * padded, "quantized activations")?;
-        let scales = device
-            .alloc_zeros::<f32>(max_tokens * padded / CHUNK_VALUES * 2, "activation scales")?;
+        let scales = device.alloc_zeros::<f32>(max_tokens * padded / CHUNK_VALUES * 2, "activation scales")?;
         Ok(QuantizedActivations {
             codes,
             scales,
@@ -356,10 +292,7 @@ impl QuantizedActivations {
         n: usize,
     ) -> Result<&'a CudaFunction, CudaError> {
         if n > self.max_tokens {
-            return Err(invalid(
-                op,
-                format!("{n} tokens exceed the buffer's {}", self.max_tokens),
-            ));
+            return Err(invalid(op, format!("{n} tokens exceed the buffer's {}", self.max_tokens)));
         }
         check_len(op, "x", x.len(), n * self.cols)?;
         if let Some(function) = slot.get() {
@@ -371,37 +304,17 @@ impl QuantizedActivations {
 
     /// Quantizes the first `n` tokens of `x` [n][cols]. Writes the device buffers through a
     /// shared reference: their only readers are later launches on the same stream.
-    pub(crate) fn fill(
-        &self,
-        device: &CudaDevice,
-        x: &CudaSlice<f32>,
-        n: usize,
-    ) -> Result<(), CudaError> {
+    pub(crate) fn fill(&self, device: &CudaDevice, x: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
         const OP: &str = "quantize_activations";
         let function = self.prepare(device, OP, &self.quantize, "quantize_activations_q8", x, n)?;
         let tiles = tiles_of(self.cols);
-        let (cols, n32, tiles32) = (
-            to_u32(OP, "cols", self.cols)?,
-            to_u32(OP, "n", n)?,
-            to_u32(OP, "tiles", tiles)?,
-        );
+        let (cols, n32, tiles32) = (to_u32(OP, "cols", self.cols)?, to_u32(OP, "n", n)?, to_u32(OP, "tiles", tiles)?);
         let cfg = stride_launch(n * tiles * LANES);
         // SAFETY: argument list matches quantize_activations_q8; x holds n * cols values (checked)
         // and the buffers n <= max_tokens tokens of tiles * 512 codes and tiles * 32 pairs.
-        unsafe {
-            device
-                .stream()
-                .launch_builder(function)
-                .arg(x)
-                .arg(&cols)
-                .arg(&n32)
-                .arg(&tiles32)
-                .arg(&self.codes)
-                .arg(&self.scales)
-                .launch(cfg)
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching quantize_activations_q8"))?;
+        unsafe { device.stream().launch_builder(function).arg(x).arg(&cols).arg(&n32).arg(&tiles32).arg(&self.codes).arg(&self.scales).launch(cfg) }
+            .map(drop)
+            .map_err(CudaError::driver("launching quantize_activations_q8"))?;
         self.filled_tokens.store(n, Ordering::Relaxed);
         Ok(())
     }
@@ -409,12 +322,7 @@ impl QuantizedActivations {
 
 /// Quantizes the first `n` tokens of `x` [n][cols] for [`matmul_quantized`] and
 /// [`matmul_swiglu_quantized`].
-pub fn quantize_activations(
-    device: &CudaDevice,
-    x: &CudaSlice<f32>,
-    n: usize,
-    out: &mut QuantizedActivations,
-) -> Result<(), CudaError> {
+pub fn quantize_activations(device: &CudaDevice, x: &CudaSlice<f32>, n: usize, out: &mut QuantizedActivations) -> Result<(), CudaError> {
     out.fill(device, x, n)
 }
 
@@ -437,29 +345,13 @@ pub fn rms_norm_quantize(
     if n > 0 {
         let tiles = tiles_of(out.cols);
         let (cols, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "tiles", tiles)?);
-        let cfg = LaunchConfig {
-            grid_dim: (to_u32(OP, "n", n)?, 1, 1),
-            block_dim: (NORM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = LaunchConfig { grid_dim: (to_u32(OP, "n", n)?, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: argument list matches rms_norm_quantize_q8; x holds n * cols values and weight
         // cols (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
         // tiles * 32 pairs.
-        unsafe {
-            device
-                .stream()
-                .launch_builder(function)
-                .arg(x)
-                .arg(weight)
-                .arg(&cols)
-                .arg(&tiles32)
-                .arg(&eps)
-                .arg(&out.codes)
-                .arg(&out.scales)
-                .launch(cfg)
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching rms_norm_quantize_q8"))?;
+        unsafe { device.stream().launch_builder(function).arg(x).arg(weight).arg(&cols).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales).launch(cfg) }
+            .map(drop)
+            .map_err(CudaError::driver("launching rms_norm_quantize_q8"))?;
     }
     out.filled_tokens.store(n, Ordering::Relaxed);
     Ok(())
@@ -467,23 +359,14 @@ pub fn rms_norm_quantize(
 
 fn check_len(op: &'static str, what: &str, have: usize, need: usize) -> Result<(), CudaError> {
     if have < need {
-        return Err(invalid(
-            op,
-            format!("{what} holds {have} values, the call needs {need}"),
-        ));
+        return Err(invalid(op, format!("{what} holds {have} values, the call needs {need}")));
     }
     Ok(())
 }
 
 fn stride_launch(threads: usize) -> LaunchConfig {
-    let blocks = threads
-        .div_ceil(STRIDE_THREADS as usize)
-        .clamp(1, STRIDE_MAX_BLOCKS as usize) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (STRIDE_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    let blocks = threads.div_ceil(STRIDE_THREADS as usize).clamp(1, STRIDE_MAX_BLOCKS as usize) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (STRIDE_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// The activations a product reads.
@@ -494,24 +377,12 @@ enum Input<'a> {
 }
 
 /// `out[t][r] = x[t] . W[r]` for the first `n` tokens of `x` [n][cols]; `out` is [n][rows].
-pub fn matmul(
-    device: &CudaDevice,
-    w: &GpuWeight,
-    x: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-) -> Result<(), CudaError> {
+pub fn matmul(device: &CudaDevice, w: &GpuWeight, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
     product(device, "matmul", w, None, Input::F32(x), out, n, false)
 }
 
 /// `out[t][r] += x[t] . W[r]` (the residual add fused into the product).
-pub fn matmul_add(
-    device: &CudaDevice,
-    w: &GpuWeight,
-    x: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-) -> Result<(), CudaError> {
+pub fn matmul_add(device: &CudaDevice, w: &GpuWeight, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
     product(device, "matmul_add", w, None, Input::F32(x), out, n, true)
 }
 
@@ -525,16 +396,7 @@ pub fn matmul_swiglu(
     out: &mut CudaSlice<f32>,
     n: usize,
 ) -> Result<(), CudaError> {
-    product(
-        device,
-        "matmul_swiglu",
-        w_gate,
-        Some(w_up),
-        Input::F32(x),
-        out,
-        n,
-        false,
-    )
+    product(device, "matmul_swiglu", w_gate, Some(w_up), Input::F32(x), out, n, false)
 }
 
 /// [`matmul`] (or [`matmul_add`] when `accumulate`) from activations already quantized by
@@ -547,16 +409,7 @@ pub fn matmul_quantized(
     n: usize,
     accumulate: bool,
 ) -> Result<(), CudaError> {
-    product(
-        device,
-        "matmul_quantized",
-        w,
-        None,
-        Input::Quantized(x),
-        out,
-        n,
-        accumulate,
-    )
+    product(device, "matmul_quantized", w, None, Input::Quantized(x), out, n, accumulate)
 }
 
 /// [`matmul_swiglu`] from activations already quantized by [`quantize_activations`].
@@ -568,27 +421,12 @@ pub fn matmul_swiglu_quantized(
     out: &mut CudaSlice<f32>,
     n: usize,
 ) -> Result<(), CudaError> {
-    product(
-        device,
-        "matmul_swiglu_quantized",
-        w_gate,
-        Some(w_up),
-        Input::Quantized(x),
-        out,
-        n,
-        false,
-    )
+    product(device, "matmul_swiglu_quantized", w_gate, Some(w_up), Input::Quantized(x), out, n, false)
 }
 
 /// `out[t] = table[token_ids[t]]` (f32, `cols` values per token) for the first `n` ids. An id
 /// past the table's rows yields a row of NaN rather than an out-of-bounds read.
-pub fn embed_rows(
-    device: &CudaDevice,
-    table: &GpuWeight,
-    token_ids: &CudaView<'_, u32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-) -> Result<(), CudaError> {
+pub fn embed_rows(device: &CudaDevice, table: &GpuWeight, token_ids: &CudaView<'_, u32>, out: &mut CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
     const OP: &str = "embed_rows";
     if n == 0 {
         return Ok(());
@@ -596,27 +434,15 @@ pub fn embed_rows(
     check_len(OP, "token_ids", token_ids.len(), n)?;
     check_len(OP, "out", out.len(), n * table.cols)?;
     let function = table.kernels.get(device, &table.storage, Kernel::Embed)?;
-    let (n32, rows32, cols32) = (
-        to_u32(OP, "n", n)?,
-        to_u32(OP, "rows", table.rows)?,
-        to_u32(OP, "cols", table.cols)?,
-    );
+    let (n32, rows32, cols32) = (to_u32(OP, "n", n)?, to_u32(OP, "rows", table.rows)?, to_u32(OP, "cols", table.cols)?);
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &table.storage);
-    launch
-        .arg(token_ids)
-        .arg(&n32)
-        .arg(&rows32)
-        .arg(out)
-        .arg(&cols32);
+    launch.arg(token_ids).arg(&n32).arg(&rows32).arg(out).arg(&cols32);
     // SAFETY: argument list matches embed_* in matmat.cu; ids hold n values and out n * cols
     // (checked); the kernel bounds-checks every id against rows.
     unsafe { launch.launch(stride_launch(n * table.cols.div_ceil(CHUNK_VALUES))) }
         .map(drop)
-        .map_err(CudaError::driver(format!(
-            "launching embed for {}",
-            table.name
-        )))
+        .map_err(CudaError::driver(format!("launching embed for {}", table.name)))
 }
 
 fn push_weight<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, storage: &'a Storage) {
@@ -641,10 +467,7 @@ fn product(
         if (up.ty, up.rows, up.cols) != (w.ty, w.rows, w.cols) {
             return Err(invalid(
                 op,
-                format!(
-                    "gate {} ({} {}x{}) and up {} ({} {}x{}) differ in type or shape",
-                    w.name, w.ty, w.rows, w.cols, up.name, up.ty, up.rows, up.cols
-                ),
+                format!("gate {} ({} {}x{}) and up {} ({} {}x{}) differ in type or shape", w.name, w.ty, w.rows, w.cols, up.name, up.ty, up.rows, up.cols),
             ));
         }
     }
@@ -665,26 +488,17 @@ fn product(
             }
         }
         (Input::Quantized(q), Storage::Quant { .. }) => {
-            let filled = q
-                .filled_tokens
-                .load(Ordering::Relaxed)
-                .min(MAX_MATVEC_TOKENS);
+            let filled = q.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
             if q.cols != w.cols || n > filled {
                 return Err(invalid(
                     op,
-                    format!(
-                        "{n} tokens of {} quantized values for {} ({}x{}); {filled} tokens were quantized",
-                        q.cols, w.name, w.rows, w.cols
-                    ),
+                    format!("{n} tokens of {} quantized values for {} ({}x{}); {filled} tokens were quantized", q.cols, w.name, w.rows, w.cols),
                 ));
             }
             input
         }
         (Input::Quantized(_), Storage::Float { .. }) => {
-            return Err(invalid(
-                op,
-                format!("{} is {}: float weights take f32 activations", w.name, w.ty),
-            ));
+            return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
     launch_matvec(device, op, w, up, matvec_input, out, n, accumulate)
@@ -702,25 +516,10 @@ fn launch_matvec(
     accumulate: bool,
 ) -> Result<(), CudaError> {
     let swiglu = up.is_some();
-    let function = w
-        .kernels
-        .get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu })?;
-    let rows_per_block = MV_WARPS
-        * if swiglu {
-            swiglu_rows_per_warp(n)
-        } else {
-            rows_per_warp(n)
-        };
-    let (rows32, cols32, accumulate32) = (
-        to_u32(op, "rows", w.rows)?,
-        to_u32(op, "cols", w.cols)?,
-        u32::from(accumulate),
-    );
-    let cfg = LaunchConfig {
-        grid_dim: (rows32.div_ceil(rows_per_block), 1, 1),
-        block_dim: (MV_WARPS * 32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu })?;
+    let rows_per_block = MV_WARPS * if swiglu { swiglu_rows_per_warp(n) } else { rows_per_warp(n) };
+    let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
+    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {
@@ -737,12 +536,7 @@ fn launch_matvec(
     // SAFETY: argument lists match matvec_* / matvec_swiglu_* of matvec_{legacy,kquant,float}.cu;
     // the weights cover rows x cols (same shape for gate and up, checked), the activations n
     // tokens of cols values (checked or quantized above) and out n * rows values (checked).
-    unsafe { launch.launch(cfg) }
-        .map(drop)
-        .map_err(CudaError::driver(format!(
-            "launching the {n}-token mat-vec of {}",
-            w.name
-        )))
+    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -757,31 +551,14 @@ fn launch_matmat(
     accumulate: bool,
 ) -> Result<(), CudaError> {
     let swiglu = up.is_some();
-    let function = w
-        .kernels
-        .get(device, &w.storage, Kernel::Matmat { swiglu })?;
+    let function = w.kernels.get(device, &w.storage, Kernel::Matmat { swiglu })?;
     let rows_per_block = MM_SLOTS / if swiglu { 2 } else { 1 };
-    let (rows32, cols32, n32, accumulate32) = (
-        to_u32(op, "rows", w.rows)?,
-        to_u32(op, "cols", w.cols)?,
-        to_u32(op, "n", n)?,
-        u32::from(accumulate),
-    );
+    let (rows32, cols32, n32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, to_u32(op, "n", n)?, u32::from(accumulate));
     let token_blocks = n32.div_ceil(MM_TOKENS);
     if token_blocks > 65_535 {
-        return Err(invalid(
-            op,
-            format!(
-                "{n} tokens exceed one launch's {} (65535 blocks of {MM_TOKENS})",
-                65_535 * MM_TOKENS
-            ),
-        ));
+        return Err(invalid(op, format!("{n} tokens exceed one launch's {} (65535 blocks of {MM_TOKENS})", 65_535 * MM_TOKENS)));
     }
-    let cfg = LaunchConfig {
-        grid_dim: (rows32.div_ceil(rows_per_block), token_blocks, 1),
-        block_dim: (MM_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), token_blocks, 1), block_dim: (MM_THREADS, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {
@@ -793,12 +570,7 @@ fn launch_matmat(
     }
     // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat.cu; x holds n * cols
     // values and out n * rows (checked), and the kernel bounds-checks rows, tokens and columns.
-    unsafe { launch.launch(cfg) }
-        .map(drop)
-        .map_err(CudaError::driver(format!(
-            "launching the {n}-token mat-mat of {}",
-            w.name
-        )))
+    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-mat of {}", w.name)))
 }
 
 #[cfg(test)]
@@ -824,48 +596,20 @@ mod tests {
     /// Every kernel the host can ask for is declared in the source it is looked up in.
     #[test]
     fn every_format_finds_its_kernels() {
-        let null_planes = PlanesArg {
-            codes: 0,
-            extra: 0,
-            scales: 0,
-            tiles: 0,
-            _pad: 0,
-        };
-        let null_rows = FloatArg {
-            data: 0,
-            stride: 0,
-            _pad: 0,
-        };
-        let mut storages: Vec<Storage> = [FloatKind::F32, FloatKind::F16, FloatKind::BF16]
-            .into_iter()
-            .map(|kind| Storage::Float {
-                kind,
-                rows: null_rows,
-            })
-            .collect();
+        let null_planes = PlanesArg { codes: 0, extra: 0, scales: 0, tiles: 0, _pad: 0 };
+        let null_rows = FloatArg { data: 0, stride: 0, _pad: 0 };
+        let mut storages: Vec<Storage> =
+            [FloatKind::F32, FloatKind::F16, FloatKind::BF16].into_iter().map(|kind| Storage::Float { kind, rows: null_rows }).collect();
         for &ty in kiln_quant::ALL_TYPES {
             if let Some(layout) = quant_layout(ty) {
-                storages.push(Storage::Quant {
-                    layout,
-                    planes: null_planes,
-                });
+                storages.push(Storage::Quant { layout, planes: null_planes });
             }
         }
         assert_eq!(storages.len(), 18, "every format of the module docs");
         for storage in &storages {
-            let mut kernels = vec![
-                Kernel::Embed,
-                Kernel::Matmat { swiglu: false },
-                Kernel::Matmat { swiglu: true },
-            ];
+            let mut kernels = vec![Kernel::Embed, Kernel::Matmat { swiglu: false }, Kernel::Matmat { swiglu: true }];
             for ntok in 1..=MAX_MATVEC_TOKENS {
-                kernels.extend([
-                    Kernel::Matvec {
-                        ntok,
-                        swiglu: false,
-                    },
-                    Kernel::Matvec { ntok, swiglu: true },
-                ]);
+                kernels.extend([Kernel::Matvec { ntok, swiglu: false }, Kernel::Matvec { ntok, swiglu: true }]);
             }
             for kernel in kernels {
                 let (source, name, _) = kernel_id(storage, kernel);
@@ -878,14 +622,8 @@ mod tests {
     #[test]
     fn host_constants_match_the_kernel_defines() {
         let define = |source: &str, name: &str| -> u32 {
-            let line = source
-                .lines()
-                .find_map(|line| line.strip_prefix(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("no #define {name}"));
-            line.split_whitespace()
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("#define {name} {line}"))
+            let line = source.lines().find_map(|line| line.strip_prefix(&format!("#define {name} "))).unwrap_or_else(|| panic!("no #define {name}"));
+            line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
         };
         let (quant, matvec, matmat, norm) = (
             include_str!("../kernels/quant.cuh"),
@@ -894,10 +632,7 @@ mod tests {
             include_str!("../kernels/norm.cuh"),
         );
         assert_eq!(define(norm, "NORM_BLOCK"), NORM_THREADS);
-        assert_eq!(
-            define(norm, "WARP_NORM_MAX_DIM") as usize,
-            crate::backend::WARP_NORM_MAX_DIM
-        );
+        assert_eq!(define(norm, "WARP_NORM_MAX_DIM") as usize, crate::backend::WARP_NORM_MAX_DIM);
         assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
         assert_eq!(define(quant, "CHUNK_VALUES") as usize, CHUNK_VALUES);
         assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
@@ -912,11 +647,7 @@ mod tests {
             let (plain, swiglu) = (rows_per_warp(ntok), swiglu_rows_per_warp(ntok));
             assert!([1, 2, 4].contains(&plain), "ntok {ntok}");
             // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
-            assert!(
-                plain as usize * ntok <= 32
-                    && 2 * (swiglu as usize * ntok).next_power_of_two() <= 32,
-                "ntok {ntok}"
-            );
+            assert!(plain as usize * ntok <= 32 && 2 * (swiglu as usize * ntok).next_power_of_two() <= 32, "ntok {ntok}");
         }
     }
 }

@@ -40,23 +40,14 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     let version = VERSION.get_or_init(|| {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: libnvrtc is present; both pointers are valid for the call.
-        unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
-            .result()
-            .map(|()| (major, minor))
+        unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result().map(|()| (major, minor))
     });
-    version.map_err(|error| CudaError::Nvrtc {
-        what: "nvrtcVersion",
-        error,
-    })
+    version.map_err(|error| CudaError::Nvrtc { what: "nvrtcVersion", error })
 }
 
 /// Compiles a registered source (by file stem) for `arch` (e.g. `sm_90`) with the given
 /// `-DNAME=VALUE` defines. Needs only libnvrtc, no device.
-pub fn compile_cubin(
-    source: &str,
-    defines: &[(&str, i64)],
-    arch: &str,
-) -> Result<Vec<u8>, CudaError> {
+pub fn compile_cubin(source: &str, defines: &[(&str, i64)], arch: &str) -> Result<Vec<u8>, CudaError> {
     compile_key(&CubinKey::new(source, defines, arch)?)
 }
 
@@ -64,11 +55,7 @@ pub fn compile_cubin(
 pub(crate) fn compile_options(key: &CubinKey) -> Vec<String> {
     let mut options = vec![format!("--gpu-architecture={}", key.arch())];
     options.extend(BASE_OPTIONS.iter().map(|option| option.to_string()));
-    options.extend(
-        key.defines()
-            .iter()
-            .map(|(name, value)| format!("-D{name}={}", c_literal(*value))),
-    );
+    options.extend(key.defines().iter().map(|(name, value)| format!("-D{name}={}", c_literal(*value))));
     options
 }
 
@@ -87,28 +74,13 @@ pub(crate) fn compile_key(key: &CubinKey) -> Result<Vec<u8>, CudaError> {
     let started = std::time::Instant::now();
     let program = Program::create(source.name, source.code)?;
     let options = compile_options(key);
-    let option_strings: Vec<CString> = options
-        .iter()
-        .map(|o| CString::new(o.as_str()).expect("options hold no NUL"))
-        .collect();
+    let option_strings: Vec<CString> = options.iter().map(|o| CString::new(o.as_str()).expect("options hold no NUL")).collect();
     let option_ptrs: Vec<*const c_char> = option_strings.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: the program is live and the option pointers outlive the call.
-    let compiled = unsafe {
-        sys::nvrtcCompileProgram(
-            program.handle,
-            option_ptrs.len() as c_int,
-            option_ptrs.as_ptr(),
-        )
-    }
-    .result();
+    let compiled = unsafe { sys::nvrtcCompileProgram(program.handle, option_ptrs.len() as c_int, option_ptrs.as_ptr()) }.result();
     let log = program.log()?;
     if compiled.is_err() {
-        return Err(CudaError::Compile {
-            source_name: source.name.to_string(),
-            defines: format_defines(key.defines()),
-            arch: key.arch().to_string(),
-            log,
-        });
+        return Err(CudaError::Compile { source_name: source.name.to_string(), defines: format_defines(key.defines()), arch: key.arch().to_string(), log });
     }
     if !log.trim().is_empty() {
         tracing::debug!(source = source.name, log = %log, "NVRTC warnings");
@@ -153,39 +125,18 @@ impl Program {
         let name_ptrs: Vec<*const c_char> = header_names.iter().map(|h| h.as_ptr()).collect();
         let mut handle: sys::nvrtcProgram = std::ptr::null_mut();
         // SAFETY: every pointer refers to a NUL-terminated string kept alive in `_strings`.
-        unsafe {
-            sys::nvrtcCreateProgram(
-                &mut handle,
-                code.as_ptr(),
-                file_name.as_ptr(),
-                code_ptrs.len() as c_int,
-                code_ptrs.as_ptr(),
-                name_ptrs.as_ptr(),
-            )
-        }
-        .result()
-        .map_err(|error| CudaError::Nvrtc {
-            what: "nvrtcCreateProgram",
-            error,
-        })?;
+        unsafe { sys::nvrtcCreateProgram(&mut handle, code.as_ptr(), file_name.as_ptr(), code_ptrs.len() as c_int, code_ptrs.as_ptr(), name_ptrs.as_ptr()) }
+            .result()
+            .map_err(|error| CudaError::Nvrtc { what: "nvrtcCreateProgram", error })?;
         let mut strings = vec![code, file_name];
         strings.extend(header_codes);
         strings.extend(header_names);
-        Ok(Program {
-            handle,
-            _strings: strings,
-        })
+        Ok(Program { handle, _strings: strings })
     }
 
     fn log(&self) -> Result<String, CudaError> {
-        let bytes = self.read_buffer(
-            "nvrtcGetProgramLog",
-            sys::nvrtcGetProgramLogSize,
-            sys::nvrtcGetProgramLog,
-        )?;
-        Ok(String::from_utf8_lossy(&bytes)
-            .trim_end_matches('\0')
-            .to_string())
+        let bytes = self.read_buffer("nvrtcGetProgramLog", sys::nvrtcGetProgramLogSize, sys::nvrtcGetProgramLog)?;
+        Ok(String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string())
     }
 
     fn cubin(&self) -> Result<Vec<u8>, CudaError> {
@@ -201,13 +152,9 @@ impl Program {
         let fail = |error| CudaError::Nvrtc { what, error };
         let mut size = 0usize;
         // SAFETY: the program is live; `buffer` has exactly the size NVRTC reported.
-        unsafe { size_of(self.handle, &mut size) }
-            .result()
-            .map_err(fail)?;
+        unsafe { size_of(self.handle, &mut size) }.result().map_err(fail)?;
         let mut buffer = vec![0u8; size];
-        unsafe { read(self.handle, buffer.as_mut_ptr().cast()) }
-            .result()
-            .map_err(fail)?;
+        unsafe { read(self.handle, buffer.as_mut_ptr().cast()) }.result().map_err(fail)?;
         Ok(buffer)
     }
 }

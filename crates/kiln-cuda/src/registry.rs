@@ -34,20 +34,13 @@ impl KernelRegistry {
         let arch = match config.arch {
             Some(arch) => arch,
             None => {
-                let (major, minor) = ctx
-                    .compute_capability()
-                    .map_err(CudaError::driver("reading the compute capability"))?;
+                let (major, minor) = ctx.compute_capability().map_err(CudaError::driver("reading the compute capability"))?;
                 format!("sm_{major}{minor}")
             }
         };
         // A malformed override fails here rather than at the first lookup.
         validate_arch(&arch)?;
-        Ok(KernelRegistry {
-            ctx,
-            arch,
-            cubins: CubinCache::new(&config.cache_dir),
-            modules: RwLock::new(HashMap::new()),
-        })
+        Ok(KernelRegistry { ctx, arch, cubins: CubinCache::new(&config.cache_dir), modules: RwLock::new(HashMap::new()) })
     }
 
     /// The architecture every module is compiled for.
@@ -61,32 +54,20 @@ impl KernelRegistry {
 
     /// The module of `kernels/<source>.cu` specialized by `defines` (order does not matter).
     /// The same key always returns the same `Arc`.
-    pub fn module(
-        &self,
-        source: &str,
-        defines: &[(&str, i64)],
-    ) -> Result<Arc<CudaModule>, CudaError> {
+    pub fn module(&self, source: &str, defines: &[(&str, i64)]) -> Result<Arc<CudaModule>, CudaError> {
         let key = CubinKey::new(source, defines, &self.arch)?;
-        if let Some(module) = self
-            .modules
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-        {
+        if let Some(module) = self.modules.read().unwrap_or_else(PoisonError::into_inner).get(&key) {
             return Ok(module.clone());
         }
         // Compiled outside the lock so other keys are not held up; when two threads race on
         // one key, the first insertion wins and both get that module.
         let cubin = self.cubins.get_or_compile(&key)?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(cubin.bytes))
-            .map_err(|error| CudaError::Load {
-                source_name: source.to_string(),
-                defines: format_defines(key.defines()),
-                arch: self.arch.clone(),
-                error,
-            })?;
+        let module = self.ctx.load_module(Ptx::from_binary(cubin.bytes)).map_err(|error| CudaError::Load {
+            source_name: source.to_string(),
+            defines: format_defines(key.defines()),
+            arch: self.arch.clone(),
+            error,
+        })?;
         if cubin.origin == CubinOrigin::Disk {
             tracing::debug!(source, defines = %format_defines(key.defines()), "kernel module loaded from the disk cache");
         }
@@ -95,28 +76,15 @@ impl KernelRegistry {
     }
 
     /// One kernel of a module. Callers on hot paths should keep the returned function.
-    pub fn function(
-        &self,
-        source: &str,
-        kernel: &str,
-        defines: &[(&str, i64)],
-    ) -> Result<CudaFunction, CudaError> {
+    pub fn function(&self, source: &str, kernel: &str, defines: &[(&str, i64)]) -> Result<CudaFunction, CudaError> {
         find_kernel(source, kernel)?;
-        self.module(source, defines)?
-            .load_function(kernel)
-            .map_err(CudaError::driver(format!(
-                "looking up kernel `{kernel}` in {source}.cu"
-            )))
+        self.module(source, defines)?.load_function(kernel).map_err(CudaError::driver(format!("looking up kernel `{kernel}` in {source}.cu")))
     }
 }
 
 impl std::fmt::Debug for KernelRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let loaded = self
-            .modules
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
+        let loaded = self.modules.read().unwrap_or_else(PoisonError::into_inner).len();
         f.debug_struct("KernelRegistry")
             .field("device", &self.ctx.ordinal())
             .field("arch", &self.arch)

@@ -26,11 +26,7 @@ fn blank_non_code(src: &str, blank_literals: bool) -> String {
             i = end;
         } else if let Some(body) = rest.strip_prefix("/*") {
             let end = body.find("*/").map_or(src.len(), |n| i + 2 + n + 2);
-            out.extend(
-                src[i..end]
-                    .chars()
-                    .map(|c| if c == '\n' { '\n' } else { ' ' }),
-            );
+            out.extend(src[i..end].chars().map(|c| if c == '\n' { '\n' } else { ' ' }));
             i = end;
         } else if bytes[i] == b'"' || bytes[i] == b'\'' {
             let quote = bytes[i];
@@ -63,13 +59,11 @@ fn is_ident_byte(b: u8) -> bool {
 
 /// Byte offsets of `word` in `code` where it stands as a whole identifier.
 fn word_positions<'a>(code: &'a str, word: &'a str) -> impl Iterator<Item = usize> + 'a {
-    code.match_indices(word)
-        .map(|(pos, _)| pos)
-        .filter(move |&pos| {
-            let before = code.as_bytes()[..pos].last().copied();
-            let after = code.as_bytes().get(pos + word.len()).copied();
-            !before.is_some_and(is_ident_byte) && !after.is_some_and(is_ident_byte)
-        })
+    code.match_indices(word).map(|(pos, _)| pos).filter(move |&pos| {
+        let before = code.as_bytes()[..pos].last().copied();
+        let after = code.as_bytes().get(pos + word.len()).copied();
+        !before.is_some_and(is_ident_byte) && !after.is_some_and(is_ident_byte)
+    })
 }
 
 /// Names of the kernels declared as `extern "C" __global__ void NAME(` (qualifiers such as
@@ -82,12 +76,9 @@ pub fn kernel_names(src: &str) -> Result<Vec<String>, String> {
         let line = code[..pos].matches('\n').count() + 1;
         let head = code[..pos].trim_end();
         if !head.ends_with("extern \"C\"") {
-            return Err(format!(
-                "line {line}: a __global__ function must be declared `extern \"C\" __global__ void NAME(`"
-            ));
+            return Err(format!("line {line}: a __global__ function must be declared `extern \"C\" __global__ void NAME(`"));
         }
-        let name = declared_name(&code[pos + "__global__".len()..])
-            .map_err(|why| format!("line {line}: {why}"))?;
+        let name = declared_name(&code[pos + "__global__".len()..]).map_err(|why| format!("line {line}: {why}"))?;
         if names.contains(&name) {
             return Err(format!("line {line}: kernel `{name}` is declared twice"));
         }
@@ -99,10 +90,7 @@ pub fn kernel_names(src: &str) -> Result<Vec<String>, String> {
 /// Parses `void [qualifiers] NAME(` and returns NAME.
 fn declared_name(after_global: &str) -> Result<String, String> {
     let mut rest = after_global.trim_start();
-    rest = rest
-        .strip_prefix("void")
-        .filter(|r| !r.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'))
-        .ok_or("a kernel must return void")?;
+    rest = rest.strip_prefix("void").filter(|r| !r.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')).ok_or("a kernel must return void")?;
     loop {
         rest = rest.trim_start();
         let ident_len = rest.bytes().take_while(|&b| is_ident_byte(b)).count();
@@ -112,14 +100,11 @@ fn declared_name(after_global: &str) -> Result<String, String> {
         let ident = &rest[..ident_len];
         rest = rest[ident_len..].trim_start();
         if ident == "__launch_bounds__" || ident == "__cluster_dims__" {
-            rest =
-                skip_parenthesized(rest).ok_or(format!("unbalanced parentheses after {ident}"))?;
+            rest = skip_parenthesized(rest).ok_or(format!("unbalanced parentheses after {ident}"))?;
         } else if rest.starts_with('(') {
             return Ok(ident.to_string());
         } else if !ident.starts_with("__") {
-            return Err(format!(
-                "unexpected `{ident}` before the kernel's parameter list"
-            ));
+            return Err(format!("unexpected `{ident}` before the kernel's parameter list"));
         }
     }
 }
@@ -153,18 +138,9 @@ pub fn test_defines(src: &str) -> Result<Vec<Vec<(String, i64)>>, String> {
             continue;
         };
         let mut set = Vec::new();
-        for item in spec
-            .split(',')
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-        {
-            let (name, value) = item
-                .split_once('=')
-                .ok_or(format!("line {}: `{item}` is not NAME=VALUE", index + 1))?;
-            let value = value
-                .trim()
-                .parse::<i64>()
-                .map_err(|e| format!("line {}: value of `{}`: {e}", index + 1, name.trim()))?;
+        for item in spec.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+            let (name, value) = item.split_once('=').ok_or(format!("line {}: `{item}` is not NAME=VALUE", index + 1))?;
+            let value = value.trim().parse::<i64>().map_err(|e| format!("line {}: value of `{}`: {e}", index + 1, name.trim()))?;
             set.push((name.trim().to_string(), value));
         }
         sets.push(set);
@@ -189,12 +165,7 @@ pub fn local_includes(src: &str) -> Result<Vec<String>, String> {
         let target = target.trim();
         match target.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
             Some(name) => names.push(name.to_string()),
-            None => {
-                return Err(format!(
-                    "line {}: `#include {target}`: only our own headers (#include \"x.cuh\") are allowed",
-                    index + 1
-                ))
-            }
+            None => return Err(format!("line {}: `#include {target}`: only our own headers (#include \"x.cuh\") are allowed", index + 1)),
         }
     }
     Ok(names)
@@ -237,33 +208,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) bounded(float* out) {}
 
     #[test]
     fn test_define_lines_give_one_specialization_each() {
-        let src =
-            "// kiln-test-defines: BLOCK=128, ROWS=-4\n  // kiln-test-defines: BLOCK=1024\nint x;";
-        assert_eq!(
-            test_defines(src).unwrap(),
-            vec![
-                vec![("BLOCK".to_string(), 128), ("ROWS".to_string(), -4)],
-                vec![("BLOCK".to_string(), 1024)]
-            ]
-        );
-        assert_eq!(
-            test_defines("int x;").unwrap(),
-            vec![Vec::<(String, i64)>::new()]
-        );
+        let src = "// kiln-test-defines: BLOCK=128, ROWS=-4\n  // kiln-test-defines: BLOCK=1024\nint x;";
+        assert_eq!(test_defines(src).unwrap(), vec![vec![("BLOCK".to_string(), 128), ("ROWS".to_string(), -4)], vec![("BLOCK".to_string(), 1024)]]);
+        assert_eq!(test_defines("int x;").unwrap(), vec![Vec::<(String, i64)>::new()]);
         assert!(test_defines("// kiln-test-defines: BLOCK").is_err());
         assert!(test_defines("// kiln-test-defines: BLOCK=big").is_err());
     }
 
     #[test]
     fn only_quoted_includes_are_allowed() {
-        assert_eq!(
-            local_includes("#include \"common.cuh\"\n# include \"b.cuh\"").unwrap(),
-            ["common.cuh", "b.cuh"]
-        );
-        assert_eq!(
-            local_includes("// #include <cuda_fp16.h>\n").unwrap(),
-            Vec::<String>::new()
-        );
+        assert_eq!(local_includes("#include \"common.cuh\"\n# include \"b.cuh\"").unwrap(), ["common.cuh", "b.cuh"]);
+        assert_eq!(local_includes("// #include <cuda_fp16.h>\n").unwrap(), Vec::<String>::new());
         assert!(local_includes("#include <cuda_fp16.h>").is_err());
     }
 

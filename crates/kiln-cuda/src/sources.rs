@@ -39,10 +39,7 @@ pub fn find_source(name: &str) -> Result<&'static KernelSource, CudaError> {
     KERNEL_SOURCES
         .iter()
         .find(|source| source.name == name)
-        .ok_or_else(|| CudaError::UnknownSource {
-            name: name.to_string(),
-            available: KERNEL_SOURCES.iter().map(|source| source.name).collect(),
-        })
+        .ok_or_else(|| CudaError::UnknownSource { name: name.to_string(), available: KERNEL_SOURCES.iter().map(|source| source.name).collect() })
 }
 
 /// The source that declares `kernel`, or `KernelNotFound` listing what the source does declare.
@@ -51,11 +48,7 @@ pub fn find_kernel(source: &str, kernel: &str) -> Result<&'static KernelSource, 
     if found.kernels.contains(&kernel) {
         Ok(found)
     } else {
-        Err(CudaError::KernelNotFound {
-            source_name: source.to_string(),
-            kernel: kernel.to_string(),
-            available: found.kernels.to_vec(),
-        })
+        Err(CudaError::KernelNotFound { source_name: source.to_string(), kernel: kernel.to_string(), available: found.kernels.to_vec() })
     }
 }
 
@@ -64,16 +57,8 @@ impl KernelSource {
     /// table entry, since module lookups ask for it on every call).
     pub fn digest(&'static self) -> [u8; 32] {
         static DIGESTS: OnceLock<Vec<[u8; 32]>> = OnceLock::new();
-        let digests = DIGESTS.get_or_init(|| {
-            KERNEL_SOURCES
-                .iter()
-                .map(KernelSource::compute_digest)
-                .collect()
-        });
-        match KERNEL_SOURCES
-            .iter()
-            .position(|source| std::ptr::eq(source, self))
-        {
+        let digests = DIGESTS.get_or_init(|| KERNEL_SOURCES.iter().map(KernelSource::compute_digest).collect());
+        match KERNEL_SOURCES.iter().position(|source| std::ptr::eq(source, self)) {
             Some(index) => digests[index],
             None => self.compute_digest(),
         }

@@ -40,7 +40,6 @@ fn gpu() -> CudaBackend {
     CudaBackend::new(0).unwrap_or_else(|e| panic!("opening GPU 0: {e}"))
 }
 
-
 fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-scale..scale)).collect()
 }
@@ -452,7 +451,14 @@ fn fused_norm_quantize_matches_norm_then_product() {
                     let mut got = poisoned(gpu, n * q_rows);
                     matvec::matmul_quantized(device, wq, &buffer, &mut got, n, false).expect("matmul_quantized");
                     assert_close(&what("rms_norm_quantize + matmul_quantized"), &download(gpu, &got, n * q_rows), &want_q, exact);
-                    assert!(matches!(matvec::rms_norm_quantize(device, &gx, &upload(gpu, &norm[..dim - 16]), eps, n, &buffer), Err(kiln_cuda::CudaError::InvalidArgument { .. })), "{}", what("short norm weight"));
+                    assert!(
+                        matches!(
+                            matvec::rms_norm_quantize(device, &gx, &upload(gpu, &norm[..dim - 16]), eps, n, &buffer),
+                            Err(kiln_cuda::CudaError::InvalidArgument { .. })
+                        ),
+                        "{}",
+                        what("short norm weight")
+                    );
                 }
 
                 let (mut q, mut k, mut v) = (poisoned(gpu, n * q_rows), poisoned(gpu, n * kv_rows), poisoned(gpu, n * kv_rows));

@@ -59,18 +59,9 @@ const Q8_SWIGLU_TOLERANCE: f64 = 2e-2;
 
 fn device() -> &'static CudaDevice {
     static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
-    DEVICE.get_or_init(|| {
-        CudaDevice::new(
-            0,
-            RegistryConfig {
-                cache_dir: CacheDir::Default,
-                arch: None,
-            },
-        )
-        .unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
-    })
+    DEVICE
+        .get_or_init(|| CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, arch: None }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}")))
 }
-
 
 fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
@@ -88,34 +79,19 @@ struct HostWeight {
 impl HostWeight {
     fn random(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostWeight {
         let source = random_f32(rng, rows * cols);
-        let mut bytes =
-            vec![0u8; kiln_quant::quantized_size(ty, rows * cols).expect("whole blocks")];
+        let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).expect("whole blocks")];
         kiln_quant::quantize(ty, &source, &mut bytes).expect("quantize");
         let mut values = vec![0f32; rows * cols];
         kiln_quant::dequantize(ty, &bytes, &mut values).expect("dequantize");
-        HostWeight {
-            ty,
-            rows,
-            cols,
-            bytes: Arc::new(bytes),
-            values,
-        }
+        HostWeight { ty, rows, cols, bytes: Arc::new(bytes), values }
     }
 
     fn source(&self, name: &str) -> WeightSource {
-        WeightSource {
-            name: name.to_string(),
-            ty: self.ty,
-            rows: self.rows,
-            cols: self.cols,
-            range: 0..self.bytes.len(),
-            owner: self.bytes.clone(),
-        }
+        WeightSource { name: name.to_string(), ty: self.ty, rows: self.rows, cols: self.cols, range: 0..self.bytes.len(), owner: self.bytes.clone() }
     }
 
     fn upload(&self, name: &str) -> GpuWeight {
-        matvec::upload_weight(device(), &self.source(name))
-            .unwrap_or_else(|e| panic!("upload {name}: {e}"))
+        matvec::upload_weight(device(), &self.source(name)).unwrap_or_else(|e| panic!("upload {name}: {e}"))
     }
 
     fn is_float(&self) -> bool {
@@ -124,10 +100,7 @@ impl HostWeight {
 
     /// out[t][r] = sum_c W[r][c] * x[t][c] in f64, with sum_c |W[r][c] x[t][c]| as the scale.
     fn product(&self, x: &[f64], n: usize) -> Expected {
-        let mut expected = Expected {
-            values: vec![0f64; n * self.rows],
-            scale: vec![0f64; n * self.rows],
-        };
+        let mut expected = Expected { values: vec![0f64; n * self.rows], scale: vec![0f64; n * self.rows] };
         for t in 0..n {
             let xt = &x[t * self.cols..(t + 1) * self.cols];
             for r in 0..self.rows {
@@ -165,15 +138,11 @@ struct Expected {
 impl Expected {
     /// silu(g) * u per output; its scale propagates the scales of g and u to first order.
     fn swiglu(gate: &Expected, up: &Expected) -> Expected {
-        let mut out = Expected {
-            values: Vec::new(),
-            scale: Vec::new(),
-        };
+        let mut out = Expected { values: Vec::new(), scale: Vec::new() };
         for i in 0..gate.values.len() {
             let (g, u) = (gate.values[i], up.values[i]);
             out.values.push(silu(g) * u);
-            out.scale
-                .push(1.1 * u.abs() * gate.scale[i] + silu(g).abs() * up.scale[i]);
+            out.scale.push(1.1 * u.abs() * gate.scale[i] + silu(g).abs() * up.scale[i]);
         }
         out
     }
@@ -183,11 +152,7 @@ impl Expected {
         if !got.iter().all(|v| v.is_finite()) {
             return f64::INFINITY;
         }
-        let err: f64 = got
-            .iter()
-            .zip(&self.values)
-            .map(|(&g, &w)| (f64::from(g) - w).powi(2))
-            .sum();
+        let err: f64 = got.iter().zip(&self.values).map(|(&g, &w)| (f64::from(g) - w).powi(2)).sum();
         let scale: f64 = self.scale.iter().map(|s| s * s).sum();
         (err / scale.max(f64::MIN_POSITIVE)).sqrt()
     }
@@ -233,11 +198,7 @@ fn dequantized_activations(x: &[f32]) -> Vec<f64> {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        out.extend(
-            chunk
-                .iter()
-                .map(|&v| f64::from(d) * f64::from((v * inverse).round_ties_even())),
-        );
+        out.extend(chunk.iter().map(|&v| f64::from(d) * f64::from((v * inverse).round_ties_even())));
     }
     out
 }
@@ -246,9 +207,7 @@ fn dequantized_activations(x: &[f32]) -> Vec<f64> {
 const GUARD: usize = 64;
 
 fn poisoned(len: usize) -> CudaSlice<f32> {
-    device()
-        .alloc_poisoned::<f32>(len + GUARD, "test output")
-        .expect("alloc")
+    device().alloc_poisoned::<f32>(len + GUARD, "test output").expect("alloc")
 }
 
 fn upload_f32(values: &[f32]) -> CudaSlice<f32> {
@@ -265,12 +224,7 @@ fn download(out: &CudaSlice<f32>, len: usize, failures: &mut Vec<String>, case: 
 }
 
 fn report(test: &str, failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{test}: {} failing cases:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{test}: {} failing cases:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Row lengths per format: one block, a few blocks not filling a 512-value tile, and several
@@ -293,9 +247,7 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
 fn check(failures: &mut Vec<String>, case: &str, got: &[f32], expected: &Expected) {
     let error = expected.error(got);
     if error.is_nan() || error > ROUNDING_TOLERANCE {
-        failures.push(format!(
-            "{case}: error {error:.3e} > {ROUNDING_TOLERANCE:.0e} (relative to sum |w x|)"
-        ));
+        failures.push(format!("{case}: error {error:.3e} > {ROUNDING_TOLERANCE:.0e} (relative to sum |w x|)"));
     }
 }
 
@@ -343,22 +295,14 @@ fn matmul_add_accumulates_into_the_output() {
                 let x = random_f32(&mut rng, n * cols);
                 let residual = random_f32(&mut rng, n * rows);
                 let mut out = poisoned(n * rows);
-                device()
-                    .stream()
-                    .memcpy_htod(&residual, &mut out.slice_mut(..n * rows))
-                    .expect("upload residual");
-                if let Err(e) = matvec::matmul_add(device(), &weight, &upload_f32(&x), &mut out, n)
-                {
+                device().stream().memcpy_htod(&residual, &mut out.slice_mut(..n * rows)).expect("upload residual");
+                if let Err(e) = matvec::matmul_add(device(), &weight, &upload_f32(&x), &mut out, n) {
                     failures.push(format!("{case}: {e}"));
                     continue;
                 }
                 let got = download(&out, n * rows, &mut failures, &case);
                 let (mut computed, _) = host.products(&x, n);
-                computed
-                    .values
-                    .iter_mut()
-                    .zip(&residual)
-                    .for_each(|(w, &r)| *w += f64::from(r));
+                computed.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
                 check(&mut failures, &case, &got, &computed);
             }
         }
@@ -382,29 +326,18 @@ fn matmul_swiglu_fuses_gate_and_up() {
                 let case = format!("matmul_swiglu {ty} {rows}x{cols} n={n}");
                 let x = random_f32(&mut rng, n * cols);
                 let mut out = poisoned(n * rows);
-                if let Err(e) =
-                    matvec::matmul_swiglu(device(), &gate, &up, &upload_f32(&x), &mut out, n)
-                {
+                if let Err(e) = matvec::matmul_swiglu(device(), &gate, &up, &upload_f32(&x), &mut out, n) {
                     failures.push(format!("{case}: {e}"));
                     continue;
                 }
                 let got = download(&out, n * rows, &mut failures, &case);
                 let (gate_computed, gate_exact) = gate_host.products(&x, n);
                 let (up_computed, up_exact) = up_host.products(&x, n);
-                check(
-                    &mut failures,
-                    &case,
-                    &got,
-                    &Expected::swiglu(&gate_computed, &up_computed),
-                );
+                check(&mut failures, &case, &got, &Expected::swiglu(&gate_computed, &up_computed));
                 pool.add(&got, &Expected::swiglu(&gate_exact, &up_exact).values);
             }
         }
-        pool.check(
-            &mut failures,
-            &format!("matmul_swiglu {ty}"),
-            Q8_SWIGLU_TOLERANCE,
-        );
+        pool.check(&mut failures, &format!("matmul_swiglu {ty}"), Q8_SWIGLU_TOLERANCE);
     }
     report("matmul_swiglu", failures);
 }
@@ -429,9 +362,7 @@ fn embed_rows_decodes_rows_exactly() {
                 }
                 let ids_gpu = device().upload(&ids, "ids").expect("upload ids");
                 let mut out = poisoned(n * cols);
-                if let Err(e) =
-                    matvec::embed_rows(device(), &table, &ids_gpu.slice(..), &mut out, n)
-                {
+                if let Err(e) = matvec::embed_rows(device(), &table, &ids_gpu.slice(..), &mut out, n) {
                     failures.push(format!("{case}: {e}"));
                     continue;
                 }
@@ -440,21 +371,14 @@ fn embed_rows_decodes_rows_exactly() {
                     let row = &got[t * cols..(t + 1) * cols];
                     if bad && t == n - 1 {
                         if !row.iter().all(|v| v.is_nan()) {
-                            failures.push(format!(
-                                "{case}: out-of-range id {id} did not give a NaN row"
-                            ));
+                            failures.push(format!("{case}: out-of-range id {id} did not give a NaN row"));
                         }
                         continue;
                     }
                     let want = &host.values[id as usize * cols..(id as usize + 1) * cols];
                     // Decoding is exact (the same f32 operations as the CPU), so values match bit for bit.
-                    if let Some(c) = (0..cols)
-                        .find(|&c| row[c].to_bits() != want[c].to_bits() && row[c] != want[c])
-                    {
-                        failures.push(format!(
-                            "{case}: token {t} (row {id}) column {c}: {} != {}",
-                            row[c], want[c]
-                        ));
+                    if let Some(c) = (0..cols).find(|&c| row[c].to_bits() != want[c].to_bits() && row[c] != want[c]) {
+                        failures.push(format!("{case}: token {t} (row {id}) column {c}: {} != {}", row[c], want[c]));
                     }
                 }
             }
@@ -470,10 +394,7 @@ fn prequantized_activations_serve_several_weights() {
     let mut rng = rng("prequantized");
     let mut failures = Vec::new();
     let (rows, cols, n) = (300, 1024, 3);
-    let hosts = [
-        HostWeight::random(&mut rng, GgmlType::Q4_K, rows, cols),
-        HostWeight::random(&mut rng, GgmlType::Q6_K, rows, cols),
-    ];
+    let hosts = [HostWeight::random(&mut rng, GgmlType::Q4_K, rows, cols), HostWeight::random(&mut rng, GgmlType::Q6_K, rows, cols)];
     let weights: Vec<GpuWeight> = hosts.iter().map(|h| h.upload("shared input")).collect();
     let x = random_f32(&mut rng, n * cols);
     let x_gpu = upload_f32(&x);
@@ -483,43 +404,24 @@ fn prequantized_activations_serve_several_weights() {
         let case = format!("prequantized {}", host.ty);
         let (mut direct, mut shared_out) = (poisoned(n * rows), poisoned(n * rows));
         matvec::matmul(device(), weight, &x_gpu, &mut direct, n).expect("matmul");
-        matvec::matmul_quantized(device(), weight, &shared, &mut shared_out, n, false)
-            .expect("matmul_quantized");
+        matvec::matmul_quantized(device(), weight, &shared, &mut shared_out, n, false).expect("matmul_quantized");
         let direct = download(&direct, n * rows, &mut failures, &case);
         let shared_out = download(&shared_out, n * rows, &mut failures, &case);
-        if direct
-            .iter()
-            .zip(&shared_out)
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            failures.push(format!(
-                "{case}: shared quantization differs from matmul's own"
-            ));
+        if direct.iter().zip(&shared_out).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            failures.push(format!("{case}: shared quantization differs from matmul's own"));
         }
         check(&mut failures, &case, &shared_out, &host.products(&x, n).0);
     }
     let mut out = poisoned(n * rows);
-    matvec::matmul_swiglu_quantized(device(), &weights[0], &weights[0], &shared, &mut out, n)
-        .expect("swiglu");
+    matvec::matmul_swiglu_quantized(device(), &weights[0], &weights[0], &shared, &mut out, n).expect("swiglu");
     let got = download(&out, n * rows, &mut failures, "prequantized swiglu");
     let g = hosts[0].products(&x, n).0;
-    check(
-        &mut failures,
-        "prequantized swiglu",
-        &got,
-        &Expected::swiglu(&g, &g),
-    );
+    check(&mut failures, "prequantized swiglu", &got, &Expected::swiglu(&g, &g));
     // More tokens than the buffer holds, and a float weight, are refused.
-    assert!(matches!(
-        matvec::quantize_activations(device(), &x_gpu, 5, &mut shared),
-        Err(CudaError::InvalidArgument { .. })
-    ));
+    assert!(matches!(matvec::quantize_activations(device(), &x_gpu, 5, &mut shared), Err(CudaError::InvalidArgument { .. })));
     let float = HostWeight::random(&mut rng, GgmlType::F16, rows, cols).upload("f16");
     let mut out = poisoned(n * rows);
-    assert!(matches!(
-        matvec::matmul_quantized(device(), &float, &shared, &mut out, n, false),
-        Err(CudaError::InvalidArgument { .. })
-    ));
+    assert!(matches!(matvec::matmul_quantized(device(), &float, &shared, &mut out, n, false), Err(CudaError::InvalidArgument { .. })));
     report("prequantized", failures);
 }
 
@@ -535,33 +437,12 @@ fn bad_arguments_are_typed_errors() {
         Err(CudaError::InvalidArgument { reason, .. }) => eprintln!("{what}: {reason}"),
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
-    invalid(
-        matvec::matmul_swiglu(device(), &a, &b, &x, &mut out, 2),
-        "gate/up of different types",
-    );
-    invalid(
-        matvec::matmul(device(), &a, &x, &mut out, 3),
-        "x shorter than n * cols",
-    );
-    let mut short = device()
-        .alloc_poisoned::<f32>(2 * 8 - 1, "short output")
-        .expect("alloc");
-    invalid(
-        matvec::matmul(device(), &a, &x, &mut short, 2),
-        "output shorter than n * rows",
-    );
-    let unsupported = WeightSource {
-        name: "iq2".into(),
-        ty: GgmlType::IQ2_XXS,
-        rows: 1,
-        cols: 256,
-        range: 0..66,
-        owner: Arc::new(vec![0u8; 66]),
-    };
-    assert!(matches!(
-        matvec::upload_weight(device(), &unsupported),
-        Err(CudaError::InvalidArgument { .. })
-    ));
+    invalid(matvec::matmul_swiglu(device(), &a, &b, &x, &mut out, 2), "gate/up of different types");
+    invalid(matvec::matmul(device(), &a, &x, &mut out, 3), "x shorter than n * cols");
+    let mut short = device().alloc_poisoned::<f32>(2 * 8 - 1, "short output").expect("alloc");
+    invalid(matvec::matmul(device(), &a, &x, &mut short, 2), "output shorter than n * rows");
+    let unsupported = WeightSource { name: "iq2".into(), ty: GgmlType::IQ2_XXS, rows: 1, cols: 256, range: 0..66, owner: Arc::new(vec![0u8; 66]) };
+    assert!(matches!(matvec::upload_weight(device(), &unsupported), Err(CudaError::InvalidArgument { .. })));
 }
 
 /// A rows x cols weight of valid blocks made cheaply: 64 random rows quantized, then repeated.
@@ -575,25 +456,14 @@ fn benchmark_weight(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize
         bytes.extend_from_slice(&seed_rows.bytes[..take]);
     }
     let len = bytes.len();
-    WeightSource {
-        name: format!("{ty} {rows}x{cols}"),
-        ty,
-        rows,
-        cols,
-        range: 0..len,
-        owner: Arc::new(bytes),
-    }
+    WeightSource { name: format!("{ty} {rows}x{cols}"), ty, rows, cols, range: 0..len, owner: Arc::new(bytes) }
 }
 
 /// Mean milliseconds of `launch` over `rounds` calls (after one warm-up call), by CUDA events.
 fn time_ms(rounds: usize, mut launch: impl FnMut(usize)) -> f64 {
     let ctx = device().context();
-    let (start, end) = (
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .expect("event"),
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .expect("event"),
-    );
+    let (start, end) =
+        (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"), ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event"));
     launch(0);
     start.record(device().stream()).expect("record");
     for round in 0..rounds {
@@ -627,55 +497,26 @@ fn matvec_bandwidth_on_8b_shapes() {
             let bytes = first.device_bytes();
             let copies = (5 * l2 / 2).div_ceil(bytes).clamp(2, 12);
             let mut weights = vec![first];
-            weights.extend(
-                (1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")),
-            );
+            weights.extend((1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")));
             let x = upload_f32(&random_f32(&mut rng, 512 * cols));
-            let mut out = device()
-                .alloc_zeros::<f32>(512 * rows, "benchmark output")
-                .expect("alloc");
+            let mut out = device().alloc_zeros::<f32>(512 * rows, "benchmark output").expect("alloc");
             let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
-            let matmul_ms = time_ms(ROUNDS * copies, |i| {
-                matvec::matmul(device(), &weights[i % copies], &x, &mut out, 1).expect("matmul")
-            });
+            let matmul_ms = time_ms(ROUNDS * copies, |i| matvec::matmul(device(), &weights[i % copies], &x, &mut out, 1).expect("matmul"));
             let mut kernel = Vec::new();
             if weights[0].ty.block_size() > 1 {
                 let mut q = QuantizedActivations::new(device(), 8, cols).expect("activations");
                 matvec::quantize_activations(device(), &x, 8, &mut q).expect("quantize");
                 for n in [1, 4, 8] {
-                    let ms = time_ms(ROUNDS * copies, |i| {
-                        matvec::matmul_quantized(
-                            device(),
-                            &weights[i % copies],
-                            &q,
-                            &mut out,
-                            n,
-                            false,
-                        )
-                        .expect("matvec")
-                    });
-                    kernel.push(format!(
-                        "{:6.0} ({:4.1}%)",
-                        gbps(ms),
-                        100.0 * gbps(ms) / PEAK_GBPS
-                    ));
+                    let ms = time_ms(ROUNDS * copies, |i| matvec::matmul_quantized(device(), &weights[i % copies], &q, &mut out, n, false).expect("matvec"));
+                    kernel.push(format!("{:6.0} ({:4.1}%)", gbps(ms), 100.0 * gbps(ms) / PEAK_GBPS));
                 }
             } else {
                 for n in [1, 4, 8] {
-                    let ms = time_ms(ROUNDS * copies, |i| {
-                        matvec::matmul(device(), &weights[i % copies], &x, &mut out, n)
-                            .expect("matvec")
-                    });
-                    kernel.push(format!(
-                        "{:6.0} ({:4.1}%)",
-                        gbps(ms),
-                        100.0 * gbps(ms) / PEAK_GBPS
-                    ));
+                    let ms = time_ms(ROUNDS * copies, |i| matvec::matmul(device(), &weights[i % copies], &x, &mut out, n).expect("matvec"));
+                    kernel.push(format!("{:6.0} ({:4.1}%)", gbps(ms), 100.0 * gbps(ms) / PEAK_GBPS));
                 }
             }
-            let matmat_ms = time_ms(2, |i| {
-                matvec::matmul(device(), &weights[i % copies], &x, &mut out, 512).expect("matmat")
-            });
+            let matmat_ms = time_ms(2, |i| matvec::matmul(device(), &weights[i % copies], &x, &mut out, 512).expect("matmat"));
             let tflops = 2.0 * rows as f64 * cols as f64 * 512.0 / (matmat_ms * 1e-3) / 1e12;
             println!(
                 "{:<7} {:>5}x{:<5} {:>9.1} | {:>8.0} ({:4.1}%) | {} | {tflops:6.1}",

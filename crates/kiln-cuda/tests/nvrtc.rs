@@ -7,10 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
-use kiln_cuda::{
-    compile_cubin, find_kernel, kernel_sources, list_devices, CacheDir, CubinCache, CubinKey,
-    CubinOrigin, CudaError,
-};
+use kiln_cuda::{compile_cubin, find_kernel, kernel_sources, list_devices, CacheDir, CubinCache, CubinKey, CubinOrigin, CudaError};
 
 const ARCH: &str = "sm_90";
 
@@ -46,11 +43,7 @@ fn elf_function_symbols(image: &[u8]) -> Vec<String> {
         if u32_at(header + 4) != SHT_SYMTAB {
             continue;
         }
-        let (symbols, size, symbol_size) = (
-            u64_at(header + 24),
-            u64_at(header + 32),
-            u64_at(header + 56),
-        );
+        let (symbols, size, symbol_size) = (u64_at(header + 24), u64_at(header + 32), u64_at(header + 56));
         let strings = u64_at(section(u32_at(header + 40)) + 24);
         for symbol in (symbols..symbols + size).step_by(symbol_size) {
             const STT_FUNC: u8 = 2;
@@ -59,18 +52,14 @@ fn elf_function_symbols(image: &[u8]) -> Vec<String> {
             }
             let name_start = strings + u32_at(symbol);
             let name_len = image[name_start..].iter().position(|&b| b == 0).unwrap();
-            names.push(
-                String::from_utf8_lossy(&image[name_start..name_start + name_len]).into_owned(),
-            );
+            names.push(String::from_utf8_lossy(&image[name_start..name_start + name_len]).into_owned());
         }
     }
     names
 }
 
 fn owned_defines(set: &[(&str, i64)]) -> Vec<(String, i64)> {
-    set.iter()
-        .map(|&(name, value)| (name.to_string(), value))
-        .collect()
+    set.iter().map(|&(name, value)| (name.to_string(), value)).collect()
 }
 
 #[test]
@@ -83,51 +72,20 @@ fn table_matches_the_kernel_files_on_disk() {
         .map(|path| path.file_stem().unwrap().to_string_lossy().into_owned())
         .collect();
     on_disk.sort();
-    let registered: Vec<String> = kernel_sources()
-        .iter()
-        .map(|s| s.name.to_string())
-        .collect();
-    assert_eq!(
-        registered, on_disk,
-        "every kernels/*.cu file is a registered source"
-    );
+    let registered: Vec<String> = kernel_sources().iter().map(|s| s.name.to_string()).collect();
+    assert_eq!(registered, on_disk, "every kernels/*.cu file is a registered source");
     for source in kernel_sources() {
-        let text =
-            fs::read_to_string(dir.join(format!("{}.cu", source.name))).expect("read source");
-        assert_eq!(
-            source.code, text,
-            "{}.cu embedded text is stale",
-            source.name
-        );
+        let text = fs::read_to_string(dir.join(format!("{}.cu", source.name))).expect("read source");
+        assert_eq!(source.code, text, "{}.cu embedded text is stale", source.name);
         let declared = text.matches("extern \"C\" __global__").count();
-        assert_eq!(
-            source.kernels.len(),
-            declared,
-            "{}.cu: kernels {:?}",
-            source.name,
-            source.kernels
-        );
+        assert_eq!(source.kernels.len(), declared, "{}.cu: kernels {:?}", source.name, source.kernels);
         for kernel in source.kernels {
-            assert!(
-                text.contains(&format!(" {kernel}(")),
-                "{}.cu does not declare {kernel}",
-                source.name
-            );
+            assert!(text.contains(&format!(" {kernel}(")), "{}.cu does not declare {kernel}", source.name);
         }
-        assert!(
-            !source.test_defines.is_empty(),
-            "{}: at least one test specialization",
-            source.name
-        );
+        assert!(!source.test_defines.is_empty(), "{}: at least one test specialization", source.name);
     }
-    let common = kiln_cuda::kernel_headers()
-        .iter()
-        .find(|h| h.name == "common.cuh")
-        .expect("common.cuh");
-    assert!(
-        !common.code.contains("#include <"),
-        "common.cuh must not need toolkit headers"
-    );
+    let common = kiln_cuda::kernel_headers().iter().find(|h| h.name == "common.cuh").expect("common.cuh");
+    assert!(!common.code.contains("#include <"), "common.cuh must not need toolkit headers");
 }
 
 #[test]
@@ -137,8 +95,7 @@ fn every_source_compiles_for_sm90_and_exports_every_kernel() {
     }
     for source in kernel_sources() {
         for defines in source.test_defines {
-            let cubin = compile_cubin(source.name, defines, ARCH)
-                .unwrap_or_else(|e| panic!("{} with {defines:?}: {e}", source.name));
+            let cubin = compile_cubin(source.name, defines, ARCH).unwrap_or_else(|e| panic!("{} with {defines:?}: {e}", source.name));
             let symbols = elf_function_symbols(&cubin);
             for kernel in source.kernels {
                 assert!(
@@ -158,28 +115,17 @@ fn compile_errors_carry_the_full_nvrtc_log() {
     }
     // reduce.cu refuses to build without BLOCK_SIZE (an #error), and block_sum rejects 100.
     match compile_cubin("reduce", &[], ARCH) {
-        Err(CudaError::Compile {
-            source_name,
-            log,
-            arch,
-            ..
-        }) => {
+        Err(CudaError::Compile { source_name, log, arch, .. }) => {
             assert_eq!(source_name, "reduce");
             assert_eq!(arch, ARCH);
-            assert!(
-                log.contains("needs -DBLOCK_SIZE"),
-                "log lacks the #error text: {log}"
-            );
+            assert!(log.contains("needs -DBLOCK_SIZE"), "log lacks the #error text: {log}");
         }
         other => panic!("expected a compile error, got {other:?}"),
     }
     match compile_cubin("reduce", &[("BLOCK_SIZE", 100)], ARCH) {
         Err(CudaError::Compile { defines, log, .. }) => {
             assert_eq!(defines, "BLOCK_SIZE=100");
-            assert!(
-                log.contains("multiple of 32"),
-                "log lacks the static_assert text: {log}"
-            );
+            assert!(log.contains("multiple of 32"), "log lacks the static_assert text: {log}");
         }
         other => panic!("expected a compile error, got {other:?}"),
     }
@@ -194,33 +140,23 @@ fn distinct_defines_give_distinct_binaries() {
     let large = compile_cubin("reduce", &[("BLOCK_SIZE", 1024)], ARCH).expect("BLOCK_SIZE=1024");
     assert_ne!(small, large);
     // An unused define still compiles (and is part of the key, tested below).
-    compile_cubin("elementwise", &[("UNUSED", -7), ("MIN", i64::MIN)], ARCH)
-        .expect("unused defines");
+    compile_cubin("elementwise", &[("UNUSED", -7), ("MIN", i64::MIN)], ARCH).expect("unused defines");
 }
 
 #[test]
 fn cache_keys_separate_everything_that_shapes_the_binary() {
-    let key = |source: &str, defines: &[(&str, i64)], arch: &str| {
-        CubinKey::new(source, defines, arch).expect("valid key")
-    };
+    let key = |source: &str, defines: &[(&str, i64)], arch: &str| CubinKey::new(source, defines, arch).expect("valid key");
     let nvrtc = (13, 0);
     let base = key("reduce", &[("BLOCK_SIZE", 128), ("UNROLL", 4)], ARCH);
     let reordered = key("reduce", &[("UNROLL", 4), ("BLOCK_SIZE", 128)], ARCH);
     assert_eq!(base, reordered, "define order is irrelevant");
     assert_eq!(base.file_name(nvrtc), reordered.file_name(nvrtc));
-    assert_eq!(
-        base.defines(),
-        owned_defines(&[("BLOCK_SIZE", 128), ("UNROLL", 4)]).as_slice()
-    );
+    assert_eq!(base.defines(), owned_defines(&[("BLOCK_SIZE", 128), ("UNROLL", 4)]).as_slice());
 
     let variants = [
         key("reduce", &[("BLOCK_SIZE", 256), ("UNROLL", 4)], ARCH),
         key("reduce", &[("BLOCK_SIZE", 128)], ARCH),
-        key(
-            "reduce",
-            &[("BLOCK_SIZE", 128), ("UNROLL", 4), ("X", 0)],
-            ARCH,
-        ),
+        key("reduce", &[("BLOCK_SIZE", 128), ("UNROLL", 4), ("X", 0)], ARCH),
         key("reduce", &[("BLOCK_SIZE", 128), ("UNROLLX", 4)], ARCH),
         key("reduce", &[("BLOCK_SIZE", 128), ("UNROLL", 4)], "sm_90a"),
         key("reduce", &[("BLOCK_SIZE", 128), ("UNROLL", 4)], "sm_80"),
@@ -229,35 +165,14 @@ fn cache_keys_separate_everything_that_shapes_the_binary() {
     let mut names = HashSet::from([base.file_name(nvrtc)]);
     for variant in &variants {
         assert_ne!(&base, variant);
-        assert!(
-            names.insert(variant.file_name(nvrtc)),
-            "file name collision for {variant:?}"
-        );
+        assert!(names.insert(variant.file_name(nvrtc)), "file name collision for {variant:?}");
     }
-    assert_ne!(
-        base.file_name(nvrtc),
-        base.file_name((13, 1)),
-        "the NVRTC version is in the file name"
-    );
-    assert!(
-        base.file_name(nvrtc).starts_with("reduce-") && base.file_name(nvrtc).ends_with(".cubin")
-    );
+    assert_ne!(base.file_name(nvrtc), base.file_name((13, 1)), "the NVRTC version is in the file name");
+    assert!(base.file_name(nvrtc).starts_with("reduce-") && base.file_name(nvrtc).ends_with(".cubin"));
 
-    assert!(matches!(
-        CubinKey::new("reduce", &[("A", 1), ("A", 2)], ARCH),
-        Err(CudaError::InvalidDefine {
-            reason: "defined more than once",
-            ..
-        })
-    ));
-    assert!(matches!(
-        CubinKey::new("reduce", &[("A B", 1)], ARCH),
-        Err(CudaError::InvalidDefine { .. })
-    ));
-    assert!(matches!(
-        CubinKey::new("reduce", &[], "compute_90"),
-        Err(CudaError::InvalidArch { .. })
-    ));
+    assert!(matches!(CubinKey::new("reduce", &[("A", 1), ("A", 2)], ARCH), Err(CudaError::InvalidDefine { reason: "defined more than once", .. })));
+    assert!(matches!(CubinKey::new("reduce", &[("A B", 1)], ARCH), Err(CudaError::InvalidDefine { .. })));
+    assert!(matches!(CubinKey::new("reduce", &[], "compute_90"), Err(CudaError::InvalidArch { .. })));
 }
 
 #[test]
@@ -270,32 +185,16 @@ fn unknown_sources_and_kernels_are_typed_errors_listing_what_exists() {
         other => panic!("expected UnknownSource, got {other:?}"),
     }
     match find_kernel("elementwise", "no_such_kernel") {
-        Err(CudaError::KernelNotFound {
-            source_name,
-            kernel,
-            available,
-        }) => {
-            assert_eq!(
-                (source_name.as_str(), kernel.as_str()),
-                ("elementwise", "no_such_kernel")
-            );
+        Err(CudaError::KernelNotFound { source_name, kernel, available }) => {
+            assert_eq!((source_name.as_str(), kernel.as_str()), ("elementwise", "no_such_kernel"));
             assert!(available.contains(&"add_f32"), "{available:?}");
         }
         other => panic!("expected KernelNotFound, got {other:?}"),
     }
     // A kernel of another file is not found in this one.
-    assert!(matches!(
-        find_kernel("elementwise", "f16_to_f32"),
-        Err(CudaError::KernelNotFound { .. })
-    ));
-    assert_eq!(
-        find_kernel("convert", "f16_to_f32").expect("exists").name,
-        "convert"
-    );
-    assert!(matches!(
-        compile_cubin("no_such_file", &[], ARCH),
-        Err(CudaError::UnknownSource { .. })
-    ));
+    assert!(matches!(find_kernel("elementwise", "f16_to_f32"), Err(CudaError::KernelNotFound { .. })));
+    assert_eq!(find_kernel("convert", "f16_to_f32").expect("exists").name, "convert");
+    assert!(matches!(compile_cubin("no_such_file", &[], ARCH), Err(CudaError::UnknownSource { .. })));
 }
 
 fn cache_in(dir: &Path) -> CubinCache {
@@ -313,23 +212,14 @@ fn disk_cache_hits_return_the_compiled_bytes() {
     let key = CubinKey::new("elementwise", &[], ARCH).expect("key");
     let first = cache_in(dir.path()).get_or_compile(&key).expect("compile");
     assert_eq!(first.origin, CubinOrigin::Compiled);
-    let path = cache_in(dir.path())
-        .entry_path(&key)
-        .expect("path")
-        .expect("disk cache on");
+    let path = cache_in(dir.path()).entry_path(&key).expect("path").expect("disk cache on");
     assert!(path.exists(), "entry written to {}", path.display());
     // A fresh cache object stands for another process.
     let second = cache_in(dir.path()).get_or_compile(&key).expect("hit");
     assert_eq!(second.origin, CubinOrigin::Disk);
     assert_eq!(second.bytes, first.bytes);
     let other = CubinKey::new("elementwise", &[("X", 1)], ARCH).expect("key");
-    assert_eq!(
-        cache_in(dir.path())
-            .get_or_compile(&other)
-            .expect("compile")
-            .origin,
-        CubinOrigin::Compiled
-    );
+    assert_eq!(cache_in(dir.path()).get_or_compile(&other).expect("compile").origin, CubinOrigin::Compiled);
 }
 
 #[test]
@@ -341,10 +231,7 @@ fn corrupt_disk_entries_are_detected_deleted_and_recompiled() {
     let cache = cache_in(dir.path());
     let key = CubinKey::new("convert", &[], ARCH).expect("key");
     let good = cache.get_or_compile(&key).expect("compile").bytes;
-    let path = cache
-        .entry_path(&key)
-        .expect("path")
-        .expect("disk cache on");
+    let path = cache.entry_path(&key).expect("path").expect("disk cache on");
     let entry = fs::read(&path).expect("entry");
     let corruptions: Vec<(&str, Vec<u8>)> = vec![
         ("payload byte flipped", {
@@ -365,22 +252,10 @@ fn corrupt_disk_entries_are_detected_deleted_and_recompiled() {
     for (what, corrupt) in corruptions {
         fs::write(&path, &corrupt).expect("write corrupt entry");
         let again = cache.get_or_compile(&key).expect("recompile");
-        assert_eq!(
-            again.origin,
-            CubinOrigin::Compiled,
-            "{what}: corruption not detected"
-        );
+        assert_eq!(again.origin, CubinOrigin::Compiled, "{what}: corruption not detected");
         assert_eq!(again.bytes, good, "{what}: recompiled bytes differ");
-        assert_eq!(
-            fs::read(&path).expect("rewritten"),
-            entry,
-            "{what}: entry not rewritten"
-        );
-        assert_eq!(
-            cache.get_or_compile(&key).expect("hit").origin,
-            CubinOrigin::Disk,
-            "{what}"
-        );
+        assert_eq!(fs::read(&path).expect("rewritten"), entry, "{what}: entry not rewritten");
+        assert_eq!(cache.get_or_compile(&key).expect("hit").origin, CubinOrigin::Disk, "{what}");
     }
 }
 
@@ -404,24 +279,11 @@ fn concurrent_writers_leave_one_valid_entry() {
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|handle| handle.join().expect("writer thread"))
-            .collect()
+        handles.into_iter().map(|handle| handle.join().expect("writer thread")).collect()
     });
-    assert!(
-        results.windows(2).all(|pair| pair[0] == pair[1]),
-        "writers disagree on the bytes"
-    );
-    let names: Vec<String> = fs::read_dir(dir.path())
-        .expect("dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into())
-        .collect();
-    assert_eq!(
-        names,
-        vec![key.file_name(kiln_cuda::nvrtc_version().expect("version"))],
-        "stray files: {names:?}"
-    );
+    assert!(results.windows(2).all(|pair| pair[0] == pair[1]), "writers disagree on the bytes");
+    let names: Vec<String> = fs::read_dir(dir.path()).expect("dir").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
+    assert_eq!(names, vec![key.file_name(kiln_cuda::nvrtc_version().expect("version"))], "stray files: {names:?}");
     let hit = cache_in(dir.path()).get_or_compile(&key).expect("hit");
     assert_eq!(hit.origin, CubinOrigin::Disk);
     assert_eq!(hit.bytes, results[0]);
@@ -433,20 +295,11 @@ fn listing_devices_reports_errors_instead_of_panicking() {
     match list_devices() {
         Ok(devices) => {
             for device in &devices {
-                assert!(
-                    !device.name.is_empty() && device.total_memory_bytes > 0,
-                    "{device:?}"
-                );
+                assert!(!device.name.is_empty() && device.total_memory_bytes > 0, "{device:?}");
             }
         }
         Err(error) => {
-            assert!(
-                matches!(
-                    error,
-                    CudaError::DriverUnavailable(_) | CudaError::Driver { .. }
-                ),
-                "unexpected error kind: {error:?}"
-            );
+            assert!(matches!(error, CudaError::DriverUnavailable(_) | CudaError::Driver { .. }), "unexpected error kind: {error:?}");
             assert!(!error.to_string().is_empty());
             eprintln!("no CUDA device here: {error}");
         }

@@ -12,11 +12,7 @@ fn touch_value(value: &Value) -> u64 {
         ^ u64::from(value.as_bool().unwrap_or(false))
         ^ value.as_str().map_or(0, |s| s.len() as u64)
         ^ u64::from(value.value_type().id());
-    value
-        .as_array()
-        .unwrap_or(&[])
-        .iter()
-        .fold(scalar, |acc, v| acc.wrapping_add(touch_value(v)))
+    value.as_array().unwrap_or(&[]).iter().fold(scalar, |acc, v| acc.wrapping_add(touch_value(v)))
 }
 
 /// Writes `file` back out with `GgufWriter` (tensor data copied, offsets repacked).
@@ -26,13 +22,9 @@ pub fn rewrite(file: &GgufFile) -> Vec<u8> {
         writer.add_kv(key.clone(), value.clone());
     }
     for t in file.tensors() {
-        writer
-            .add_tensor(t.name.clone(), t.dims.clone(), t.ty)
-            .expect("a validated tensor must be accepted by the writer");
+        writer.add_tensor(t.name.clone(), t.dims.clone(), t.ty).expect("a validated tensor must be accepted by the writer");
     }
-    writer
-        .to_bytes(|i, out| out.write_all(file.tensor_data(&file.tensors()[i])))
-        .expect("a validated file must be writable")
+    writer.to_bytes(|i, out| out.write_all(file.tensor_data(&file.tensors()[i]))).expect("a validated file must be writable")
 }
 
 /// Parses `bytes` and reads every value and tensor byte through the public
@@ -45,23 +37,16 @@ pub fn exercise(bytes: Vec<u8>) -> bool {
     };
     let mut acc = file.version() as u64 ^ file.alignment() ^ file.data_offset() ^ file.file_size();
     for (key, value) in file.metadata() {
-        assert!(
-            file.get(key).is_some_and(|v| std::ptr::eq(v, value)),
-            "lookup of {key:?}"
-        );
+        assert!(file.get(key).is_some_and(|v| std::ptr::eq(v, value)), "lookup of {key:?}");
         acc = acc.wrapping_add(touch_value(value));
     }
     acc ^= file.architecture().map_or(0, |a| a.len() as u64);
     for t in file.tensors() {
-        assert!(file
-            .tensor(&t.name)
-            .is_some_and(|found| std::ptr::eq(found, t)));
+        assert!(file.tensor(&t.name).is_some_and(|found| std::ptr::eq(found, t)));
         let data = file.tensor_data(t);
         assert_eq!(data.len() as u64, t.n_bytes);
         assert!(t.n_elements() > 0);
-        acc = data
-            .iter()
-            .fold(acc, |a, &b| a.wrapping_mul(31).wrapping_add(b as u64));
+        acc = data.iter().fold(acc, |a, &b| a.wrapping_mul(31).wrapping_add(b as u64));
     }
     black_box(acc);
 
@@ -70,10 +55,7 @@ pub fn exercise(bytes: Vec<u8>) -> bool {
     assert_eq!(reread.metadata().len(), file.metadata().len());
     assert_eq!(reread.tensors().len(), file.tensors().len());
     for (a, b) in file.tensors().iter().zip(reread.tensors()) {
-        assert_eq!(
-            (&a.name, &a.dims, a.ty, a.n_bytes),
-            (&b.name, &b.dims, b.ty, b.n_bytes)
-        );
+        assert_eq!((&a.name, &a.dims, a.ty, a.n_bytes), (&b.name, &b.dims, b.ty, b.n_bytes));
         assert_eq!(file.tensor_data(a), reread.tensor_data(b));
     }
     assert!(rewrite(&reread) == first, "second rewrite differs");

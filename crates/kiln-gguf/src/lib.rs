@@ -40,10 +40,7 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Product of the dims (saturating; validated infos never overflow).
     pub fn n_elements(&self) -> u64 {
-        self.dims
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .unwrap_or(u64::MAX)
+        self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(u64::MAX)
     }
 }
 
@@ -55,20 +52,12 @@ fn align_up(n: u64, alignment: u64) -> Option<u64> {
 /// `general.alignment` must be a nonzero power of two; the GGUF spec types it
 /// u32, and any integer type holding such a value is accepted.
 fn alignment_from_value(value: &Value) -> Result<u64, GgufError> {
-    value
-        .as_u64()
-        .filter(|a| a.is_power_of_two() && *a <= u32::MAX as u64)
-        .ok_or_else(|| GgufError::BadAlignment {
-            found: value.clone(),
-        })
+    value.as_u64().filter(|a| a.is_power_of_two() && *a <= u32::MAX as u64).ok_or_else(|| GgufError::BadAlignment { found: value.clone() })
 }
 
 fn check_dim_count(tensor: &str, n_dims: u64) -> Result<(), GgufError> {
     if n_dims == 0 || n_dims > MAX_DIMS as u64 {
-        return Err(GgufError::InvalidDimCount {
-            tensor: tensor.to_owned(),
-            n_dims,
-        });
+        return Err(GgufError::InvalidDimCount { tensor: tensor.to_owned(), n_dims });
     }
     Ok(())
 }
@@ -77,29 +66,14 @@ fn check_dim_count(tensor: &str, n_dims: u64) -> Result<(), GgufError> {
 fn tensor_n_bytes(tensor: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
     check_dim_count(tensor, dims.len() as u64)?;
     if let Some(dim) = dims.iter().position(|&d| d == 0) {
-        return Err(GgufError::ZeroDim {
-            tensor: tensor.to_owned(),
-            dim,
-        });
+        return Err(GgufError::ZeroDim { tensor: tensor.to_owned(), dim });
     }
-    let overflow = || GgufError::ElementCountOverflow {
-        tensor: tensor.to_owned(),
-        dims: dims.to_vec(),
-    };
+    let overflow = || GgufError::ElementCountOverflow { tensor: tensor.to_owned(), dims: dims.to_vec() };
     // ggml stores element counts as i64.
-    let n_elements = dims
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d))
-        .filter(|&n| n <= i64::MAX as u64)
-        .ok_or_else(overflow)?;
+    let n_elements = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|&n| n <= i64::MAX as u64).ok_or_else(overflow)?;
     let block_size = ty.block_size() as u64;
     if !dims[0].is_multiple_of(block_size) {
-        return Err(GgufError::RowNotBlockAligned {
-            tensor: tensor.to_owned(),
-            ty,
-            row_len: dims[0],
-            block_size,
-        });
+        return Err(GgufError::RowNotBlockAligned { tensor: tensor.to_owned(), ty, row_len: dims[0], block_size });
     }
     ty.bytes_for(n_elements).ok_or_else(overflow)
 }

@@ -9,10 +9,7 @@ use memmap2::Mmap;
 
 use crate::error::GgufError;
 use crate::value::{Value, ValueType};
-use crate::{
-    align_up, check_dim_count, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
-};
+use crate::{align_up, check_dim_count, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 
 type Result<T> = std::result::Result<T, GgufError>;
 
@@ -44,10 +41,7 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, n: u64, what: What) -> Result<&'a [u8]> {
         if n > self.remaining() {
-            return Err(GgufError::Truncated {
-                what: what(),
-                offset: self.offset(),
-            });
+            return Err(GgufError::Truncated { what: what(), offset: self.offset() });
         }
         let bytes = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -72,31 +66,19 @@ impl<'a> Cursor<'a> {
         let len_offset = self.offset();
         let len = self.u64(what)?;
         if len > self.remaining() {
-            return Err(GgufError::StringTooLong {
-                what: what(),
-                len,
-                offset: len_offset,
-                remaining: self.remaining(),
-            });
+            return Err(GgufError::StringTooLong { what: what(), len, offset: len_offset, remaining: self.remaining() });
         }
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),
-            Err(_) => Err(GgufError::InvalidUtf8 {
-                what: what(),
-                offset: len_offset + 8,
-            }),
+            Err(_) => Err(GgufError::InvalidUtf8 { what: what(), offset: len_offset + 8 }),
         }
     }
 
     fn value_type(&mut self, key: &str, what: What) -> Result<ValueType> {
         let offset = self.offset();
         let id = self.u32(what)?;
-        ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType {
-            key: key.to_owned(),
-            id,
-            offset,
-        })
+        ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType { key: key.to_owned(), id, offset })
     }
 
     fn value(&mut self, ty: ValueType, key: &str, depth: usize) -> Result<Value> {
@@ -118,38 +100,20 @@ impl<'a> Cursor<'a> {
                 match self.fixed::<1>(what)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    byte => {
-                        return Err(GgufError::InvalidBool {
-                            key: key.to_owned(),
-                            byte,
-                            offset,
-                        })
-                    }
+                    byte => return Err(GgufError::InvalidBool { key: key.to_owned(), byte, offset }),
                 }
             }
             ValueType::String => Value::String(self.string(what)?),
             ValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::NestingTooDeep {
-                        key: key.to_owned(),
-                        offset: self.offset(),
-                        max_depth: MAX_ARRAY_DEPTH,
-                    });
+                    return Err(GgufError::NestingTooDeep { key: key.to_owned(), offset: self.offset(), max_depth: MAX_ARRAY_DEPTH });
                 }
                 let elem = self.value_type(key, what)?;
                 let len_offset = self.offset();
                 let len = self.u64(what)?;
                 let remaining = self.remaining();
-                if len
-                    .checked_mul(elem.min_encoded_size())
-                    .is_none_or(|b| b > remaining)
-                {
-                    return Err(GgufError::ArrayTooLong {
-                        key: key.to_owned(),
-                        len,
-                        offset: len_offset,
-                        remaining,
-                    });
+                if len.checked_mul(elem.min_encoded_size()).is_none_or(|b| b > remaining) {
+                    return Err(GgufError::ArrayTooLong { key: key.to_owned(), len, offset: len_offset, remaining });
                 }
                 let mut items = Vec::with_capacity(len as usize);
                 for _ in 0..len {
@@ -188,23 +152,13 @@ fn parse(buf: &[u8]) -> Result<Header> {
     let n_tensors = c.u64(&|| "tensor count".into())?;
     let n_kv = c.u64(&|| "metadata KV count".into())?;
     let remaining = c.remaining();
-    let tensor_info_bytes = n_tensors
-        .checked_mul(MIN_TENSOR_INFO_BYTES)
-        .filter(|&b| b <= remaining)
-        .ok_or(GgufError::TensorCountTooLarge {
-            count: n_tensors,
-            offset: count_offset,
-            remaining,
-        })?;
-    if n_kv
-        .checked_mul(MIN_KV_BYTES)
-        .is_none_or(|b| b > remaining - tensor_info_bytes)
-    {
-        return Err(GgufError::KvCountTooLarge {
-            count: n_kv,
-            offset: count_offset + 8,
-            remaining,
-        });
+    let tensor_info_bytes = n_tensors.checked_mul(MIN_TENSOR_INFO_BYTES).filter(|&b| b <= remaining).ok_or(GgufError::TensorCountTooLarge {
+        count: n_tensors,
+        offset: count_offset,
+        remaining,
+    })?;
+    if n_kv.checked_mul(MIN_KV_BYTES).is_none_or(|b| b > remaining - tensor_info_bytes) {
+        return Err(GgufError::KvCountTooLarge { count: n_kv, offset: count_offset + 8, remaining });
     }
 
     let mut metadata = Vec::with_capacity(n_kv as usize);
@@ -213,10 +167,7 @@ fn parse(buf: &[u8]) -> Result<Header> {
         let kv_offset = c.offset();
         let key = c.string(&|| format!("key of metadata KV #{i}"))?;
         if key_index.contains_key(&key) {
-            return Err(GgufError::DuplicateKey {
-                key,
-                offset: kv_offset,
-            });
+            return Err(GgufError::DuplicateKey { key, offset: kv_offset });
         }
         let ty = c.value_type(&key, &|| format!("value type of key {key:?}"))?;
         let value = c.value(ty, &key, 0)?;
@@ -234,59 +185,32 @@ fn parse(buf: &[u8]) -> Result<Header> {
         let info_offset = c.offset();
         let name = c.string(&|| format!("name of tensor #{i}"))?;
         if tensor_index.contains_key(&name) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: name,
-                offset: info_offset,
-            });
+            return Err(GgufError::DuplicateTensor { tensor: name, offset: info_offset });
         }
         let what = || format!("info of tensor {name:?}");
         let what: What = &what;
         let n_dims = c.u32(what)?;
         check_dim_count(&name, n_dims as u64)?;
-        let dims = (0..n_dims)
-            .map(|_| c.u64(what))
-            .collect::<Result<Vec<u64>>>()?;
+        let dims = (0..n_dims).map(|_| c.u64(what)).collect::<Result<Vec<u64>>>()?;
         let type_id = c.u32(what)?;
         let offset = c.u64(what)?;
-        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-            tensor: name.clone(),
-            id: type_id,
-        })?;
+        let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), id: type_id })?;
         let n_bytes = tensor_n_bytes(&name, &dims, ty)?;
         if offset % alignment != 0 {
-            return Err(GgufError::MisalignedTensor {
-                tensor: name,
-                offset,
-                alignment,
-            });
+            return Err(GgufError::MisalignedTensor { tensor: name, offset, alignment });
         }
         tensor_index.insert(name.clone(), i);
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            n_bytes,
-        });
+        tensors.push(TensorInfo { name, dims, ty, offset, n_bytes });
     }
 
     // Vocab-only files end right after the header without padding, so the
     // data section may start past the end when there are no tensors.
-    let data_offset =
-        align_up(c.offset(), alignment).ok_or(GgufError::DataOffsetOverflow { alignment })?;
+    let data_offset = align_up(c.offset(), alignment).ok_or(GgufError::DataOffsetOverflow { alignment })?;
     let file_size = buf.len() as u64;
     for t in &tensors {
-        let end = data_offset
-            .checked_add(t.offset)
-            .and_then(|s| s.checked_add(t.n_bytes));
+        let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
         if end.is_none_or(|e| e > file_size) {
-            return Err(GgufError::TensorOutOfRange {
-                tensor: t.name.clone(),
-                offset: t.offset,
-                n_bytes: t.n_bytes,
-                data_offset,
-                file_size,
-            });
+            return Err(GgufError::TensorOutOfRange { tensor: t.name.clone(), offset: t.offset, n_bytes: t.n_bytes, data_offset, file_size });
         }
     }
     let mut by_offset: Vec<&TensorInfo> = tensors.iter().collect();
@@ -294,23 +218,11 @@ fn parse(buf: &[u8]) -> Result<Header> {
     for pair in by_offset.windows(2) {
         // Cannot overflow: every end was checked against the file size above.
         if pair[0].offset + pair[0].n_bytes > pair[1].offset {
-            return Err(GgufError::OverlappingTensors {
-                first: pair[0].name.clone(),
-                second: pair[1].name.clone(),
-                offset: pair[1].offset,
-            });
+            return Err(GgufError::OverlappingTensors { first: pair[0].name.clone(), second: pair[1].name.clone(), offset: pair[1].offset });
         }
     }
 
-    Ok(Header {
-        version,
-        alignment,
-        data_offset,
-        metadata,
-        key_index,
-        tensors,
-        tensor_index,
-    })
+    Ok(Header { version, alignment, data_offset, metadata, key_index, tensors, tensor_index })
 }
 
 enum Backing {
@@ -351,10 +263,7 @@ impl GgufFile {
     /// Maps `path` read-only and validates it.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| GgufError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only. As with every mmap-based model loader,
         // the file must not be truncated or rewritten while it is open.
@@ -369,11 +278,7 @@ impl GgufFile {
 
     fn from_backing(backing: Backing, path: Option<PathBuf>) -> Result<GgufFile> {
         let header = parse(backing.bytes())?;
-        Ok(GgufFile {
-            backing,
-            path,
-            header,
-        })
+        Ok(GgufFile { backing, path, header })
     }
 
     /// The path given to `open`, or `None` for `from_bytes`.
@@ -410,10 +315,7 @@ impl GgufFile {
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.header
-            .key_index
-            .get(key)
-            .map(|&i| &self.header.metadata[i].1)
+        self.header.key_index.get(key).map(|&i| &self.header.metadata[i].1)
     }
 
     /// Tensor infos in file order.
@@ -422,10 +324,7 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.header
-            .tensor_index
-            .get(name)
-            .map(|&i| &self.header.tensors[i])
+        self.header.tensor_index.get(name).map(|&i| &self.header.tensors[i])
     }
 
     /// The bytes of a tensor of this file.
@@ -438,10 +337,7 @@ impl GgufFile {
         let end = start.and_then(|s| s.checked_add(t.n_bytes));
         start
             .zip(end)
-            .and_then(|(s, e)| {
-                self.bytes()
-                    .get(usize::try_from(s).ok()?..usize::try_from(e).ok()?)
-            })
+            .and_then(|(s, e)| self.bytes().get(usize::try_from(s).ok()?..usize::try_from(e).ok()?))
             .unwrap_or_else(|| panic!("tensor {:?} is not a tensor of this GGUF file", t.name))
     }
 
@@ -450,20 +346,9 @@ impl GgufFile {
         self.get_str("general.architecture")
     }
 
-    fn get_as<'s, T>(
-        &'s self,
-        key: &str,
-        expected: &'static str,
-        convert: impl FnOnce(&'s Value) -> Option<T>,
-    ) -> Result<T> {
-        let value = self
-            .get(key)
-            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))?;
-        convert(value).ok_or_else(|| GgufError::WrongType {
-            key: key.to_owned(),
-            expected,
-            found: value.value_type(),
-        })
+    fn get_as<'s, T>(&'s self, key: &str, expected: &'static str, convert: impl FnOnce(&'s Value) -> Option<T>) -> Result<T> {
+        let value = self.get(key).ok_or_else(|| GgufError::MissingKey(key.to_owned()))?;
+        convert(value).ok_or_else(|| GgufError::WrongType { key: key.to_owned(), expected, found: value.value_type() })
     }
 
     /// Any non-negative integer value.

@@ -9,10 +9,7 @@ use kiln_quant::GgmlType;
 use crate::error::GgufError;
 use crate::reader::MAX_ARRAY_DEPTH;
 use crate::value::Value;
-use crate::{
-    align_up, alignment_from_value, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
-};
+use crate::{align_up, alignment_from_value, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 
 type Result<T> = std::result::Result<T, GgufError>;
 
@@ -77,22 +74,13 @@ fn put_value(out: &mut Vec<u8>, key: &str, value: &Value, depth: usize) -> Resul
         Value::String(s) => put_str(out, s),
         Value::Array(elem, items) => {
             if depth >= MAX_ARRAY_DEPTH {
-                return Err(GgufError::NestingTooDeep {
-                    key: key.to_owned(),
-                    offset: out.len() as u64,
-                    max_depth: MAX_ARRAY_DEPTH,
-                });
+                return Err(GgufError::NestingTooDeep { key: key.to_owned(), offset: out.len() as u64, max_depth: MAX_ARRAY_DEPTH });
             }
             out.extend_from_slice(&elem.id().to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for (index, item) in items.iter().enumerate() {
                 if item.value_type() != *elem {
-                    return Err(GgufError::MixedArray {
-                        key: key.to_owned(),
-                        expected: *elem,
-                        found: item.value_type(),
-                        index,
-                    });
+                    return Err(GgufError::MixedArray { key: key.to_owned(), expected: *elem, found: item.value_type(), index });
                 }
                 put_value(out, key, item, depth + 1)?;
             }
@@ -116,27 +104,13 @@ impl GgufWriter {
     }
 
     /// Declares the next tensor; its bytes are asked for at write time.
-    pub fn add_tensor(
-        &mut self,
-        name: impl Into<String>,
-        dims: Vec<u64>,
-        ty: GgmlType,
-    ) -> Result<()> {
+    pub fn add_tensor(&mut self, name: impl Into<String>, dims: Vec<u64>, ty: GgmlType) -> Result<()> {
         let name = name.into();
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(GgufError::DuplicateTensor {
-                tensor: name,
-                offset: self.tensors.len() as u64,
-            });
+            return Err(GgufError::DuplicateTensor { tensor: name, offset: self.tensors.len() as u64 });
         }
         let n_bytes = tensor_n_bytes(&name, &dims, ty)?;
-        self.tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset: 0,
-            n_bytes,
-        });
+        self.tensors.push(TensorInfo { name, dims, ty, offset: 0, n_bytes });
         Ok(())
     }
 
@@ -203,20 +177,10 @@ impl GgufWriter {
             write_zeros(out, padding(header.len() as u64)).map_err(&io_error)?;
         }
         for (index, t) in self.tensors.iter().enumerate() {
-            let mut counted = CountingWriter {
-                inner: out,
-                written: 0,
-            };
-            data(index, &mut counted).map_err(|source| GgufError::TensorData {
-                tensor: t.name.clone(),
-                source,
-            })?;
+            let mut counted = CountingWriter { inner: out, written: 0 };
+            data(index, &mut counted).map_err(|source| GgufError::TensorData { tensor: t.name.clone(), source })?;
             if counted.written != t.n_bytes {
-                return Err(GgufError::TensorDataSize {
-                    tensor: t.name.clone(),
-                    expected: t.n_bytes,
-                    written: counted.written,
-                });
+                return Err(GgufError::TensorDataSize { tensor: t.name.clone(), expected: t.n_bytes, written: counted.written });
             }
             write_zeros(out, padding(t.n_bytes)).map_err(&io_error)?;
         }
@@ -226,29 +190,19 @@ impl GgufWriter {
     /// Streams the file to `path` through a `.tmp` sibling that is renamed into
     /// place only once everything was written, so a failure never leaves a
     /// partial file under `path`.
-    pub fn write_to_file(
-        self,
-        path: impl AsRef<Path>,
-        data: impl FnMut(usize, &mut dyn Write) -> io::Result<()>,
-    ) -> Result<()> {
+    pub fn write_to_file(self, path: impl AsRef<Path>, data: impl FnMut(usize, &mut dyn Write) -> io::Result<()>) -> Result<()> {
         let path = path.as_ref();
         let mut tmp_name = path.as_os_str().to_owned();
         tmp_name.push(".tmp");
         let tmp = PathBuf::from(tmp_name);
         let result = (|| {
-            let io_error = |source| GgufError::Io {
-                path: tmp.clone(),
-                source,
-            };
+            let io_error = |source| GgufError::Io { path: tmp.clone(), source };
             let file = std::fs::File::create(&tmp).map_err(io_error)?;
             let mut out = io::BufWriter::with_capacity(1 << 20, file);
             self.write_stream(&mut out, io_error, data)?;
             let file = out.into_inner().map_err(|e| io_error(e.into_error()))?;
             file.sync_all().map_err(io_error)?;
-            std::fs::rename(&tmp, path).map_err(|source| GgufError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
+            std::fs::rename(&tmp, path).map_err(|source| GgufError::Io { path: path.to_path_buf(), source })
         })();
         if result.is_err() {
             // Best effort: the original error is the one worth reporting.
@@ -258,15 +212,9 @@ impl GgufWriter {
     }
 
     /// Builds the whole file in memory (tests, small files).
-    pub fn to_bytes(
-        self,
-        data: impl FnMut(usize, &mut dyn Write) -> io::Result<()>,
-    ) -> Result<Vec<u8>> {
+    pub fn to_bytes(self, data: impl FnMut(usize, &mut dyn Write) -> io::Result<()>) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        let io_error = |source| GgufError::Io {
-            path: PathBuf::from("<memory>"),
-            source,
-        };
+        let io_error = |source| GgufError::Io { path: PathBuf::from("<memory>"), source };
         self.write_stream(&mut out, io_error, data)?;
         Ok(out)
     }

@@ -7,27 +7,7 @@ mod common;
 use common::{read, stories260k, synthetic_file, testdata, Rng};
 use kiln_gguf::{fuzzing, GgufFile};
 
-const INTERESTING: &[u64] = &[
-    0,
-    1,
-    2,
-    3,
-    4,
-    5,
-    7,
-    8,
-    9,
-    12,
-    13,
-    31,
-    32,
-    33,
-    255,
-    1 << 31,
-    1 << 32,
-    1 << 63,
-    u64::MAX,
-];
+const INTERESTING: &[u64] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32, 33, 255, 1 << 31, 1 << 32, 1 << 63, u64::MAX];
 
 fn mutate(rng: &mut Rng, base: &[u8], hot_len: usize) -> Vec<u8> {
     let mut bytes = base.to_vec();
@@ -36,11 +16,7 @@ fn mutate(rng: &mut Rng, base: &[u8], hot_len: usize) -> Vec<u8> {
             break;
         }
         // Mostly hit the header, where the parser's decisions are made.
-        let span = if rng.below(10) < 9 {
-            hot_len.min(bytes.len())
-        } else {
-            bytes.len()
-        };
+        let span = if rng.below(10) < 9 { hot_len.min(bytes.len()) } else { bytes.len() };
         let at = rng.below(span);
         match rng.below(6) {
             0 => bytes[at] ^= 1 << rng.below(8),
@@ -75,10 +51,7 @@ fn mutated_files_never_panic() {
         (synthetic_file(), 1500),
         (read(&stories260k()), 1500),
         (read(&testdata().join("models/tiny-qwen3-Q4_K.gguf")), 1000),
-        (
-            read(&testdata().join("tokenizer/ggml-vocab-bert-bge.gguf")),
-            300,
-        ),
+        (read(&testdata().join("tokenizer/ggml-vocab-bert-bge.gguf")), 300),
     ];
     let mut rng = Rng::new(0x5eed_6775f);
     let (mut parsed, mut rejected) = (0, 0);
@@ -95,9 +68,6 @@ fn mutated_files_never_panic() {
         }
     }
     // Both outcomes must be common, or the mutations are not probing anything.
-    assert!(
-        parsed > 200 && rejected > 2000,
-        "parsed {parsed}, rejected {rejected}"
-    );
+    assert!(parsed > 200 && rejected > 2000, "parsed {parsed}, rejected {rejected}");
     eprintln!("mutations: {parsed} parsed, {rejected} rejected");
 }

@@ -12,8 +12,7 @@ use serde_json::Value as Json;
 fn load_ref(gguf: &Path) -> Json {
     let name = gguf.file_stem().unwrap().to_str().unwrap();
     let ref_path = testdata().join("models").join(format!("{name}.ref.json"));
-    let text = std::fs::read_to_string(&ref_path)
-        .unwrap_or_else(|e| panic!("reference {} unreadable: {e}", ref_path.display()));
+    let text = std::fs::read_to_string(&ref_path).unwrap_or_else(|e| panic!("reference {} unreadable: {e}", ref_path.display()));
     serde_json::from_str(&text).expect("reference JSON parses")
 }
 
@@ -29,25 +28,10 @@ fn check_against_ref(path: &Path) {
     let ctx = path.display();
     assert_eq!(file.path(), Some(path));
     assert_eq!(file.file_size(), r["file_size"].as_u64().unwrap(), "{ctx}");
-    assert_eq!(
-        file.version() as u64,
-        r["gguf"]["version"].as_u64().unwrap(),
-        "{ctx}"
-    );
-    assert_eq!(
-        file.metadata().len() as u64,
-        r["gguf"]["n_kv"].as_u64().unwrap(),
-        "{ctx}"
-    );
-    assert_eq!(
-        file.tensors().len() as u64,
-        r["gguf"]["n_tensors"].as_u64().unwrap(),
-        "{ctx}"
-    );
-    assert_eq!(
-        file.get_u64("general.file_type").unwrap(),
-        r["gguf"]["file_type"].as_u64().unwrap()
-    );
+    assert_eq!(file.version() as u64, r["gguf"]["version"].as_u64().unwrap(), "{ctx}");
+    assert_eq!(file.metadata().len() as u64, r["gguf"]["n_kv"].as_u64().unwrap(), "{ctx}");
+    assert_eq!(file.tensors().len() as u64, r["gguf"]["n_tensors"].as_u64().unwrap(), "{ctx}");
+    assert_eq!(file.get_u64("general.file_type").unwrap(), r["gguf"]["file_type"].as_u64().unwrap());
 
     // Hyperparameters as stored in the metadata.
     let h = &r["hparams"];
@@ -63,9 +47,7 @@ fn check_against_ref(path: &Path) {
         let got = file.get_u64(&format!("{arch}.{key}")).unwrap();
         assert_eq!(got, h[field].as_u64().unwrap(), "{ctx}: {key}");
     }
-    let eps = file
-        .get_f32(&format!("{arch}.attention.layer_norm_rms_epsilon"))
-        .unwrap();
+    let eps = file.get_f32(&format!("{arch}.attention.layer_norm_rms_epsilon")).unwrap();
     assert_eq!(eps as f64, h["rms_eps"].as_f64().unwrap(), "{ctx}");
     let tokens = file.get_array("tokenizer.ggml.tokens").unwrap();
     assert_eq!(tokens.len() as u64, h["n_vocab"].as_u64().unwrap(), "{ctx}");
@@ -75,37 +57,12 @@ fn check_against_ref(path: &Path) {
     assert_eq!(ref_tensors.len(), file.tensors().len());
     for (t, rt) in file.tensors().iter().zip(ref_tensors) {
         assert_eq!(t.name, rt["name"].as_str().unwrap(), "{ctx}");
-        let shape: Vec<u64> = rt["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap())
-            .collect();
+        let shape: Vec<u64> = rt["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
         assert_eq!(t.dims, shape, "{ctx}: {}", t.name);
-        assert_eq!(
-            t.ty.name(),
-            rt["type"].as_str().unwrap(),
-            "{ctx}: {}",
-            t.name
-        );
-        assert_eq!(
-            t.n_bytes,
-            rt["n_bytes"].as_u64().unwrap(),
-            "{ctx}: {}",
-            t.name
-        );
-        assert_eq!(
-            t.n_elements(),
-            rt["n_elements"].as_u64().unwrap(),
-            "{ctx}: {}",
-            t.name
-        );
-        assert_eq!(
-            file.data_offset() + t.offset,
-            rt["data_offset"].as_u64().unwrap(),
-            "{ctx}: {}",
-            t.name
-        );
+        assert_eq!(t.ty.name(), rt["type"].as_str().unwrap(), "{ctx}: {}", t.name);
+        assert_eq!(t.n_bytes, rt["n_bytes"].as_u64().unwrap(), "{ctx}: {}", t.name);
+        assert_eq!(t.n_elements(), rt["n_elements"].as_u64().unwrap(), "{ctx}: {}", t.name);
+        assert_eq!(file.data_offset() + t.offset, rt["data_offset"].as_u64().unwrap(), "{ctx}: {}", t.name);
         assert_eq!(file.tensor(&t.name), Some(t));
         assert_eq!(file.tensor_data(t).len() as u64, t.n_bytes);
     }
@@ -115,11 +72,7 @@ fn check_against_ref(path: &Path) {
 fn models_match_reference_json() {
     let files = model_files();
     // 22 shipped models: keep the count honest if files go missing.
-    assert!(
-        files.len() >= 22,
-        "expected >= 22 model files, found {}",
-        files.len()
-    );
+    assert!(files.len() >= 22, "expected >= 22 model files, found {}", files.len());
     for path in &files {
         check_against_ref(path);
     }
@@ -173,9 +126,7 @@ fn tokenizer_files_open() {
         assert_eq!(types.len(), expected, "{vocab}");
         assert!(types.iter().all(|t| t.as_i64().is_some()));
         if let Ok(merges) = file.get_array("tokenizer.ggml.merges") {
-            assert!(merges
-                .iter()
-                .all(|m| m.as_str().is_some_and(|s| s.contains(' '))));
+            assert!(merges.iter().all(|m| m.as_str().is_some_and(|s| s.contains(' '))));
         }
     }
 }

@@ -36,7 +36,9 @@ impl Arch {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1: per-frequency divisors (from `rope_freqs.weight` or computed).
     PerFrequency(Vec<f32>),
 }
@@ -132,8 +134,7 @@ impl ModelConfig {
                 return Err(ModelError::WrongShape { name: t.name.clone(), expected: vec![(n_rot / 2) as u64], found: t.dims.clone() });
             }
             let mut f = vec![0f32; n_rot / 2];
-            kiln_quant::dequantize(t.ty, file.tensor_data(t), &mut f)
-                .map_err(|e| ModelError::BadHparam { key: t.name.clone(), reason: e.to_string() })?;
+            kiln_quant::dequantize(t.ty, file.tensor_data(t), &mut f).map_err(|e| ModelError::BadHparam { key: t.name.clone(), reason: e.to_string() })?;
             return Ok(RopeScaling::PerFrequency(f));
         }
         let type_key = format!("{a}.rope.scaling.type");
@@ -142,7 +143,11 @@ impl ModelConfig {
         let factor_key = format!("{a}.rope.scaling.factor");
         let factor = || -> Result<f32> {
             let f = file.get_f32(&factor_key)?;
-            if f > 0.0 && f.is_finite() { Ok(f) } else { Err(ModelError::BadHparam { key: factor_key.clone(), reason: format!("{f} is not a positive factor") }) }
+            if f > 0.0 && f.is_finite() {
+                Ok(f)
+            } else {
+                Err(ModelError::BadHparam { key: factor_key.clone(), reason: format!("{f} is not a positive factor") })
+            }
         };
         match kind {
             "none" => Ok(RopeScaling::None),

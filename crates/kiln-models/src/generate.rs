@@ -80,7 +80,13 @@ impl StopFilter<'_> {
 /// Generates from `prompt` (already tokenized, BOS included if wanted) after
 /// whatever the model has cached. `on_text` receives each piece of new text and
 /// returns false to stop early.
-pub fn generate<B: Backend>(model: &mut Model<B>, tokenizer: &Tokenizer, prompt: &[u32], params: &GenerateParams, mut on_text: impl FnMut(&str) -> bool) -> Result<GenerationStats> {
+pub fn generate<B: Backend>(
+    model: &mut Model<B>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<GenerationStats> {
     if prompt.is_empty() {
         return Err(ModelError::BadHparam { key: "prompt".into(), reason: "the prompt has no tokens".into() });
     }

@@ -137,8 +137,11 @@ impl<B: Backend> Loader<'_, B> {
             return Err(ModelError::WrongShape { name: name.into(), expected: vec![len as u64], found: t.dims.clone() });
         }
         let mut host = vec![0f32; len];
-        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host)
-            .map_err(|_| ModelError::WrongType { name: name.into(), ty: t.ty, role: "a norm or bias vector" })?;
+        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
+            name: name.into(),
+            ty: t.ty,
+            role: "a norm or bias vector",
+        })?;
         let mut buf = self.backend.alloc(len, name)?;
         self.backend.write(&mut buf, &host)?;
         Ok(buf)
@@ -262,7 +265,18 @@ impl<B: Backend> Model<B> {
             let input = StepInput { tokens: chunk, pos0: self.n_past, sampling: &sampling, history: &[], draw: 0 };
             self.backend.write_step(&mut self.act.step, &input)?;
             let all = which == Logits::All;
-            Self::enqueue_forward(&self.backend, &self.config, self.n_ctx, &self.token_embd, self.output.as_ref(), &self.output_norm, &mut self.layers, &mut self.act, chunk.len(), all)?;
+            Self::enqueue_forward(
+                &self.backend,
+                &self.config,
+                self.n_ctx,
+                &self.token_embd,
+                self.output.as_ref(),
+                &self.output_norm,
+                &mut self.layers,
+                &mut self.act,
+                chunk.len(),
+                all,
+            )?;
             self.n_past += chunk.len();
         }
         let rows = if which == Logits::All { tokens.len() } else { 1 };
@@ -301,7 +315,18 @@ impl<B: Backend> Model<B> {
     /// The forward pass of `n` tokens whose ids and positions are in the step
     /// object, as one straight sequence of backend ops.
     #[allow(clippy::too_many_arguments)]
-    fn enqueue_forward(b: &B, c: &ModelConfig, n_ctx: usize, token_embd: &B::Weight, output: Option<&B::Weight>, output_norm: &B::Buffer, layers: &mut [Layer<B>], a: &mut Activations<B>, n: usize, all_logits: bool) -> kiln_core::backend::Result<()> {
+    fn enqueue_forward(
+        b: &B,
+        c: &ModelConfig,
+        n_ctx: usize,
+        token_embd: &B::Weight,
+        output: Option<&B::Weight>,
+        output_norm: &B::Buffer,
+        layers: &mut [Layer<B>],
+        a: &mut Activations<B>,
+        n: usize,
+        all_logits: bool,
+    ) -> kiln_core::backend::Result<()> {
         let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let q_rope = RopeParams { kind: c.rope_kind, n_heads: c.n_head, head_dim: c.head_dim, n_rot: c.n_rot };
         let attn = AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, n_ctx, scale: 1.0 / (c.head_dim as f32).sqrt() };

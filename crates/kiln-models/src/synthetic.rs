@@ -114,8 +114,8 @@ fn byte_to_unicode(b: u8) -> char {
 /// A few real-looking merges ("Ġ" is the byte-level space), so encoding
 /// exercises the merge loop; every result is a token of the vocabulary.
 const MERGES: &[&str] = &[
-    "Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "r e", "Ġ s", "e d", "Ġ w", "o r", "e n", "Ġ o", "i s",
-    "a t", "Ġ c", "e s", "Ġ b", "Ġt he", "in g", "Ġ f", "Ġ m", "Ġ d",
+    "Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "r e", "Ġ s", "e d", "Ġ w", "o r", "e n", "Ġ o", "i s", "a t", "Ġ c", "e s", "Ġ b", "Ġt he", "in g",
+    "Ġ f", "Ġ m", "Ġ d",
 ];
 
 struct Vocabulary {

@@ -32,11 +32,8 @@ fn cases() -> Vec<(PathBuf, Value)> {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let Some(stem) = name.strip_suffix(".ref.json") else { continue };
         let reference: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let model = if stem == "stories260K" {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf")
-        } else {
-            dir.join(format!("{stem}.gguf"))
-        };
+        let model =
+            if stem == "stories260K" { Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf") } else { dir.join(format!("{stem}.gguf")) };
         if model.exists() {
             out.push((model, reference));
         } else {

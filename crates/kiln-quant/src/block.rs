@@ -19,11 +19,7 @@ pub(crate) struct Unpacked {
 
 impl Unpacked {
     pub(crate) fn new() -> Self {
-        Unpacked {
-            codes: [0; MAX_BLOCK],
-            scale: [0.0; MAX_GROUPS],
-            offset: [0.0; MAX_GROUPS],
-        }
+        Unpacked { codes: [0; MAX_BLOCK], scale: [0.0; MAX_GROUPS], offset: [0.0; MAX_GROUPS] }
     }
 }
 
@@ -53,14 +49,9 @@ pub(crate) trait RowCodec {
 impl<B: QuantBlock> RowCodec for B {
     fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let mut u = Unpacked::new();
-        for (bytes, out) in src
-            .chunks_exact(size_of::<B>())
-            .zip(dst.chunks_exact_mut(B::N))
-        {
+        for (bytes, out) in src.chunks_exact(size_of::<B>()).zip(dst.chunks_exact_mut(B::N)) {
             bytemuck::pod_read_unaligned::<B>(bytes).unpack(&mut u);
-            let groups = out
-                .chunks_exact_mut(B::GROUP)
-                .zip(u.codes.chunks_exact(B::GROUP));
+            let groups = out.chunks_exact_mut(B::GROUP).zip(u.codes.chunks_exact(B::GROUP));
             for (g, (out_g, codes_g)) in groups.enumerate() {
                 let scale = u.scale[g];
                 if B::HAS_OFFSET {
@@ -78,10 +69,7 @@ impl<B: QuantBlock> RowCodec for B {
     }
 
     fn quantize_row(src: &[f32], dst: &mut [u8]) {
-        for (x, out) in src
-            .chunks_exact(B::N)
-            .zip(dst.chunks_exact_mut(size_of::<B>()))
-        {
+        for (x, out) in src.chunks_exact(B::N).zip(dst.chunks_exact_mut(size_of::<B>())) {
             out.copy_from_slice(bytemuck::bytes_of(&B::quantize(x)));
         }
     }
@@ -92,9 +80,7 @@ impl<B: QuantBlock> RowCodec for B {
         let mut total = 0f64;
         for (bytes, xb) in row.chunks_exact(size_of::<B>()).zip(x.chunks_exact(B::N)) {
             bytemuck::pod_read_unaligned::<B>(bytes).unpack(&mut u);
-            let groups = xb
-                .chunks_exact(B::GROUP)
-                .zip(u.codes.chunks_exact(B::GROUP));
+            let groups = xb.chunks_exact(B::GROUP).zip(u.codes.chunks_exact(B::GROUP));
             for (g, (x_g, codes_g)) in groups.enumerate() {
                 let (mut sum_qx, mut sum_x) = (0f32, 0f32);
                 for (&xi, &q) in x_g.iter().zip(codes_g) {
@@ -137,11 +123,7 @@ pub(crate) fn f32_of(h: half::f16) -> f32 {
     const TWO_POW_112: f32 = f32::from_bits((127 + 112) << 23);
     let bits = u32::from(h.to_bits());
     let magnitude = bits & 0x7fff;
-    let value = if magnitude >= 0x7c00 {
-        f32::from_bits(0x7f80_0000 | (magnitude & 0x3ff) << 13)
-    } else {
-        f32::from_bits(magnitude << 13) * TWO_POW_112
-    };
+    let value = if magnitude >= 0x7c00 { f32::from_bits(0x7f80_0000 | (magnitude & 0x3ff) << 13) } else { f32::from_bits(magnitude << 13) * TWO_POW_112 };
     f32::from_bits(value.to_bits() | (bits & 0x8000) << 16)
 }
 
@@ -173,25 +155,13 @@ mod tests {
         for bits in 0..=u16::MAX {
             let h = half::f16::from_bits(bits);
             let (ours, theirs) = (f32_of(h), h.to_f32());
-            assert!(
-                ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()),
-                "{bits:#06x}: {ours} vs {theirs}"
-            );
+            assert!(ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()), "{bits:#06x}: {ours} vs {theirs}");
         }
     }
 
     #[test]
     fn nearest_int_rounds_half_to_even() {
-        for (v, want) in [
-            (0.5, 0),
-            (1.5, 2),
-            (2.5, 2),
-            (-0.5, 0),
-            (-1.5, -2),
-            (3.49, 3),
-            (-7.51, -8),
-            (4194303.0, 4194303),
-        ] {
+        for (v, want) in [(0.5, 0), (1.5, 2), (2.5, 2), (-0.5, 0), (-1.5, -2), (3.49, 3), (-7.51, -8), (4194303.0, 4194303)] {
             assert_eq!(nearest_int(v), want, "{v}");
         }
     }

@@ -36,11 +36,7 @@ impl FloatElem for half::bf16 {
     /// ggml's conversion: NaNs become quiet NaNs, everything else rounds to nearest even.
     fn from_f32(v: f32) -> Self {
         let bits = v.to_bits();
-        let rounded = if bits & 0x7fff_ffff > 0x7f80_0000 {
-            (bits >> 16) | 64
-        } else {
-            (bits + (0x7fff + ((bits >> 16) & 1))) >> 16
-        };
+        let rounded = if bits & 0x7fff_ffff > 0x7f80_0000 { (bits >> 16) | 64 } else { (bits + (0x7fff + ((bits >> 16) & 1))) >> 16 };
         half::bf16::from_bits(rounded as u16)
     }
 }

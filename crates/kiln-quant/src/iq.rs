@@ -1,16 +1,12 @@
 //! The non-linear 4-bit formats IQ4_NL (32-element blocks) and IQ4_XS (256-element
 //! super-blocks of eight IQ4_NL-like groups with 6-bit scales).
 
-use crate::block::{
-    abs_max, f16_of, f32_of, nearest_int, pack_nibbles, unpack_nibbles, QuantBlock, Unpacked,
-};
+use crate::block::{abs_max, f16_of, f32_of, nearest_int, pack_nibbles, unpack_nibbles, QuantBlock, Unpacked};
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
 /// The 16 IQ4_NL levels (ggml's `kvalues_iq4nl`); a 4-bit code indexes this table.
-pub const IQ4_NL_CODEBOOK: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
+pub const IQ4_NL_CODEBOOK: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// value = d * IQ4_NL_CODEBOOK[q], nibbles packed as in Q4_0.
 #[repr(C)]
@@ -115,10 +111,7 @@ impl QuantBlock for BlockIQ4_NL {
 
     fn quantize(x: &[f32]) -> Self {
         let d = fit_group_scale(x);
-        BlockIQ4_NL {
-            d: f16_of(d),
-            qs: pack_nibbles(&codes_for(x, d)),
-        }
+        BlockIQ4_NL { d: f16_of(d), qs: pack_nibbles(&codes_for(x, d)) }
     }
 }
 
@@ -152,17 +145,11 @@ impl QuantBlock for BlockIQ4_XS {
         }
         let d = -max_scale / 32.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut block = BlockIQ4_XS {
-            d: f16_of(d),
-            scales_h: 0,
-            scales_l: [0; 4],
-            qs: [0; 128],
-        };
+        let mut block = BlockIQ4_XS { d: f16_of(d), scales_h: 0, scales_l: [0; 4], qs: [0; 128] };
         for (g, &s) in scales.iter().enumerate() {
             let l = nearest_int(id * s).clamp(-32, 31);
             let xg = &x[32 * g..32 * g + 32];
-            block.qs[16 * g..16 * g + 16]
-                .copy_from_slice(&pack_nibbles(&codes_for(xg, d * l as f32)));
+            block.qs[16 * g..16 * g + 16].copy_from_slice(&pack_nibbles(&codes_for(xg, d * l as f32)));
             let l = (l + 32) as u8;
             block.scales_l[g / 2] |= (l & 0xf) << (4 * (g % 2));
             block.scales_h |= u16::from(l >> 4) << (2 * g);

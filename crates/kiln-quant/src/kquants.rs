@@ -180,13 +180,7 @@ struct ScaleSweep {
 /// ggml's `make_qkx2_quants`: levels in [0, nmax] for `x = scale*l - min` (min >= 0),
 /// refining scale and min by weighted least squares over `nstep + 1` trial inverse
 /// scales. Returns `(scale, min)`.
-fn make_qkx2_quants(
-    x: &[f32],
-    weights: &[f32],
-    nmax: i32,
-    levels: &mut [u8],
-    sweep: &ScaleSweep,
-) -> (f32, f32) {
+fn make_qkx2_quants(x: &[f32], weights: &[f32], nmax: i32, levels: &mut [u8], sweep: &ScaleSweep) -> (f32, f32) {
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
     let mut sum_x = sum_w * x[0];
@@ -208,17 +202,12 @@ fn make_qkx2_quants(
         return (0.0, -min);
     }
     let nmaxf = nmax as f32;
-    let level =
-        |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
+    let level = |iscale: f32, v: f32, min: f32| nearest_int(iscale * (v - min)).clamp(0, nmax) as u8;
     let error = |scale: f32, min: f32, levels: &[u8]| {
         let mut err = 0f32;
         for ((&v, &w), &l) in x.iter().zip(weights).zip(levels) {
             let diff = scale * f32::from(l) + min - v;
-            err += w * if sweep.use_mad {
-                diff.abs()
-            } else {
-                diff * diff
-            };
+            err += w * if sweep.use_mad { diff.abs() } else { diff * diff };
         }
         err
     };
@@ -266,9 +255,7 @@ fn make_qkx2_quants(
 fn pack_2bit(levels: &[u8; QK_K]) -> [u8; 64] {
     std::array::from_fn(|i| {
         let (h, l) = (i / 32, i % 32);
-        (0..4).fold(0u8, |acc, k| {
-            acc | (levels[128 * h + l + 32 * k] & 3) << (2 * k)
-        })
+        (0..4).fold(0u8, |acc, k| acc | (levels[128 * h + l + 32 * k] & 3) << (2 * k))
     })
 }
 
@@ -298,10 +285,7 @@ fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -338,8 +322,7 @@ fn quantize_k4_style(x: &[f32], nmax: i32, sweep: &ScaleSweep) -> (f16, f16, [u8
         let sum_x2 = xg.iter().fold(0f32, |s, v| s + v * v);
         let av_x = (sum_x2 / 32.0).sqrt();
         let weights: [f32; 32] = std::array::from_fn(|l| av_x + xg[l].abs());
-        (scales[j], mins[j]) =
-            make_qkx2_quants(xg, &weights, nmax, &mut levels[32 * j..32 * j + 32], sweep);
+        (scales[j], mins[j]) = make_qkx2_quants(xg, &weights, nmax, &mut levels[32 * j..32 * j + 32], sweep);
         if scales[j] > max_scale {
             max_scale = scales[j];
         }
@@ -347,11 +330,7 @@ fn quantize_k4_style(x: &[f32], nmax: i32, sweep: &ScaleSweep) -> (f16, f16, [u8
             max_min = mins[j];
         }
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
     let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
@@ -416,20 +395,14 @@ impl QuantBlock for BlockQ2_K {
     }
 
     fn quantize(x: &[f32]) -> Self {
-        const SWEEP: ScaleSweep = ScaleSweep {
-            rmin: -0.5,
-            rdelta: 0.1,
-            nstep: 15,
-            use_mad: true,
-        };
+        const SWEEP: ScaleSweep = ScaleSweep { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
         let mut levels = [0u8; QK_K];
         let (mut scales, mut mins) = ([0f32; 16], [0f32; 16]);
         let (mut max_scale, mut max_min) = (0f32, 0f32);
         for j in 0..16 {
             let xg = &x[16 * j..16 * j + 16];
             let weights: [f32; 16] = std::array::from_fn(|l| xg[l].abs());
-            (scales[j], mins[j]) =
-                make_qkx2_quants(xg, &weights, 3, &mut levels[16 * j..16 * j + 16], &SWEEP);
+            (scales[j], mins[j]) = make_qkx2_quants(xg, &weights, 3, &mut levels[16 * j..16 * j + 16], &SWEEP);
             if scales[j] > max_scale {
                 max_scale = scales[j];
             }
@@ -464,12 +437,7 @@ impl QuantBlock for BlockQ2_K {
                 *l = nearest_int((v + dm) / dj).clamp(0, 3) as u8;
             }
         }
-        BlockQ2_K {
-            scales: packed,
-            qs: pack_2bit(&levels),
-            d,
-            dmin,
-        }
+        BlockQ2_K { scales: packed, qs: pack_2bit(&levels), d, dmin }
     }
 }
 
@@ -496,8 +464,7 @@ impl QuantBlock for BlockQ3_K {
         let mut scales = [0f32; 16];
         let (mut amax, mut max_scale) = (0f32, 0f32);
         for j in 0..16 {
-            scales[j] =
-                make_q3_quants(&x[16 * j..16 * j + 16], 4, &mut levels[16 * j..16 * j + 16]);
+            scales[j] = make_q3_quants(&x[16 * j..16 * j + 16], 4, &mut levels[16 * j..16 * j + 16]);
             if scales[j].abs() > amax {
                 amax = scales[j].abs();
                 max_scale = scales[j];
@@ -536,12 +503,7 @@ impl QuantBlock for BlockQ3_K {
             }
             *lo = if l > 3 { l - 4 } else { l };
         }
-        BlockQ3_K {
-            hmask,
-            qs: pack_2bit(&low),
-            scales: packed,
-            d,
-        }
+        BlockQ3_K { hmask, qs: pack_2bit(&low), scales: packed, d }
     }
 }
 
@@ -556,19 +518,9 @@ impl QuantBlock for BlockQ4_K {
     }
 
     fn quantize(x: &[f32]) -> Self {
-        const SWEEP: ScaleSweep = ScaleSweep {
-            rmin: -1.0,
-            rdelta: 0.1,
-            nstep: 20,
-            use_mad: false,
-        };
+        const SWEEP: ScaleSweep = ScaleSweep { rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
         let (d, dmin, scales, levels) = quantize_k4_style(x, 15, &SWEEP);
-        BlockQ4_K {
-            d,
-            dmin,
-            scales,
-            qs: pack_k4_nibbles(&levels),
-        }
+        BlockQ4_K { d, dmin, scales, qs: pack_k4_nibbles(&levels) }
     }
 }
 
@@ -584,24 +536,13 @@ impl QuantBlock for BlockQ5_K {
     }
 
     fn quantize(x: &[f32]) -> Self {
-        const SWEEP: ScaleSweep = ScaleSweep {
-            rmin: -0.5,
-            rdelta: 0.1,
-            nstep: 15,
-            use_mad: false,
-        };
+        const SWEEP: ScaleSweep = ScaleSweep { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
         let (d, dmin, scales, levels) = quantize_k4_style(x, 31, &SWEEP);
         let mut qh = [0u8; 32];
         for (e, &l) in levels.iter().enumerate() {
             qh[e % 32] |= ((l >> 4) & 1) << (e / 32);
         }
-        BlockQ5_K {
-            d,
-            dmin,
-            scales,
-            qh,
-            qs: pack_k4_nibbles(&levels),
-        }
+        BlockQ5_K { d, dmin, scales, qh, qs: pack_k4_nibbles(&levels) }
     }
 }
 
@@ -633,11 +574,7 @@ impl QuantBlock for BlockQ6_K {
         let mut scales = [0f32; 16];
         let (mut max_abs_scale, mut max_scale) = (0f32, 0f32);
         for j in 0..16 {
-            scales[j] = make_qx_quants(
-                &x[16 * j..16 * j + 16],
-                32,
-                &mut levels[16 * j..16 * j + 16],
-            );
+            scales[j] = make_qx_quants(&x[16 * j..16 * j + 16], 32, &mut levels[16 * j..16 * j + 16]);
             if scales[j].abs() > max_abs_scale {
                 max_abs_scale = scales[j].abs();
                 max_scale = scales[j];
@@ -648,8 +585,7 @@ impl QuantBlock for BlockQ6_K {
         }
         let iscale = -128.0 / max_scale;
         let d = f16_of(1.0 / iscale);
-        let packed: [i8; 16] =
-            std::array::from_fn(|j| nearest_int(iscale * scales[j]).min(127) as i8);
+        let packed: [i8; 16] = std::array::from_fn(|j| nearest_int(iscale * scales[j]).min(127) as i8);
         for (j, &sc) in packed.iter().enumerate() {
             let dj = f32_of(d) * f32::from(sc);
             if dj == 0.0 {
@@ -666,12 +602,7 @@ impl QuantBlock for BlockQ6_K {
             ql[64 * h + i + 32 * (k % 2)] |= (l & 0xf) << (4 * (k / 2));
             qh[32 * h + i] |= ((l >> 4) & 3) << (2 * k);
         }
-        BlockQ6_K {
-            ql,
-            qh,
-            scales: packed,
-            d,
-        }
+        BlockQ6_K { ql, qh, scales: packed, d }
     }
 }
 
@@ -693,12 +624,7 @@ impl QuantBlock for BlockQ8_K {
         }
         let iscale = -127.0 / max;
         let qs: [i8; 256] = std::array::from_fn(|j| nearest_int(iscale * x[j]).min(127) as i8);
-        let bsums =
-            std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
-        BlockQ8_K {
-            d: 1.0 / iscale,
-            qs,
-            bsums,
-        }
+        let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| i16::from(q)).sum());
+        BlockQ8_K { d: 1.0 / iscale, qs, bsums }
     }
 }

@@ -80,9 +80,7 @@ fn quantize_symmetric(x: &[f32], levels: u8) -> (f16, [u8; 32]) {
     let (_, max) = abs_max(x);
     let d = max / -half_levels;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let codes = std::array::from_fn(|j| {
-        ((x[j] * id + (half_levels + 0.5)) as i8).min(levels as i8 - 1) as u8
-    });
+    let codes = std::array::from_fn(|j| ((x[j] * id + (half_levels + 0.5)) as i8).min(levels as i8 - 1) as u8);
     (f16_of(d), codes)
 }
 
@@ -105,10 +103,7 @@ fn quantize_affine(x: &[f32], levels: u8) -> (f16, f16, [u8; 32]) {
 
 /// Splits 5-bit codes into packed low nibbles and the 32 high bits.
 fn pack_5bit(codes: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
-    let qh = codes
-        .iter()
-        .enumerate()
-        .fold(0u32, |acc, (j, &c)| acc | (u32::from(c >> 4) & 1) << j);
+    let qh = codes.iter().enumerate().fold(0u32, |acc, (j, &c)| acc | (u32::from(c >> 4) & 1) << j);
     (pack_nibbles(codes), qh.to_le_bytes())
 }
 
@@ -140,10 +135,7 @@ impl QuantBlock for BlockQ4_0 {
 
     fn quantize(x: &[f32]) -> Self {
         let (d, codes) = quantize_symmetric(x, 16);
-        BlockQ4_0 {
-            d,
-            qs: pack_nibbles(&codes),
-        }
+        BlockQ4_0 { d, qs: pack_nibbles(&codes) }
     }
 }
 
@@ -160,11 +152,7 @@ impl QuantBlock for BlockQ4_1 {
 
     fn quantize(x: &[f32]) -> Self {
         let (d, m, codes) = quantize_affine(x, 16);
-        BlockQ4_1 {
-            d,
-            m,
-            qs: pack_nibbles(&codes),
-        }
+        BlockQ4_1 { d, m, qs: pack_nibbles(&codes) }
     }
 }
 
@@ -232,11 +220,7 @@ impl QuantBlock for BlockQ8_1 {
     fn quantize(x: &[f32]) -> Self {
         let (d, qs) = quantize_q8(x);
         let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
-        BlockQ8_1 {
-            d: f16_of(d),
-            s: f16_of(sum as f32 * d),
-            qs,
-        }
+        BlockQ8_1 { d: f16_of(d), s: f16_of(sum as f32 * d), qs }
     }
 }
 
@@ -263,9 +247,6 @@ impl QuantBlock for BlockQ1_0 {
                 qs[j / 8] |= 1 << (j % 8);
             }
         }
-        BlockQ1_0 {
-            d: f16_of(sum_abs / 128.0),
-            qs,
-        }
+        BlockQ1_0 { d: f16_of(sum_abs / 128.0), qs }
     }
 }

@@ -36,21 +36,10 @@ pub enum QuantError {
     Unsupported { ty: GgmlType, op: &'static str },
     #[error("unknown GGML type id {0}")]
     UnknownTypeId(u32),
-    #[error(
-        "{ty}: {n_elements} elements take {expected} bytes, but the byte buffer holds {n_bytes}"
-    )]
-    BadLength {
-        ty: GgmlType,
-        n_elements: usize,
-        n_bytes: usize,
-        expected: usize,
-    },
+    #[error("{ty}: {n_elements} elements take {expected} bytes, but the byte buffer holds {n_bytes}")]
+    BadLength { ty: GgmlType, n_elements: usize, n_bytes: usize, expected: usize },
     #[error("{ty}: {n} elements is not a multiple of the block size {block_size}")]
-    NotBlockMultiple {
-        ty: GgmlType,
-        n: usize,
-        block_size: usize,
-    },
+    NotBlockMultiple { ty: GgmlType, n: usize, block_size: usize },
     #[error("{ty}: the byte size of {n_elements} elements overflows usize")]
     TooLarge { ty: GgmlType, n_elements: usize },
 }
@@ -97,27 +86,16 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 pub fn quantized_size(ty: GgmlType, n_elements: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
     if !n_elements.is_multiple_of(block_size) {
-        return Err(QuantError::NotBlockMultiple {
-            ty,
-            n: n_elements,
-            block_size,
-        });
+        return Err(QuantError::NotBlockMultiple { ty, n: n_elements, block_size });
     }
-    (n_elements / block_size)
-        .checked_mul(ty.type_size())
-        .ok_or(QuantError::TooLarge { ty, n_elements })
+    (n_elements / block_size).checked_mul(ty.type_size()).ok_or(QuantError::TooLarge { ty, n_elements })
 }
 
 /// Checks that `n_bytes` is exactly the size of `n_elements` values of `ty`.
 fn check_lengths(ty: GgmlType, n_elements: usize, n_bytes: usize) -> Result<(), QuantError> {
     let expected = quantized_size(ty, n_elements)?;
     if n_bytes != expected {
-        return Err(QuantError::BadLength {
-            ty,
-            n_elements,
-            n_bytes,
-            expected,
-        });
+        return Err(QuantError::BadLength { ty, n_elements, n_bytes, expected });
     }
     Ok(())
 }

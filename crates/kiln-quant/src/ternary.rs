@@ -32,10 +32,7 @@ const _: () = assert!(size_of::<BlockTQ2_0>() == 66);
 fn ternarize(x: &[f32]) -> (f16, [u8; 256]) {
     let (amax, _) = abs_max(x);
     let id = if amax != 0.0 { 1.0 / amax } else { 0.0 };
-    (
-        f16_of(amax),
-        std::array::from_fn(|j| (((x[j] * id).round() as i32).clamp(-1, 1) + 1) as u8),
-    )
+    (f16_of(amax), std::array::from_fn(|j| (((x[j] * id).round() as i32).clamp(-1, 1) + 1) as u8))
 }
 
 /// Trit `n` (0 = most significant) of a byte holding ceil(T * 256 / 243).
@@ -74,13 +71,8 @@ impl QuantBlock for BlockTQ1_0 {
 
     fn quantize(x: &[f32]) -> Self {
         let (d, t) = ternarize(x);
-        let qs = std::array::from_fn(|b| {
-            if b < 32 {
-                pack_trits((0..5).map(|n| t[32 * n + b]))
-            } else {
-                pack_trits((0..5).map(|n| t[160 + 16 * n + (b - 32)]))
-            }
-        });
+        let qs =
+            std::array::from_fn(|b| if b < 32 { pack_trits((0..5).map(|n| t[32 * n + b])) } else { pack_trits((0..5).map(|n| t[160 + 16 * n + (b - 32)])) });
         // qh bytes carry 4 trits; the fifth (least significant) trit slot is zero.
         let qh = std::array::from_fn(|j| pack_trits((0..4).map(|n| t[240 + 4 * n + j]).chain([0])));
         BlockTQ1_0 { qs, qh, d }

@@ -17,11 +17,7 @@ struct Stats {
 
 /// Sums in memory order, in f64, as the reference does.
 fn stats(values: &[f32]) -> Stats {
-    let mut s = Stats {
-        sum: 0.0,
-        sum_sq: 0.0,
-        wsum: 0.0,
-    };
+    let mut s = Stats { sum: 0.0, sum_sq: 0.0, wsum: 0.0 };
     for (i, &v) in values.iter().enumerate() {
         let v = f64::from(v);
         s.sum += v;
@@ -32,8 +28,7 @@ fn stats(values: &[f32]) -> Stats {
 }
 
 fn f64_of(v: &serde_json::Value, what: &str) -> f64 {
-    v.as_f64()
-        .unwrap_or_else(|| panic!("{what} is not a number: {v}"))
+    v.as_f64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
 }
 
 #[test]
@@ -54,34 +49,18 @@ fn every_model_tensor_dequantizes_to_its_reference() {
             continue;
         }; // F32 tiny models are not shipped
         let model_path = shared.join(rel);
-        let file =
-            GgufFile::open(&model_path).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
+        let file = GgufFile::open(&model_path).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
         let entries = reference["tensors"].as_array().unwrap();
         assert_eq!(file.tensors().len(), entries.len(), "{rel}: tensor count");
         for entry in entries {
             let name = entry["name"].as_str().unwrap();
             let ctx = format!("{rel} {name}");
-            let t = file
-                .tensor(name)
-                .unwrap_or_else(|| panic!("{ctx}: missing from the file"));
+            let t = file.tensor(name).unwrap_or_else(|| panic!("{ctx}: missing from the file"));
             assert_eq!(t.ty.name(), entry["type"].as_str().unwrap(), "{ctx}: type");
-            assert_eq!(
-                t.n_bytes,
-                entry["n_bytes"].as_u64().unwrap(),
-                "{ctx}: n_bytes"
-            );
-            let shape: Vec<u64> = entry["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap())
-                .collect();
+            assert_eq!(t.n_bytes, entry["n_bytes"].as_u64().unwrap(), "{ctx}: n_bytes");
+            let shape: Vec<u64> = entry["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
             assert_eq!(t.dims, shape, "{ctx}: shape");
-            assert_eq!(
-                file.data_offset() + t.offset,
-                entry["data_offset"].as_u64().unwrap(),
-                "{ctx}: data offset"
-            );
+            assert_eq!(file.data_offset() + t.offset, entry["data_offset"].as_u64().unwrap(), "{ctx}: data offset");
 
             // Row by row, as the CPU backend calls it.
             let row_len = t.dims[0] as usize;
@@ -89,50 +68,22 @@ fn every_model_tensor_dequantizes_to_its_reference() {
             let data = file.tensor_data(t);
             let row_bytes = data.len() / (n / row_len);
             let mut values = vec![f32::NAN; n];
-            for (src, dst) in data
-                .chunks_exact(row_bytes)
-                .zip(values.chunks_exact_mut(row_len))
-            {
+            for (src, dst) in data.chunks_exact(row_bytes).zip(values.chunks_exact_mut(row_len)) {
                 dequantize(t.ty, src, dst).unwrap_or_else(|e| panic!("{ctx}: {e}"));
             }
 
             for (key, got) in [("first16", &values[..16]), ("last16", &values[n - 16..])] {
-                let want: Vec<f32> = entry[key]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| f64_of(v, key) as f32)
-                    .collect();
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(g, w)| g.to_bits() == w.to_bits() || (*g == 0.0 && *w == 0.0));
+                let want: Vec<f32> = entry[key].as_array().unwrap().iter().map(|v| f64_of(v, key) as f32).collect();
+                let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits() || (*g == 0.0 && *w == 0.0));
                 assert!(same, "{ctx}: {key} differs:\n got  {got:?}\n want {want:?}");
             }
             let s = stats(&values);
-            let (sum, sum_sq, wsum) = (
-                f64_of(&entry["sum"], "sum"),
-                f64_of(&entry["sum_sq"], "sum_sq"),
-                f64_of(&entry["wsum"], "wsum"),
-            );
+            let (sum, sum_sq, wsum) = (f64_of(&entry["sum"], "sum"), f64_of(&entry["sum_sq"], "sum_sq"), f64_of(&entry["wsum"], "wsum"));
             // Bit-exact values leave only f64 summation-order and 12-digit printing error.
             let tol = 1e-9 * (n as f64 * sum_sq).sqrt();
-            assert!(
-                (s.sum - sum).abs() <= tol,
-                "{ctx}: sum {} vs {sum} (tol {tol:e})",
-                s.sum
-            );
-            assert!(
-                (s.wsum - wsum).abs() <= 251.0 * tol,
-                "{ctx}: wsum {} vs {wsum} (tol {:e})",
-                s.wsum,
-                251.0 * tol
-            );
-            assert!(
-                (s.sum_sq - sum_sq).abs() <= 1e-9 * sum_sq,
-                "{ctx}: sum_sq {} vs {sum_sq}",
-                s.sum_sq
-            );
+            assert!((s.sum - sum).abs() <= tol, "{ctx}: sum {} vs {sum} (tol {tol:e})", s.sum);
+            assert!((s.wsum - wsum).abs() <= 251.0 * tol, "{ctx}: wsum {} vs {wsum} (tol {:e})", s.wsum, 251.0 * tol);
+            assert!((s.sum_sq - sum_sq).abs() <= 1e-9 * sum_sq, "{ctx}: sum_sq {} vs {sum_sq}", s.sum_sq);
             types_seen.insert(t.ty);
             n_tensors += 1;
         }

@@ -11,10 +11,7 @@ use std::path::Path;
 
 /// Index of the first differing byte, for a readable failure.
 fn first_mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .or((a.len() != b.len()).then_some(a.len().min(b.len())))
+    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then_some(a.len().min(b.len())))
 }
 
 fn quantize_to_vec(ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -32,15 +29,10 @@ fn quantizers_match_gguf_py_byte_for_byte() {
     let row_len = manifest["gguf_py_row_len"].as_u64().unwrap() as usize;
     assert_eq!(input.len(), n_rows * row_len);
     let types = manifest["gguf_py_types"].as_array().unwrap();
-    assert!(
-        types.len() >= 9,
-        "fixture manifest lists only {} types",
-        types.len()
-    );
+    assert!(types.len() >= 9, "fixture manifest lists only {} types", types.len());
     for name in types {
         let name = name.as_str().unwrap();
-        let ty =
-            GgmlType::from_name(name).unwrap_or_else(|| panic!("unknown type {name} in manifest"));
+        let ty = GgmlType::from_name(name).unwrap_or_else(|| panic!("unknown type {name} in manifest"));
         let expected = read(&dir.join(format!("gguf_py_{name}.bin")));
         let got = quantize_to_vec(ty, &input);
         if let Some(at) = first_mismatch(&got, &expected) {
@@ -57,12 +49,7 @@ fn quantizers_match_gguf_py_byte_for_byte() {
 /// The bytes of tensor `name` in the model described by `ref_json` (offsets from the ref).
 fn tensor_bytes(shared: &Path, ref_json: &serde_json::Value, name: &str) -> (GgmlType, Vec<u8>) {
     let path = shared.join(ref_json["path"].as_str().expect("model not shipped"));
-    let entry = ref_json["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == name)
-        .unwrap_or_else(|| panic!("{}: no tensor {name}", path.display()));
+    let entry = ref_json["tensors"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{}: no tensor {name}", path.display()));
     let ty = GgmlType::from_name(entry["type"].as_str().unwrap()).unwrap();
     let offset = entry["data_offset"].as_u64().unwrap() as usize;
     let n_bytes = entry["n_bytes"].as_u64().unwrap() as usize;
@@ -76,10 +63,7 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
     let models = shared.join("testdata/models");
     let manifest = read_json(&fixtures_dir().join("manifest.json"));
     let rows = f32s_from_le(&read(&fixtures_dir().join("tiny_llama_rows.f32")));
-    let types = [
-        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-        "IQ4_XS", "TQ1_0", "TQ2_0", "Q1_0",
-    ];
+    let types = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "Q1_0"];
     for name in types {
         let ref_json = read_json(&models.join(format!("tiny-llama-{name}.ref.json")));
         for pick in manifest["tiny_llama_rows"].as_array().unwrap() {
@@ -90,10 +74,7 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
             assert_eq!(ty.name(), name, "{tensor} in tiny-llama-{name}");
             let got = quantize_to_vec(ty, &rows[offset..offset + n]);
             if let Some(at) = first_mismatch(&got, &file_bytes[..got.len()]) {
-                panic!(
-                    "{name} {tensor}: byte {at} (block {}) differs from llama-quantize",
-                    at / ty.type_size()
-                );
+                panic!("{name} {tensor}: byte {at} (block {}) differs from llama-quantize", at / ty.type_size());
             }
         }
     }
@@ -105,10 +86,6 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
         let (ty, expected) = tensor_bytes(&shared, &conv_ref, "blk.0.ffn_down.weight");
         assert_eq!(ty.name(), name);
         let got = quantize_to_vec(ty, &f32s_from_le(&src));
-        assert_eq!(
-            first_mismatch(&got, &expected),
-            None,
-            "{name} conversion differs from llama-quantize"
-        );
+        assert_eq!(first_mismatch(&got, &expected), None, "{name} conversion differs from llama-quantize");
     }
 }

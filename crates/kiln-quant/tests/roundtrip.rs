@@ -4,9 +4,7 @@
 mod common;
 
 use common::*;
-use kiln_quant::{
-    dequantize, quantize, quantized_size, type_from_id, vec_dot, GgmlType, QuantError,
-};
+use kiln_quant::{dequantize, quantize, quantized_size, type_from_id, vec_dot, GgmlType, QuantError};
 
 fn roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
     let mut q = vec![0u8; quantized_size(ty, x.len()).unwrap()];
@@ -17,11 +15,7 @@ fn roundtrip(ty: GgmlType, x: &[f32]) -> Vec<f32> {
 }
 
 fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
-    let err: f64 = x
-        .iter()
-        .zip(y)
-        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-        .sum();
+    let err: f64 = x.iter().zip(y).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
     let norm: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum();
     (err / norm).sqrt()
 }
@@ -89,10 +83,7 @@ fn roundtrip_error_within_format_bounds() {
                 let x = rng.gaussian_vec(n, scale);
                 let err = rel_rms(&x, &roundtrip(ty, &x));
                 let bound = rel_rms_bound(ty);
-                assert!(
-                    err <= bound,
-                    "{ty} n={n} scale={scale}: rel RMS error {err:.5} > {bound}"
-                );
+                assert!(err <= bound, "{ty} n={n} scale={scale}: rel RMS error {err:.5} > {bound}");
             }
         }
     }
@@ -114,17 +105,8 @@ fn roundtrip_error_within_ggml_thresholds() {
             _ => 0.002,
         };
         let y = roundtrip(ty, &x);
-        let err = x
-            .iter()
-            .zip(&y)
-            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
-            .sum::<f64>()
-            .sqrt()
-            / n as f64;
-        assert!(
-            err < threshold,
-            "{ty}: ggml total error {err:.6} >= {threshold}"
-        );
+        let err = x.iter().zip(&y).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum::<f64>().sqrt() / n as f64;
+        assert!(err < threshold, "{ty}: ggml total error {err:.6} >= {threshold}");
     }
 }
 
@@ -139,10 +121,7 @@ fn ternary_error_within_half_step() {
         for (b, (xb, yb)) in x.chunks(256).zip(y.chunks(256)).enumerate() {
             let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
             for (i, (&xi, &yi)) in xb.iter().zip(yb).enumerate() {
-                assert!(
-                    (xi - yi).abs() <= 0.5 * amax * (1.0 + 1e-3),
-                    "{ty} block {b} value {i}: {xi} -> {yi}, amax {amax}"
-                );
+                assert!((xi - yi).abs() <= 0.5 * amax * (1.0 + 1e-3), "{ty} block {b} value {i}: {xi} -> {yi}, amax {amax}");
             }
         }
     }
@@ -153,17 +132,10 @@ fn quantizers_handle_degenerate_blocks() {
     for &ty in SUPPORTED {
         let n = ty.block_size().max(256);
         // All zeros must come back as zeros; a constant block must stay close to the constant.
-        assert!(
-            roundtrip(ty, &vec![0.0; n]).iter().all(|&v| v == 0.0),
-            "{ty}: zeros not preserved"
-        );
+        assert!(roundtrip(ty, &vec![0.0; n]).iter().all(|&v| v == 0.0), "{ty}: zeros not preserved");
         let c = roundtrip(ty, &vec![0.37; n]);
         let tol = if ty == GgmlType::Q2_K { 0.05 } else { 0.01 };
-        assert!(
-            c.iter().all(|&v| (v - 0.37).abs() <= tol * 0.37 + 1e-6),
-            "{ty}: constant block lost: {:?}",
-            &c[..4]
-        );
+        assert!(c.iter().all(|&v| (v - 0.37).abs() <= tol * 0.37 + 1e-6), "{ty}: constant block lost: {:?}", &c[..4]);
         // Non-finite input must not panic (the values are garbage, like ggml's).
         let mut x = Rng::new(3).gaussian_vec(n, 1.0);
         x[1] = f32::NAN;
@@ -193,12 +165,8 @@ fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let finite = |rng: &mut Rng| (rng.gaussian() * 0.5) as f32;
     match ty {
         GgmlType::F32 => (0..n).flat_map(|_| finite(rng).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n)
-            .flat_map(|_| half::f16::from_f32(finite(rng)).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => (0..n)
-            .flat_map(|_| half::bf16::from_f32(finite(rng)).to_le_bytes())
-            .collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(finite(rng)).to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(finite(rng)).to_le_bytes()).collect(),
         _ => {
             let mut row = rng.bytes(quantized_size(ty, n).unwrap());
             for block in row.chunks_exact_mut(ty.type_size()) {
@@ -206,8 +174,7 @@ fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
                     block[..4].copy_from_slice(&(finite(rng) * 0.01).to_le_bytes());
                 }
                 for &off in f16_scale_offsets(ty) {
-                    block[off..off + 2]
-                        .copy_from_slice(&half::f16::from_f32(finite(rng)).to_le_bytes());
+                    block[off..off + 2].copy_from_slice(&half::f16::from_f32(finite(rng)).to_le_bytes());
                 }
             }
             row
@@ -229,26 +196,12 @@ fn vec_dot_matches_dequantize_then_dot() {
                 quantize(ty, &rng.gaussian_vec(n, 2.0), &mut q).unwrap();
                 q
             };
-            for (source, row) in [
-                ("quantized", quantized),
-                ("random", random_valid_row(ty, n, &mut rng)),
-            ] {
+            for (source, row) in [("quantized", quantized), ("random", random_valid_row(ty, n, &mut rng))] {
                 let mut a = vec![0f32; n];
                 dequantize(ty, &row, &mut a).unwrap();
-                assert!(
-                    a.iter().all(|v| v.is_finite()),
-                    "{ty} {source}: non-finite dequantized value"
-                );
-                let reference: f64 = a
-                    .iter()
-                    .zip(&x)
-                    .map(|(&ai, &xi)| f64::from(ai) * f64::from(xi))
-                    .sum();
-                let magnitude: f64 = a
-                    .iter()
-                    .zip(&x)
-                    .map(|(&ai, &xi)| (f64::from(ai) * f64::from(xi)).abs())
-                    .sum();
+                assert!(a.iter().all(|v| v.is_finite()), "{ty} {source}: non-finite dequantized value");
+                let reference: f64 = a.iter().zip(&x).map(|(&ai, &xi)| f64::from(ai) * f64::from(xi)).sum();
+                let magnitude: f64 = a.iter().zip(&x).map(|(&ai, &xi)| (f64::from(ai) * f64::from(xi)).abs()).sum();
                 let got = f64::from(vec_dot(ty, &row, &x).unwrap());
                 assert!(
                     (got - reference).abs() <= 2e-5 * magnitude + 1e-30,
@@ -274,50 +227,22 @@ fn dequantize_never_panics_on_random_bytes() {
 
 #[test]
 fn unsupported_and_unknown_types_are_errors() {
-    for ty in [
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::IQ1_M,
-        GgmlType::I32,
-        GgmlType::F64,
-        GgmlType::MXFP4,
-    ] {
-        assert!(
-            !kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty),
-            "{ty}"
-        );
+    for ty in [GgmlType::IQ2_XXS, GgmlType::IQ3_S, GgmlType::IQ1_M, GgmlType::I32, GgmlType::F64, GgmlType::MXFP4] {
+        assert!(!kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty), "{ty}");
         let n = ty.block_size() * 2;
         let bytes = vec![0u8; quantized_size(ty, n).unwrap()];
         let mut out = vec![0f32; n];
         let err = dequantize(ty, &bytes, &mut out).unwrap_err();
-        assert!(
-            matches!(err, QuantError::Unsupported { ty: t, op: "dequantize" } if t == ty),
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains(ty.name()),
-            "message must name the type: {err}"
-        );
+        assert!(matches!(err, QuantError::Unsupported { ty: t, op: "dequantize" } if t == ty), "{err}");
+        assert!(err.to_string().contains(ty.name()), "message must name the type: {err}");
         let mut q = bytes.clone();
-        assert!(matches!(
-            quantize(ty, &out, &mut q),
-            Err(QuantError::Unsupported { op: "quantize", .. })
-        ));
-        assert!(matches!(
-            vec_dot(ty, &bytes, &out),
-            Err(QuantError::Unsupported { op: "vec_dot", .. })
-        ));
+        assert!(matches!(quantize(ty, &out, &mut q), Err(QuantError::Unsupported { op: "quantize", .. })));
+        assert!(matches!(vec_dot(ty, &bytes, &out), Err(QuantError::Unsupported { op: "vec_dot", .. })));
     }
     for &ty in SUPPORTED {
-        assert!(
-            kiln_quant::can_dequantize(ty) && kiln_quant::can_quantize(ty),
-            "{ty}"
-        );
+        assert!(kiln_quant::can_dequantize(ty) && kiln_quant::can_quantize(ty), "{ty}");
     }
-    assert!(matches!(
-        type_from_id(99),
-        Err(QuantError::UnknownTypeId(99))
-    ));
+    assert!(matches!(type_from_id(99), Err(QuantError::UnknownTypeId(99))));
     assert_eq!(type_from_id(12).unwrap(), GgmlType::Q4_K);
 }
 
@@ -326,51 +251,16 @@ fn wrong_lengths_are_errors() {
     let ty = GgmlType::Q4_K;
     let good = vec![0u8; 144];
     let mut out = vec![0f32; 256];
-    assert!(matches!(
-        dequantize(ty, &good[..143], &mut out),
-        Err(QuantError::BadLength {
-            n_elements: 256,
-            n_bytes: 143,
-            expected: 144,
-            ..
-        })
-    ));
-    assert!(matches!(
-        dequantize(ty, &good, &mut out[..255]),
-        Err(QuantError::NotBlockMultiple {
-            n: 255,
-            block_size: 256,
-            ..
-        })
-    ));
+    assert!(matches!(dequantize(ty, &good[..143], &mut out), Err(QuantError::BadLength { n_elements: 256, n_bytes: 143, expected: 144, .. })));
+    assert!(matches!(dequantize(ty, &good, &mut out[..255]), Err(QuantError::NotBlockMultiple { n: 255, block_size: 256, .. })));
     let mut long = vec![0u8; 145];
-    assert!(matches!(
-        quantize(ty, &out, &mut long),
-        Err(QuantError::BadLength { n_bytes: 145, .. })
-    ));
-    assert!(matches!(
-        quantize(GgmlType::Q4_0, &out[..48], &mut long),
-        Err(QuantError::NotBlockMultiple { n: 48, .. })
-    ));
-    assert!(matches!(
-        vec_dot(ty, &good, &out[..128]),
-        Err(QuantError::NotBlockMultiple { .. })
-    ));
-    assert!(matches!(
-        vec_dot(ty, &good, &[0.0; 512]),
-        Err(QuantError::BadLength { expected: 288, .. })
-    ));
-    assert!(matches!(
-        quantized_size(GgmlType::Q8_0, usize::MAX - 31),
-        Err(QuantError::TooLarge { .. })
-    ));
+    assert!(matches!(quantize(ty, &out, &mut long), Err(QuantError::BadLength { n_bytes: 145, .. })));
+    assert!(matches!(quantize(GgmlType::Q4_0, &out[..48], &mut long), Err(QuantError::NotBlockMultiple { n: 48, .. })));
+    assert!(matches!(vec_dot(ty, &good, &out[..128]), Err(QuantError::NotBlockMultiple { .. })));
+    assert!(matches!(vec_dot(ty, &good, &[0.0; 512]), Err(QuantError::BadLength { expected: 288, .. })));
+    assert!(matches!(quantized_size(GgmlType::Q8_0, usize::MAX - 31), Err(QuantError::TooLarge { .. })));
     assert_eq!(quantized_size(GgmlType::Q6_K, 512).unwrap(), 420);
     assert_eq!(quantized_size(GgmlType::F16, 3).unwrap(), 6);
-    let msg = dequantize(GgmlType::Q8_0, &[0u8; 33], &mut [0f32; 32])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        msg.contains("Q8_0") && msg.contains("33") && msg.contains("34"),
-        "{msg}"
-    );
+    let msg = dequantize(GgmlType::Q8_0, &[0u8; 33], &mut [0f32; 32]).unwrap_err().to_string();
+    assert!(msg.contains("Q8_0") && msg.contains("33") && msg.contains("34"), "{msg}");
 }

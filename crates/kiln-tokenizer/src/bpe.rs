@@ -22,12 +22,7 @@ pub(crate) struct Bpe {
 }
 
 impl Bpe {
-    pub(crate) fn new(
-        vocab: &Vocab,
-        merges: &[String],
-        regexes: Vec<Regex>,
-        ignore_merges: bool,
-    ) -> Result<Bpe, TokenizerError> {
+    pub(crate) fn new(vocab: &Vocab, merges: &[String], regexes: Vec<Regex>, ignore_merges: bool) -> Result<Bpe, TokenizerError> {
         let n_vocab = vocab.len() as u32;
         let mut extra_ids: HashMap<String, u32> = HashMap::new();
         let mut intern = |s: &str| {
@@ -40,9 +35,7 @@ impl Bpe {
         for (rank, merge) in merges.iter().enumerate() {
             // The separator is the first space after the first byte, as llama.cpp splits.
             let Some(pos) = merge.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1) else {
-                return Err(TokenizerError::BadVocab(format!(
-                    "tokenizer.ggml.merges[{rank}] = {merge:?} has no \"left right\" separator"
-                )));
+                return Err(TokenizerError::BadVocab(format!("tokenizer.ggml.merges[{rank}] = {merge:?} has no \"left right\" separator")));
             };
             let (left, right) = (&merge[..pos], &merge[pos + 1..]);
             let key = (intern(left), intern(right));
@@ -69,8 +62,7 @@ impl Bpe {
 
     fn merge_word(&self, vocab: &Vocab, word: &str, out: &mut Vec<u32>) {
         let mut symbols = char_symbols(word);
-        let mut ids: Vec<Option<u32>> =
-            symbols.iter().map(|s| self.piece_id(vocab, &word[s.start..s.start + s.len])).collect();
+        let mut ids: Vec<Option<u32>> = symbols.iter().map(|s| self.piece_id(vocab, &word[s.start..s.start + s.len])).collect();
         let mut queue = BinaryHeap::new();
         let add = |ids: &[Option<u32>], queue: &mut BinaryHeap<_>, left: Option<usize>, right: Option<usize>| {
             let (Some(l), Some(r)) = (left, right) else { return };

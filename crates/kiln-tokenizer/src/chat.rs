@@ -31,10 +31,18 @@ struct PythonJsonSpacing;
 
 impl serde_json::ser::Formatter for PythonJsonSpacing {
     fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
     }
     fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
     }
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
         w.write_all(b": ")
@@ -79,8 +87,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
 const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// C `strftime` for the directives chat templates use, at `unix_secs` (UTC).
@@ -195,15 +202,13 @@ mod tests {
     #[test]
     fn tojson_uses_python_spacing_without_html_escaping() {
         let msgs = [ChatMessage::new("user", "<b>é</b>")];
-        let out = render_chat_template("{{ messages|tojson }}|{{ {'a': [1, 2]}|tojson(indent=2) }}", &msgs, false, "", "")
-            .unwrap();
+        let out = render_chat_template("{{ messages|tojson }}|{{ {'a': [1, 2]}|tojson(indent=2) }}", &msgs, false, "", "").unwrap();
         assert_eq!(out, "[{\"role\": \"user\", \"content\": \"<b>é</b>\"}]|{\n  \"a\": [\n    1,\n    2\n  ]\n}");
     }
 
     #[test]
     fn raise_exception_becomes_template_error() {
-        let err = render_chat_template("{{ raise_exception('only user and assistant') }}", &[], false, "", "")
-            .unwrap_err();
+        let err = render_chat_template("{{ raise_exception('only user and assistant') }}", &[], false, "", "").unwrap_err();
         assert!(matches!(&err, TokenizerError::Template(m) if m.contains("only user and assistant")), "{err}");
     }
 

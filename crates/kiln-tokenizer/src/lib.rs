@@ -119,9 +119,7 @@ impl Tokenizer {
         add_sep = spec.add_sep.unwrap_or(add_sep);
 
         let mut special = SpecialIds::resolve(defaults, &spec.special, vocab.len());
-        for (on, id, flag_key, id_key) in
-            [(add_bos, special.bos, KEY_ADD_BOS, KEY_BOS_ID), (add_eos, special.eos, KEY_ADD_EOS, KEY_EOS_ID)]
-        {
+        for (on, id, flag_key, id_key) in [(add_bos, special.bos, KEY_ADD_BOS, KEY_BOS_ID), (add_eos, special.eos, KEY_ADD_EOS, KEY_EOS_ID)] {
             if on && id.is_none() {
                 return Err(TokenizerError::BadVocab(format!("{flag_key} is true, but {id_key} is not set")));
             }
@@ -323,25 +321,14 @@ impl Tokenizer {
     }
 
     /// Renders `messages` with the model's chat template (`tokenizer.chat_template`).
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
-        let template = self.chat_template().ok_or_else(|| {
-            TokenizerError::Template(format!("the model has no chat template ({})", spec::KEY_CHAT_TEMPLATE))
-        })?;
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        let template = self.chat_template().ok_or_else(|| TokenizerError::Template(format!("the model has no chat template ({})", spec::KEY_CHAT_TEMPLATE)))?;
         self.apply_chat_template_with(template, messages, add_generation_prompt)
     }
 
     /// Renders `messages` with an explicit template (e.g. [`CHATML_TEMPLATE`]),
     /// passing this model's BOS/EOS texts.
-    pub fn apply_chat_template_with(
-        &self,
-        template: &str,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
+    pub fn apply_chat_template_with(&self, template: &str, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
         let text = |id: Option<u32>| id.and_then(|id| self.token_text(id)).unwrap_or("");
         render_chat_template(template, messages, add_generation_prompt, text(self.special.bos), text(self.special.eos))
     }

@@ -81,9 +81,7 @@ fn wrong_type(key: &str, expected: &'static str) -> TokenizerError {
 }
 
 fn opt_str(file: &GgufFile, key: &str) -> Result<Option<String>, TokenizerError> {
-    file.get(key)
-        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong_type(key, "a string")))
-        .transpose()
+    file.get(key).map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong_type(key, "a string"))).transpose()
 }
 
 fn opt_bool(file: &GgufFile, key: &str) -> Result<Option<bool>, TokenizerError> {
@@ -91,24 +89,15 @@ fn opt_bool(file: &GgufFile, key: &str) -> Result<Option<bool>, TokenizerError> 
 }
 
 fn opt_id(file: &GgufFile, key: &str) -> Result<Option<u64>, TokenizerError> {
-    file.get(key)
-        .map(|v| v.as_u64().ok_or_else(|| wrong_type(key, "a non-negative integer")))
-        .transpose()
+    file.get(key).map(|v| v.as_u64().ok_or_else(|| wrong_type(key, "a non-negative integer"))).transpose()
 }
 
 fn opt_array<'a>(file: &'a GgufFile, key: &str) -> Result<Option<&'a [Value]>, TokenizerError> {
     file.get(key).map(|v| v.as_array().ok_or_else(|| wrong_type(key, "an array"))).transpose()
 }
 
-fn map_array<T>(
-    file: &GgufFile,
-    key: &str,
-    expected: &'static str,
-    f: impl Fn(&Value) -> Option<T>,
-) -> Result<Option<Vec<T>>, TokenizerError> {
-    opt_array(file, key)?
-        .map(|items| items.iter().map(|v| f(v).ok_or_else(|| wrong_type(key, expected))).collect())
-        .transpose()
+fn map_array<T>(file: &GgufFile, key: &str, expected: &'static str, f: impl Fn(&Value) -> Option<T>) -> Result<Option<Vec<T>>, TokenizerError> {
+    opt_array(file, key)?.map(|items| items.iter().map(|v| f(v).ok_or_else(|| wrong_type(key, expected))).collect()).transpose()
 }
 
 fn string_array(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
@@ -120,8 +109,7 @@ impl TokenizerSpec {
     /// Absent optional keys stay `None`; a key of the wrong type is an error.
     pub fn from_gguf(file: &GgufFile) -> Result<TokenizerSpec, TokenizerError> {
         let model = opt_str(file, KEY_MODEL)?.ok_or_else(|| TokenizerError::MissingKey(KEY_MODEL.into()))?;
-        let tokens =
-            string_array(file, KEY_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
+        let tokens = string_array(file, KEY_TOKENS)?.ok_or_else(|| TokenizerError::MissingKey(KEY_TOKENS.into()))?;
         let id = |name: &str| opt_id(file, &format!("tokenizer.ggml.{name}_token_id"));
         let special = SpecialIdKeys {
             bos: opt_id(file, KEY_BOS_ID)?,
@@ -145,9 +133,7 @@ impl TokenizerSpec {
             pre: opt_str(file, KEY_PRE)?,
             tokens,
             scores: map_array(file, KEY_SCORES, "an array of numbers", Value::as_f32)?,
-            token_types: map_array(file, KEY_TOKEN_TYPE, "an array of i32", |v| {
-                v.as_i64().and_then(|x| i32::try_from(x).ok())
-            })?,
+            token_types: map_array(file, KEY_TOKEN_TYPE, "an array of i32", |v| v.as_i64().and_then(|x| i32::try_from(x).ok()))?,
             merges: string_array(file, KEY_MERGES)?,
             special,
             add_bos: opt_bool(file, KEY_ADD_BOS)?,

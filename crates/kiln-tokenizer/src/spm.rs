@@ -10,10 +10,7 @@ use crate::vocab::Vocab;
 
 /// The byte-fallback token of `b`: `<0xNN>`, else the one-char token, else `<unk>`.
 pub(crate) fn byte_token(vocab: &Vocab, b: u8, unk: Option<u32>) -> Option<u32> {
-    vocab
-        .id(&format!("<0x{b:02X}>"))
-        .or_else(|| if b.is_ascii() { vocab.id(char::from(b).encode_utf8(&mut [0; 4])) } else { None })
-        .or(unk)
+    vocab.id(&format!("<0x{b:02X}>")).or_else(|| if b.is_ascii() { vocab.id(char::from(b).encode_utf8(&mut [0; 4])) } else { None }).or(unk)
 }
 
 struct Bigram {

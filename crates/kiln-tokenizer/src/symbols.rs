@@ -14,12 +14,7 @@ pub(crate) fn char_symbols(text: &str) -> Vec<Symbol> {
     let n = text.chars().count();
     text.char_indices()
         .enumerate()
-        .map(|(i, (start, c))| Symbol {
-            start,
-            len: c.len_utf8(),
-            prev: i.checked_sub(1),
-            next: (i + 1 < n).then_some(i + 1),
-        })
+        .map(|(i, (start, c))| Symbol { start, len: c.len_utf8(), prev: i.checked_sub(1), next: (i + 1 < n).then_some(i + 1) })
         .collect()
 }
 

@@ -37,9 +37,7 @@ impl Vocab {
             return Err(TokenizerError::BadVocab(format!("{n} tokens do not fit u32 ids")));
         }
         let check_len = |key: &str, len: Option<usize>| match len {
-            Some(len) if len < n => {
-                Err(TokenizerError::BadVocab(format!("{key} has {len} entries for {n} tokens")))
-            }
+            Some(len) if len < n => Err(TokenizerError::BadVocab(format!("{key} has {len} entries for {n} tokens"))),
             _ => Ok(()),
         };
         check_len(KEY_SCORES, spec.scores.as_ref().map(Vec::len))?;
@@ -51,9 +49,7 @@ impl Vocab {
             // llama.cpp gives empty entries a unique stand-in text instead of rejecting the vocab.
             let text = if text.is_empty() { format!("[EMPTY_{i}]") } else { text.clone() };
             if let Some(prev) = ids.insert(text.clone(), i as u32) {
-                return Err(TokenizerError::BadVocab(format!(
-                    "duplicate token {text:?} with ids {prev} and {i}"
-                )));
+                return Err(TokenizerError::BadVocab(format!("duplicate token {text:?} with ids {prev} and {i}")));
             }
             texts.push(text);
         }
@@ -156,30 +152,49 @@ impl SpecialIds {
 }
 
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
-    "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
-const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
-    "<|prefix|>",
-];
-const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
-    "<|suffix|>",
-];
-const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
-    "<|middle|>",
-];
+const FIM_PRE_TEXTS: &[&str] = &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
+const FIM_SUF_TEXTS: &[&str] = &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
+const FIM_MID_TEXTS: &[&str] = &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 /// Token texts llama.cpp treats as end of generation.
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 /// gpt-oss channel markers that llama.cpp always renders.
 const ALWAYS_RENDERED: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
@@ -241,9 +256,7 @@ pub(crate) fn detect_specials(vocab: &mut Vocab, ids: &mut SpecialIds) -> Vec<u3
 
 /// Tokens matched in raw text before tokenization, longest text first.
 pub(crate) fn special_cache(vocab: &Vocab) -> Vec<u32> {
-    let mut cache: Vec<u32> = (0..vocab.len() as u32)
-        .filter(|&id| vocab.has_attr(id, attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN))
-        .collect();
+    let mut cache: Vec<u32> = (0..vocab.len() as u32).filter(|&id| vocab.has_attr(id, attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN)).collect();
     cache.sort_by(|&a, &b| vocab.texts[b as usize].len().cmp(&vocab.texts[a as usize].len()).then(a.cmp(&b)));
     cache
 }

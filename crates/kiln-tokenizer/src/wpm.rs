@@ -68,10 +68,8 @@ impl Wpm {
             let mut i = 0;
             while i < n {
                 // Longest vocabulary entry starting at byte i.
-                let longest = (i + 1..=n.min(i + vocab.max_token_len))
-                    .rev()
-                    .filter(|&j| word.is_char_boundary(j))
-                    .find_map(|j| vocab.id(&word[i..j]).map(|id| (id, j)));
+                let longest =
+                    (i + 1..=n.min(i + vocab.max_token_len)).rev().filter(|&j| word.is_char_boundary(j)).find_map(|j| vocab.id(&word[i..j]).map(|id| (id, j)));
                 match longest {
                     Some((id, j)) => {
                         out.push(id);

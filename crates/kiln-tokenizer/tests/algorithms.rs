@@ -5,11 +5,7 @@
 use kiln_tokenizer::{token_type, Tokenizer, TokenizerSpec};
 
 fn tokenizer(model: &str, tokens: &[&str], f: impl FnOnce(&mut TokenizerSpec)) -> Tokenizer {
-    let mut spec = TokenizerSpec {
-        model: model.into(),
-        tokens: tokens.iter().map(|t| t.to_string()).collect(),
-        ..Default::default()
-    };
+    let mut spec = TokenizerSpec { model: model.into(), tokens: tokens.iter().map(|t| t.to_string()).collect(), ..Default::default() };
     f(&mut spec);
     Tokenizer::from_spec(&spec).unwrap()
 }

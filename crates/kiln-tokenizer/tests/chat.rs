@@ -49,10 +49,7 @@ fn qwen2_builtin_template() {
 fn chatml_fallback_template() {
     let tok = common::load_vocab("qwen2");
     let msgs = [ChatMessage::new("user", "Hi")];
-    assert_eq!(
-        tok.apply_chat_template_with(CHATML_TEMPLATE, &msgs, true).unwrap(),
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    );
+    assert_eq!(tok.apply_chat_template_with(CHATML_TEMPLATE, &msgs, true).unwrap(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
 #[test]

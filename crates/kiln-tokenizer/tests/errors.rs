@@ -31,10 +31,33 @@ fn unsupported_model_and_pre_are_named() {
 #[test]
 fn every_listed_pre_name_builds() {
     let base = spec("gpt-2");
-    for name in ["default", "gpt2", "llama3", "llama-v3", "smaug-bpe", "dbrx", "refact", "command-r", "stablelm2",
-        "deepseek-llm", "deepseek-v3", "mpt", "olmo", "poro-chat", "viking", "tekken", "chameleon", "gpt-4o",
-        "qwen35", "seed-coder", "bailingmoe", "exaone-moe", "minicpm5", "jais-2", "glm4"]
-    {
+    for name in [
+        "default",
+        "gpt2",
+        "llama3",
+        "llama-v3",
+        "smaug-bpe",
+        "dbrx",
+        "refact",
+        "command-r",
+        "stablelm2",
+        "deepseek-llm",
+        "deepseek-v3",
+        "mpt",
+        "olmo",
+        "poro-chat",
+        "viking",
+        "tekken",
+        "chameleon",
+        "gpt-4o",
+        "qwen35",
+        "seed-coder",
+        "bailingmoe",
+        "exaone-moe",
+        "minicpm5",
+        "jais-2",
+        "glm4",
+    ] {
         let mut s = base.clone();
         s.pre = Some(name.into());
         s.add_bos = Some(false);

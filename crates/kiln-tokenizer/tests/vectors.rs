@@ -12,9 +12,7 @@ fn check_vocab(name: &str) {
         let got = tok.encode(text, false, false);
         if &got != expected {
             let pieces: Vec<&str> = got.iter().map(|&id| tok.token_text(id).unwrap_or("?")).collect();
-            failures.push(format!(
-                "vocab {name}, text #{i} {text:?}\n  expected {expected:?}\n  got      {got:?}\n  got pieces {pieces:?}"
-            ));
+            failures.push(format!("vocab {name}, text #{i} {text:?}\n  expected {expected:?}\n  got      {got:?}\n  got pieces {pieces:?}"));
         }
     }
     assert!(failures.is_empty(), "{} of {} texts differ:\n{}", failures.len(), cases.len(), failures.join("\n"));

@@ -48,8 +48,8 @@ use std::mem::{offset_of, size_of};
 use std::ops::Range;
 
 use kiln_quant::{
-    BlockIQ4_NL, BlockIQ4_XS, BlockQ1_0, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K,
-    BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, GgmlType,
+    BlockIQ4_NL, BlockIQ4_XS, BlockQ1_0, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0,
+    BlockTQ1_0, BlockTQ2_0, GgmlType,
 };
 use rayon::prelude::*;
 
@@ -122,29 +122,11 @@ static LAYOUTS: &[QuantLayout] = &[
     layout!(Q5_1, "q5_1", 4, 1, [(BlockQ5_1, d, 2 * F16)]),
     layout!(IQ4_NL, "iq4_nl", 4, 0, [(BlockIQ4_NL, d, F16)]),
     layout!(Q1_0, "q1_0", 1, 0, [(BlockQ1_0, d, F16)]),
-    layout!(
-        Q2_K,
-        "q2_k",
-        2,
-        0,
-        [(BlockQ2_K, scales, 16), (BlockQ2_K, d, 2 * F16)]
-    ),
-    layout!(
-        Q3_K,
-        "q3_k",
-        2,
-        1,
-        [(BlockQ3_K, scales, 12), (BlockQ3_K, d, F16)]
-    ),
+    layout!(Q2_K, "q2_k", 2, 0, [(BlockQ2_K, scales, 16), (BlockQ2_K, d, 2 * F16)]),
+    layout!(Q3_K, "q3_k", 2, 1, [(BlockQ3_K, scales, 12), (BlockQ3_K, d, F16)]),
     layout!(Q4_K, "q4_k", 4, 0, [(BlockQ4_K, d, 2 * F16 + 12)]),
     layout!(Q5_K, "q5_k", 4, 1, [(BlockQ5_K, d, 2 * F16 + 12)]),
-    layout!(
-        Q6_K,
-        "q6_k",
-        4,
-        2,
-        [(BlockQ6_K, scales, 16), (BlockQ6_K, d, F16)]
-    ),
+    layout!(Q6_K, "q6_k", 4, 2, [(BlockQ6_K, scales, 16), (BlockQ6_K, d, F16)]),
     layout!(IQ4_XS, "iq4_xs", 4, 0, [(BlockIQ4_XS, d, F16 + 2 + 4)]),
     layout!(TQ2_0, "tq2_0", 2, 0, [(BlockTQ2_0, d, F16)]),
     layout!(TQ1_0, "tq2_0", 2, 0, [(BlockTQ1_0, d, F16)]),
@@ -195,22 +177,14 @@ pub(crate) fn float_stride(cols: usize) -> usize {
 }
 
 /// Float rows with the stride of [`float_stride`]; borrows `src` when no padding is needed.
-pub(crate) fn pad_float_rows(
-    kind: FloatKind,
-    src: &[u8],
-    rows: usize,
-    cols: usize,
-) -> std::borrow::Cow<'_, [u8]> {
+pub(crate) fn pad_float_rows(kind: FloatKind, src: &[u8], rows: usize, cols: usize) -> std::borrow::Cow<'_, [u8]> {
     let stride = float_stride(cols);
     if stride == cols {
         return std::borrow::Cow::Borrowed(src);
     }
     let (row_bytes, stride_bytes) = (cols * kind.element_bytes(), stride * kind.element_bytes());
     let mut out = vec![0u8; rows * stride_bytes];
-    for (dst, row) in out
-        .chunks_exact_mut(stride_bytes)
-        .zip(src.chunks_exact(row_bytes))
-    {
+    for (dst, row) in out.chunks_exact_mut(stride_bytes).zip(src.chunks_exact(row_bytes)) {
         dst[..row_bytes].copy_from_slice(row);
     }
     std::borrow::Cow::Owned(out)
@@ -246,78 +220,42 @@ pub(crate) fn repack(layout: &QuantLayout, src: &[u8], rows: usize, cols: usize)
     let (code_plane, rest) = bytes.split_at_mut(codes.end);
     let (extra_plane, rest) = rest[extra_start - codes.end..].split_at_mut(extra.len());
     let scale_plane = &mut rest[scales_start - extra.end..];
-    let extra_rows: Vec<&mut [u8]> = if row_extra == 0 {
-        (0..rows).map(|_| <&mut [u8]>::default()).collect()
-    } else {
-        extra_plane.chunks_mut(row_extra).collect()
-    };
+    let extra_rows: Vec<&mut [u8]> =
+        if row_extra == 0 { (0..rows).map(|_| <&mut [u8]>::default()).collect() } else { extra_plane.chunks_mut(row_extra).collect() };
     let src_row_bytes = cols / layout.block_values() * layout.block_bytes();
-    code_plane
-        .par_chunks_mut(row_codes.max(1))
-        .zip(scale_plane.par_chunks_mut(row_scales.max(1)))
-        .zip(extra_rows.into_par_iter())
-        .enumerate()
-        .for_each(|(row, ((codes_out, scales_out), extra_out))| {
+    code_plane.par_chunks_mut(row_codes.max(1)).zip(scale_plane.par_chunks_mut(row_scales.max(1))).zip(extra_rows.into_par_iter()).enumerate().for_each(
+        |(row, ((codes_out, scales_out), extra_out))| {
             let src_row = &src[row * src_row_bytes..(row + 1) * src_row_bytes];
             pack_row(layout, src_row, tiles, codes_out, extra_out, scales_out);
-        });
-    Repacked {
-        bytes,
-        tiles,
-        codes,
-        extra,
-        scales,
-    }
+        },
+    );
+    Repacked { bytes, tiles, codes, extra, scales }
 }
 
-fn pack_row(
-    layout: &QuantLayout,
-    src: &[u8],
-    tiles: usize,
-    codes_out: &mut [u8],
-    extra_out: &mut [u8],
-    scales_out: &mut [u8],
-) {
+fn pack_row(layout: &QuantLayout, src: &[u8], tiles: usize, codes_out: &mut [u8], extra_out: &mut [u8], scales_out: &mut [u8]) {
     let (block_values, block_bytes) = (layout.block_values(), layout.block_bytes());
     let blocks_per_tile = layout.blocks_per_tile();
     let scale_bytes = layout.scale_bytes();
     let mut codes = vec![0u8; tiles * TILE_VALUES];
     for (index, block) in src.chunks_exact(block_bytes).enumerate() {
-        block_codes(
-            layout.ty,
-            block,
-            &mut codes[index * block_values..(index + 1) * block_values],
-        );
+        block_codes(layout.ty, block, &mut codes[index * block_values..(index + 1) * block_values]);
         let tile_scales = &mut scales_out[index / blocks_per_tile * scale_bytes..][..scale_bytes];
         let slot = index % blocks_per_tile;
         let mut field_start = 0;
         for &(offset, len) in layout.scale_fields {
-            tile_scales[field_start + slot * len..][..len]
-                .copy_from_slice(&block[offset..offset + len]);
+            tile_scales[field_start + slot * len..][..len].copy_from_slice(&block[offset..offset + len]);
             field_start += len * blocks_per_tile;
         }
     }
     let (code_bytes, extra_bytes) = (layout.code_bytes(), layout.extra_bytes());
-    let low_mask = if layout.code_bits == 8 {
-        0xff
-    } else {
-        (1u8 << layout.code_bits) - 1
-    };
+    let low_mask = if layout.code_bits == 8 { 0xff } else { (1u8 << layout.code_bits) - 1 };
     for (chunk, values) in codes.chunks_exact(CHUNK_VALUES).enumerate() {
         let values: &[u8; CHUNK_VALUES] = values.try_into().expect("chunk of 16 codes");
         let low: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] & low_mask);
-        pack_bits(
-            layout.code_bits,
-            &low,
-            &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes],
-        );
+        pack_bits(layout.code_bits, &low, &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes]);
         if extra_bytes > 0 {
             let high: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] >> layout.code_bits);
-            pack_bits(
-                layout.extra_bits,
-                &high,
-                &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes],
-            );
+            pack_bits(layout.extra_bits, &high, &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes]);
         }
     }
 }
@@ -389,59 +327,41 @@ fn block_codes(ty: GgmlType, block: &[u8], out: &mut [u8]) {
         }
         GgmlType::Q4_0 => {
             let b: BlockQ4_0 = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = nibble32(&b.qs, i));
         }
         GgmlType::Q4_1 => {
             let b: BlockQ4_1 = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = nibble32(&b.qs, i));
         }
         GgmlType::IQ4_NL => {
             let b: BlockIQ4_NL = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = nibble32(&b.qs, i));
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = nibble32(&b.qs, i));
         }
         GgmlType::Q5_0 => {
             let b: BlockQ5_0 = read(block);
             let qh = u32::from_le_bytes(b.qh);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
         }
         GgmlType::Q5_1 => {
             let b: BlockQ5_1 = read(block);
             let qh = u32::from_le_bytes(b.qh);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = nibble32(&b.qs, i) | (((qh >> i) & 1) as u8) << 4);
         }
         GgmlType::Q1_0 => {
             let b: BlockQ1_0 = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(i, c)| *c = (b.qs[i / 8] >> (i % 8)) & 1);
+            out.iter_mut().enumerate().for_each(|(i, c)| *c = (b.qs[i / 8] >> (i % 8)) & 1);
         }
         GgmlType::Q2_K => {
             let b: BlockQ2_K = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(e, c)| *c = crumb256(&b.qs, e));
+            out.iter_mut().enumerate().for_each(|(e, c)| *c = crumb256(&b.qs, e));
         }
         GgmlType::Q3_K => {
             let b: BlockQ3_K = read(block);
-            out.iter_mut().enumerate().for_each(|(e, c)| {
-                *c = crumb256(&b.qs, e) | ((b.hmask[e % 32] >> (e / 32)) & 1) << 2
-            });
+            out.iter_mut().enumerate().for_each(|(e, c)| *c = crumb256(&b.qs, e) | ((b.hmask[e % 32] >> (e / 32)) & 1) << 2);
         }
         GgmlType::Q4_K => {
             let b: BlockQ4_K = read(block);
-            out.iter_mut().enumerate().for_each(|(e, c)| {
-                *c = (b.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xf
-            });
+            out.iter_mut().enumerate().for_each(|(e, c)| *c = (b.qs[32 * (e / 64) + e % 32] >> (4 * ((e % 64) / 32))) & 0xf);
         }
         GgmlType::Q5_K => {
             let b: BlockQ5_K = read(block);
@@ -467,9 +387,7 @@ fn block_codes(ty: GgmlType, block: &[u8], out: &mut [u8]) {
         }
         GgmlType::TQ2_0 => {
             let b: BlockTQ2_0 = read(block);
-            out.iter_mut()
-                .enumerate()
-                .for_each(|(e, c)| *c = crumb256(&b.qs, e));
+            out.iter_mut().enumerate().for_each(|(e, c)| *c = crumb256(&b.qs, e));
         }
         GgmlType::TQ1_0 => {
             let b: BlockTQ1_0 = read(block);
@@ -492,73 +410,34 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// Decodes chunk `chunk` of `row` from the planes exactly as kernels/quant.cuh does.
-    fn decode_chunk(
-        layout: &QuantLayout,
-        packed: &Repacked,
-        row: usize,
-        chunk: usize,
-    ) -> [f32; CHUNK_VALUES] {
+    fn decode_chunk(layout: &QuantLayout, packed: &Repacked, row: usize, chunk: usize) -> [f32; CHUNK_VALUES] {
         let (lane, tile) = (chunk % LANES, row * packed.tiles + chunk / LANES);
-        let lane_bytes = |plane: &Range<usize>, bytes: usize| {
-            &packed.bytes[plane.start + (tile * LANES + lane) * bytes..][..bytes]
-        };
-        let low = unpack_bits(
-            layout.code_bits,
-            lane_bytes(&packed.codes, layout.code_bytes()),
-        );
+        let lane_bytes = |plane: &Range<usize>, bytes: usize| &packed.bytes[plane.start + (tile * LANES + lane) * bytes..][..bytes];
+        let low = unpack_bits(layout.code_bits, lane_bytes(&packed.codes, layout.code_bytes()));
         let codes: [u8; CHUNK_VALUES] = if layout.extra_bits > 0 {
-            let high = unpack_bits(
-                layout.extra_bits,
-                lane_bytes(&packed.extra, layout.extra_bytes()),
-            );
+            let high = unpack_bits(layout.extra_bits, lane_bytes(&packed.extra, layout.extra_bytes()));
             std::array::from_fn(|i| low[i] | high[i] << layout.code_bits)
         } else {
             low
         };
-        let s = &packed.bytes[packed.scales.start + tile * layout.scale_bytes()..]
-            [..layout.scale_bytes()];
+        let s = &packed.bytes[packed.scales.start + tile * layout.scale_bytes()..][..layout.scale_bytes()];
         let f16_at = |at: usize| f16::from_le_bytes([s[at], s[at + 1]]).to_f32();
         let (sb, j) = (lane / 16, lane % 16);
         let unsigned = |c: u8| f32::from(c);
         let (value_of, scale, offset): (&dyn Fn(u8) -> f32, f32, f32) = match layout.ty {
             GgmlType::Q8_0 => (&|c| f32::from(c as i8), f16_at(2 * (lane / 2)), 0.0),
-            GgmlType::Q4_0 => (
-                &unsigned,
-                f16_at(2 * (lane / 2)),
-                -8.0 * f16_at(2 * (lane / 2)),
-            ),
-            GgmlType::Q5_0 => (
-                &unsigned,
-                f16_at(2 * (lane / 2)),
-                -16.0 * f16_at(2 * (lane / 2)),
-            ),
-            GgmlType::Q4_1 | GgmlType::Q5_1 => (
-                &unsigned,
-                f16_at(4 * (lane / 2)),
-                f16_at(4 * (lane / 2) + 2),
-            ),
-            GgmlType::IQ4_NL => (
-                &|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]),
-                f16_at(2 * (lane / 2)),
-                0.0,
-            ),
-            GgmlType::Q1_0 => (
-                &unsigned,
-                2.0 * f16_at(2 * (lane / 8)),
-                -f16_at(2 * (lane / 8)),
-            ),
+            GgmlType::Q4_0 => (&unsigned, f16_at(2 * (lane / 2)), -8.0 * f16_at(2 * (lane / 2))),
+            GgmlType::Q5_0 => (&unsigned, f16_at(2 * (lane / 2)), -16.0 * f16_at(2 * (lane / 2))),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => (&unsigned, f16_at(4 * (lane / 2)), f16_at(4 * (lane / 2) + 2)),
+            GgmlType::IQ4_NL => (&|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]), f16_at(2 * (lane / 2)), 0.0),
+            GgmlType::Q1_0 => (&unsigned, 2.0 * f16_at(2 * (lane / 8)), -f16_at(2 * (lane / 8))),
             GgmlType::Q2_K => {
                 let sc = s[lane];
-                (
-                    &unsigned,
-                    f16_at(32 + 4 * sb) * f32::from(sc & 0xf),
-                    -(f16_at(34 + 4 * sb) * f32::from(sc >> 4)),
-                )
+                (&unsigned, f16_at(32 + 4 * sb) * f32::from(sc & 0xf), -(f16_at(34 + 4 * sb) * f32::from(sc >> 4)))
             }
             GgmlType::Q3_K => {
                 let (low_byte, high_byte) = (s[12 * sb + (j & 7)], s[12 * sb + 8 + (j & 3)]);
-                let sc =
-                    ((low_byte >> (4 * (j >> 3))) & 0xf) | ((high_byte >> (2 * (j >> 2))) & 3) << 4;
+                let sc = ((low_byte >> (4 * (j >> 3))) & 0xf) | ((high_byte >> (2 * (j >> 2))) & 3) << 4;
                 let scale = f16_at(24 + 2 * sb) * (i32::from(sc) - 32) as f32;
                 (&unsigned, scale, -4.0 * scale)
             }
@@ -566,11 +445,7 @@ mod tests {
                 let head = &s[16 * sb..16 * sb + 16];
                 let (sub, jj) = (j / 2, (j / 2) & 3);
                 let (a, b, e) = (head[4 + jj], head[8 + jj], head[12 + jj]);
-                let (sc, m) = if sub < 4 {
-                    (a & 63, b & 63)
-                } else {
-                    ((e & 0xf) | (a >> 6) << 4, (e >> 4) | (b >> 6) << 4)
-                };
+                let (sc, m) = if sub < 4 { (a & 63, b & 63) } else { ((e & 0xf) | (a >> 6) << 4, (e >> 4) | (b >> 6) << 4) };
                 let (d, dmin) = (f16_at(16 * sb), f16_at(16 * sb + 2));
                 (&unsigned, d * f32::from(sc), -(dmin * f32::from(m)))
             }
@@ -583,13 +458,8 @@ mod tests {
                 let g = j / 2;
                 let scales_h = u16::from_le_bytes([head[2], head[3]]);
                 let scales_l = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-                let ls = ((scales_l >> (4 * g)) & 0xf) as i32
-                    | ((i32::from(scales_h) >> (2 * g)) & 3) << 4;
-                (
-                    &|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]),
-                    f16_at(8 * sb) * (ls - 32) as f32,
-                    0.0,
-                )
+                let ls = ((scales_l >> (4 * g)) & 0xf) as i32 | ((i32::from(scales_h) >> (2 * g)) & 3) << 4;
+                (&|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]), f16_at(8 * sb) * (ls - 32) as f32, 0.0)
             }
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => (&unsigned, f16_at(2 * sb), -f16_at(2 * sb)),
             other => unreachable!("{other}"),
@@ -599,9 +469,7 @@ mod tests {
 
     fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let values: Vec<f32> = (0..rows * cols)
-            .map(|_| rng.gen_range(-1.0f32..1.0))
-            .collect();
+        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).unwrap()];
         kiln_quant::quantize(ty, &values, &mut bytes).unwrap();
         bytes
@@ -615,48 +483,29 @@ mod tests {
         for (index, layout) in LAYOUTS.iter().enumerate() {
             let block = layout.block_values();
             // A single block, a partial tile, several whole tiles, and tiles plus a remainder.
-            let mut shapes = vec![
-                (1, block),
-                (3, TILE_VALUES.max(block)),
-                (2, 3 * TILE_VALUES + block),
-            ];
+            let mut shapes = vec![(1, block), (3, TILE_VALUES.max(block)), (2, 3 * TILE_VALUES + block)];
             if block == 32 {
                 shapes.extend([(5, 96), (2, 4128)]);
             }
             for (rows, cols) in shapes {
-                let bytes =
-                    random_weights(layout.ty, rows, cols, 1000 * index as u64 + cols as u64);
+                let bytes = random_weights(layout.ty, rows, cols, 1000 * index as u64 + cols as u64);
                 let packed = repack(layout, &bytes, rows, cols);
                 let row_bytes = bytes.len() / rows;
                 for row in 0..rows {
                     let mut want = vec![0f32; cols];
-                    kiln_quant::dequantize(
-                        layout.ty,
-                        &bytes[row * row_bytes..(row + 1) * row_bytes],
-                        &mut want,
-                    )
-                    .unwrap();
+                    kiln_quant::dequantize(layout.ty, &bytes[row * row_bytes..(row + 1) * row_bytes], &mut want).unwrap();
                     for chunk in 0..packed.tiles * LANES {
                         let got = decode_chunk(layout, &packed, row, chunk);
                         for (i, &value) in got.iter().enumerate() {
                             let column = chunk * CHUNK_VALUES + i;
                             let expected = want.get(column).copied().unwrap_or(0.0);
-                            assert!(
-                                value == expected,
-                                "{} {rows}x{cols}: row {row} column {column}: {value} != {expected}",
-                                layout.ty
-                            );
+                            assert!(value == expected, "{} {rows}x{cols}: row {row} column {column}: {value} != {expected}", layout.ty);
                         }
                     }
                 }
                 if layout.ty != GgmlType::TQ1_0 && cols % TILE_VALUES == 0 {
                     let planes = packed.codes.len() + packed.extra.len() + packed.scales.len();
-                    assert_eq!(
-                        planes,
-                        bytes.len(),
-                        "{}: planes hold exactly the original bytes",
-                        layout.ty
-                    );
+                    assert_eq!(planes, bytes.len(), "{}: planes hold exactly the original bytes", layout.ty);
                 }
             }
         }
@@ -666,22 +515,12 @@ mod tests {
     fn every_computable_type_has_a_gpu_layout() {
         for &ty in kiln_quant::ALL_TYPES {
             if kiln_quant::can_dequantize(ty) && !matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
-                assert!(
-                    quant_layout(ty).is_some() || FloatKind::of(ty).is_some(),
-                    "{ty} has no GPU layout"
-                );
+                assert!(quant_layout(ty).is_some() || FloatKind::of(ty).is_some(), "{ty} has no GPU layout");
             }
         }
         for layout in LAYOUTS {
             assert_eq!(TILE_VALUES % layout.block_values(), 0, "{}", layout.ty);
-            assert!(
-                layout
-                    .scale_fields
-                    .iter()
-                    .all(|&(offset, len)| offset + len <= layout.block_bytes()),
-                "{}",
-                layout.ty
-            );
+            assert!(layout.scale_fields.iter().all(|&(offset, len)| offset + len <= layout.block_bytes()), "{}", layout.ty);
         }
     }
 
@@ -690,8 +529,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
         for bits in [1, 2, 4, 8] {
             for _ in 0..100 {
-                let codes: [u8; CHUNK_VALUES] =
-                    std::array::from_fn(|_| rng.gen_range(0..=((1u16 << bits) - 1) as u8));
+                let codes: [u8; CHUNK_VALUES] = std::array::from_fn(|_| rng.gen_range(0..=((1u16 << bits) - 1) as u8));
                 let mut packed = vec![0u8; 2 * bits];
                 pack_bits(bits, &codes, &mut packed);
                 assert_eq!(unpack_bits(bits, &packed), codes, "{bits} bits");
@@ -705,16 +543,10 @@ mod tests {
         let padded = pad_float_rows(FloatKind::F16, &src, 3, 7);
         assert_eq!(padded.len(), 3 * 16 * 2);
         for row in 0..3 {
-            assert_eq!(
-                &padded[row * 32..row * 32 + 14],
-                &src[row * 14..row * 14 + 14]
-            );
+            assert_eq!(&padded[row * 32..row * 32 + 14], &src[row * 14..row * 14 + 14]);
             assert!(padded[row * 32 + 14..row * 32 + 32].iter().all(|&b| b == 0));
         }
         let aligned = [1u8; 2 * 16 * 4];
-        assert!(matches!(
-            pad_float_rows(FloatKind::F32, &aligned, 2, 16),
-            std::borrow::Cow::Borrowed(_)
-        ));
+        assert!(matches!(pad_float_rows(FloatKind::F32, &aligned, 2, 16), std::borrow::Cow::Borrowed(_)));
     }
 }

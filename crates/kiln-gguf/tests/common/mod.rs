@@ -18,12 +18,8 @@ pub fn stories260k() -> PathBuf {
 
 /// Every `.gguf` in `dir` (sorted); fails if the folder is missing or has none.
 pub fn gguf_files_in(dir: &Path) -> Vec<PathBuf> {
-    let entries = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("test data folder {} unreadable: {e}", dir.display()));
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.expect("read_dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .collect();
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("test data folder {} unreadable: {e}", dir.display()));
+    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("read_dir entry").path()).filter(|p| p.extension().is_some_and(|x| x == "gguf")).collect();
     files.sort();
     assert!(!files.is_empty(), "no .gguf files in {}", dir.display());
     files
@@ -108,12 +104,7 @@ impl Rng {
 
 /// One metadata entry of every value type, arrays of arrays included.
 pub fn every_value_kind() -> Vec<(String, Value)> {
-    let strings = |items: &[&str]| {
-        Value::Array(
-            ValueType::String,
-            items.iter().map(|s| Value::String(s.to_string())).collect(),
-        )
-    };
+    let strings = |items: &[&str]| Value::Array(ValueType::String, items.iter().map(|s| Value::String(s.to_string())).collect());
     vec![
         ("general.architecture".into(), Value::String("llama".into())),
         ("t.u8".into(), Value::U8(200)),
@@ -131,14 +122,8 @@ pub fn every_value_kind() -> Vec<(String, Value)> {
         ("t.f64".into(), Value::F64(std::f64::consts::PI)),
         ("t.strings".into(), strings(&["a", "", "<0x0A>", "▁the"])),
         ("t.empty_array".into(), Value::Array(ValueType::F32, vec![])),
-        (
-            "t.i32s".into(),
-            Value::Array(ValueType::I32, (-5..5).map(Value::I32).collect()),
-        ),
-        (
-            "t.bools".into(),
-            Value::Array(ValueType::Bool, vec![Value::Bool(false), Value::Bool(true)]),
-        ),
+        ("t.i32s".into(), Value::Array(ValueType::I32, (-5..5).map(Value::I32).collect())),
+        ("t.bools".into(), Value::Array(ValueType::Bool, vec![Value::Bool(false), Value::Bool(true)])),
         (
             "t.nested".into(),
             Value::Array(
@@ -146,10 +131,7 @@ pub fn every_value_kind() -> Vec<(String, Value)> {
                 vec![
                     strings(&["x", "y"]),
                     Value::Array(ValueType::U64, vec![Value::U64(7)]),
-                    Value::Array(
-                        ValueType::Array,
-                        vec![Value::Array(ValueType::F64, vec![Value::F64(-0.5)])],
-                    ),
+                    Value::Array(ValueType::Array, vec![Value::Array(ValueType::F64, vec![Value::F64(-0.5)])]),
                 ],
             ),
         ),

@@ -74,10 +74,8 @@ impl QuantizeOptions {
 
 /// Parses a file type argument, failing with the list of valid names.
 pub fn parse_file_type(name: &str) -> Result<FileType> {
-    let unknown = || QuantizeError::UnknownFileType {
-        name: name.to_string(),
-        valid: FileType::producible().map(FileType::name).collect::<Vec<_>>().join(", "),
-    };
+    let unknown =
+        || QuantizeError::UnknownFileType { name: name.to_string(), valid: FileType::producible().map(FileType::name).collect::<Vec<_>>().join(", ") };
     let ftype = FileType::parse(name).ok_or_else(unknown)?;
     ftype.default_type().map(|_| ftype).ok_or(QuantizeError::UnsupportedFileType(ftype))
 }

@@ -35,10 +35,7 @@ fn first_u64(value: &Value) -> Option<u64> {
 impl QuantHparams {
     pub fn from_metadata(metadata: &[(String, Value)]) -> Result<QuantHparams> {
         let arch_key = "general.architecture";
-        let arch = lookup(metadata, arch_key)
-            .and_then(Value::as_str)
-            .ok_or_else(|| QuantizeError::MissingKey(arch_key.into()))?
-            .to_string();
+        let arch = lookup(metadata, arch_key).and_then(Value::as_str).ok_or_else(|| QuantizeError::MissingKey(arch_key.into()))?.to_string();
         let get = |suffix: &str| {
             let key = format!("{arch}.{suffix}");
             match lookup(metadata, &key) {
@@ -182,14 +179,41 @@ fn category(name: &str) -> Category {
 /// Substrings of 2-D weights llama.cpp never quantizes (small, or used as
 /// lookup tables rather than matrices).
 const KEEP_AS_IS: &[&str] = &[
-    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
-    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
-    "indexer.q_proj.weight", "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
-    "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
-    "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
-    "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
-    "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.",
-    "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd",
+    "sam.pos_embd",
+    "sam.neck.",
+    "sam.net_",
+    ".rel_pos",
+    ".patch_embd",
+    ".patch_merger",
+    "a.rvq.codebook",
+    "mm.a.code_embd",
 ];
 
 /// ggml's `ggml_n_dims`: trailing dimensions of size 1 do not count.
@@ -476,10 +500,7 @@ mod tests {
     fn processing_order_is_non_layer_first_then_by_layer_number() {
         let info = |name: &str| TensorInfo { name: name.into(), dims: vec![32], ty: GgmlType::F32, offset: 0, n_bytes: 0 };
         let tensors: Vec<TensorInfo> =
-            ["token_embd.weight", "blk.10.attn_v.weight", "blk.2.attn_v.weight", "output.weight", "blk.2.attn_k.weight"]
-                .into_iter()
-                .map(info)
-                .collect();
+            ["token_embd.weight", "blk.10.attn_v.weight", "blk.2.attn_v.weight", "output.weight", "blk.2.attn_k.weight"].into_iter().map(info).collect();
         let names: Vec<&str> = llama_order(&tensors).into_iter().map(|i| tensors[i].name.as_str()).collect();
         assert_eq!(names, ["output.weight", "token_embd.weight", "blk.2.attn_k.weight", "blk.2.attn_v.weight", "blk.10.attn_v.weight"]);
     }

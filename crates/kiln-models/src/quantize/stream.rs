@@ -77,8 +77,7 @@ fn convert_tensor(plan: &TensorPlan, index: usize, source: &dyn TensorSource, ou
                 || vec![0f32; row_len],
                 |scratch, (i, dst)| {
                     source.row_f32(index, first + i, scratch)?;
-                    kiln_quant::quantize(plan.dst_type, scratch, dst)
-                        .map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
+                    kiln_quant::quantize(plan.dst_type, scratch, dst).map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
                 },
             )
             .map_err(ConvertError::Quantize)?;
@@ -109,7 +108,13 @@ fn copy_tensor(plan: &TensorPlan, bytes: &[u8], out: &mut dyn Write, progress: &
 
 /// Writes `metadata` and the tensors of `plans` (in that order) to `path`,
 /// taking values from `source`. The file appears only once complete.
-pub fn write_planned(path: &Path, metadata: Vec<(String, Value)>, plans: &[TensorPlan], source: &dyn TensorSource, progress: &dyn Progress) -> Result<WriteSummary> {
+pub fn write_planned(
+    path: &Path,
+    metadata: Vec<(String, Value)>,
+    plans: &[TensorPlan],
+    source: &dyn TensorSource,
+    progress: &dyn Progress,
+) -> Result<WriteSummary> {
     let start = Instant::now();
     let mut writer = GgufWriter::new();
     for (key, value) in metadata {

@@ -32,11 +32,7 @@ pub const SUPPORTED: &[GgmlType] = &[
 /// so a test without its data fails instead of passing.
 pub fn shared_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    assert!(
-        dir.join("testdata/README.md").is_file(),
-        "test data missing: {} has no testdata/README.md",
-        dir.display()
-    );
+    assert!(dir.join("testdata/README.md").is_file(), "test data missing: {} has no testdata/README.md", dir.display());
     dir
 }
 
@@ -49,21 +45,12 @@ pub fn read(path: &Path) -> Vec<u8> {
 }
 
 pub fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&read(path))
-        .unwrap_or_else(|e| panic!("bad JSON in {}: {e}", path.display()))
+    serde_json::from_slice(&read(path)).unwrap_or_else(|e| panic!("bad JSON in {}: {e}", path.display()))
 }
 
 pub fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
-    assert_eq!(
-        bytes.len() % 4,
-        0,
-        "f32 data length {} is not a multiple of 4",
-        bytes.len()
-    );
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    assert_eq!(bytes.len() % 4, 0, "f32 data length {} is not a multiple of 4", bytes.len());
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// Deterministic SplitMix64 generator (tests must not depend on a crate's RNG stream).

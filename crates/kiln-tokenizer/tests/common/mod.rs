@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use kiln_gguf::GgufFile;
 use kiln_tokenizer::Tokenizer;
 
-pub const VOCABS: [&str; 9] =
-    ["llama-spm", "phi-3", "gpt-2", "deepseek-coder", "falcon", "starcoder", "bert-bge", "llama-bpe", "qwen2"];
+pub const VOCABS: [&str; 9] = ["llama-spm", "phi-3", "gpt-2", "deepseek-coder", "falcon", "starcoder", "bert-bge", "llama-bpe", "qwen2"];
 pub const BPE_VOCABS: [&str; 6] = ["gpt-2", "deepseek-coder", "falcon", "starcoder", "llama-bpe", "qwen2"];
 
 pub fn testdata() -> PathBuf {
@@ -51,9 +50,5 @@ pub fn read_cases(name: &str) -> Vec<(String, Vec<u32>)> {
     let out = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = out.strip_suffix('\n').unwrap_or(&out).split('\n').collect();
     assert_eq!(lines.len(), texts.len(), "{}: one line per text", path.display());
-    texts
-        .into_iter()
-        .zip(lines)
-        .map(|(t, l)| (t, l.split_whitespace().map(|x| x.parse().unwrap()).collect()))
-        .collect()
+    texts.into_iter().zip(lines).map(|(t, l)| (t, l.split_whitespace().map(|x| x.parse().unwrap()).collect())).collect()
 }
