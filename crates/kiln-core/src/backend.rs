@@ -28,6 +28,10 @@ pub enum BackendError {
     BadWeight { name: String, reason: String },
     #[error("batch of {n_tokens} tokens exceeds the {capacity} this state was allocated for")]
     BatchTooLarge { n_tokens: usize, capacity: usize },
+    #[error("step of {need} {what} exceeds the {capacity} this step object was allocated for")]
+    PlanTooLarge { what: String, need: usize, capacity: usize },
+    #[error("bad batch plan: {0}")]
+    BadPlan(String),
     #[error("device error: {0}")]
     Device(String),
 }
