@@ -7,6 +7,6 @@ pub mod plan;
 pub mod sampling;
 
 pub use backend::{Backend, BackendError, RopeKind, RopeParams, StepInput, WeightSource};
-pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use cpu::CpuBackend;
+pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;

@@ -64,7 +64,10 @@ impl fmt::Display for KvType {
 impl FromStr for KvType {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        KvType::ALL.into_iter().find(|t| t.to_string().eq_ignore_ascii_case(s)).ok_or_else(|| format!("unknown KV cache type '{s}' (expected f32, f16 or q8_0)"))
+        KvType::ALL
+            .into_iter()
+            .find(|t| t.to_string().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown KV cache type '{s}' (expected f32, f16 or q8_0)"))
     }
 }
 
@@ -219,11 +222,15 @@ impl FlatPlan {
         self.clear();
         let n_tokens: usize = plan.seqs.iter().map(|s| s.tokens.len()).sum();
         let n_blocks: usize = plan.seqs.iter().map(|s| s.blocks.len()).sum();
-        let n_rows: usize = plan.seqs.iter().map(|s| match s.logits {
-            LogitRows::None => 0,
-            LogitRows::Last => usize::from(!s.tokens.is_empty()),
-            LogitRows::All => s.tokens.len(),
-        }).sum();
+        let n_rows: usize = plan
+            .seqs
+            .iter()
+            .map(|s| match s.logits {
+                LogitRows::None => 0,
+                LogitRows::Last => usize::from(!s.tokens.is_empty()),
+                LogitRows::All => s.tokens.len(),
+            })
+            .sum();
         let n_history: usize = plan.seqs.iter().filter_map(|s| s.sample.map(|x| x.history.len())).sum();
         for (what, need, have) in [
             ("tokens", n_tokens, cap.tokens),
@@ -340,7 +347,13 @@ mod tests {
     #[test]
     fn flattening_maps_positions_through_block_tables() {
         let history = [5u32, 6];
-        let a = SeqStep { tokens: &[1, 2, 3], pos0: 30, blocks: &[7, 2], logits: LogitRows::Last, sample: Some(SampleSpec { params: SamplingParams::greedy(), history: &history, draw: 3 }) };
+        let a = SeqStep {
+            tokens: &[1, 2, 3],
+            pos0: 30,
+            blocks: &[7, 2],
+            logits: LogitRows::Last,
+            sample: Some(SampleSpec { params: SamplingParams::greedy(), history: &history, draw: 3 }),
+        };
         let tokens_b: Vec<u32> = (0..70).collect();
         let b = SeqStep { tokens: &tokens_b, pos0: 0, blocks: &[0, 1, 4], logits: LogitRows::All, sample: None };
         let mut flat = FlatPlan::default();
@@ -353,7 +366,14 @@ mod tests {
         assert_eq!(flat.logit_rows[0], 2);
         assert_eq!(flat.samples[0].logit_row, 0);
         assert_eq!(flat.sample_history(0), history);
-        assert_eq!(flat.tiles, vec![FlatTile { seq: 0, first_token: 0, n_tokens: 3 }, FlatTile { seq: 1, first_token: 3, n_tokens: 64 }, FlatTile { seq: 1, first_token: 67, n_tokens: 6 }]);
+        assert_eq!(
+            flat.tiles,
+            vec![
+                FlatTile { seq: 0, first_token: 0, n_tokens: 3 },
+                FlatTile { seq: 1, first_token: 3, n_tokens: 64 },
+                FlatTile { seq: 1, first_token: 67, n_tokens: 6 }
+            ]
+        );
         assert_eq!(flat.max_kv_len, 70);
         assert_eq!(flat.row_of(1, 69), 4 * 32 + 5);
     }

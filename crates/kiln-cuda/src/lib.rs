@@ -29,6 +29,7 @@ mod device;
 mod error;
 pub mod matvec;
 mod nvrtc;
+pub mod plan_words;
 mod profile;
 mod registry;
 // Used by build.rs (through #[path]); compiled into the library only for its tests.
