@@ -13,6 +13,7 @@ use kiln_models::quantize::{describe_file_type, FileType, QuantHparams, FILE_TYP
 use kiln_models::{Logits, Model, ModelOptions};
 use serde_json::json;
 
+use crate::kv_args::KvArgs;
 use crate::run::{on_cpu_workers, open_gpu, DeviceKind};
 use crate::CliResult;
 
@@ -54,6 +55,13 @@ pub struct BenchArgs {
     /// Skip the warm-up run before each test.
     #[arg(long)]
     pub no_warmup: bool,
+    #[command(flatten)]
+    pub kv: KvArgs,
+    /// llama-batched-bench instead: many sequences decoded together (`--npp`, `--ntg`, `--npl`).
+    #[arg(long)]
+    pub batched: bool,
+    #[command(flatten)]
+    pub batched_args: crate::batched_bench::BatchedArgs,
 }
 
 /// One row of the table: a prompt test (`n_gen == 0`) or a generation test.
@@ -135,13 +143,13 @@ impl ModelSummary {
 }
 
 /// Deterministic token ids in the vocabulary (llama-bench uses `rand() % n_vocab`).
-struct TokenDraw {
-    state: u64,
-    n_vocab: u32,
+pub(crate) struct TokenDraw {
+    pub(crate) state: u64,
+    pub(crate) n_vocab: u32,
 }
 
 impl TokenDraw {
-    fn next(&mut self) -> u32 {
+    pub(crate) fn next(&mut self) -> u32 {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
         self.state ^= self.state << 17;
@@ -189,8 +197,8 @@ fn prefill<B: Backend>(model: &mut Model<B>, tokens: &[u32]) -> CliResult {
 
 fn generate<B: Backend>(model: &mut Model<B>, tokens: &[u32]) -> CliResult {
     let greedy = SamplingParams::greedy();
-    for (i, &t) in tokens.iter().enumerate() {
-        model.decode_sample(t, &greedy, &[], i as u64)?;
+    for &t in tokens {
+        model.decode_sample(t, &greedy)?;
     }
     Ok(())
 }
@@ -270,6 +278,8 @@ struct Report<'a> {
     n_batch: usize,
     n_threads: usize,
     n_gpu_layers: i64,
+    type_k: String,
+    type_v: String,
 }
 
 impl Report<'_> {
@@ -333,8 +343,8 @@ impl Report<'_> {
             ("cpu_mask", json!("0x0")),
             ("cpu_strict", json!(false)),
             ("poll", json!(50)),
-            ("type_k", json!(if cpu { "f32" } else { "unknown" })),
-            ("type_v", json!(if cpu { "f32" } else { "unknown" })),
+            ("type_k", json!(self.type_k)),
+            ("type_v", json!(self.type_v)),
             ("n_gpu_layers", json!(self.n_gpu_layers)),
             ("n_cpu_moe", json!(0)),
             ("split_mode", json!("layer")),
@@ -403,9 +413,11 @@ pub fn bench(args: BenchArgs) -> CliResult {
         Some(DeviceKind::Cuda) => Some(open_gpu()?),
         None => open_gpu().map_err(|e| eprintln!("kiln bench: no usable GPU ({e}); running on the CPU")).ok(),
     };
-    match gpu {
-        Some(gpu) => bench_with(Arc::new(gpu), file, &path, &args),
-        None => on_cpu_workers(args.threads, || bench_with(Arc::new(CpuBackend::new()), file, &path, &args)),
+    match (gpu, args.batched) {
+        (Some(gpu), false) => bench_with(Arc::new(gpu), file, &path, &args),
+        (Some(gpu), true) => crate::batched_bench::run(Arc::new(gpu), file, &args),
+        (None, false) => on_cpu_workers(args.threads, || bench_with(Arc::new(CpuBackend::new()), file, &path, &args)),
+        (None, true) => on_cpu_workers(args.threads, || crate::batched_bench::run(Arc::new(CpuBackend::new()), file, &args)),
     }
 }
 
@@ -420,12 +432,23 @@ fn bench_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, path: &Path, arg
     let n_batch = args.batch_size.min(longest_batch).max(1);
     let options = ModelOptions { n_ctx: Some(n_ctx), n_batch, ..ModelOptions::default() };
     eprintln!("kiln bench: loading {} (context {n_ctx}, batch {n_batch})", path.display());
-    let mut model = Model::load(backend.clone(), file, &options)?;
+    let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx))?;
+    let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
     let backend_name = backend.name();
     let label = backend_label(&backend_name);
     // llama-bench shows the -ngl it was given; offloading everything is "99" by convention.
     let n_gpu_layers = if label == "CPU" { 0 } else { 99 };
-    let report = Report { path, model: &summary, backend_label: label, backend_name, n_batch, n_threads: rayon::current_num_threads(), n_gpu_layers };
+    let report = Report {
+        path,
+        model: &summary,
+        backend_label: label,
+        backend_name,
+        n_batch,
+        n_threads: rayon::current_num_threads(),
+        n_gpu_layers,
+        type_k: engine_options.k_type.to_string(),
+        type_v: engine_options.v_type.to_string(),
+    };
     let cols = columns(report.is_cpu(), args.threads.is_some());
     let mut draw = TokenDraw { state: 0x9E37_79B9_7F4A_7C15, n_vocab: model.config.n_vocab as u32 };
     let mut out = std::io::stdout().lock();

@@ -1,7 +1,9 @@
 //! The `kiln` command line.
 
+mod batched_bench;
 mod bench;
 mod info;
+mod kv_args;
 mod quantize;
 mod random_model;
 mod run;
@@ -51,9 +53,23 @@ pub fn default_model() -> PathBuf {
     }
 }
 
+/// llama.cpp spells some long flags with one dash (`-ctk`, `-npp`); clap wants two.
+fn llama_style_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    const ONE_DASH_LONG: [&str; 5] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl"];
+    args.map(|a| {
+        let flag = a.split('=').next().unwrap_or(&a);
+        if ONE_DASH_LONG.contains(&flag) {
+            format!("-{a}")
+        } else {
+            a
+        }
+    })
+    .collect()
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("KILN_LOG")).with_writer(std::io::stderr).init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_style_args(std::env::args()));
     let result = match cli.command.unwrap_or_else(|| Command::Run(run::RunArgs::parse_from(["run"]))) {
         Command::Run(a) => run::run(a),
         Command::Info(a) => info::info(a),
@@ -68,5 +84,14 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_dash_llama_flags_become_long_flags() {
+        let args = ["kiln", "bench", "-npp", "128", "-ctk=q8_0", "-n", "4", "-c", "8"].map(String::from);
+        assert_eq!(super::llama_style_args(args.into_iter()), ["kiln", "bench", "--npp", "128", "--ctk=q8_0", "-n", "4", "-c", "8"]);
     }
 }

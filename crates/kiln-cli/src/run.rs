@@ -11,6 +11,7 @@ use kiln_gguf::GgufFile;
 use kiln_models::{generate, GenerateParams, Model, ModelOptions};
 use kiln_tokenizer::Tokenizer;
 
+use crate::kv_args::KvArgs;
 use crate::CliResult;
 
 #[derive(Parser, Debug)]
@@ -58,6 +59,8 @@ pub struct RunArgs {
     /// Where to run: `cuda` (GPU 0) or `cpu`; by default the GPU when one is available.
     #[arg(long, value_enum)]
     pub device: Option<DeviceKind>,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,7 +137,10 @@ pub fn run(args: RunArgs) -> CliResult {
 
 fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
     let options = ModelOptions { n_ctx: (args.ctx_size > 0).then_some(args.ctx_size), n_batch: args.batch_size, ..Default::default() };
-    let mut model = Model::load(backend.clone(), file, &options)?;
+    let n_ctx_train = kiln_models::ModelConfig::from_gguf(&file)?.n_ctx_train;
+    let mut memory = crate::kv_args::MemoryWatch::start(&*backend);
+    let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx_train))?;
+    let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
     let sampling = args.sampling();
     eprintln!(
@@ -146,6 +152,7 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
         backend.name(),
         sampling.seed
     );
+    eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, &engine_options));
     let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling, stop: args.stop.clone() };
     let mut out = std::io::stdout().lock();
     if !args.no_display_prompt {
@@ -165,5 +172,10 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
         stats.generation_tokens_per_second(),
         stats.stop_reason
     );
+    memory.sample(&*backend);
+    if let Some(peak) = memory.peak_mib() {
+        let kv_mib = model.engine().pool().usable_bytes() as f64 / (1u64 << 20) as f64;
+        eprintln!("device memory: {peak:.0} MiB in use (KV cache {kv_mib:.1} MiB of it, {} blocks in use)", model.engine().pool().allocator().in_use());
+    }
     Ok(())
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use kiln_quant::GgmlType;
 
-use crate::sampling::SamplingParams;
+use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -95,29 +95,14 @@ pub struct RopeParams {
     pub n_rot: usize,
 }
 
-/// Host-side values of one step, copied into the backend's `Step` object.
-#[derive(Clone, Copy, Debug)]
-pub struct StepInput<'a> {
-    /// Token ids of this step's rows, in order.
-    pub tokens: &'a [u32],
-    /// Position of `tokens[0]`; token `i` sits at `pos0 + i` and attends to
-    /// positions `0..=pos0 + i`.
-    pub pos0: usize,
-    pub sampling: &'a SamplingParams,
-    /// The most recent tokens (oldest first), for the repetition penalty.
-    pub history: &'a [u32],
-    /// Counter mixed with the seed so every sampled token draws a fresh number.
-    pub draw: u64,
-}
-
 /// Attention geometry for one layer.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionParams {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    /// Capacity of the KV cache in positions.
-    pub n_ctx: usize,
+    /// Longest sequence the cache holds (positions), which sizes a split decode attention.
+    pub max_seq_len: usize,
     pub scale: f32,
 }
 
@@ -126,25 +111,34 @@ pub trait Backend: Send + Sync + 'static {
     type Buffer: Send + Sync;
     /// A weight matrix in whatever layout the backend chose at upload.
     type Weight: Send + Sync;
-    /// Per-step values read by the ops (tokens, positions, sampler state).
+    /// Per-step values read by the ops: the step's [`crate::FlatPlan`] (tokens, positions,
+    /// cache rows, block tables, samplers) and the sampled tokens.
     type Step: Send + Sync;
+    /// One layer's paged K and V cache.
+    type KvCache: Send + Sync;
 
     fn name(&self) -> String;
+    /// Bytes of free memory on the device, where it can tell.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
 
     /// Uploads (or, on the host, wraps) a weight matrix.
     fn upload_weight(&self, src: WeightSource) -> Result<Self::Weight>;
     /// An f32 buffer of `len` elements, contents unspecified.
     fn alloc(&self, len: usize, what: &str) -> Result<Self::Buffer>;
-    /// Storage for one layer's K or V cache of `len` elements; a backend may
-    /// keep it in a narrower type than f32.
-    fn alloc_kv(&self, len: usize, what: &str) -> Result<Self::Buffer> {
-        self.alloc(len, what)
-    }
+    /// One layer's K and V cache of up to `spec.n_blocks` blocks, of which none is usable
+    /// until [`Backend::grow_kv`] provides memory for them.
+    fn alloc_kv(&self, spec: &KvCacheSpec, what: &str) -> Result<Self::KvCache>;
+    /// Makes blocks `0..n_blocks` of `cache` usable (contents of new blocks unspecified), so that
+    /// memory is taken as sequences grow. Addresses of blocks already usable never change.
+    fn grow_kv(&self, cache: &mut Self::KvCache, n_blocks: usize) -> Result<()>;
     fn write(&self, dst: &mut Self::Buffer, src: &[f32]) -> Result<()>;
     fn read(&self, src: &Self::Buffer, dst: &mut [f32]) -> Result<()>;
-    /// A step object able to hold `max_tokens` tokens and `max_history` history entries.
-    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<Self::Step>;
-    fn write_step(&self, step: &mut Self::Step, input: &StepInput) -> Result<()>;
+    /// A step object able to hold plans up to `capacity`, over caches of `cache_blocks` blocks.
+    fn alloc_step(&self, capacity: &StepCapacity, cache_blocks: usize) -> Result<Self::Step>;
+    /// Takes `plan` into `step` (on a device: copies it there in one transfer).
+    fn write_step(&self, step: &mut Self::Step, plan: &FlatPlan) -> Result<()>;
 
     /// `out[t] = table[step.tokens[t]]` for the first `n` tokens.
     fn embed(&self, table: &Self::Weight, step: &Self::Step, out: &mut Self::Buffer, n: usize) -> Result<()>;
@@ -158,39 +152,22 @@ pub trait Backend: Send + Sync + 'static {
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
     /// `out[i] = silu(gate[i]) * up[i]`.
     fn swiglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
-    /// Rotary embedding in place, positions from `step`.
+    /// Rotary embedding in place, each token at its position in `step`.
     fn rope(&self, x: &mut Self::Buffer, inv_freq: &Self::Buffer, step: &Self::Step, n: usize, p: &RopeParams) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    /// Stores `n` tokens of K and V (`[n][n_kv_heads * head_dim]`) at their positions.
-    fn kv_store(
-        &self,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        k_cache: &mut Self::Buffer,
-        v_cache: &mut Self::Buffer,
-        step: &Self::Step,
-        n: usize,
-        kv_width: usize,
-    ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    /// Causal grouped-query attention of `n` query tokens over the cache.
-    fn attention(
-        &self,
-        q: &Self::Buffer,
-        k_cache: &Self::Buffer,
-        v_cache: &Self::Buffer,
-        out: &mut Self::Buffer,
-        step: &Self::Step,
-        n: usize,
-        p: &AttentionParams,
-    ) -> Result<()>;
-    /// Copies row `src_row` of a `[_][dim]` buffer into row 0 of `dst`.
-    fn copy_row(&self, src: &Self::Buffer, src_row: usize, dst: &mut Self::Buffer, dim: usize) -> Result<()>;
-    /// Samples one token from `logits[0..n_vocab]` with the step's sampler
-    /// settings and stores it in the step.
+    /// Stores `n` tokens of K and V (`[n][cache width]`) at their cache rows (the step's slots).
+    fn kv_store(&self, k: &Self::Buffer, v: &Self::Buffer, cache: &mut Self::KvCache, step: &Self::Step, n: usize) -> Result<()>;
+    /// Causal grouped-query attention of `n` query tokens, each over positions `0..=its
+    /// position` of its own sequence, read through that sequence's block table.
+    fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
+    /// Copies `len` values of `src` into `dst`.
+    fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
+    /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.
+    fn gather_rows(&self, src: &Self::Buffer, dst: &mut Self::Buffer, step: &Self::Step, dim: usize) -> Result<()>;
+    /// Samples one token per sample of the step from its row of `logits` (`[rows][n_vocab]`),
+    /// with its settings, and stores them in the step.
     fn sample(&self, logits: &Self::Buffer, n_vocab: usize, step: &mut Self::Step) -> Result<()>;
-    /// The token stored by the last `sample`.
-    fn sampled_token(&self, step: &Self::Step) -> Result<u32>;
+    /// The tokens stored by the last `sample`, one per sample, in one copy.
+    fn sampled_tokens(&self, step: &Self::Step, out: &mut [u32]) -> Result<()>;
 
     /// Runs `record`, which enqueues one whole step. A GPU backend records it
     /// the first time a `key` is seen and replays the recording afterwards, so
@@ -302,19 +279,19 @@ pub trait Backend: Send + Sync + 'static {
         qk_norm: Option<(&Self::Buffer, &Self::Buffer, f32)>,
         scratch: (&mut Self::Buffer, &mut Self::Buffer),
         inv_freq: &Self::Buffer,
-        caches: (&mut Self::Buffer, &mut Self::Buffer),
+        cache: &mut Self::KvCache,
         step: &Self::Step,
         n: usize,
         q_rope: &RopeParams,
         n_kv_heads: usize,
     ) -> Result<()> {
         let k_rope = RopeParams { n_heads: n_kv_heads, ..*q_rope };
-        let (q_width, kv_width) = (q_rope.n_heads * q_rope.head_dim, n_kv_heads * q_rope.head_dim);
+        let q_width = q_rope.n_heads * q_rope.head_dim;
         let k = match qk_norm {
             Some((q_norm, k_norm, eps)) => {
                 let (q_normed, k_normed) = scratch;
                 self.rms_norm(q, q_norm, q_normed, n * q_rope.n_heads, q_rope.head_dim, eps)?;
-                self.copy_row(q_normed, 0, q, n * q_width)?;
+                self.copy(q_normed, q, n * q_width)?;
                 self.rms_norm(k, k_norm, k_normed, n * n_kv_heads, q_rope.head_dim, eps)?;
                 k_normed
             }
@@ -322,7 +299,7 @@ pub trait Backend: Send + Sync + 'static {
         };
         self.rope(q, inv_freq, step, n, q_rope)?;
         self.rope(k, inv_freq, step, n, &k_rope)?;
-        self.kv_store(k, v, caches.0, caches.1, step, n, kv_width)
+        self.kv_store(k, v, cache, step, n)
     }
 
     /// `residual += x·Wᵀ`, using `tmp` as scratch.

@@ -8,8 +8,10 @@ use std::cell::RefCell;
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
-use crate::sampling::{self, SamplingParams};
+use crate::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+pub use crate::cpu_kv::CpuKvCache;
+use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
+use crate::sampling;
 
 #[derive(Default)]
 pub struct CpuBackend {
@@ -23,16 +25,19 @@ impl CpuBackend {
 }
 
 pub struct CpuStep {
-    tokens: Vec<u32>,
-    max_tokens: usize,
-    pos0: usize,
-    params: SamplingParams,
-    history: Vec<u32>,
-    max_history: usize,
-    draw: u64,
-    sampled: u32,
+    plan: FlatPlan,
+    capacity: StepCapacity,
+    cache_blocks: usize,
+    sampled: Vec<u32>,
     logits: Vec<f32>,
     candidates: Vec<(f32, u32)>,
+}
+
+impl CpuStep {
+    /// The plan of the last `write_step`.
+    pub fn plan(&self) -> &FlatPlan {
+        &self.plan
+    }
 }
 
 thread_local! {
@@ -108,6 +113,7 @@ impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Weight = WeightSource;
     type Step = CpuStep;
+    type KvCache = CpuKvCache;
 
     fn name(&self) -> String {
         format!("CPU ({} threads)", rayon::current_num_threads())
@@ -145,40 +151,33 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<CpuStep> {
-        Ok(CpuStep {
-            tokens: Vec::with_capacity(max_tokens),
-            max_tokens,
-            pos0: 0,
-            params: SamplingParams::greedy(),
-            history: Vec::with_capacity(max_history),
-            max_history,
-            draw: 0,
-            sampled: 0,
-            logits: Vec::new(),
-            candidates: Vec::new(),
-        })
+    fn alloc_kv(&self, spec: &KvCacheSpec, what: &str) -> Result<CpuKvCache> {
+        CpuKvCache::new(spec, what)
     }
 
-    fn write_step(&self, step: &mut CpuStep, input: &StepInput) -> Result<()> {
-        if input.tokens.len() > step.max_tokens {
-            return Err(BackendError::BatchTooLarge { n_tokens: input.tokens.len(), capacity: step.max_tokens });
+    fn grow_kv(&self, cache: &mut CpuKvCache, n_blocks: usize) -> Result<()> {
+        cache.grow(n_blocks)
+    }
+
+    fn alloc_step(&self, capacity: &StepCapacity, cache_blocks: usize) -> Result<CpuStep> {
+        let plan = FlatPlan::with_capacity(capacity);
+        Ok(CpuStep { plan, capacity: *capacity, cache_blocks, sampled: Vec::with_capacity(capacity.seqs), logits: Vec::new(), candidates: Vec::new() })
+    }
+
+    fn write_step(&self, step: &mut CpuStep, plan: &FlatPlan) -> Result<()> {
+        plan.check_fits(&step.capacity)?;
+        if let Some(&bad) = plan.blocks.iter().find(|&&b| b as usize >= step.cache_blocks) {
+            return Err(BackendError::BadPlan(format!("block {bad} is outside the {}-block cache", step.cache_blocks)));
         }
-        step.tokens.clear();
-        step.tokens.extend_from_slice(input.tokens);
-        step.pos0 = input.pos0;
-        step.params = *input.sampling;
-        let h = &input.history[input.history.len().saturating_sub(step.max_history)..];
-        step.history.clear();
-        step.history.extend_from_slice(h);
-        step.draw = input.draw;
+        step.plan.assign(plan);
         Ok(())
     }
 
     fn embed(&self, table: &WeightSource, step: &CpuStep, out: &mut Vec<f32>, n: usize) -> Result<()> {
         let dim = table.cols;
         check_len("embed", out.len(), n * dim)?;
-        for (t, &tok) in step.tokens[..n].iter().enumerate() {
+        check_len("embed tokens in the step", step.plan.n_tokens(), n)?;
+        for (t, &tok) in step.plan.tokens[..n].iter().enumerate() {
             if tok as usize >= table.rows {
                 return Err(BackendError::Device(format!("token id {tok} is outside the {}-row embedding table", table.rows)));
             }
@@ -261,9 +260,10 @@ impl Backend for CpuBackend {
         let width = p.n_heads * p.head_dim;
         check_len("rope", x.len(), n * width)?;
         check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
+        check_len("rope tokens in the step", step.plan.n_tokens(), n)?;
         let half = p.n_rot / 2;
         for t in 0..n {
-            let pos = (step.pos0 + t) as f32;
+            let pos = step.plan.positions[t] as f32;
             for h in 0..p.n_heads {
                 let head = &mut x[t * width + h * p.head_dim..t * width + (h + 1) * p.head_dim];
                 for (i, f) in inv_freq[..half].iter().enumerate() {
@@ -281,36 +281,39 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn kv_store(&self, k: &Vec<f32>, v: &Vec<f32>, k_cache: &mut Vec<f32>, v_cache: &mut Vec<f32>, step: &CpuStep, n: usize, kv_width: usize) -> Result<()> {
-        let start = step.pos0 * kv_width;
-        let len = n * kv_width;
-        check_len("kv_store cache", k_cache.len().min(v_cache.len()), start + len)?;
-        k_cache[start..start + len].copy_from_slice(&k[..len]);
-        v_cache[start..start + len].copy_from_slice(&v[..len]);
+    fn kv_store(&self, k: &Vec<f32>, v: &Vec<f32>, cache: &mut CpuKvCache, step: &CpuStep, n: usize) -> Result<()> {
+        let width = cache.spec.width;
+        check_len("kv_store input", k.len().min(v.len()), n * width)?;
+        check_len("kv_store tokens in the step", step.plan.n_tokens(), n)?;
+        for (t, &slot) in step.plan.slots[..n].iter().enumerate() {
+            check_len("kv_store cache rows", cache.usable_rows(), slot as usize + 1)?;
+            cache.store(slot as usize, &k[t * width..(t + 1) * width], &v[t * width..(t + 1) * width]);
+        }
         Ok(())
     }
 
-    fn attention(&self, q: &Vec<f32>, k_cache: &Vec<f32>, v_cache: &Vec<f32>, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+    fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
         let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-        let (q_width, kv_width) = (p.n_heads * hd, p.n_kv_heads * hd);
-        let kv_len = step.pos0 + n;
+        let q_width = p.n_heads * hd;
         check_len("attention query", q.len(), n * q_width)?;
         check_len("attention output", out.len(), n * q_width)?;
-        check_len("attention cache", k_cache.len().min(v_cache.len()), kv_len * kv_width)?;
+        check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
+        check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
+        let plan = &step.plan;
         let dst = SharedOut(out.as_mut_ptr());
         (0..n * p.n_heads).into_par_iter().for_each(|job| {
             let (t, h) = (job / p.n_heads, job % p.n_heads);
-            let kvh = h / group;
+            let col = h / group * hd;
+            let (seq, visible) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
             let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
-            let visible = step.pos0 + t + 1;
-            // Sized for the whole context so a growing sequence never regrows it.
-            with_scratch(p.n_ctx.max(visible) + hd, |scratch| {
+            // Sized for the longest sequence so a growing sequence never regrows it.
+            with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
                 let (scores, rest) = scratch.split_at_mut(visible);
-                let acc = &mut rest[..hd];
+                let (acc, row) = rest[..2 * hd].split_at_mut(hd);
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
-                    let kv = &k_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
-                    *s = dot_f32(qv, kv) * p.scale;
+                    cache.load_k(plan.row_of(seq, j), col, row);
+                    *s = dot_f32(qv, row) * p.scale;
                     max = max.max(*s);
                 }
                 let mut total = 0.0;
@@ -320,8 +323,8 @@ impl Backend for CpuBackend {
                 }
                 acc.fill(0.0);
                 for (j, s) in scores.iter().enumerate() {
-                    let vv = &v_cache[j * kv_width + kvh * hd..j * kv_width + (kvh + 1) * hd];
-                    for (a, v) in acc.iter_mut().zip(vv) {
+                    cache.load_v(plan.row_of(seq, j), col, row);
+                    for (a, v) in acc.iter_mut().zip(row.iter()) {
                         *a += s * v;
                     }
                 }
@@ -334,25 +337,43 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn copy_row(&self, src: &Vec<f32>, src_row: usize, dst: &mut Vec<f32>, dim: usize) -> Result<()> {
-        check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
-        check_len("copy_row destination", dst.len(), dim)?;
-        dst[..dim].copy_from_slice(&src[src_row * dim..(src_row + 1) * dim]);
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("copy", src.len().min(dst.len()), len)?;
+        dst[..len].copy_from_slice(&src[..len]);
+        Ok(())
+    }
+
+    fn gather_rows(&self, src: &Vec<f32>, dst: &mut Vec<f32>, step: &CpuStep, dim: usize) -> Result<()> {
+        let rows = &step.plan.logit_rows;
+        check_len("gather_rows destination", dst.len(), rows.len() * dim)?;
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            check_len("gather_rows source", src.len(), (r + 1) * dim)?;
+            dst[i * dim..(i + 1) * dim].copy_from_slice(&src[r * dim..(r + 1) * dim]);
+        }
         Ok(())
     }
 
     fn sample(&self, logits: &Vec<f32>, n_vocab: usize, step: &mut CpuStep) -> Result<()> {
-        check_len("sample", logits.len(), n_vocab)?;
-        step.logits.clear();
-        step.logits.extend_from_slice(&logits[..n_vocab]);
+        check_len("sample logits", logits.len(), step.plan.logit_rows.len() * n_vocab)?;
+        step.sampled.clear();
         if step.candidates.capacity() < n_vocab {
             step.candidates.reserve(n_vocab - step.candidates.len());
         }
-        step.sampled = sampling::sample(&mut step.logits, &step.history, &step.params, step.draw, &mut step.candidates);
+        for i in 0..step.plan.samples.len() {
+            let s = step.plan.samples[i];
+            let row = s.logit_row as usize;
+            step.logits.clear();
+            step.logits.extend_from_slice(&logits[row * n_vocab..(row + 1) * n_vocab]);
+            let token = sampling::sample(&mut step.logits, step.plan.sample_history(i), &s.params, s.draw, &mut step.candidates);
+            step.sampled.push(token);
+        }
         Ok(())
     }
 
-    fn sampled_token(&self, step: &CpuStep) -> Result<u32> {
-        Ok(step.sampled)
+    fn sampled_tokens(&self, step: &CpuStep, out: &mut [u32]) -> Result<()> {
+        check_len("sampled tokens", step.sampled.len(), out.len())?;
+        out.copy_from_slice(&step.sampled[..out.len()]);
+        Ok(())
     }
 }

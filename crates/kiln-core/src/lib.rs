@@ -3,10 +3,11 @@
 
 pub mod backend;
 pub mod cpu;
+mod cpu_kv;
 pub mod plan;
 pub mod sampling;
 
-pub use backend::{Backend, BackendError, RopeKind, RopeParams, StepInput, WeightSource};
+pub use backend::{AttentionParams, Backend, BackendError, RopeKind, RopeParams, WeightSource};
 pub use cpu::CpuBackend;
 pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;

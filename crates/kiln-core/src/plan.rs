@@ -201,6 +201,23 @@ fn u32_of(what: &str, value: usize) -> Result<u32> {
 }
 
 impl FlatPlan {
+    /// An empty plan whose arrays hold plans up to `cap` without growing.
+    pub fn with_capacity(cap: &StepCapacity) -> FlatPlan {
+        FlatPlan {
+            tokens: Vec::with_capacity(cap.tokens),
+            positions: Vec::with_capacity(cap.tokens),
+            token_seq: Vec::with_capacity(cap.tokens),
+            slots: Vec::with_capacity(cap.tokens),
+            seqs: Vec::with_capacity(cap.seqs),
+            blocks: Vec::with_capacity(cap.blocks),
+            logit_rows: Vec::with_capacity(cap.logit_rows),
+            samples: Vec::with_capacity(cap.seqs),
+            history: Vec::with_capacity(cap.history),
+            tiles: Vec::with_capacity(cap.tokens.div_ceil(Q_TILE) + cap.seqs),
+            max_kv_len: 0,
+        }
+    }
+
     /// Empties the plan, keeping its allocations.
     pub fn clear(&mut self) {
         self.tokens.clear();
@@ -220,93 +237,131 @@ impl FlatPlan {
     /// is the number of blocks the KV cache holds, so a block id past it is refused here.
     pub fn fill(&mut self, plan: &BatchPlan, cap: &StepCapacity, cache_blocks: usize) -> Result<()> {
         self.clear();
-        let n_tokens: usize = plan.seqs.iter().map(|s| s.tokens.len()).sum();
-        let n_blocks: usize = plan.seqs.iter().map(|s| s.blocks.len()).sum();
-        let n_rows: usize = plan
-            .seqs
-            .iter()
-            .map(|s| match s.logits {
-                LogitRows::None => 0,
-                LogitRows::Last => usize::from(!s.tokens.is_empty()),
-                LogitRows::All => s.tokens.len(),
-            })
-            .sum();
-        let n_history: usize = plan.seqs.iter().filter_map(|s| s.sample.map(|x| x.history.len())).sum();
+        plan.seqs.iter().try_for_each(|s| self.push(s, cap, cache_blocks))
+    }
+
+    /// Appends one sequence's part of the step, checked against `cap` and the cache size.
+    pub fn push(&mut self, s: &SeqStep, cap: &StepCapacity, cache_blocks: usize) -> Result<()> {
+        let index = self.seqs.len();
+        let n_rows = match s.logits {
+            LogitRows::None => 0,
+            LogitRows::Last => 1,
+            LogitRows::All => s.tokens.len(),
+        };
         for (what, need, have) in [
-            ("tokens", n_tokens, cap.tokens),
-            ("sequences", plan.seqs.len(), cap.seqs),
-            ("block-table entries", n_blocks, cap.blocks),
-            ("logit rows", n_rows, cap.logit_rows),
-            ("history tokens", n_history, cap.history),
+            ("tokens", self.tokens.len() + s.tokens.len(), cap.tokens),
+            ("sequences", index + 1, cap.seqs),
+            ("block-table entries", self.blocks.len() + s.blocks.len(), cap.blocks),
+            ("logit rows", self.logit_rows.len() + n_rows, cap.logit_rows),
+            ("history tokens", self.history.len() + s.sample.map_or(0, |x| x.history.len()), cap.history),
         ] {
             if need > have {
                 return Err(BackendError::PlanTooLarge { what: what.into(), need, capacity: have });
             }
         }
-        for (index, s) in plan.seqs.iter().enumerate() {
-            let seq = u32_of("sequence index", index)?;
-            let kv_len = s.pos0 + s.tokens.len();
-            if s.tokens.is_empty() {
-                return Err(BackendError::BadPlan(format!("sequence {index} feeds no tokens")));
-            }
-            if s.blocks.len() * KV_BLOCK_SIZE < kv_len {
-                return Err(BackendError::BadPlan(format!(
-                    "sequence {index} reaches position {} but its {} blocks hold {}",
-                    kv_len - 1,
-                    s.blocks.len(),
-                    s.blocks.len() * KV_BLOCK_SIZE
-                )));
-            }
-            if let Some(&bad) = s.blocks.iter().find(|&&b| b as usize >= cache_blocks) {
-                return Err(BackendError::BadPlan(format!("sequence {index} names block {bad}; the cache holds {cache_blocks}")));
-            }
-            if s.sample.is_some() && s.logits == LogitRows::None {
-                return Err(BackendError::BadPlan(format!("sequence {index} samples but produces no logits")));
-            }
-            let first_token = self.tokens.len();
-            self.seqs.push(FlatSeq {
-                kv_len: u32_of("sequence length", kv_len)?,
-                pos0: u32_of("position", s.pos0)?,
-                first_token: first_token as u32,
-                n_tokens: s.tokens.len() as u32,
-                table_at: self.blocks.len() as u32,
-                n_blocks: s.blocks.len() as u32,
+        let seq = u32_of("sequence index", index)?;
+        let kv_len = s.pos0 + s.tokens.len();
+        if s.tokens.is_empty() {
+            return Err(BackendError::BadPlan(format!("sequence {index} feeds no tokens")));
+        }
+        if s.blocks.len() * KV_BLOCK_SIZE < kv_len {
+            return Err(BackendError::BadPlan(format!(
+                "sequence {index} reaches position {} but its {} blocks hold {}",
+                kv_len - 1,
+                s.blocks.len(),
+                s.blocks.len() * KV_BLOCK_SIZE
+            )));
+        }
+        if let Some(&bad) = s.blocks.iter().find(|&&b| b as usize >= cache_blocks) {
+            return Err(BackendError::BadPlan(format!("sequence {index} names block {bad}; the cache holds {cache_blocks}")));
+        }
+        if s.sample.is_some() && s.logits == LogitRows::None {
+            return Err(BackendError::BadPlan(format!("sequence {index} samples but produces no logits")));
+        }
+        let first_token = self.tokens.len();
+        self.seqs.push(FlatSeq {
+            kv_len: u32_of("sequence length", kv_len)?,
+            pos0: u32_of("position", s.pos0)?,
+            first_token: first_token as u32,
+            n_tokens: s.tokens.len() as u32,
+            table_at: self.blocks.len() as u32,
+            n_blocks: s.blocks.len() as u32,
+        });
+        self.max_kv_len = self.max_kv_len.max(kv_len as u32);
+        self.blocks.extend_from_slice(s.blocks);
+        for (i, &token) in s.tokens.iter().enumerate() {
+            let pos = s.pos0 + i;
+            let block = s.blocks[pos / KV_BLOCK_SIZE] as usize;
+            self.tokens.push(token);
+            self.positions.push(pos as u32);
+            self.token_seq.push(seq);
+            self.slots.push(u32_of("cache row", block * KV_BLOCK_SIZE + pos % KV_BLOCK_SIZE)?);
+        }
+        let mut tile_at = 0;
+        while tile_at < s.tokens.len() {
+            let n = (s.tokens.len() - tile_at).min(Q_TILE);
+            self.tiles.push(FlatTile { seq, first_token: (first_token + tile_at) as u32, n_tokens: n as u32 });
+            tile_at += n;
+        }
+        match s.logits {
+            LogitRows::None => {}
+            LogitRows::Last => self.logit_rows.push((first_token + s.tokens.len() - 1) as u32),
+            LogitRows::All => self.logit_rows.extend((first_token..first_token + s.tokens.len()).map(|t| t as u32)),
+        }
+        if let Some(spec) = s.sample {
+            let history_at = self.history.len() as u32;
+            self.history.extend_from_slice(spec.history);
+            self.samples.push(FlatSample {
+                seq,
+                logit_row: (self.logit_rows.len() - 1) as u32,
+                params: spec.params,
+                draw: spec.draw,
+                history_at,
+                n_history: spec.history.len() as u32,
             });
-            self.max_kv_len = self.max_kv_len.max(kv_len as u32);
-            self.blocks.extend_from_slice(s.blocks);
-            for (i, &token) in s.tokens.iter().enumerate() {
-                let pos = s.pos0 + i;
-                let block = s.blocks[pos / KV_BLOCK_SIZE] as usize;
-                self.tokens.push(token);
-                self.positions.push(pos as u32);
-                self.token_seq.push(seq);
-                self.slots.push(u32_of("cache row", block * KV_BLOCK_SIZE + pos % KV_BLOCK_SIZE)?);
-            }
-            let mut tile_at = 0;
-            while tile_at < s.tokens.len() {
-                let n = (s.tokens.len() - tile_at).min(Q_TILE);
-                self.tiles.push(FlatTile { seq, first_token: (first_token + tile_at) as u32, n_tokens: n as u32 });
-                tile_at += n;
-            }
-            match s.logits {
-                LogitRows::None => {}
-                LogitRows::Last => self.logit_rows.push((first_token + s.tokens.len() - 1) as u32),
-                LogitRows::All => self.logit_rows.extend((first_token..first_token + s.tokens.len()).map(|t| t as u32)),
-            }
-            if let Some(spec) = s.sample {
-                let history_at = self.history.len() as u32;
-                self.history.extend_from_slice(spec.history);
-                self.samples.push(FlatSample {
-                    seq,
-                    logit_row: (self.logit_rows.len() - 1) as u32,
-                    params: spec.params,
-                    draw: spec.draw,
-                    history_at,
-                    n_history: spec.history.len() as u32,
-                });
+        }
+        Ok(())
+    }
+
+    /// Makes this plan a copy of `other`, reusing the arrays' allocations (derived `clone_from`
+    /// would allocate anew).
+    pub fn assign(&mut self, other: &FlatPlan) {
+        fn copy<T: Copy>(dst: &mut Vec<T>, src: &[T]) {
+            dst.clear();
+            dst.extend_from_slice(src);
+        }
+        copy(&mut self.tokens, &other.tokens);
+        copy(&mut self.positions, &other.positions);
+        copy(&mut self.token_seq, &other.token_seq);
+        copy(&mut self.slots, &other.slots);
+        copy(&mut self.seqs, &other.seqs);
+        copy(&mut self.blocks, &other.blocks);
+        copy(&mut self.logit_rows, &other.logit_rows);
+        copy(&mut self.samples, &other.samples);
+        copy(&mut self.history, &other.history);
+        copy(&mut self.tiles, &other.tiles);
+        self.max_kv_len = other.max_kv_len;
+    }
+
+    /// Checks that this plan fits `cap` (a plan built against a larger capacity may not).
+    pub fn check_fits(&self, cap: &StepCapacity) -> Result<()> {
+        for (what, need, have) in [
+            ("tokens", self.tokens.len(), cap.tokens),
+            ("sequences", self.seqs.len(), cap.seqs),
+            ("block-table entries", self.blocks.len(), cap.blocks),
+            ("logit rows", self.logit_rows.len(), cap.logit_rows),
+            ("history tokens", self.history.len(), cap.history),
+        ] {
+            if need > have {
+                return Err(BackendError::PlanTooLarge { what: what.into(), need, capacity: have });
             }
         }
         Ok(())
+    }
+
+    /// Whether every sequence of the step feeds exactly one token (a decode step).
+    pub fn is_decode_only(&self) -> bool {
+        self.tokens.len() == self.seqs.len()
     }
 
     pub fn n_tokens(&self) -> usize {

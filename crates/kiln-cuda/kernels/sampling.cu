@@ -8,7 +8,7 @@
 // top-k, probabilities for top-p, tempered weights for the draw) per digit, so the vocabulary
 // is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
 #include "common.cuh"
-#include "step.cuh"
+#include "plan.cuh"
 
 #define SAMPLE_THREADS 1024
 #define RADIX_BITS 10
@@ -232,9 +232,9 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
 
 // top-p, min-p and the draw over the tokens ranked at or above `cut` (the top-k set).
 template <class Source>
-__device__ u32 draw_token(const Source& src, SampleShared& sh, const Ranking& rank, u64 cut, u64 top, const u32* step) {
-    const float top_p = __uint_as_float(step[STEP_TOP_P]);
-    const float min_p = __uint_as_float(step[STEP_MIN_P]);
+__device__ u32 draw_token(const Source& src, SampleShared& sh, const Ranking& rank, u64 cut, u64 top, const u32* rec) {
+    const float top_p = __uint_as_float(rec[SAMPLE_TOP_P]);
+    const float min_p = __uint_as_float(rec[SAMPLE_MIN_P]);
     if (top_p < 1.0f) {
         const float total = sum_weights(src, rank, cut, WEIGHT_PROB);
         const u64 nucleus_end = select_by_weight(src, sh, rank, cut, WEIGHT_PROB, top_p * total, false);
@@ -246,8 +246,8 @@ __device__ u32 draw_token(const Source& src, SampleShared& sh, const Ranking& ra
         cut = max(cut, min(floor_key, top));
     }
     const float total = sum_weights(src, rank, cut, WEIGHT_TEMPERED);
-    const u64 seed = (u64)step[STEP_SEED_LO] | ((u64)step[STEP_SEED_HI] << 32);
-    const u64 draw = (u64)step[STEP_DRAW_LO] | ((u64)step[STEP_DRAW_HI] << 32);
+    const u64 seed = (u64)rec[SAMPLE_SEED_LO] | ((u64)rec[SAMPLE_SEED_HI] << 32);
+    const u64 draw = (u64)rec[SAMPLE_DRAW_LO] | ((u64)rec[SAMPLE_DRAW_HI] << 32);
     const float target = uniform_draw(seed, draw) * total;
     return rank.id_of(select_by_weight(src, sh, rank, cut, WEIGHT_TEMPERED, target, true));
 }
@@ -274,14 +274,19 @@ __device__ u32 gather_candidates(const VocabSource& vocab, SampleShared& sh, Kee
     return sh.n_cand;
 }
 
-// Samples from logits[0..n_vocab] with the step's settings and stores the token in the step.
-// Launch: one block of SAMPLE_THREADS threads, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32(const float* logits, u32* step, u32 n_vocab) {
+// Samples one token per sample of the step (plan.cuh): block b draws sample b from its row of
+// logits ([rows][n_vocab]) with its settings and stores the token at STEP_SAMPLED_AT + b.
+// Launch: one block of SAMPLE_THREADS threads per sample, ceil(n_vocab / 32) * 4 bytes of
+// dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab) {
     __shared__ SampleShared sh;
     extern __shared__ u32 penalized[];
     const u32 tid = threadIdx.x;
-    const float penalty = __uint_as_float(step[STEP_REPEAT_PENALTY]);
-    const u32 last_n = step[STEP_REPEAT_LAST_N];
+    const u32* rec = step_sample(step, blockIdx.x);
+    u32* sampled = step + step[STEP_SAMPLED_AT] + blockIdx.x;
+    const float* logits = all_logits + (u64)rec[SAMPLE_LOGIT_ROW] * n_vocab;
+    const float penalty = __uint_as_float(rec[SAMPLE_REPEAT_PENALTY]);
+    const u32 last_n = rec[SAMPLE_REPEAT_LAST_N];
     const bool penalize = penalty != 1.0f && last_n != 0;
     if (penalize) {
         for (u32 w = tid; w < (n_vocab + 31) / 32; w += SAMPLE_THREADS) {
@@ -289,8 +294,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32
         }
         __syncthreads();
         // Once per distinct token of the window: a bit set twice is still one bit.
-        const u32 n_history = step[STEP_N_HISTORY];
-        const u32* history = step + step[STEP_HISTORY_AT];
+        const u32 n_history = rec[SAMPLE_N_HISTORY];
+        const u32* history = step + step[STEP_HISTORY_AT] + rec[SAMPLE_HISTORY_AT];
         const u32 window = min(last_n, n_history);
         for (u32 i = tid; i < window; i += SAMPLE_THREADS) {
             const u32 token = history[n_history - window + i];
@@ -336,10 +341,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32
         }
     }
 
-    const float temperature = __uint_as_float(step[STEP_TEMPERATURE]);
+    const float temperature = __uint_as_float(rec[SAMPLE_TEMPERATURE]);
     if (temperature <= 0.0f) {
         if (tid == 0) {
-            step[STEP_SAMPLED] = best_id;
+            *sampled = best_id;
         }
         return;
     }
@@ -349,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32
     rank.max_value = best;
     rank.inv_temperature = 1.0f / temperature;
     const u64 top = rank.composite(best, best_id);
-    const u32 top_k = step[STEP_TOP_K];
+    const u32 top_k = rec[SAMPLE_TOP_K];
     const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
     if (k <= CANDIDATE_CAP) {
         // The k largest thread maxima are k distinct logits, so the k-th largest of them is
@@ -365,9 +370,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32
         if (gather_candidates(vocab, sh, at_or_above_floor) <= CANDIDATE_CAP) {
             const CandidateSource candidates{sh.cand_value, sh.cand_id, sh.n_cand};
             const u64 cut = k < sh.n_cand ? select_by_weight(candidates, sh, rank, 0, WEIGHT_COUNT, (float)k, false) : 0;
-            const u32 token = draw_token(candidates, sh, rank, cut, top, step);
+            const u32 token = draw_token(candidates, sh, rank, cut, top, rec);
             if (tid == 0) {
-                step[STEP_SAMPLED] = token;
+                *sampled = token;
             }
             return;
         }
@@ -379,12 +384,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_token_f32
     if (k <= CANDIDATE_CAP) {
         gather_candidates(vocab, sh, [&rank, cut](float v, u32 i) { return rank.composite(v, i) >= cut; });
         const CandidateSource candidates{sh.cand_value, sh.cand_id, sh.n_cand};
-        token = draw_token(candidates, sh, rank, cut, top, step);
+        token = draw_token(candidates, sh, rank, cut, top, rec);
     } else {
-        token = draw_token(vocab, sh, rank, cut, top, step);
+        token = draw_token(vocab, sh, rank, cut, top, rec);
     }
     if (tid == 0) {
-        step[STEP_SAMPLED] = token;
+        *sampled = token;
     }
 }
 

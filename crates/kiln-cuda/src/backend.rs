@@ -12,8 +12,10 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, StepInput, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
+use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, GpuWeight, QuantizedActivations};
 use crate::step::{CudaStep, SendGraph, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
@@ -64,9 +66,8 @@ struct Kernels {
     rms_norm_warp: CudaFunction,
     rms_norm_block: CudaFunction,
     rope: CudaFunction,
-    kv_store: CudaFunction,
-    qk_norm_rope_store: CudaFunction,
     add: CudaFunction,
+    gather_rows: CudaFunction,
     add_bias: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
@@ -88,9 +89,17 @@ struct AttentionState {
     workspace: Option<CudaSlice<f32>>,
 }
 
+/// The prologue and store kernels of one (K type, V type) pair of cache element types.
+#[derive(Clone)]
+struct StoreKernels {
+    prologue: CudaFunction,
+    kv_store: CudaFunction,
+}
+
 pub struct CudaBackend {
     device: CudaDevice,
     kernels: Kernels,
+    store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
     attention: Mutex<AttentionState>,
     graphs: StepGraphs,
     /// Id of the step object written last: `run_step` records and replays for it.
@@ -113,12 +122,11 @@ impl CudaBackend {
             rms_norm_warp: function("norm", "rms_norm_warp_f32")?,
             rms_norm_block: function("norm", "rms_norm_block_f32")?,
             rope: function("rope", "rope_f32")?,
-            kv_store: function("rope", "kv_store_f32")?,
-            qk_norm_rope_store: function("rope", "qk_norm_rope_store_f32")?,
             add: function("elementwise", "add_f32")?,
+            gather_rows: function("pointwise", "gather_rows_f32")?,
             add_bias: function("pointwise", "add_bias_f32")?,
             swiglu: function("pointwise", "swiglu_f32")?,
-            sample: function("sampling", "sample_token_f32")?,
+            sample: function("sampling", "sample_tokens_f32")?,
         };
         // The sampler's penalty bitmap is dynamic shared memory sized by the vocabulary.
         let static_bytes = kernels.sample.shared_size_bytes().map_err(|e| BackendError::Device(format!("{e:?}")))? as usize;
@@ -131,6 +139,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             device,
             kernels,
+            store_kernels: Mutex::new(HashMap::new()),
             attention: Mutex::new(AttentionState::default()),
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
@@ -157,26 +166,38 @@ impl CudaBackend {
     fn attention_splits(n: usize, p: &AttentionParams, resident_blocks: usize) -> usize {
         let per_split_bytes = n * p.n_heads * (p.head_dim + 2) * 4;
         (resident_blocks / (p.n_kv_heads * n))
-            .min(p.n_ctx.div_ceil(ATTENTION_MIN_CHUNK))
+            .min(p.max_seq_len.div_ceil(ATTENTION_MIN_CHUNK))
             .min(ATTENTION_MAX_SPLITS)
             .min(ATTENTION_WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
             .max(1)
     }
 
+    fn store_kernels(&self, spec: &KvCacheSpec) -> Result<StoreKernels> {
+        let mut cache = self.store_kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = cache.get(&(spec.k_type, spec.v_type)) {
+            return Ok(found.clone());
+        }
+        let defines = [("K_TYPE", kv_type_code(spec.k_type)), ("V_TYPE", kv_type_code(spec.v_type))];
+        let load = |kernel| self.device.registry().function("rope", kernel, &defines).map_err(backend_error);
+        let kernels = StoreKernels { prologue: load("qk_norm_rope_store")?, kv_store: load("kv_store")? };
+        cache.insert((spec.k_type, spec.v_type), kernels.clone());
+        Ok(kernels)
+    }
+
     /// The attention prologue in one launch instead of five: per-head RMSNorm of q and k when
-    /// `qk_norm` = (q weight, k weight, eps) is given, rotary embedding of both at the step's
-    /// positions (q in place), and k, v stored at the step's cache rows. Computes what
-    /// `rms_norm` (twice), `rope` (twice) and `kv_store` compute; `rope` describes the q heads.
+    /// `qk_norm` = (q weight, k weight, eps) is given, rotary embedding of both at the tokens'
+    /// positions (q in place), and k, v stored at the tokens' cache rows (for a q8_0 cache, the
+    /// roped keys go back to `k` and a second launch quantizes both into the cache). Computes
+    /// what `rms_norm` (twice), `rope` (twice) and `kv_store` compute; `rope` describes the q heads.
     #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope_store(
         &self,
         q: &mut CudaSlice<f32>,
-        k: &CudaSlice<f32>,
+        k: &mut CudaSlice<f32>,
         v: &CudaSlice<f32>,
         qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
         inv_freq: &CudaSlice<f32>,
-        k_cache: &mut CudaSlice<f32>,
-        v_cache: &mut CudaSlice<f32>,
+        cache: &mut CudaKvCache,
         step: &CudaStep,
         n: usize,
         rope: &RopeParams,
@@ -190,15 +211,21 @@ impl CudaBackend {
         if hd > PROLOGUE_MAX_HEAD_DIM || rope.n_rot > hd || rope.n_rot % 2 != 0 || kv_width == 0 {
             return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("the fused prologue for head_dim {hd}, n_rot {}", rope.n_rot) });
         }
+        if cache.spec.width != kv_width {
+            return Err(BackendError::Device(format!("prologue: cache rows of {} values, keys of {kv_width}", cache.spec.width)));
+        }
         if let Some((q_norm, k_norm, _)) = qk_norm {
             check_len("prologue norm weights", q_norm.len().min(k_norm.len()), hd)?;
         }
-        let rows = n * (rope.n_heads + 2 * n_kv_heads);
+        let fused = cache.spec.k_type != KvType::Q8_0 && cache.spec.v_type != KvType::Q8_0;
+        let rows = n * (rope.n_heads + if fused { 2 } else { 1 } * n_kv_heads);
         if rows == 0 {
             return Ok(());
         }
+        let kernels = self.store_kernels(&cache.spec)?;
         let stream = self.device.stream();
         let (q_ptr, _q_record) = q.device_ptr(stream);
+        let (k_ptr, _k_record) = k.device_ptr(stream);
         let no_norm: u64 = 0;
         let (q_norm, _q_norm_record) = qk_norm.map_or((no_norm, None), |(w, _, _)| {
             let (ptr, record) = w.device_ptr(stream);
@@ -209,7 +236,7 @@ impl CudaBackend {
             (ptr, Some(record))
         });
         let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
-        let cache_rows = to_u32("cache rows", k_cache.len().min(v_cache.len()) / kv_width)?;
+        let (k_cache, v_cache) = cache.pointers();
         let ints = [
             to_u32("tokens", n)?,
             to_u32("heads", rope.n_heads)?,
@@ -220,16 +247,18 @@ impl CudaBackend {
         ];
         let blocks = to_u32("prologue blocks", rows.div_ceil(PROLOGUE_WARPS))?;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (PROLOGUE_WARPS as u32 * 32, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: matches rope.cu's qk_norm_rope_store_f32; q_out aliases q, which the kernel
-        // allows (each warp stages its row in shared memory); lengths checked above.
+        // SAFETY: matches rope.cu's qk_norm_rope_store; q_out aliases q and k_out aliases k, which
+        // the kernel allows (each warp stages its row in shared memory); lengths checked above,
+        // and the step's slots lie in blocks the engine made usable.
         unsafe {
             stream
-                .launch_builder(&self.kernels.qk_norm_rope_store)
+                .launch_builder(&kernels.prologue)
                 .arg(&q_ptr)
-                .arg(k_cache)
-                .arg(v_cache)
+                .arg(&k_cache)
+                .arg(&v_cache)
+                .arg(&k_ptr)
                 .arg(&q_ptr)
-                .arg(k)
+                .arg(&k_ptr)
                 .arg(v)
                 .arg(&q_norm)
                 .arg(&k_norm)
@@ -242,11 +271,41 @@ impl CudaBackend {
                 .arg(&ints[4])
                 .arg(&ints[5])
                 .arg(&eps)
-                .arg(&cache_rows)
                 .launch(cfg)
         }
+        .map_err(launch_error("qk_norm_rope_store"))?;
+        if !fused {
+            self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)?;
+        }
+        Ok(())
+    }
+
+    fn launch_kv_store(&self, function: &CudaFunction, k: u64, v: &CudaSlice<f32>, cache: &CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
+        let width = cache.spec.width;
+        let units = n * width.div_ceil(32) * 2;
+        if units == 0 {
+            return Ok(());
+        }
+        let (k_cache, v_cache) = cache.pointers();
+        let (n32, width32, rows32) = (to_u32("tokens", n)?, to_u32("cache width", width)?, to_u32("cache rows", cache.spec.rows())?);
+        // SAFETY: matches rope.cu's kv_store; k and v hold n rows of `width` values (checked by
+        // the callers), and the step's slots lie in blocks the engine made usable.
+        unsafe {
+            self.device
+                .stream()
+                .launch_builder(function)
+                .arg(&k_cache)
+                .arg(&v_cache)
+                .arg(&k)
+                .arg(v)
+                .arg(&step.block)
+                .arg(&n32)
+                .arg(&width32)
+                .arg(&rows32)
+                .launch(self.grid_stride(units * 32))
+        }
         .map(drop)
-        .map_err(launch_error("qk_norm_rope_store_f32"))
+        .map_err(launch_error("kv_store"))
     }
 
     fn is_capturing(&self) -> bool {
@@ -322,10 +381,15 @@ impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type Weight = GpuWeight;
     type Step = CudaStep;
+    type KvCache = CudaKvCache;
 
     fn name(&self) -> String {
         let info = self.device.info();
         format!("CUDA {} ({})", info.name, info.arch())
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.device.memory_info().ok().map(|(free, _)| free as u64)
     }
 
     fn upload_weight(&self, src: WeightSource) -> Result<GpuWeight> {
@@ -351,20 +415,27 @@ impl Backend for CudaBackend {
             .map_err(|e| BackendError::Device(format!("downloading {} values: {e:?}", dst.len())))
     }
 
-    fn alloc_step(&self, max_tokens: usize, max_history: usize) -> Result<CudaStep> {
-        CudaStep::new(&self.device, &self.graphs, max_tokens, max_history)
+    fn alloc_kv(&self, spec: &KvCacheSpec, what: &str) -> Result<CudaKvCache> {
+        CudaKvCache::new(&self.device, spec, what)
     }
 
-    fn write_step(&self, step: &mut CudaStep, input: &StepInput) -> Result<()> {
-        step.write(&self.device, input)?;
+    fn grow_kv(&self, cache: &mut CudaKvCache, n_blocks: usize) -> Result<()> {
+        cache.grow(n_blocks)
+    }
+
+    fn alloc_step(&self, capacity: &StepCapacity, cache_blocks: usize) -> Result<CudaStep> {
+        CudaStep::new(&self.device, &self.graphs, capacity, cache_blocks)
+    }
+
+    fn write_step(&self, step: &mut CudaStep, plan: &FlatPlan) -> Result<()> {
+        step.write(&self.device, plan)?;
         self.current_step.store(step.id, Ordering::Relaxed);
         Ok(())
     }
 
     fn embed(&self, table: &GpuWeight, step: &CudaStep, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
         check_len("embed tokens", step.n_tokens, n)?;
-        let tokens = step.block.slice(step.tokens_at()..step.tokens_at() + n.max(1));
-        matvec::embed_rows(&self.device, table, &tokens, out, n).map_err(backend_error)
+        matvec::embed_rows(&self.device, table, &step.tokens(), out, n).map_err(backend_error)
     }
 
     fn rms_norm(&self, x: &CudaSlice<f32>, weight: &CudaSlice<f32>, out: &mut CudaSlice<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
@@ -463,124 +534,55 @@ impl Backend for CudaBackend {
         .map_err(launch_error("rope"))
     }
 
-    fn kv_store(
-        &self,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        k_cache: &mut CudaSlice<f32>,
-        v_cache: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        kv_width: usize,
-    ) -> Result<()> {
-        check_len("kv_store input", k.len().min(v.len()), n * kv_width)?;
+    fn kv_store(&self, k: &CudaSlice<f32>, v: &CudaSlice<f32>, cache: &mut CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
+        check_len("kv_store input", k.len().min(v.len()), n * cache.spec.width)?;
         check_len("kv_store tokens in the step", step.n_tokens, n)?;
-        if n * kv_width == 0 {
+        let kernels = self.store_kernels(&cache.spec)?;
+        let (k_ptr, _record) = k.device_ptr(self.device.stream());
+        self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)
+    }
+
+    fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
+        let _ = (q, cache, out, step, n, p);
+        Err(BackendError::Unsupported { backend: "CUDA".into(), what: "paged attention (not wired in yet)".into() })
+    }
+
+    fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {
+        check_len("copy", src.len().min(dst.len()), len)?;
+        if len == 0 {
             return Ok(());
         }
-        let cache_rows = to_u32("cache rows", k_cache.len().min(v_cache.len()) / kv_width)?;
-        let (n32, width32) = (to_u32("tokens", n)?, to_u32("kv_width", kv_width)?);
-        // SAFETY: matches rope.cu's kv_store_f32, which drops rows past `cache_rows`.
+        self.device.stream().memcpy_dtod(&src.slice(..len), &mut dst.slice_mut(..len)).map_err(|e| BackendError::Device(format!("copy: {e:?}")))
+    }
+
+    fn gather_rows(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, step: &CudaStep, dim: usize) -> Result<()> {
+        check_len("gather_rows destination", dst.len(), step.n_logit_rows * dim)?;
+        check_len("gather_rows source", src.len(), step.n_tokens * dim)?;
+        if step.n_logit_rows * dim == 0 {
+            return Ok(());
+        }
+        let dim32 = to_u32("dim", dim)?;
+        // SAFETY: matches pointwise.cu's gather_rows_f32; the step's logit rows index its tokens,
+        // which `src` covers (checked above).
         unsafe {
             self.device
                 .stream()
-                .launch_builder(&self.kernels.kv_store)
-                .arg(k_cache)
-                .arg(v_cache)
-                .arg(k)
-                .arg(v)
+                .launch_builder(&self.kernels.gather_rows)
+                .arg(dst)
+                .arg(src)
                 .arg(&step.block)
-                .arg(&n32)
-                .arg(&width32)
-                .arg(&cache_rows)
-                .launch(self.grid_stride(n * kv_width))
+                .arg(&dim32)
+                .launch(self.grid_stride(step.n_logit_rows * dim))
         }
         .map(drop)
-        .map_err(launch_error("kv_store"))
-    }
-
-    fn attention(
-        &self,
-        q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<f32>,
-        v_cache: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        p: &AttentionParams,
-    ) -> Result<()> {
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 {
-            return Err(BackendError::Device(format!("attention: {} query heads over {} kv heads of dim {}", p.n_heads, p.n_kv_heads, p.head_dim)));
-        }
-        let (q_width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
-        check_len("attention query", q.len(), n * q_width)?;
-        check_len("attention output", out.len(), n * q_width)?;
-        check_len("attention cache", k_cache.len().min(v_cache.len()), p.n_ctx * kv_width)?;
-        check_len("attention tokens in the step", step.n_tokens, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let capturing = self.is_capturing();
-        let mut state = self.attention.lock().unwrap_or_else(PoisonError::into_inner);
-        let kernels = state.kernels(&self.device, p.head_dim, p.n_heads / p.n_kv_heads)?.clone();
-        let n_splits = Self::attention_splits(n, p, kernels.resident_blocks);
-        let partial_len = n * p.n_heads * n_splits * p.head_dim;
-        let workspace_len = if n_splits > 1 { partial_len + n * p.n_heads * n_splits * 2 } else { 1 };
-        let workspace = state.workspace(&self.device, workspace_len, capturing)?;
-        let (mut partial_acc, mut partial_ml) = workspace.split_at_mut(partial_len.min(workspace_len - 1));
-        let ints = [to_u32("tokens", n)?, to_u32("heads", p.n_heads)?, to_u32("kv heads", p.n_kv_heads)?, to_u32("cache rows", p.n_ctx)?, n_splits as u32];
-        let stream = self.device.stream();
-        let cfg = LaunchConfig { grid_dim: (n_splits as u32, ints[2], ints[0]), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: matches attention.cu; q/out hold n * q_width values and the caches n_ctx rows
-        // (checked above); partials hold n * n_heads * n_splits rows when n_splits > 1.
-        unsafe {
-            stream
-                .launch_builder(&kernels.split)
-                .arg(&mut *out)
-                .arg(&mut partial_acc)
-                .arg(&mut partial_ml)
-                .arg(q)
-                .arg(k_cache)
-                .arg(v_cache)
-                .arg(&step.block)
-                .arg(&ints[0])
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&p.scale)
-                .launch(cfg)
-        }
-        .map_err(launch_error("attention_split_f32"))?;
-        if n_splits > 1 {
-            let cfg = LaunchConfig { grid_dim: (ints[1], ints[0], 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
-            unsafe {
-                stream
-                    .launch_builder(&kernels.reduce)
-                    .arg(out)
-                    .arg(&mut partial_acc)
-                    .arg(&mut partial_ml)
-                    .arg(&step.block)
-                    .arg(&ints[0])
-                    .arg(&ints[1])
-                    .arg(&ints[3])
-                    .arg(&ints[4])
-                    .launch(cfg)
-            }
-            .map_err(launch_error("attention_reduce_f32"))?;
-        }
-        Ok(())
-    }
-
-    fn copy_row(&self, src: &CudaSlice<f32>, src_row: usize, dst: &mut CudaSlice<f32>, dim: usize) -> Result<()> {
-        check_len("copy_row source", src.len(), (src_row + 1) * dim)?;
-        check_len("copy_row destination", dst.len(), dim)?;
-        let row = src.slice(src_row * dim..(src_row + 1) * dim);
-        self.device.stream().memcpy_dtod(&row, &mut dst.slice_mut(..dim)).map_err(|e| BackendError::Device(format!("copy_row: {e:?}")))
+        .map_err(launch_error("gather_rows_f32"))
     }
 
     fn sample(&self, logits: &CudaSlice<f32>, n_vocab: usize, step: &mut CudaStep) -> Result<()> {
-        check_len("sample", logits.len(), n_vocab)?;
+        check_len("sample", logits.len(), step.n_logit_rows * n_vocab)?;
+        if step.n_samples == 0 {
+            return Ok(());
+        }
         if n_vocab == 0 {
             return Err(BackendError::Device("sample: empty vocabulary".into()));
         }
@@ -595,15 +597,16 @@ impl Backend for CudaBackend {
             });
         }
         let n32 = to_u32("n_vocab", n_vocab)?;
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
+        let cfg =
+            LaunchConfig { grid_dim: (to_u32("samples", step.n_samples)?, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
         // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its layout.
         unsafe { self.device.stream().launch_builder(&self.kernels.sample).arg(logits).arg(&mut step.block).arg(&n32).launch(cfg) }
             .map(drop)
-            .map_err(launch_error("sample_token_f32"))
+            .map_err(launch_error("sample_tokens_f32"))
     }
 
-    fn sampled_token(&self, step: &CudaStep) -> Result<u32> {
-        step.sampled(&self.device)
+    fn sampled_tokens(&self, step: &CudaStep, out: &mut [u32]) -> Result<()> {
+        step.sampled(&self.device, out)
     }
 
     /// Per key of the step object written last: the first call runs `record` directly, so
@@ -739,13 +742,13 @@ impl Backend for CudaBackend {
         qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
         _scratch: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
         inv_freq: &CudaSlice<f32>,
-        caches: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        cache: &mut CudaKvCache,
         step: &CudaStep,
         n: usize,
         q_rope: &RopeParams,
         n_kv_heads: usize,
     ) -> Result<()> {
-        self.qk_norm_rope_store(q, k, v, qk_norm, inv_freq, caches.0, caches.1, step, n, q_rope, n_kv_heads)
+        self.qk_norm_rope_store(q, k, v, qk_norm, inv_freq, cache, step, n, q_rope, n_kv_heads)
     }
 
     fn matmul_add(&self, w: &GpuWeight, x: &CudaSlice<f32>, residual: &mut CudaSlice<f32>, _tmp: &mut CudaSlice<f32>, n: usize, _dim: usize) -> Result<()> {

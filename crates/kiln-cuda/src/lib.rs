@@ -27,6 +27,7 @@ mod backend;
 mod cache;
 mod device;
 mod error;
+pub mod kv;
 pub mod matvec;
 mod nvrtc;
 pub mod plan_words;

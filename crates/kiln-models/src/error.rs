@@ -21,6 +21,8 @@ pub enum ModelError {
     BadHparam { key: String, reason: String },
     #[error("context overflow: {needed} positions needed, the context holds {n_ctx} (raise -c)")]
     ContextOverflow { needed: usize, n_ctx: usize },
+    #[error("out of KV cache blocks: {needed} needed, {available} of {capacity} available (raise --kv-mem or lower -np)")]
+    OutOfKvBlocks { needed: usize, available: usize, capacity: usize },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
 }

@@ -8,7 +8,7 @@ use kiln_core::{Backend, SamplingParams};
 use kiln_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::error::{ModelError, Result};
-use crate::model::{Logits, Model};
+use crate::model::Model;
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -95,13 +95,9 @@ pub fn generate<B: Backend>(
         return Err(ModelError::ContextOverflow { needed: needed + 1, n_ctx: model.n_ctx() });
     }
     let limit = params.n_predict.unwrap_or(usize::MAX);
-    let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + limit.min(model.n_ctx()));
-    history.extend_from_slice(prompt);
 
     let t0 = Instant::now();
-    model.forward(prompt, Logits::Last)?;
-    let mut draw = 0u64;
-    let mut token = model.sample_last(&params.sampling, &history, draw)?;
+    let mut token = model.prompt(prompt, &params.sampling)?;
     let prompt_time = t0.elapsed();
 
     let t1 = Instant::now();
@@ -113,7 +109,6 @@ pub fn generate<B: Backend>(
             break StopReason::EndOfGeneration;
         }
         generated += 1;
-        history.push(token);
         let (text, hit) = filter.push(&decoder.push(token));
         if !text.is_empty() && !on_text(&text) {
             break StopReason::Cancelled;
@@ -127,8 +122,7 @@ pub fn generate<B: Backend>(
         if model.n_past() + 1 >= model.n_ctx() {
             break StopReason::ContextFull;
         }
-        draw += 1;
-        token = model.decode_sample(token, &params.sampling, &history, draw)?;
+        token = model.decode_sample(token, &params.sampling)?;
     };
     if stop_reason != StopReason::StopString {
         let (text, _) = filter.push(&decoder.finish());

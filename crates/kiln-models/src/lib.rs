@@ -1,14 +1,21 @@
 //! Transformer architectures written once over `kiln_core::Backend`, the KV
 //! cache, and the generation loop.
 
+pub mod checks;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod kv_pool;
 pub mod model;
 pub mod quantize;
 pub mod synthetic;
+pub mod weights;
 
 pub use config::{Arch, ModelConfig};
+pub use engine::{Engine, EngineOptions, SeqWork, Sequence};
 pub use error::ModelError;
 pub use generate::{generate, GenerateParams, GenerationStats, StopReason};
+pub use kv_pool::{BlockAllocator, KvBudget, KvPool};
 pub use model::{Logits, Model, ModelOptions};
+pub use weights::Weights;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kiln_core::{CpuBackend, SamplingParams};
 use kiln_gguf::GgufFile;
-use kiln_models::{Logits, Model, ModelOptions};
+use kiln_models::{Model, ModelOptions};
 
 struct Counting;
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
@@ -80,20 +80,16 @@ fn decode_loop(id: u64, steps: u64) -> usize {
     let options = ModelOptions { n_ctx: Some(256), ..Default::default() };
     let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
     let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.1, repeat_last_n: 64, seed: 5 };
-    let mut history = Vec::with_capacity(256);
-    history.push(1u32);
-    model.forward(&[1], Logits::Last).unwrap();
-    let mut tok = model.sample_last(&sampling, &history, 0).unwrap();
-    // Warm-up: thread-local scratch and sampler buffers reach their final size.
-    for draw in 1..8 {
-        history.push(tok);
-        tok = model.decode_sample(tok, &sampling, &history, draw).unwrap();
+    let mut tok = model.prompt(&[1], &sampling).unwrap();
+    // Warm-up: thread-local scratch, sampler buffers and the sequence's token vector reach
+    // their final size.
+    for _ in 1..8 {
+        tok = model.decode_sample(tok, &sampling).unwrap();
     }
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     MEASURED_POOL.store(id, Ordering::Relaxed);
-    for draw in 8..8 + steps {
-        history.push(tok);
-        tok = model.decode_sample(tok, &sampling, &history, draw).unwrap();
+    for _ in 8..8 + steps {
+        tok = model.decode_sample(tok, &sampling).unwrap();
     }
     MEASURED_POOL.store(0, Ordering::Relaxed);
     ALLOCATIONS.load(Ordering::Relaxed) - before

@@ -412,10 +412,10 @@ fn greedy_tokens(path: &Path, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) 
     let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
     let logits = model.forward(prompt, Logits::Last).unwrap().to_vec();
     let greedy = SamplingParams::greedy();
-    let mut token = model.sample_last(&greedy, prompt, 0).unwrap();
+    let mut token = kiln_core::sampling::argmax(&logits);
     let mut out = vec![token];
-    for i in 1..n {
-        token = model.decode_sample(token, &greedy, prompt, i as u64).unwrap();
+    for _ in 1..n {
+        token = model.decode_sample(token, &greedy).unwrap();
         out.push(token);
     }
     (logits, out)

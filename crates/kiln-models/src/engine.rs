@@ -1,0 +1,325 @@
+//! The batched engine: shared [`Weights`], a paged [`KvPool`], a [`Workspace`] sized once for
+//! the largest step, and [`Engine::step`], which runs one forward pass over any mix of
+//! sequences (prefill chunks and single decode tokens) and samples each one that asks.
+
+use std::sync::Arc;
+
+use kiln_core::backend::AttentionParams;
+use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
+use kiln_core::{Backend, KvType, RopeParams, SamplingParams, KV_BLOCK_SIZE};
+
+use crate::error::{ModelError, Result};
+use crate::kv_pool::{KvBudget, KvPool};
+use crate::weights::Weights;
+
+/// One sequence: its tokens, its KV blocks and how many of its tokens they hold.
+#[derive(Debug, Default)]
+pub struct Sequence {
+    /// Every token of the sequence so far (prompt and generated).
+    pub tokens: Vec<u32>,
+    n_cached: usize,
+    blocks: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Tokens sampled so far (the sampler's draw counter).
+    pub draws: u64,
+}
+
+impl Sequence {
+    pub fn new(tokens: Vec<u32>, sampling: SamplingParams) -> Sequence {
+        Sequence { tokens, sampling, ..Default::default() }
+    }
+
+    /// An empty sequence with room for `max_len` tokens, so that growing to it allocates nothing.
+    pub fn with_capacity(max_len: usize, sampling: SamplingParams) -> Sequence {
+        Sequence { tokens: Vec::with_capacity(max_len), blocks: Vec::with_capacity(max_len.div_ceil(KV_BLOCK_SIZE)), sampling, ..Default::default() }
+    }
+
+    /// Tokens whose keys and values are in the cache.
+    pub fn n_cached(&self) -> usize {
+        self.n_cached
+    }
+
+    /// Tokens not yet fed.
+    pub fn n_pending(&self) -> usize {
+        self.tokens.len() - self.n_cached
+    }
+
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// Forgets everything after the first `n` cached tokens (the blocks stay with the sequence).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_cached = self.n_cached.min(n);
+        self.tokens.truncate(n);
+    }
+}
+
+/// One sequence's part of a step: feed its next `n_tokens` pending tokens.
+pub struct SeqWork<'a> {
+    pub seq: &'a mut Sequence,
+    pub n_tokens: usize,
+    pub logits: LogitRows,
+    /// Sample a token from the last fed token's logits (it is not appended to the sequence).
+    pub sample: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Most positions one sequence may hold (the context, `-c`).
+    pub max_seq_len: usize,
+    /// Most tokens one step feeds over all sequences (`-b`).
+    pub max_batch_tokens: usize,
+    /// Most sequences in one step.
+    pub max_seqs: usize,
+    /// Room for logits of every token of a step (teacher-forced evaluation), not only one per sequence.
+    pub all_logits: bool,
+    /// Tokens the repetition penalty can look back on.
+    pub max_history: usize,
+    pub k_type: KvType,
+    pub v_type: KvType,
+    /// The pool's limit; `None`: every sequence at its full length.
+    pub kv_budget: Option<KvBudget>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            max_seq_len: 4096,
+            max_batch_tokens: 512,
+            max_seqs: 1,
+            all_logits: false,
+            max_history: 256,
+            k_type: KvType::F16,
+            v_type: KvType::F16,
+            kv_budget: None,
+        }
+    }
+}
+
+/// Activation buffers, allocated once for the largest step.
+struct Workspace<B: Backend> {
+    x: B::Buffer,
+    h: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    q_normed: B::Buffer,
+    k_normed: B::Buffer,
+    att: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+    act: B::Buffer,
+    tmp: B::Buffer,
+    /// Hidden states of the rows that produce logits.
+    rows: B::Buffer,
+    logits: B::Buffer,
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(b: &B, c: &crate::ModelConfig, tokens: usize, logit_rows: usize) -> Result<Workspace<B>> {
+        let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+        Ok(Workspace {
+            x: b.alloc(tokens * c.n_embd, "hidden state")?,
+            h: b.alloc(tokens * c.n_embd.max(q_width), "normed state")?,
+            q: b.alloc(tokens * q_width, "queries")?,
+            k: b.alloc(tokens * kv_width, "keys")?,
+            v: b.alloc(tokens * kv_width, "values")?,
+            q_normed: b.alloc(tokens * q_width, "normed queries")?,
+            k_normed: b.alloc(tokens * kv_width, "normed keys")?,
+            att: b.alloc(tokens * q_width, "attention output")?,
+            gate: b.alloc(tokens * c.n_ff, "ffn gate")?,
+            up: b.alloc(tokens * c.n_ff, "ffn up")?,
+            act: b.alloc(tokens * c.n_ff, "ffn activation")?,
+            tmp: b.alloc(tokens * c.n_embd, "residual scratch")?,
+            rows: b.alloc(logit_rows * c.n_embd, "logit rows")?,
+            logits: b.alloc(logit_rows * c.n_vocab, "logits")?,
+        })
+    }
+}
+
+pub struct Engine<B: Backend> {
+    backend: Arc<B>,
+    weights: Arc<Weights<B>>,
+    pool: KvPool<B>,
+    ws: Workspace<B>,
+    step: B::Step,
+    plan: FlatPlan,
+    capacity: StepCapacity,
+    options: EngineOptions,
+    sampled: Vec<u32>,
+    host_logits: Vec<f32>,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: Arc<B>, weights: Arc<Weights<B>>, options: &EngineOptions) -> Result<Engine<B>> {
+        let c = &weights.config;
+        let options = EngineOptions { max_batch_tokens: options.max_batch_tokens.max(1), max_seqs: options.max_seqs.max(1), ..options.clone() };
+        let blocks_per_seq = options.max_seq_len.div_ceil(KV_BLOCK_SIZE);
+        let logit_rows = if options.all_logits { options.max_batch_tokens } else { options.max_seqs.min(options.max_batch_tokens) };
+        let capacity = StepCapacity {
+            tokens: options.max_batch_tokens,
+            seqs: options.max_seqs,
+            blocks: options.max_seqs * blocks_per_seq,
+            logit_rows,
+            history: options.max_seqs * options.max_history,
+        };
+        let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
+        let b = &*backend;
+        let pool = KvPool::new(b, c.n_layer, c.n_head_kv * c.head_dim, options.k_type, options.v_type, budget)?;
+        let ws = Workspace::new(b, c, options.max_batch_tokens, logit_rows)?;
+        let step = b.alloc_step(&capacity, pool.spec().n_blocks)?;
+        let host_logits = vec![0f32; logit_rows * c.n_vocab];
+        Ok(Engine {
+            backend,
+            weights,
+            pool,
+            ws,
+            step,
+            plan: FlatPlan::with_capacity(&capacity),
+            capacity,
+            options,
+            sampled: Vec::with_capacity(capacity.seqs),
+            host_logits,
+        })
+    }
+
+    pub fn weights(&self) -> &Arc<Weights<B>> {
+        &self.weights
+    }
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+    pub fn pool(&self) -> &KvPool<B> {
+        &self.pool
+    }
+
+    /// Returns a sequence's blocks to the pool (it keeps its tokens, none cached).
+    pub fn release(&mut self, seq: &mut Sequence) {
+        self.pool.release(&mut seq.blocks);
+        seq.n_cached = 0;
+    }
+
+    /// Runs one step over `work` and returns the sampled tokens, one per work item that
+    /// samples, in order. Blocks are taken from the pool first; when it runs out, nothing
+    /// runs and the error says how many were missing, so the caller can wait or fail.
+    pub fn step(&mut self, work: &mut [SeqWork]) -> Result<&[u32]> {
+        let vocab = self.weights.config.n_vocab;
+        let mut needed = 0;
+        for w in work.iter() {
+            let end = w.seq.n_cached + w.n_tokens;
+            if w.n_tokens == 0 || end > w.seq.tokens.len() {
+                return Err(ModelError::BadHparam {
+                    key: "step".into(),
+                    reason: format!("{} tokens asked of a sequence with {} pending", w.n_tokens, w.seq.n_pending()),
+                });
+            }
+            if end > self.options.max_seq_len {
+                return Err(ModelError::ContextOverflow { needed: end, n_ctx: self.options.max_seq_len });
+            }
+            if let Some(&id) = w.seq.tokens[w.seq.n_cached..end].iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::BadToken { id, n_vocab: vocab });
+            }
+            needed += end.div_ceil(KV_BLOCK_SIZE).saturating_sub(w.seq.blocks.len());
+        }
+        if needed > self.pool.blocks.available() {
+            return Err(ModelError::OutOfKvBlocks { needed, available: self.pool.blocks.available(), capacity: self.pool.blocks.capacity() });
+        }
+        for w in work.iter_mut() {
+            let end = w.seq.n_cached + w.n_tokens;
+            self.pool.reserve(&self.backend, &mut w.seq.blocks, end)?;
+        }
+
+        self.plan.clear();
+        let cache_blocks = self.pool.spec().n_blocks;
+        for w in work.iter() {
+            let s = &*w.seq;
+            let history = &s.tokens[(s.n_cached + w.n_tokens).saturating_sub(self.options.max_history)..s.n_cached + w.n_tokens];
+            let sample = w.sample.then_some(SampleSpec { params: s.sampling, history, draw: s.draws });
+            let logits = if w.sample && w.logits == LogitRows::None { LogitRows::Last } else { w.logits };
+            let seq_step = SeqStep { tokens: &s.tokens[s.n_cached..s.n_cached + w.n_tokens], pos0: s.n_cached, blocks: &s.blocks, logits, sample };
+            self.plan.push(&seq_step, &self.capacity, cache_blocks)?;
+        }
+        self.backend.write_step(&mut self.step, &self.plan)?;
+
+        let n = self.plan.n_tokens();
+        let n_rows = self.plan.logit_rows.len();
+        let n_samples = self.plan.samples.len();
+        let (b, w, pool, ws, step) = (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step);
+        let max_seq_len = self.options.max_seq_len;
+        let mut run = || -> kiln_core::backend::Result<()> {
+            forward(b, w, &mut pool.caches, ws, step, n, n_rows, max_seq_len)?;
+            if n_samples > 0 {
+                b.sample(&ws.logits, w.config.n_vocab, step)?;
+            }
+            Ok(())
+        };
+        // Decode steps repeat with the same shapes: record them once and replay.
+        if self.plan.is_decode_only() && n_samples > 0 {
+            b.run_step(self.plan.shape_key(), &mut run)?;
+        } else {
+            run()?;
+        }
+        self.sampled.resize(n_samples, 0);
+        if n_samples > 0 {
+            self.backend.sampled_tokens(&self.step, &mut self.sampled)?;
+        }
+        for w in work.iter_mut() {
+            w.seq.n_cached += w.n_tokens;
+            w.seq.draws += u64::from(w.sample);
+        }
+        Ok(&self.sampled)
+    }
+
+    /// The logits of the last step, `[rows][n_vocab]` in plan order.
+    pub fn logits(&mut self) -> Result<&[f32]> {
+        let len = self.plan.logit_rows.len() * self.weights.config.n_vocab;
+        self.backend.read(&self.ws.logits, &mut self.host_logits[..len])?;
+        Ok(&self.host_logits[..len])
+    }
+}
+
+/// The forward pass of the `n` tokens of the step, as one straight sequence of backend ops:
+/// embeddings, the decoder blocks, then the LM head over the `n_rows` rows that produce logits.
+#[allow(clippy::too_many_arguments)]
+fn forward<B: Backend>(
+    b: &B,
+    w: &Weights<B>,
+    caches: &mut [B::KvCache],
+    a: &mut Workspace<B>,
+    step: &B::Step,
+    n: usize,
+    n_rows: usize,
+    max_seq_len: usize,
+) -> kiln_core::backend::Result<()> {
+    let c = &w.config;
+    let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
+    let q_rope = RopeParams { kind: c.rope_kind, n_heads: c.n_head, head_dim: c.head_dim, n_rot: c.n_rot };
+    let attn = AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, max_seq_len, scale: 1.0 / (c.head_dim as f32).sqrt() };
+
+    b.embed(&w.token_embd, step, &mut a.x, n)?;
+    for (l, cache) in w.layers.iter().zip(caches.iter_mut()) {
+        b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, &l.wk, &l.wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
+        if let Some([bq, bk, bv]) = &l.bias {
+            b.add_bias(&mut a.q, bq, n, q_width)?;
+            b.add_bias(&mut a.k, bk, n, kv_width)?;
+            b.add_bias(&mut a.v, bv, n, kv_width)?;
+        }
+        let qk_norm = l.qk_norm.as_ref().map(|[qn, kn]| (qn, kn, c.rms_eps));
+        b.attention_prologue(&mut a.q, &mut a.k, &a.v, qk_norm, (&mut a.q_normed, &mut a.k_normed), &w.inv_freq, cache, step, n, &q_rope, c.n_head_kv)?;
+        b.attention(&a.q, cache, &mut a.att, step, n, &attn)?;
+        b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
+
+        b.norm_ffn_gate_up(&a.x, &l.ffn_norm, c.rms_eps, &mut a.h, &l.w_gate, &l.w_up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, c.n_ff)?;
+        b.matmul_add(&l.w_down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd)?;
+    }
+    if n_rows > 0 {
+        b.gather_rows(&a.x, &mut a.rows, step, c.n_embd)?;
+        b.rms_norm(&a.rows, &w.output_norm, &mut a.h, n_rows, c.n_embd, c.rms_eps)?;
+        b.matmul(w.lm_head(), &a.h, &mut a.logits, n_rows)?;
+    }
+    Ok(())
+}

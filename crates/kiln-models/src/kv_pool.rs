@@ -1,0 +1,191 @@
+//! The paged KV cache: every layer's cache holds the same numbered blocks of
+//! [`KV_BLOCK_SIZE`] positions, and a sequence owns a table of block ids. Blocks are
+//! reference-counted so that full blocks can be shared by several sequences (a prefix cache),
+//! and memory behind them is taken only as the high-water mark of blocks in use rises.
+
+use kiln_core::{Backend, KvCacheSpec, KvType, KV_BLOCK_SIZE};
+
+use crate::error::{ModelError, Result};
+
+/// Blocks the pool backs at least when it first takes memory.
+const MIN_GROWTH: usize = 16;
+
+/// Blocks by id: free list, reference counts, and how many are backed by memory.
+#[derive(Debug)]
+pub struct BlockAllocator {
+    capacity: usize,
+    /// Blocks `0..usable` have memory behind them.
+    usable: usize,
+    free: Vec<u32>,
+    refs: Vec<u32>,
+}
+
+impl BlockAllocator {
+    pub fn new(capacity: usize) -> BlockAllocator {
+        BlockAllocator { capacity, usable: 0, free: Vec::with_capacity(capacity), refs: vec![0; capacity] }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Blocks that can still be handed out (free ones and ones not yet backed).
+    pub fn available(&self) -> usize {
+        self.free.len() + (self.capacity - self.usable)
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.capacity - self.available()
+    }
+
+    pub fn usable(&self) -> usize {
+        self.usable
+    }
+
+    /// How many blocks must be backed so that `n` more can be handed out.
+    fn usable_for(&self, n: usize) -> usize {
+        self.usable + n.saturating_sub(self.free.len())
+    }
+
+    /// Hands out `n` blocks, each with one reference, appending them to `out`. `back` is called
+    /// first with the new number of usable blocks when memory must be added.
+    pub fn take(&mut self, n: usize, out: &mut Vec<u32>, back: impl FnOnce(usize) -> Result<()>) -> Result<()> {
+        if n > self.available() {
+            return Err(ModelError::OutOfKvBlocks { needed: n, available: self.available(), capacity: self.capacity });
+        }
+        let want = self.usable_for(n);
+        if want > self.usable {
+            // Double (from 16 blocks, 512 positions), so growth happens a few times per run.
+            let grown = want.max(2 * self.usable).max(MIN_GROWTH).min(self.capacity);
+            back(grown)?;
+            self.free.extend((self.usable..grown).rev().map(|b| b as u32));
+            self.usable = grown;
+        }
+        for _ in 0..n {
+            let block = self.free.pop().expect("enough free blocks checked above");
+            self.refs[block as usize] = 1;
+            out.push(block);
+        }
+        Ok(())
+    }
+
+    /// Adds a reference to a block in use (another sequence shares it).
+    pub fn retain(&mut self, block: u32) {
+        let r = &mut self.refs[block as usize];
+        assert!(*r > 0, "retain of free block {block}");
+        *r += 1;
+    }
+
+    /// Drops one reference; the block is free again when none is left.
+    pub fn release(&mut self, block: u32) {
+        let r = &mut self.refs[block as usize];
+        assert!(*r > 0, "release of free block {block}");
+        *r -= 1;
+        if *r == 0 {
+            self.free.push(block);
+        }
+    }
+
+    pub fn refs(&self, block: u32) -> u32 {
+        self.refs[block as usize]
+    }
+}
+
+/// How large the pool may grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvBudget {
+    Blocks(usize),
+    Bytes(u64),
+}
+
+/// The caches of every layer and the allocator of their shared block ids.
+pub struct KvPool<B: Backend> {
+    pub(crate) caches: Vec<B::KvCache>,
+    pub(crate) blocks: BlockAllocator,
+    spec: KvCacheSpec,
+}
+
+impl<B: Backend> KvPool<B> {
+    /// Bytes one block takes over all `n_layers` layers.
+    pub fn block_bytes(n_layers: usize, width: usize, k_type: KvType, v_type: KvType) -> u64 {
+        (n_layers * KV_BLOCK_SIZE * (k_type.row_bytes(width) + v_type.row_bytes(width))) as u64
+    }
+
+    pub fn new(backend: &B, n_layers: usize, width: usize, k_type: KvType, v_type: KvType, budget: KvBudget) -> Result<KvPool<B>> {
+        k_type.check_width(width)?;
+        v_type.check_width(width)?;
+        let n_blocks = match budget {
+            KvBudget::Blocks(n) => n,
+            KvBudget::Bytes(bytes) => (bytes / Self::block_bytes(n_layers, width, k_type, v_type).max(1)) as usize,
+        };
+        if n_blocks == 0 {
+            let block = Self::block_bytes(n_layers, width, k_type, v_type);
+            return Err(ModelError::BadHparam { key: "kv-mem".into(), reason: format!("the KV budget holds no block (one block takes {block} bytes)") });
+        }
+        let spec = KvCacheSpec { n_blocks, width, k_type, v_type };
+        let caches = (0..n_layers).map(|l| backend.alloc_kv(&spec, &format!("blk.{l} KV cache"))).collect::<kiln_core::backend::Result<Vec<_>>>()?;
+        Ok(KvPool { caches, blocks: BlockAllocator::new(n_blocks), spec })
+    }
+
+    pub fn spec(&self) -> &KvCacheSpec {
+        &self.spec
+    }
+
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.blocks
+    }
+
+    /// Gives `table` enough blocks for `positions` positions.
+    pub(crate) fn reserve(&mut self, backend: &B, table: &mut Vec<u32>, positions: usize) -> Result<()> {
+        let need = positions.div_ceil(KV_BLOCK_SIZE).saturating_sub(table.len());
+        if need == 0 {
+            return Ok(());
+        }
+        let caches = &mut self.caches;
+        self.blocks.take(need, table, |usable| caches.iter_mut().try_for_each(|c| backend.grow_kv(c, usable)).map_err(ModelError::from))
+    }
+
+    pub(crate) fn release(&mut self, table: &mut Vec<u32>) {
+        for b in table.drain(..) {
+            self.blocks.release(b);
+        }
+    }
+
+    /// Bytes of the blocks backed by memory now.
+    pub fn usable_bytes(&self) -> u64 {
+        self.blocks.usable() as u64 * Self::block_bytes(self.caches.len(), self.spec.width, self.spec.k_type, self.spec.v_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_counted_shared_and_freed() {
+        let mut a = BlockAllocator::new(16);
+        let mut grown = Vec::new();
+        let mut table = Vec::new();
+        a.take(3, &mut table, |n| {
+            grown.push(n);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(table.len(), 3);
+        assert_eq!(grown, vec![MIN_GROWTH]);
+        assert_eq!(a.available(), 13);
+        a.retain(table[0]);
+        a.release(table[0]);
+        assert_eq!(a.refs(table[0]), 1);
+        for &b in &table {
+            a.release(b);
+        }
+        assert_eq!(a.available(), 16);
+        let mut again = Vec::new();
+        a.take(3, &mut again, |_| panic!("no growth needed")).unwrap();
+        let err = a.take(14, &mut again, |_| Ok(())).unwrap_err();
+        assert!(matches!(err, ModelError::OutOfKvBlocks { needed: 14, available: 13, capacity: 16 }), "{err}");
+        let distinct: std::collections::HashSet<_> = again.iter().collect();
+        assert_eq!(distinct.len(), again.len());
+    }
+}
