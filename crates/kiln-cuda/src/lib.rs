@@ -29,6 +29,7 @@ mod device;
 mod error;
 pub mod matvec;
 mod nvrtc;
+pub mod paged_attention;
 pub mod plan_words;
 mod profile;
 mod registry;
