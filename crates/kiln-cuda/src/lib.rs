@@ -30,6 +30,7 @@ mod error;
 pub mod kv;
 pub mod matvec;
 mod nvrtc;
+pub mod paged_attention;
 pub mod plan_words;
 mod profile;
 mod registry;

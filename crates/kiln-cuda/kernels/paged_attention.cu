@@ -1,0 +1,787 @@
+// Causal grouped-query attention over the paged KV cache, for every token of a batched step.
+// Token t belongs to sequence step_token_seq(t) at position step_pos(t) and sees positions
+// 0..=pos of its own sequence, found through that sequence's block table (plan.cuh). The
+// caches are typed buffers of `rows` rows of n_kv_heads * HEAD_DIM values (kv.cuh); q and out
+// are f32 [n_tokens][n_heads][HEAD_DIM]; query head h reads kv head h / GROUP.
+//
+// paged_attention_split + paged_attention_reduce: flash-decoding for any mix of tokens. The grid
+// (n_splits, n_kv_heads, n_tokens) depends on shapes only; each token's own visible length is
+// cut into n_splits chunks here, so a captured graph stays valid as sequences grow.
+// paged_attention_prefill: flash attention on tensor cores over the step's query tiles.
+// kiln-test-defines: HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1
+// kiln-test-defines: HEAD_DIM=128,GROUP=8,K_TYPE=2,V_TYPE=2
+// kiln-test-defines: HEAD_DIM=128,GROUP=1,K_TYPE=0,V_TYPE=0
+// kiln-test-defines: HEAD_DIM=64,GROUP=2,K_TYPE=1,V_TYPE=2
+// kiln-test-defines: HEAD_DIM=64,GROUP=8,K_TYPE=0,V_TYPE=1
+// kiln-test-defines: HEAD_DIM=8,GROUP=2,K_TYPE=2,V_TYPE=0
+// kiln-test-defines: HEAD_DIM=80,GROUP=7,K_TYPE=1,V_TYPE=1
+// kiln-test-defines: HEAD_DIM=4,GROUP=1,K_TYPE=0,V_TYPE=1
+#include "common.cuh"
+#include "kv.cuh"
+#include "plan.cuh"
+
+#ifndef HEAD_DIM
+#error "paged_attention.cu needs -DHEAD_DIM=<values per head>"
+#endif
+#ifndef GROUP
+#error "paged_attention.cu needs -DGROUP=<query heads per kv head>"
+#endif
+#ifndef K_TYPE
+#error "paged_attention.cu needs -DK_TYPE=<KV_F32|KV_F16|KV_Q8_0>"
+#endif
+#ifndef V_TYPE
+#error "paged_attention.cu needs -DV_TYPE=<KV_F32|KV_F16|KV_Q8_0>"
+#endif
+
+#define NEG_INF __int_as_float(0xff800000)
+#define LOG2E 1.4426950408889634f
+
+// ---- Typed vector access to cache rows ----
+
+__host__ __device__ constexpr int elem_bytes(int type) {
+    return type == KV_F32 ? 4 : type == KV_F16 ? 2 : 1;
+}
+
+// Widest vector of values (at most 16 bytes, dividing HEAD_DIM) with at most `max_values`.
+__host__ __device__ constexpr int pick_vec(int type, int max_values) {
+    int v = 16 / elem_bytes(type);
+    while (v > 1 && (HEAD_DIM % v != 0 || v > max_values)) {
+        v /= 2;
+    }
+    return v;
+}
+
+__host__ __device__ constexpr int floor_pow2(int x) {
+    int p = 1;
+    while (p * 2 <= x) {
+        p *= 2;
+    }
+    return p;
+}
+
+__host__ __device__ constexpr int cmin(int a, int b) {
+    return a < b ? a : b;
+}
+
+__host__ __device__ constexpr int cmax(int a, int b) {
+    return a > b ? a : b;
+}
+
+template <int TYPE, int N>
+struct KvVec {
+    static constexpr int WORDS = (N * elem_bytes(TYPE) + 3) / 4;
+    u32 w[WORDS];
+};
+
+// N values of a cache from element index `at` (aligned to N values) as raw words.
+template <int TYPE, int N>
+__device__ __forceinline__ KvVec<TYPE, N> kv_fetch(const u8* cache, u64 at) {
+    constexpr int BYTES = N * elem_bytes(TYPE);
+    const u8* p = cache + at * elem_bytes(TYPE);
+    KvVec<TYPE, N> v;
+    if (BYTES == 16) {
+        const uint4 x = *reinterpret_cast<const uint4*>(p);
+        v.w[0] = x.x;
+        v.w[1] = x.y;
+        v.w[2] = x.z;
+        v.w[3] = x.w;
+    } else if (BYTES == 8) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        v.w[0] = x.x;
+        v.w[1] = x.y;
+    } else if (BYTES == 4) {
+        v.w[0] = *reinterpret_cast<const u32*>(p);
+    } else if (BYTES == 2) {
+        v.w[0] = *reinterpret_cast<const u16*>(p);
+    } else {
+        v.w[0] = *p;
+    }
+    return v;
+}
+
+template <int TYPE, int N>
+__device__ __forceinline__ KvVec<TYPE, N> kv_zero() {
+    KvVec<TYPE, N> v;
+#pragma unroll
+    for (int i = 0; i < KvVec<TYPE, N>::WORDS; ++i) {
+        v.w[i] = 0;
+    }
+    return v;
+}
+
+// Value i of a fetched vector; q8_0 values come without their scale (see kv_scale).
+template <int TYPE, int N>
+__device__ __forceinline__ float kv_value(const KvVec<TYPE, N>& v, int i) {
+    if (TYPE == KV_F32) {
+        return __uint_as_float(v.w[i]);
+    } else if (TYPE == KV_F16) {
+        return f16_bits_to_f32((u16)(v.w[i / 2] >> (16 * (i % 2))));
+    } else {
+        return (float)(((i32)(v.w[i / 4] << (24 - 8 * (i % 4)))) >> 24);
+    }
+}
+
+// The q8_0 scale of value `col` of row `row` (1 for the float types).
+template <int TYPE>
+__device__ __forceinline__ float kv_scale(const u8* cache, u64 rows, u32 width, u64 row, u32 col) {
+    if (TYPE == KV_Q8_0) {
+        const u16* scales = reinterpret_cast<const u16*>(cache + kv_q8_scales_at(rows, width));
+        return f16_bits_to_f32(scales[row * (width / 32) + col / 32]);
+    }
+    return 1.0f;
+}
+
+__device__ __forceinline__ u32 step_token_seq(const u32* step, u32 token) {
+    return step[step[STEP_TOKEN_SEQ_AT] + token];
+}
+
+__device__ __forceinline__ u32 step_pos(const u32* step, u32 token) {
+    return step[step[STEP_POS_AT] + token];
+}
+
+// ============================================================================================
+// Split decode attention
+// ============================================================================================
+
+#define DEC_THREADS 128
+#define DEC_WARPS (DEC_THREADS / 32)
+// Cache rows scored per shared-memory pass (two KV blocks).
+#define DEC_TILE 64
+// A split covers whole KV blocks and at least one tile, so short sequences use few splits.
+#define DEC_MIN_CHUNK 64
+// Most splits paged_attention_reduce accepts (the host never launches more).
+#define DEC_MAX_SPLITS 256
+// Splits whose partials paged_attention_reduce loads together.
+#define REDUCE_BATCH 16
+
+// Score pass: teams of K_TEAM lanes share one row's dot product, each lane holding K_LANE_CHUNKS
+// vectors of K_VEC values; q stays in registers, so GROUP * K_VEC is capped at 32 (as is
+// GROUP * V_VEC, the accumulators), which keeps the kernel within 128 registers.
+constexpr int K_VEC = pick_vec(K_TYPE, cmax(32 / GROUP, 1));
+constexpr int K_CHUNKS = HEAD_DIM / K_VEC;
+constexpr int K_TEAM = floor_pow2(cmin(32, K_CHUNKS));
+constexpr int K_LANE_CHUNKS = (K_CHUNKS + K_TEAM - 1) / K_TEAM;
+constexpr int K_TEAMS = DEC_WARPS * (32 / K_TEAM);
+// Rows each team loads before reducing, so several loads per lane are in flight.
+constexpr int K_ROWS = cmax(1, cmin(8, DEC_TILE / K_TEAMS));
+constexpr int K_PASS = K_TEAMS * K_ROWS;
+// Value pass: V_DIM_THREADS threads cover a row in V_VEC-wide loads (V_CHUNKS each) and
+// V_ROW_GROUPS rows go side by side; each thread accumulates GROUP * V_VEC values per chunk.
+constexpr int V_VEC = pick_vec(V_TYPE, cmax(32 / GROUP, 1));
+constexpr int V_DIM_THREADS = cmin(HEAD_DIM / V_VEC, DEC_THREADS);
+constexpr int V_ROW_GROUPS = DEC_THREADS / V_DIM_THREADS;
+constexpr int V_CHUNKS = (HEAD_DIM + V_VEC * V_DIM_THREADS - 1) / (V_VEC * V_DIM_THREADS);
+constexpr int V_STEPS = (DEC_TILE + V_ROW_GROUPS - 1) / V_ROW_GROUPS;
+
+// Rows per split for a token that sees `visible` positions; split and reduce must agree.
+__device__ __forceinline__ u32 split_chunk(u32 visible, u32 n_splits) {
+    const u32 rows = max((visible + n_splits - 1) / n_splits, (u32)DEC_MIN_CHUNK);
+    return (rows + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+}
+
+// Writes `out` directly when launched with one split, else unnormalized partials:
+// part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 +
+// {0: max (log2 units), 1: sum}], row = token * n_heads + head.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_split(
+    float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
+    u32 n_heads, u32 n_kv_heads, u32 rows, float scale) {
+    const u32 split = blockIdx.x;
+    const u32 n_splits = gridDim.x;
+    const u32 kv_head = blockIdx.y;
+    const u32 token = blockIdx.z;
+    if (token >= step[STEP_N_TOKENS]) {
+        return;
+    }
+    const u32 visible = step_pos(step, token) + 1;
+    const u32 chunk = split_chunk(visible, n_splits);
+    const u32 begin = split * chunk;
+    if (begin >= visible) {
+        return;
+    }
+    const u32 end = min(begin + chunk, visible);
+    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token)));
+    const u32 width = n_kv_heads * HEAD_DIM;
+    const u32 col0 = kv_head * HEAD_DIM;
+    const u32 first_head = kv_head * GROUP;
+
+    __shared__ float p_s[GROUP][DEC_TILE];
+    __shared__ float rescale_s[GROUP];
+    __shared__ float max_s[GROUP];
+    __shared__ float sum_s[GROUP];
+
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 team = lane / K_TEAM;
+    const u32 team_lane = lane % K_TEAM;
+
+    // q pre-scaled into log2 units, so the softmax runs on exp2.
+    float q_r[GROUP][K_LANE_CHUNKS][K_VEC];
+    const float q_scale = scale * LOG2E;
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        const float* q_row = q + ((u64)token * n_heads + first_head + g) * HEAD_DIM;
+#pragma unroll
+        for (int i = 0; i < K_LANE_CHUNKS; ++i) {
+#pragma unroll
+            for (int c = 0; c < K_VEC; ++c) {
+                const u32 d = (i * K_TEAM + team_lane) * K_VEC + c;
+                q_r[g][i][c] = d < HEAD_DIM ? q_row[d] * q_scale : 0.0f;
+            }
+        }
+    }
+    if (threadIdx.x < GROUP) {
+        max_s[threadIdx.x] = NEG_INF;
+        sum_s[threadIdx.x] = 0.0f;
+    }
+    const u32 dim_lane = threadIdx.x % V_DIM_THREADS;
+    const u32 row_group = threadIdx.x / V_DIM_THREADS;
+    // When V_DIM_THREADS does not divide DEC_THREADS the leftover threads only help with scores.
+    const bool accumulates = threadIdx.x < V_ROW_GROUPS * V_DIM_THREADS;
+    float acc[GROUP][V_CHUNKS][V_VEC];
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+#pragma unroll
+        for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+            for (int c = 0; c < V_VEC; ++c) {
+                acc[g][k][c] = 0.0f;
+            }
+        }
+    }
+    // Chunks and tiles start on block boundaries, so a tile spans table entries tile/32 and
+    // tile/32 + 1; the next tile's entries are read a tile ahead to hide their latency.
+    u32 next_a = table[begin / KV_BLOCK_SIZE];
+    u32 next_b = begin + KV_BLOCK_SIZE < end ? table[begin / KV_BLOCK_SIZE + 1] : 0;
+    __syncthreads();
+
+    for (u32 tile = begin; tile < end; tile += DEC_TILE) {
+        const u64 block_a = (u64)next_a * KV_BLOCK_SIZE;
+        const u64 block_b = (u64)next_b * KV_BLOCK_SIZE;
+        const u32 next = tile + DEC_TILE;
+        next_a = next < end ? table[next / KV_BLOCK_SIZE] : 0;
+        next_b = next + KV_BLOCK_SIZE < end ? table[next / KV_BLOCK_SIZE + 1] : 0;
+        const u32 rows_here = min((u32)DEC_TILE, end - tile);
+
+        for (u32 j0 = 0; j0 < DEC_TILE; j0 += K_PASS) {
+            const u32 j_first = j0 + (warp * (32 / K_TEAM) + team) * K_ROWS;
+            KvVec<K_TYPE, K_VEC> k_lane[K_ROWS][K_LANE_CHUNKS];
+            float k_d[K_ROWS][K_LANE_CHUNKS];
+#pragma unroll
+            for (int r = 0; r < K_ROWS; ++r) {
+                const u32 j = j_first + r;
+                const u64 row = (j < KV_BLOCK_SIZE ? block_a : block_b) + (j % KV_BLOCK_SIZE);
+#pragma unroll
+                for (int i = 0; i < K_LANE_CHUNKS; ++i) {
+                    const u32 d = (i * K_TEAM + team_lane) * K_VEC;
+                    const bool live = j < rows_here && d < HEAD_DIM;
+                    k_lane[r][i] = live ? kv_fetch<K_TYPE, K_VEC>(k_cache, row * width + col0 + d) : kv_zero<K_TYPE, K_VEC>();
+                    k_d[r][i] = live ? kv_scale<K_TYPE>(k_cache, rows, width, row, col0 + d) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < K_ROWS; ++r) {
+                const u32 j = j_first + r;
+#pragma unroll
+                for (int g = 0; g < GROUP; ++g) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < K_LANE_CHUNKS; ++i) {
+                        float part = 0.0f;
+#pragma unroll
+                        for (int c = 0; c < K_VEC; ++c) {
+                            part += q_r[g][i][c] * kv_value<K_TYPE, K_VEC>(k_lane[r][i], c);
+                        }
+                        dot += K_TYPE == KV_Q8_0 ? part * k_d[r][i] : part;
+                    }
+#pragma unroll
+                    for (int offset = K_TEAM / 2; offset > 0; offset >>= 1) {
+                        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+                    }
+                    if (team_lane == 0 && j < DEC_TILE) {
+                        p_s[g][j] = j < rows_here ? dot : NEG_INF;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        // Online softmax: one warp per query head turns scores into weights and rescales.
+        for (u32 g = warp; g < GROUP; g += DEC_WARPS) {
+            float tile_max = NEG_INF;
+            for (u32 j = lane; j < DEC_TILE; j += 32) {
+                tile_max = fmaxf(tile_max, p_s[g][j]);
+            }
+            tile_max = warp_max(tile_max);
+            const float old_max = max_s[g];
+            const float new_max = fmaxf(old_max, tile_max);
+            float tile_sum = 0.0f;
+            for (u32 j = lane; j < DEC_TILE; j += 32) {
+                const float p = exp2f(p_s[g][j] - new_max);
+                p_s[g][j] = p;
+                tile_sum += p;
+            }
+            tile_sum = warp_sum(tile_sum);
+            __syncwarp();
+            if (lane == 0) {
+                const float rescale = exp2f(old_max - new_max);
+                rescale_s[g] = rescale;
+                sum_s[g] = sum_s[g] * rescale + tile_sum;
+                max_s[g] = new_max;
+            }
+        }
+        __syncthreads();
+
+        if (accumulates) {
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                const float rescale = rescale_s[g];
+#pragma unroll
+                for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+                    for (int c = 0; c < V_VEC; ++c) {
+                        acc[g][k][c] *= rescale;
+                    }
+                }
+            }
+            // A fixed trip count with predicated loads keeps several rows' loads in flight;
+            // rows past the end load nothing and carry zero weight.
+#pragma unroll 8
+            for (int s = 0; s < V_STEPS; ++s) {
+                const u32 j = s * V_ROW_GROUPS + row_group;
+                const bool live_row = j < rows_here;
+                const u64 row = (j < KV_BLOCK_SIZE ? block_a : block_b) + (j % KV_BLOCK_SIZE);
+#pragma unroll
+                for (int k = 0; k < V_CHUNKS; ++k) {
+                    const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC;
+                    const bool live = live_row && d < HEAD_DIM;
+                    const KvVec<V_TYPE, V_VEC> v = live ? kv_fetch<V_TYPE, V_VEC>(v_cache, row * width + col0 + d) : kv_zero<V_TYPE, V_VEC>();
+                    const float v_d = live ? kv_scale<V_TYPE>(v_cache, rows, width, row, col0 + d) : 0.0f;
+#pragma unroll
+                    for (int g = 0; g < GROUP; ++g) {
+                        float p = live_row ? p_s[g][j] : 0.0f;
+                        if (V_TYPE == KV_Q8_0) {
+                            p *= v_d;
+                        }
+#pragma unroll
+                        for (int c = 0; c < V_VEC; ++c) {
+                            acc[g][k][c] += p * kv_value<V_TYPE, V_VEC>(v, c);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (V_ROW_GROUPS > 1) {
+        // Row groups summed rows j = r mod V_ROW_GROUPS; add them up one query head at a time
+        // (V_CHUNKS is 1 here, so a row group's values fill V_DIM_THREADS * V_VEC = HEAD_DIM slots).
+        __shared__ float combine_s[V_ROW_GROUPS > 1 ? V_ROW_GROUPS : 1][V_DIM_THREADS * V_VEC];
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            if (accumulates) {
+#pragma unroll
+                for (int c = 0; c < V_VEC; ++c) {
+                    combine_s[row_group][dim_lane * V_VEC + c] = acc[g][0][c];
+                }
+            }
+            __syncthreads();
+            if (row_group == 0) {
+#pragma unroll
+                for (int c = 0; c < V_VEC; ++c) {
+                    float total = 0.0f;
+                    for (int r = 0; r < V_ROW_GROUPS; ++r) {
+                        total += combine_s[r][dim_lane * V_VEC + c];
+                    }
+                    acc[g][0][c] = total;
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    if (row_group != 0) {
+        return;
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        const u64 row = (u64)token * n_heads + first_head + g;
+        const u64 slot = row * n_splits + split;
+        const float inv_sum = 1.0f / sum_s[g];
+#pragma unroll
+        for (int k = 0; k < V_CHUNKS; ++k) {
+#pragma unroll
+            for (int c = 0; c < V_VEC; ++c) {
+                const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC + c;
+                if (d < HEAD_DIM) {
+                    if (n_splits == 1) {
+                        out[row * HEAD_DIM + d] = acc[g][k][c] * inv_sum;
+                    } else {
+                        part_acc[slot * HEAD_DIM + d] = acc[g][k][c];
+                    }
+                }
+            }
+        }
+        if (n_splits > 1 && threadIdx.x == 0) {
+            part_ml[slot * 2] = max_s[g];
+            part_ml[slot * 2 + 1] = sum_s[g];
+        }
+    }
+}
+
+// Merges the live splits of each (token, head). Grid (n_heads, n_tokens), DEC_THREADS threads.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce(
+    float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits) {
+    const u32 head = blockIdx.x;
+    const u32 token = blockIdx.y;
+    if (token >= step[STEP_N_TOKENS]) {
+        return;
+    }
+    const u32 visible = step_pos(step, token) + 1;
+    const u32 chunk = split_chunk(visible, n_splits);
+    const u32 live = min((visible + chunk - 1) / chunk, min(n_splits, (u32)DEC_MAX_SPLITS));
+    const u64 row = (u64)token * n_heads + head;
+    const float* ml = part_ml + row * n_splits * 2;
+
+    // Every split's (max, sum) is read once, in parallel: a serial walk would pay one memory
+    // latency per split.
+    __shared__ float max_s[DEC_MAX_SPLITS];
+    __shared__ float weight_s[DEC_MAX_SPLITS];
+    for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
+        max_s[s] = ml[s * 2];
+    }
+    __syncthreads();
+    float max_value = NEG_INF;
+    for (u32 s = 0; s < live; ++s) {
+        max_value = fmaxf(max_value, max_s[s]);
+    }
+    float sum = 0.0f;
+    for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
+        const float weight = exp2f(max_s[s] - max_value);
+        weight_s[s] = weight;
+        sum += ml[s * 2 + 1] * weight;
+    }
+    const float total = block_sum<DEC_THREADS>(sum);
+    const float inv_total = 1.0f / total;
+    for (u32 d = threadIdx.x; d < HEAD_DIM; d += DEC_THREADS) {
+        const float* column = part_acc + row * n_splits * HEAD_DIM + d;
+        float value = 0.0f;
+        u32 s = 0;
+        // Batches of independent loads, so REDUCE_BATCH splits are in flight at once.
+        for (; s + REDUCE_BATCH <= live; s += REDUCE_BATCH) {
+            float batch[REDUCE_BATCH];
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; ++u) {
+                batch[u] = column[(u64)(s + u) * HEAD_DIM];
+            }
+#pragma unroll
+            for (int u = 0; u < REDUCE_BATCH; ++u) {
+                value += batch[u] * weight_s[s + u];
+            }
+        }
+        for (; s < live; ++s) {
+            value += column[(u64)s * HEAD_DIM] * weight_s[s];
+        }
+        out[row * HEAD_DIM + d] = value * inv_total;
+    }
+}
+
+// ============================================================================================
+// Flash-attention prefill on tensor cores
+// ============================================================================================
+//
+// One block of FA_WARPS warps per (query tile, query head); warp w owns query rows 16w..16w+15
+// of the tile. K/V tiles of FA_KV rows are gathered through the block table into shared memory
+// as f16, rows padded to FA_DP (a multiple of 16, zeros past HEAD_DIM) plus 8 halves so that
+// fragment reads and ldmatrix hit distinct banks. S = Q K^T and O += P V use
+// mma.m16n8k16 (f16 in, f32 accumulate); the softmax runs online in f32 registers.
+
+#define FA_WARPS 4
+#define FA_THREADS (FA_WARPS * 32)
+#define FA_KV 64
+constexpr int FA_DP = (HEAD_DIM + 15) / 16 * 16;
+constexpr int FA_STRIDE = FA_DP + 8;
+// Values per gathered chunk (one 16-byte f16 store when HEAD_DIM allows it).
+constexpr int FA_CHUNK = HEAD_DIM % 8 == 0 ? 8 : HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1;
+constexpr int FA_ROW_CHUNKS = FA_DP / FA_CHUNK;
+constexpr int FA_GATHER = (FA_KV * FA_ROW_CHUNKS + FA_THREADS - 1) / FA_THREADS;
+
+static_assert(Q_TILE == FA_WARPS * 16, "one warp per 16 query rows of a tile");
+
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 bits;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
+    return bits;
+}
+
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+
+// FA_CHUNK values of a cache (f16 bits) at element `at`, with the row's q8_0 scale applied.
+template <int TYPE>
+__device__ __forceinline__ void fa_fetch(float* dst, const u8* cache, u64 rows, u32 width, u64 row, u32 col) {
+    constexpr int SUB = cmin(FA_CHUNK, 16 / elem_bytes(TYPE));
+    const float d = kv_scale<TYPE>(cache, rows, width, row, col);
+#pragma unroll
+    for (int s = 0; s < FA_CHUNK; s += SUB) {
+        const KvVec<TYPE, SUB> v = kv_fetch<TYPE, SUB>(cache, row * width + col + s);
+#pragma unroll
+        for (int c = 0; c < SUB; ++c) {
+            dst[s + c] = TYPE == KV_Q8_0 ? d * kv_value<TYPE, SUB>(v, c) : kv_value<TYPE, SUB>(v, c);
+        }
+    }
+}
+
+// Rows kv0..kv0 + FA_KV of one kv head into `dst` ([FA_KV][FA_STRIDE] f16), zeros at
+// positions from kv_end on and at dims from HEAD_DIM on.
+template <int TYPE>
+__device__ __forceinline__ void fa_gather(
+    u16* dst, const u8* cache, const u32* table, u64 rows, u32 width, u32 col0, u32 kv0, u32 kv_end) {
+    constexpr int WORDS = (FA_CHUNK + 1) / 2;
+    u32 packed[FA_GATHER][WORDS];
+#pragma unroll
+    for (int i = 0; i < FA_GATHER; ++i) {
+        const u32 index = i * FA_THREADS + threadIdx.x;
+        const u32 j = index / FA_ROW_CHUNKS;
+        const u32 d = index % FA_ROW_CHUNKS * FA_CHUNK;
+        float v[FA_CHUNK];
+        if (j < FA_KV && kv0 + j < kv_end && d < HEAD_DIM) {
+            fa_fetch<TYPE>(v, cache, rows, width, cache_row(table, kv0 + j), col0 + d);
+        } else {
+#pragma unroll
+            for (int c = 0; c < FA_CHUNK; ++c) {
+                v[c] = 0.0f;
+            }
+        }
+        if (FA_CHUNK == 1) {
+            packed[i][0] = f32_to_f16_bits(v[0]);
+        } else {
+#pragma unroll
+            for (int w = 0; w < WORDS; ++w) {
+                packed[i][w] = pack_f16x2(v[2 * w], v[2 * w + 1 < FA_CHUNK ? 2 * w + 1 : 2 * w]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < FA_GATHER; ++i) {
+        const u32 index = i * FA_THREADS + threadIdx.x;
+        const u32 j = index / FA_ROW_CHUNKS;
+        u16* p = dst + j * FA_STRIDE + index % FA_ROW_CHUNKS * FA_CHUNK;
+        if (j >= FA_KV) {
+            continue;
+        }
+        if (FA_CHUNK == 8) {
+            *reinterpret_cast<uint4*>(p) = make_uint4(packed[i][0], packed[i][1], packed[i][2], packed[i][3]);
+        } else if (FA_CHUNK == 4) {
+            *reinterpret_cast<uint2*>(p) = make_uint2(packed[i][0], packed[i][1]);
+        } else if (FA_CHUNK == 2) {
+            *reinterpret_cast<u32*>(p) = packed[i][0];
+        } else {
+            *p = (u16)packed[i][0];
+        }
+    }
+}
+
+// Grid (n_tiles, n_heads), FA_THREADS threads, dynamic shared memory 2 * FA_KV * FA_STRIDE
+// halves. Tiles at or past step[STEP_N_TILES] exit, so the host may launch more.
+extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill(
+    float* out, const float* q, const u8* k_cache, const u8* v_cache, const u32* step, u32 n_heads, u32 n_kv_heads,
+    u32 rows, float scale) {
+    // Later tiles of a sequence see more positions; start them first.
+    const u32 tile = gridDim.x - 1 - blockIdx.x;
+    if (tile >= step[STEP_N_TILES]) {
+        return;
+    }
+    const u32 head = blockIdx.y;
+    const u32 kv_head = head / GROUP;
+    const u32* tile_rec = step_tile(step, tile);
+    const u32 first_token = tile_rec[TILE_FIRST_TOKEN];
+    const u32 n_tok = tile_rec[TILE_N_TOKENS];
+    const u32* table = step_block_table(step, step_seq(step, tile_rec[TILE_SEQ]));
+    const u32 pos0 = step_pos(step, first_token);
+    const u32 kv_end = pos0 + n_tok;
+    const u32 width = n_kv_heads * HEAD_DIM;
+    const u32 col0 = kv_head * HEAD_DIM;
+
+    extern __shared__ uint4 fa_shared[];
+    u16* k_s = reinterpret_cast<u16*>(fa_shared);
+    u16* v_s = k_s + FA_KV * FA_STRIDE;
+
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2;
+    const u32 t = lane & 3;
+    const u32 row0 = warp * 16 + g;
+    const u32 row1 = row0 + 8;
+    // Rows past the tile's tokens compute on zero queries and are never written.
+    const u32 qpos0 = pos0 + row0;
+    const u32 qpos1 = pos0 + row1;
+    const u32 warp_last = pos0 + warp * 16 + 15;
+
+    // Q fragments (A operand, row-major 16 x 16 per k step) straight from global memory.
+    u32 qf[FA_DP / 16][4];
+    {
+        const float* q0 = q + ((u64)(first_token + row0) * n_heads + head) * HEAD_DIM;
+        const float* q1 = q + ((u64)(first_token + row1) * n_heads + head) * HEAD_DIM;
+        const bool live0 = row0 < n_tok;
+        const bool live1 = row1 < n_tok;
+#pragma unroll
+        for (int kc = 0; kc < FA_DP / 16; ++kc) {
+            float v[8];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const u32 d = kc * 16 + h * 8 + 2 * t + e;
+                    v[h * 4 + e] = live0 && d < HEAD_DIM ? q0[d] : 0.0f;
+                    v[h * 4 + 2 + e] = live1 && d < HEAD_DIM ? q1[d] : 0.0f;
+                }
+            }
+            qf[kc][0] = pack_f16x2(v[0], v[1]);
+            qf[kc][1] = pack_f16x2(v[2], v[3]);
+            qf[kc][2] = pack_f16x2(v[4], v[5]);
+            qf[kc][3] = pack_f16x2(v[6], v[7]);
+        }
+    }
+
+    float o[FA_DP / 8][4];
+#pragma unroll
+    for (int n = 0; n < FA_DP / 8; ++n) {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    }
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    const float s_scale = scale * LOG2E;
+
+    for (u32 kv0 = 0; kv0 < kv_end; kv0 += FA_KV) {
+        // Gather K, then V: each thread's loads are issued together and packed to f16 at once,
+        // which keeps only FA_GATHER chunks of one tensor in registers.
+        __syncthreads();
+        fa_gather<K_TYPE>(k_s, k_cache, table, rows, width, col0, kv0, kv_end);
+        fa_gather<V_TYPE>(v_s, v_cache, table, rows, width, col0, kv0, kv_end);
+        __syncthreads();
+        // Warps whose rows all precede this tile have nothing to add.
+        if (kv0 > warp_last) {
+            continue;
+        }
+
+        float s[FA_KV / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_KV / 8; ++n) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        }
+#pragma unroll
+        for (int kc = 0; kc < FA_DP / 16; ++kc) {
+#pragma unroll
+            for (int n = 0; n < FA_KV / 8; ++n) {
+                const u16* k_row = k_s + (n * 8 + g) * FA_STRIDE + kc * 16 + 2 * t;
+                mma_f16(s[n], qf[kc], *reinterpret_cast<const u32*>(k_row), *reinterpret_cast<const u32*>(k_row + 8));
+            }
+        }
+
+        // Scale, causal mask (also hides the zero rows past kv_end), and the tile's row maxima.
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < FA_KV / 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 col = kv0 + n * 8 + 2 * t + e;
+                s[n][e] = col <= qpos0 ? s[n][e] * s_scale : NEG_INF;
+                s[n][2 + e] = col <= qpos1 ? s[n][2 + e] * s_scale : NEG_INF;
+                mx0 = fmaxf(mx0, s[n][e]);
+                mx1 = fmaxf(mx1, s[n][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int offset = 1; offset < 4; offset <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, offset));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, offset));
+        }
+        // Position 0 is in the first tile and visible to every row, so the maxima are finite
+        // from then on; a row masked out of a later tile keeps its max and gets zero weights.
+        const float new0 = fmaxf(m0, mx0);
+        const float new1 = fmaxf(m1, mx1);
+        const float alpha0 = exp2f(m0 - new0);
+        const float alpha1 = exp2f(m1 - new1);
+        m0 = new0;
+        m1 = new1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < FA_KV / 8; ++n) {
+            s[n][0] = exp2f(s[n][0] - new0);
+            s[n][1] = exp2f(s[n][1] - new0);
+            s[n][2] = exp2f(s[n][2] - new1);
+            s[n][3] = exp2f(s[n][3] - new1);
+            sum0 += s[n][0] + s[n][1];
+            sum1 += s[n][2] + s[n][3];
+        }
+        // Per-lane partial sums; the 4 lanes of a row are added once at the end.
+        l0 = l0 * alpha0 + sum0;
+        l1 = l1 * alpha1 + sum1;
+#pragma unroll
+        for (int n = 0; n < FA_DP / 8; ++n) {
+            o[n][0] *= alpha0;
+            o[n][1] *= alpha0;
+            o[n][2] *= alpha1;
+            o[n][3] *= alpha1;
+        }
+
+        // O += P V: the S accumulators of two n-tiles form one A fragment of k = 16 rows.
+#pragma unroll
+        for (int kc = 0; kc < FA_KV / 16; ++kc) {
+            u32 a[4];
+            a[0] = pack_f16x2(s[2 * kc][0], s[2 * kc][1]);
+            a[1] = pack_f16x2(s[2 * kc][2], s[2 * kc][3]);
+            a[2] = pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            a[3] = pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            const u32 r = kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int n = 0; n < FA_DP / 8; n += 2) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, v_s + r * FA_STRIDE + (n + (lane >> 4)) * 8);
+                mma_f16(o[n], a, b[0], b[1]);
+                mma_f16(o[n + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
+    }
+    const float inv0 = 1.0f / l0;
+    const float inv1 = 1.0f / l1;
+    float* out0 = out + ((u64)(first_token + row0) * n_heads + head) * HEAD_DIM;
+    float* out1 = out + ((u64)(first_token + row1) * n_heads + head) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < FA_DP / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const u32 d = n * 8 + 2 * t + e;
+            if (d < HEAD_DIM) {
+                if (row0 < n_tok) {
+                    out0[d] = o[n][e] * inv0;
+                }
+                if (row1 < n_tok) {
+                    out1[d] = o[n][2 + e] * inv1;
+                }
+            }
+        }
+    }
+}
