@@ -5,7 +5,6 @@
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -17,6 +16,7 @@ use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, GpuWeight, QuantizedActivations};
+use crate::paged_attention::{PagedAttention, PagedAttentionParams, StepCounts};
 use crate::step::{CudaStep, SendGraph, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
@@ -25,12 +25,6 @@ const BLOCK: u32 = 256;
 /// Rows of at most this many values are normalized by one warp, longer ones by a block
 /// (`WARP_NORM_MAX_DIM`, kernels/norm.cuh).
 pub(crate) const WARP_NORM_MAX_DIM: usize = 512;
-/// `attention.cu`'s ATT_THREADS, MIN_CHUNK and MAX_SPLITS.
-const ATTENTION_THREADS: u32 = 128;
-const ATTENTION_MIN_CHUNK: usize = 32;
-const ATTENTION_MAX_SPLITS: usize = 256;
-/// Cap on the attention partials; long prompt batches use fewer splits instead.
-const ATTENTION_WORKSPACE_MAX_BYTES: usize = 64 << 20;
 /// `rope.cu`'s PROLOGUE_WARPS and PROLOGUE_MAX_HEAD_DIM.
 const PROLOGUE_WARPS: usize = 4;
 const PROLOGUE_MAX_HEAD_DIM: usize = 512;
@@ -73,22 +67,6 @@ struct Kernels {
     sample: CudaFunction,
 }
 
-/// Attention kernels of one (head_dim, group) specialization.
-#[derive(Clone)]
-struct AttentionKernels {
-    split: CudaFunction,
-    reduce: CudaFunction,
-    /// Split blocks the whole GPU holds at once: the grid aims for one full wave.
-    resident_blocks: usize,
-}
-
-/// Attention kernels per (head_dim, group), and the split partials they share.
-#[derive(Default)]
-struct AttentionState {
-    kernels: HashMap<(usize, usize), AttentionKernels>,
-    workspace: Option<CudaSlice<f32>>,
-}
-
 /// The prologue and store kernels of one (K type, V type) pair of cache element types.
 #[derive(Clone)]
 struct StoreKernels {
@@ -100,7 +78,7 @@ pub struct CudaBackend {
     device: CudaDevice,
     kernels: Kernels,
     store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
-    attention: Mutex<AttentionState>,
+    attention: PagedAttention,
     graphs: StepGraphs,
     /// Id of the step object written last: `run_step` records and replays for it.
     current_step: AtomicU64,
@@ -140,7 +118,7 @@ impl CudaBackend {
             device,
             kernels,
             store_kernels: Mutex::new(HashMap::new()),
-            attention: Mutex::new(AttentionState::default()),
+            attention: PagedAttention::new(),
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
             busy_blocks,
@@ -156,20 +134,6 @@ impl CudaBackend {
     fn grid_stride(&self, n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.busy_blocks * 4);
         LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
-    }
-
-    /// How many splits the attention of `n` tokens uses: one full wave of resident blocks (so
-    /// that enough cache rows are in flight for the memory bandwidth at long context, with no
-    /// straggling second wave), no more than the cache can feed, and partials within the
-    /// workspace cap. Fixed by the shapes alone, so a captured decode step keeps one grid for
-    /// every position.
-    fn attention_splits(n: usize, p: &AttentionParams, resident_blocks: usize) -> usize {
-        let per_split_bytes = n * p.n_heads * (p.head_dim + 2) * 4;
-        (resident_blocks / (p.n_kv_heads * n))
-            .min(p.max_seq_len.div_ceil(ATTENTION_MIN_CHUNK))
-            .min(ATTENTION_MAX_SPLITS)
-            .min(ATTENTION_WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
-            .max(1)
     }
 
     fn store_kernels(&self, spec: &KvCacheSpec) -> Result<StoreKernels> {
@@ -307,10 +271,6 @@ impl CudaBackend {
         .map(drop)
         .map_err(launch_error("kv_store"))
     }
-
-    fn is_capturing(&self) -> bool {
-        self.device.stream().capture_status().is_ok_and(|status| status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    }
 }
 
 /// `w`'s quantized input buffer when a product of `n` tokens of `dim` values would go through
@@ -342,38 +302,6 @@ impl CudaBackend {
             matvec::matmul_quantized(&self.device, w, qx, out, n, false).map_err(backend_error)?;
         }
         Ok(())
-    }
-}
-
-impl AttentionState {
-    fn kernels(&mut self, device: &CudaDevice, head_dim: usize, group: usize) -> Result<&AttentionKernels> {
-        Ok(match self.kernels.entry((head_dim, group)) {
-            Entry::Occupied(loaded) => loaded.into_mut(),
-            Entry::Vacant(slot) => {
-                let defines = [("HEAD_DIM", head_dim as i64), ("GROUP", group as i64)];
-                let load = |kernel| device.registry().function("attention", kernel, &defines).map_err(backend_error);
-                let split = load("attention_split_f32")?;
-                let per_multiprocessor = split
-                    .occupancy_max_active_blocks_per_multiprocessor(ATTENTION_THREADS, 0, None)
-                    .map_err(|e| BackendError::Device(format!("attention occupancy: {e:?}")))?;
-                let resident_blocks = (per_multiprocessor as usize).max(1) * device.info().multiprocessor_count as usize;
-                slot.insert(AttentionKernels { split, reduce: load("attention_reduce_f32")?, resident_blocks })
-            }
-        })
-    }
-
-    /// The workspace, grown to at least `len` values; growing is refused inside a capture.
-    fn workspace(&mut self, device: &CudaDevice, len: usize, capturing: bool) -> Result<&mut CudaSlice<f32>> {
-        let have = self.workspace.as_ref().map_or(0, |w| w.len());
-        if have < len.max(1) {
-            if capturing {
-                return Err(BackendError::Device(format!(
-                    "attention needs a {len}-value workspace inside a graph capture (allocated: {have}); run the step once uncaptured first"
-                )));
-            }
-            self.workspace = Some(device.alloc_zeros::<f32>(len.max(1), "attention split partials").map_err(backend_error)?);
-        }
-        Ok(self.workspace.as_mut().expect("allocated above"))
     }
 }
 
@@ -543,8 +471,20 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
-        let _ = (q, cache, out, step, n, p);
-        Err(BackendError::Unsupported { backend: "CUDA".into(), what: "paged attention (not wired in yet)".into() })
+        check_len("attention tokens in the step", step.n_tokens, n)?;
+        let spec = cache.spec();
+        let params = PagedAttentionParams {
+            n_heads: p.n_heads,
+            n_kv_heads: p.n_kv_heads,
+            head_dim: p.head_dim,
+            rows: spec.rows(),
+            max_seq_len: p.max_seq_len,
+            scale: p.scale,
+            k_type: spec.k_type,
+            v_type: spec.v_type,
+        };
+        let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
+        self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {

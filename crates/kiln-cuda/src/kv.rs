@@ -185,9 +185,32 @@ impl CudaKvCache {
         (self.k.base, self.v.base)
     }
 
+    pub fn view(&self) -> KvView {
+        KvView { k: self.k.base, v: self.v.base, k_bytes: self.k.reserved, v_bytes: self.v.reserved }
+    }
+
     /// Device memory mapped behind K and V now.
     pub fn mapped_bytes(&self) -> usize {
         self.k.mapped_bytes() + self.v.mapped_bytes()
+    }
+}
+
+/// Device addresses and sizes of one layer's K and V buffers, as kernels take them.
+#[derive(Clone, Copy, Debug)]
+pub struct KvView {
+    pub k: u64,
+    pub v: u64,
+    pub k_bytes: usize,
+    pub v_bytes: usize,
+}
+
+impl KvView {
+    /// A view of two plain buffers laid out as kv.cuh describes (tests build caches this way).
+    pub fn of_slices(stream: &cudarc::driver::CudaStream, k: &cudarc::driver::CudaSlice<u8>, v: &cudarc::driver::CudaSlice<u8>) -> KvView {
+        use cudarc::driver::DevicePtr;
+        let (k_ptr, _k_record) = k.device_ptr(stream);
+        let (v_ptr, _v_record) = v.device_ptr(stream);
+        KvView { k: k_ptr, v: v_ptr, k_bytes: k.len(), v_bytes: v.len() }
     }
 }
 

@@ -17,6 +17,7 @@ use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureStatus};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::plan::KvType;
 
+use crate::kv::KvView;
 use crate::plan_words::word;
 use crate::{CudaDevice, CudaError};
 
@@ -179,17 +180,16 @@ impl PagedAttention {
         &self,
         device: &CudaDevice,
         q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u8>,
-        v_cache: &CudaSlice<u8>,
+        kv: &KvView,
         out: &mut CudaSlice<f32>,
         step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
     ) -> Result<(), CudaError> {
         if counts.decode_only || counts.n_tiles == 0 {
-            self.split(device, q, k_cache, v_cache, out, step, counts, p, None)
+            self.split(device, q, kv, out, step, counts, p, None)
         } else {
-            self.prefill(device, q, k_cache, v_cache, out, step, counts, p)
+            self.prefill(device, q, kv, out, step, counts, p)
         }
     }
 
@@ -218,15 +218,14 @@ impl PagedAttention {
         &self,
         device: &CudaDevice,
         q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u8>,
-        v_cache: &CudaSlice<u8>,
+        kv: &KvView,
         out: &mut CudaSlice<f32>,
         step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
         n_splits: Option<usize>,
     ) -> Result<(), CudaError> {
-        p.check(&counts, q.len(), out.len(), k_cache.len(), v_cache.len(), step.len())?;
+        p.check(&counts, q.len(), out.len(), kv.k_bytes, kv.v_bytes, step.len())?;
         if counts.n_tokens == 0 {
             return Ok(());
         }
@@ -255,8 +254,8 @@ impl PagedAttention {
                 .arg(&mut part_acc)
                 .arg(&mut part_ml)
                 .arg(q)
-                .arg(k_cache)
-                .arg(v_cache)
+                .arg(&kv.k)
+                .arg(&kv.v)
                 .arg(step)
                 .arg(&n_heads)
                 .arg(&n_kv_heads)
@@ -282,14 +281,13 @@ impl PagedAttention {
         &self,
         device: &CudaDevice,
         q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u8>,
-        v_cache: &CudaSlice<u8>,
+        kv: &KvView,
         out: &mut CudaSlice<f32>,
         step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
     ) -> Result<(), CudaError> {
-        p.check(&counts, q.len(), out.len(), k_cache.len(), v_cache.len(), step.len())?;
+        p.check(&counts, q.len(), out.len(), kv.k_bytes, kv.v_bytes, step.len())?;
         if counts.n_tokens == 0 {
             return Ok(());
         }
@@ -314,8 +312,8 @@ impl PagedAttention {
                 .launch_builder(&kernels.prefill)
                 .arg(out)
                 .arg(q)
-                .arg(k_cache)
-                .arg(v_cache)
+                .arg(&kv.k)
+                .arg(&kv.v)
                 .arg(step)
                 .arg(&n_heads)
                 .arg(&n_kv_heads)

@@ -17,6 +17,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaSlice;
 use half::f16;
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
+use kiln_cuda::kv::KvView;
 use kiln_cuda::paged_attention::{cache_bytes, PagedAttention, PagedAttentionParams, StepCounts};
 use kiln_cuda::plan_words::PlanLayout;
 use kiln_cuda::{CacheDir, CudaDevice, CudaError, RegistryConfig};
@@ -224,12 +225,13 @@ fn run_case(rng: &mut ChaCha8Rng, shape: &Shape, seqs: &[Seq], path: Path) -> Re
     let k_gpu = dev.upload(&k.bytes, "k cache").map_err(fail)?;
     let v_gpu = dev.upload(&v.bytes, "v cache").map_err(fail)?;
     let step_gpu = dev.upload(&step.words, "step").map_err(fail)?;
+    let kv = KvView::of_slices(dev.stream(), &k_gpu, &v_gpu);
     let mut out = dev.alloc_poisoned::<f32>(q_len, "out").map_err(fail)?;
     let att = attention();
     match path {
-        Path::Auto => att.attention(dev, &q_gpu, &k_gpu, &v_gpu, &mut out, &step_gpu, counts, &p),
-        Path::Split(n_splits) => att.split(dev, &q_gpu, &k_gpu, &v_gpu, &mut out, &step_gpu, counts, &p, n_splits),
-        Path::Prefill => att.prefill(dev, &q_gpu, &k_gpu, &v_gpu, &mut out, &step_gpu, counts, &p),
+        Path::Auto => att.attention(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p),
+        Path::Split(n_splits) => att.split(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p, n_splits),
+        Path::Prefill => att.prefill(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p),
     }
     .map_err(fail)?;
     let got = dev.download(&out).map_err(fail)?;
@@ -352,16 +354,16 @@ fn bad_shapes_are_typed_errors() {
     let mut out = dev.alloc_zeros::<f32>(4 * 64, "out").expect("alloc");
     let counts = StepCounts { n_tokens: 1, n_tiles: 1, decode_only: true };
     let att = attention();
-    att.attention(dev, &q, &k, &v, &mut out, &step_gpu, counts, &p).expect("valid call");
+    att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &p).expect("valid call");
     let invalid = |result: Result<(), CudaError>, what: &str| match result {
         Err(CudaError::InvalidArgument { reason, .. }) => eprintln!("{what}: {reason}"),
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
-    invalid(att.attention(dev, &q, &k, &v, &mut out, &step_gpu, counts, &PagedAttentionParams { n_kv_heads: 3, ..p }), "uneven heads");
-    invalid(att.attention(dev, &q, &k, &v, &mut out, &step_gpu, counts, &PagedAttentionParams { rows: rows + 32, ..p }), "cache too small");
-    invalid(att.attention(dev, &q, &k, &v, &mut out, &step_gpu, StepCounts { n_tokens: 2, ..counts }, &p), "query too short");
-    invalid(att.split(dev, &q, &k, &v, &mut out, &step_gpu, counts, &p, Some(0)), "zero splits");
-    invalid(att.prefill(dev, &q, &k, &v, &mut out, &step_gpu, StepCounts { n_tiles: 0, ..counts }, &p), "prefill without tiles");
+    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &PagedAttentionParams { n_kv_heads: 3, ..p }), "uneven heads");
+    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &PagedAttentionParams { rows: rows + 32, ..p }), "cache too small");
+    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, StepCounts { n_tokens: 2, ..counts }, &p), "query too short");
+    invalid(att.split(dev, &q, &kv, &mut out, &step_gpu, counts, &p, Some(0)), "zero splits");
+    invalid(att.prefill(dev, &q, &kv, &mut out, &step_gpu, StepCounts { n_tiles: 0, ..counts }, &p), "prefill without tiles");
 }
 
 /// Mean milliseconds of `launch` over `rounds` calls (after two warm-up calls), by CUDA events.
@@ -414,6 +416,7 @@ fn benchmark_paged_attention() {
     // Contents do not change the speed; zeros are quick to make.
     let k: CudaSlice<u8> = dev.alloc_zeros(cache_bytes(p.k_type, rows, width), "k").expect("alloc");
     let v: CudaSlice<u8> = dev.alloc_zeros(cache_bytes(p.v_type, rows, width), "v").expect("alloc");
+    let kv = KvView::of_slices(dev.stream(), &k, &v);
     let q: CudaSlice<f32> = dev.alloc_zeros(4096 * p.n_heads * p.head_dim, "q").expect("alloc");
     let mut out: CudaSlice<f32> = dev.alloc_zeros(4096 * p.n_heads * p.head_dim, "out").expect("alloc");
     let att = attention();
@@ -423,7 +426,7 @@ fn benchmark_paged_attention() {
         let variants: Vec<Vec<u32>> = (0..SEQS / n_seqs).map(|i| bench_step(&decode(&vec![LEN; n_seqs]), i * n_seqs, blocks_per_seq).0).collect();
         let steps: Vec<CudaSlice<u32>> = variants.iter().map(|w| dev.upload(w, "step").expect("upload")).collect();
         let counts = StepCounts { n_tokens: n_seqs, n_tiles: n_seqs, decode_only: true };
-        let ms = time_ms(50, |round| att.attention(dev, &q, &k, &v, &mut out, &steps[round % steps.len()], counts, &p).expect("attention"));
+        let ms = time_ms(50, |round| att.attention(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p).expect("attention"));
         let bytes = (n_seqs * LEN * width * 2 * 2) as f64;
         let splits = att.splits(dev, n_seqs, &p).expect("splits");
         eprintln!(
@@ -438,7 +441,7 @@ fn benchmark_paged_attention() {
         let (words, n_tiles) = bench_step(&[Seq { pos0: depth, n_tokens: n }], 0, blocks_per_seq);
         let step = dev.upload(&words, "step").expect("upload");
         let counts = StepCounts { n_tokens: n, n_tiles, decode_only: false };
-        let ms = time_ms(10, |_| att.attention(dev, &q, &k, &v, &mut out, &step, counts, &p).expect("attention"));
+        let ms = time_ms(10, |_| att.attention(dev, &q, &kv, &mut out, &step, counts, &p).expect("attention"));
         // Q K^T and P V: 2 * 2 * head_dim flops per (query head, visible position).
         let visible: usize = (depth + 1..=depth + n).sum();
         let flops = 4.0 * (p.n_heads * p.head_dim) as f64 * visible as f64;
