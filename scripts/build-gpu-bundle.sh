@@ -5,8 +5,9 @@
 #     scripts/build-gpu-bundle.sh [--all] [cargo package selection, default: --workspace]
 # By default only test binaries that contain #[ignore]d tests (the GPU tests) are staged, to
 # keep the carried bundle small; --all stages every test binary.
-# Layout: .gpu/bin/<crate>--<test target> (test binaries), .gpu/kiln, .gpu/shared/testdata,
-# .gpu/build-root (this checkout's path, which the binaries have compiled in).
+# Layout: .gpu/bin/<crate>--<test target> (test binaries), .gpu/kiln, .gpu/shared/testdata
+# (gpu-tests.sh points KILN_TESTDATA at it), .gpu/shared/models with --all (kiln-quant reads it),
+# .gpu/build-root (this checkout's path, compiled into the binaries for the repository's own files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -50,6 +51,10 @@ if [ -d "$testdata" ]; then
     cp -a "$testdata" .gpu/shared/
 else
     echo "warning: no test data at $testdata; tests that need it will fail on the device" >&2
+fi
+if [ "$all" = yes ] && [ -d "$(dirname "$testdata")/models" ]; then
+    mkdir -p .gpu/shared
+    cp -a "$(dirname "$testdata")/models" .gpu/shared/
 fi
 rm -f .gpu/build-tests.json .gpu/build-kiln.json
 

@@ -10,16 +10,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-# Tests locate data through paths fixed at build time (CARGO_MANIFEST_DIR/../../../shared):
-# recreate the build machine's layout with symlinks when it is absent here.
+# The tests find shared/testdata (and the shared folder, its parent) through KILN_TESTDATA.
+export KILN_TESTDATA=${KILN_TESTDATA:-$root/.gpu/shared/testdata}
+[ -d "$KILN_TESTDATA" ] || echo "warning: no test data at $KILN_TESTDATA; tests that need it will fail" >&2
+# Files of the repository itself (models/stories260K.gguf, crates/*/tests/fixtures) are read through
+# the build checkout's path, compiled in: link it to this copy when it is absent here.
 if [ -f .gpu/build-root ]; then
     build_root=$(cat .gpu/build-root)
     if [ "$build_root" != "$root" ] && [ ! -e "$build_root" ]; then
         mkdir -p "$(dirname "$build_root")" && ln -s "$root" "$build_root"
-    fi
-    shared="$(dirname "$build_root")/shared"
-    if [ -d .gpu/shared ] && [ ! -e "$shared" ]; then
-        ln -s "$root/.gpu/shared" "$shared"
     fi
 fi
 

@@ -38,10 +38,9 @@ fn tokenize_matches_reference_ids() {
     // Ids from shared/testdata/models/stories260K.ref.json (BOS + llama.cpp's tokenization).
     let text = "One day, Lily found a big red ball in the park.";
     let ids = kiln(&["tokenize", "-m", stories().to_str().unwrap(), "-p", text, "--ids"]);
-    let r: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/models/stories260K.ref.json")).unwrap(),
-    )
-    .unwrap();
+    let reference = kiln_testdata::path("models/stories260K.ref.json");
+    let raw = std::fs::read_to_string(&reference).unwrap_or_else(|e| panic!("{}: {e}", reference.display()));
+    let r: serde_json::Value = serde_json::from_str(&raw).unwrap();
     let want: Vec<String> = r["tokens"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
     assert_eq!(ids.trim(), format!("[{}]", want.join(", ")));
 }

@@ -60,8 +60,7 @@ fn quantize_errors_are_clear() {
     let out = dir.path().join("x.gguf");
     let err = kiln_err(&["quantize", s(&stories()), s(&out), "Q7_K"]);
     assert!(err.contains("unknown quantization type 'Q7_K'") && err.contains("valid types:") && err.contains("Q4_K_M"), "{err}");
-    let q8 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/models/tiny-llama-Q8_0.gguf");
-    assert!(q8.exists(), "test data not found at {}", q8.display());
+    let q8 = kiln_testdata::path("models/tiny-llama-Q8_0.gguf");
     let err = kiln_err(&["quantize", s(&q8), s(&out), "Q4_K_M"]);
     assert!(err.contains("already quantized (Q8_0)") && err.contains("--allow-requantize"), "{err}");
     kiln_ok(&["quantize", s(&q8), s(&out), "Q4_K_M", "--allow-requantize"]);

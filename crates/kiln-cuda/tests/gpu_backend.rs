@@ -798,14 +798,10 @@ fn impossible_allocations_are_out_of_memory_errors() {
 
 // ---- Whole models against shared/testdata ----
 
-fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata")
-}
-
 /// stories260K and every model of shared/testdata/models that has a reference.
 fn reference_models() -> Vec<(PathBuf, serde_json::Value)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let models = testdata().join("models");
+    let models = kiln_testdata::path("models");
     let mut found = vec![(root.join("models/stories260K.gguf"), models.join("stories260K.ref.json"))];
     let mut entries: Vec<PathBuf> = std::fs::read_dir(&models)
         .unwrap_or_else(|e| panic!("{}: {e} (the model tests need shared/testdata)", models.display()))

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{read, stories260k, testdata, Raw};
+use common::{read, stories260k, Raw};
 use kiln_gguf::{GgmlType, GgufError, GgufFile, Value, ValueType};
 
 const F32: u32 = 0;
@@ -37,7 +37,7 @@ fn minimal_valid_files_parse() {
 
 #[test]
 fn truncated_real_file_fails_at_every_cut() {
-    let bytes = read(&testdata().join("models/stories260K-F16.gguf"));
+    let bytes = read(&kiln_testdata::path("models/stories260K-F16.gguf"));
     let data_offset = GgufFile::from_bytes(bytes.clone()).unwrap().data_offset() as usize;
     // Every cut inside the header, then a spread of cuts through the tensor data.
     let cuts = (0..=data_offset).chain((data_offset..bytes.len()).step_by(251)).chain([bytes.len() - 1]);
@@ -64,7 +64,7 @@ fn truncated_real_file_fails_at_every_cut() {
 #[test]
 fn truncated_vocab_file_fails() {
     // No tensors here, so only the metadata can reveal the cut.
-    let bytes = read(&testdata().join("tokenizer/ggml-vocab-bert-bge.gguf"));
+    let bytes = read(&kiln_testdata::path("tokenizer/ggml-vocab-bert-bge.gguf"));
     // Each parse reads up to 30k token strings, so the cuts past the first KVs are sampled.
     for cut in (0..2048).chain((2048..bytes.len()).step_by(613)).chain([bytes.len() - 1]) {
         assert!(GgufFile::from_bytes(bytes[..cut].to_vec()).is_err(), "cut at {cut}");

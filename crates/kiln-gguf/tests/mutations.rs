@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{read, stories260k, synthetic_file, testdata, Rng};
+use common::{read, stories260k, synthetic_file, Rng};
 use kiln_gguf::{fuzzing, GgufFile};
 
 const INTERESTING: &[u64] = &[0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32, 33, 255, 1 << 31, 1 << 32, 1 << 63, u64::MAX];
@@ -50,8 +50,8 @@ fn mutated_files_never_panic() {
     let bases = [
         (synthetic_file(), 1500),
         (read(&stories260k()), 1500),
-        (read(&testdata().join("models/tiny-qwen3-Q4_K.gguf")), 1000),
-        (read(&testdata().join("tokenizer/ggml-vocab-bert-bge.gguf")), 300),
+        (read(&kiln_testdata::path("models/tiny-qwen3-Q4_K.gguf")), 1000),
+        (read(&kiln_testdata::path("tokenizer/ggml-vocab-bert-bge.gguf")), 300),
     ];
     let mut rng = Rng::new(0x5eed_6775f);
     let (mut parsed, mut rejected) = (0, 0);

@@ -5,19 +5,19 @@ mod common;
 
 use std::path::Path;
 
-use common::{gguf_files_in, read, stories260k, testdata};
+use common::{gguf_files_in, read, stories260k};
 use kiln_gguf::{fuzzing, GgufFile};
 use serde_json::Value as Json;
 
 fn load_ref(gguf: &Path) -> Json {
     let name = gguf.file_stem().unwrap().to_str().unwrap();
-    let ref_path = testdata().join("models").join(format!("{name}.ref.json"));
+    let ref_path = kiln_testdata::path(&format!("models/{name}.ref.json"));
     let text = std::fs::read_to_string(&ref_path).unwrap_or_else(|e| panic!("reference {} unreadable: {e}", ref_path.display()));
     serde_json::from_str(&text).expect("reference JSON parses")
 }
 
 fn model_files() -> Vec<std::path::PathBuf> {
-    let mut files = gguf_files_in(&testdata().join("models"));
+    let mut files = gguf_files_in(&kiln_testdata::path("models"));
     files.push(stories260k());
     files
 }
@@ -110,7 +110,7 @@ const VOCAB_SIZES: &[(&str, usize)] = &[
 
 #[test]
 fn tokenizer_files_open() {
-    let files = gguf_files_in(&testdata().join("tokenizer"));
+    let files = gguf_files_in(&kiln_testdata::path("tokenizer"));
     assert_eq!(files.len(), VOCAB_SIZES.len());
     for path in &files {
         let file = GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -136,7 +136,7 @@ fn tokenizer_files_open() {
 #[test]
 fn real_files_rewrite_byte_identical() {
     let mut files = model_files();
-    files.extend(gguf_files_in(&testdata().join("tokenizer")));
+    files.extend(gguf_files_in(&kiln_testdata::path("tokenizer")));
     for path in &files {
         let bytes = read(path);
         let file = GgufFile::from_bytes(bytes.clone()).unwrap();

@@ -24,12 +24,6 @@ fn stories() -> PathBuf {
     p
 }
 
-fn testdata() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata");
-    assert!(p.join("README.md").exists(), "test data not found at {}", p.display());
-    p
-}
-
 fn options(name: &str) -> QuantizeOptions {
     QuantizeOptions::new(parse_file_type(name).unwrap())
 }
@@ -297,7 +291,7 @@ fn f16_and_bf16_are_byte_identical_to_llama_quantize() {
         let out = dir.path(&format!("{name}.gguf"));
         quantize_file(&stories(), &out, &options(name), &()).unwrap();
         let ours = GgufFile::open(&out).unwrap();
-        let theirs = GgufFile::open(testdata().join(format!("models/stories260K-{name}.gguf"))).unwrap();
+        let theirs = GgufFile::open(kiln_testdata::path(&format!("models/stories260K-{name}.gguf"))).unwrap();
         assert_eq!(ours.tensors().len(), theirs.tensors().len());
         for t in theirs.tensors() {
             let mine = ours.tensor(&t.name).unwrap_or_else(|| panic!("{} missing", t.name));
@@ -339,7 +333,7 @@ fn stories_errors_are_llama_quantize_errors() {
 #[test]
 fn requantizing_needs_the_flag() {
     let dir = TempDir::new();
-    let src = testdata().join("models/tiny-llama-Q8_0.gguf");
+    let src = kiln_testdata::path("models/tiny-llama-Q8_0.gguf");
     match quantize_file(&src, &dir.path("a.gguf"), &options("Q4_K_M"), &()) {
         Err(QuantizeError::RequantizeDisabled { from: Q8_0, .. }) => {}
         other => panic!("expected RequantizeDisabled, got {other:?}"),

@@ -17,15 +17,9 @@ use serde_json::Value;
 const REL_L2: f64 = 1e-4;
 const MAX_ABS: f64 = 1e-3;
 
-fn testdata() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata");
-    assert!(p.join("README.md").exists(), "test data not found at {}", p.display());
-    p
-}
-
 /// (model path, reference json) for every shipped model.
 fn cases() -> Vec<(PathBuf, Value)> {
-    let dir = testdata().join("models");
+    let dir = kiln_testdata::path("models");
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

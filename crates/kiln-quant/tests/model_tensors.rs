@@ -33,8 +33,7 @@ fn f64_of(v: &serde_json::Value, what: &str) -> f64 {
 
 #[test]
 fn every_model_tensor_dequantizes_to_its_reference() {
-    let shared = shared_dir();
-    let models = shared.join("testdata/models");
+    let models = kiln_testdata::path("models");
     let mut refs: Vec<_> = std::fs::read_dir(&models)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", models.display()))
         .map(|e| e.unwrap().path())
@@ -48,7 +47,7 @@ fn every_model_tensor_dequantizes_to_its_reference() {
         let Some(rel) = reference["path"].as_str() else {
             continue;
         }; // F32 tiny models are not shipped
-        let model_path = shared.join(rel);
+        let model_path = kiln_testdata::shared_path(rel);
         let file = GgufFile::open(&model_path).unwrap_or_else(|e| panic!("{}: {e}", model_path.display()));
         let entries = reference["tensors"].as_array().unwrap();
         assert_eq!(file.tensors().len(), entries.len(), "{rel}: tensor count");

@@ -7,7 +7,6 @@ mod common;
 
 use common::*;
 use kiln_quant::{quantize, quantized_size, GgmlType};
-use std::path::Path;
 
 /// Index of the first differing byte, for a readable failure.
 fn first_mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
@@ -47,8 +46,8 @@ fn quantizers_match_gguf_py_byte_for_byte() {
 }
 
 /// The bytes of tensor `name` in the model described by `ref_json` (offsets from the ref).
-fn tensor_bytes(shared: &Path, ref_json: &serde_json::Value, name: &str) -> (GgmlType, Vec<u8>) {
-    let path = shared.join(ref_json["path"].as_str().expect("model not shipped"));
+fn tensor_bytes(ref_json: &serde_json::Value, name: &str) -> (GgmlType, Vec<u8>) {
+    let path = kiln_testdata::shared_path(ref_json["path"].as_str().expect("model not shipped"));
     let entry = ref_json["tensors"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{}: no tensor {name}", path.display()));
     let ty = GgmlType::from_name(entry["type"].as_str().unwrap()).unwrap();
     let offset = entry["data_offset"].as_u64().unwrap() as usize;
@@ -59,8 +58,7 @@ fn tensor_bytes(shared: &Path, ref_json: &serde_json::Value, name: &str) -> (Ggm
 
 #[test]
 fn quantizers_match_llama_quantize_byte_for_byte() {
-    let shared = shared_dir();
-    let models = shared.join("testdata/models");
+    let models = kiln_testdata::path("models");
     let manifest = read_json(&fixtures_dir().join("manifest.json"));
     let rows = f32s_from_le(&read(&fixtures_dir().join("tiny_llama_rows.f32")));
     let types = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "Q1_0"];
@@ -70,7 +68,7 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
             let tensor = pick["name"].as_str().unwrap();
             let offset = pick["offset"].as_u64().unwrap() as usize;
             let n = (pick["rows"].as_u64().unwrap() * pick["row_len"].as_u64().unwrap()) as usize;
-            let (ty, file_bytes) = tensor_bytes(&shared, &ref_json, tensor);
+            let (ty, file_bytes) = tensor_bytes(&ref_json, tensor);
             assert_eq!(ty.name(), name, "{tensor} in tiny-llama-{name}");
             let got = quantize_to_vec(ty, &rows[offset..offset + n]);
             if let Some(at) = first_mismatch(&got, &file_bytes[..got.len()]) {
@@ -82,8 +80,8 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
     let f32_ref = read_json(&models.join("stories260K.ref.json"));
     for name in ["F16", "BF16"] {
         let conv_ref = read_json(&models.join(format!("stories260K-{name}.ref.json")));
-        let (_, src) = tensor_bytes(&shared, &f32_ref, "blk.0.ffn_down.weight");
-        let (ty, expected) = tensor_bytes(&shared, &conv_ref, "blk.0.ffn_down.weight");
+        let (_, src) = tensor_bytes(&f32_ref, "blk.0.ffn_down.weight");
+        let (ty, expected) = tensor_bytes(&conv_ref, "blk.0.ffn_down.weight");
         assert_eq!(ty.name(), name);
         let got = quantize_to_vec(ty, &f32s_from_le(&src));
         assert_eq!(first_mismatch(&got, &expected), None, "{name} conversion differs from llama-quantize");

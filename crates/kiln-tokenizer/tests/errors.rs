@@ -6,7 +6,8 @@ use kiln_gguf::{GgufFile, GgufWriter, Value, ValueType};
 use kiln_tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
 
 fn spec(name: &str) -> TokenizerSpec {
-    TokenizerSpec::from_gguf(&GgufFile::open(common::vocab_path(name)).unwrap()).unwrap()
+    let path = common::vocab_path(name);
+    TokenizerSpec::from_gguf(&GgufFile::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
 fn err(spec: &TokenizerSpec) -> TokenizerError {

@@ -115,9 +115,9 @@ fn kinds() {
 #[test]
 fn stories260k_prompt_matches_reference_tokens() {
     let tok = kiln_tokenizer::Tokenizer::from_path(common::stories_path()).unwrap();
-    let reference = common::testdata().join("models/stories260K.ref.json");
-    assert!(reference.exists(), "missing {}", reference.display());
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+    let reference = kiln_testdata::path("models/stories260K.ref.json");
+    let raw = std::fs::read_to_string(&reference).unwrap_or_else(|e| panic!("{}: {e}", reference.display()));
+    let json: serde_json::Value = serde_json::from_str(&raw).unwrap();
     let text = json["text"].as_str().unwrap();
     assert_eq!(text, "One day, Lily found a big red ball in the park.");
     let expected: Vec<u32> = json["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();

@@ -6,10 +6,6 @@ use std::path::{Path, PathBuf};
 
 use kiln_gguf::{GgmlType, GgufWriter, Value, ValueType};
 
-pub fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata")
-}
-
 pub fn stories260k() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
     assert!(path.is_file(), "test model missing: {}", path.display());

@@ -28,14 +28,6 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::TQ2_0,
 ];
 
-/// `shared/` beside the checkout (as in CI). Panics with a message when it is missing,
-/// so a test without its data fails instead of passing.
-pub fn shared_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    assert!(dir.join("testdata/README.md").is_file(), "test data missing: {} has no testdata/README.md", dir.display());
-    dir
-}
-
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
