@@ -350,6 +350,7 @@ fn bad_shapes_are_typed_errors() {
     let p = PagedAttentionParams { n_heads: 4, n_kv_heads: 2, head_dim: 64, rows, max_seq_len: 64, scale: 0.125, k_type: KvType::F16, v_type: KvType::Q8_0 };
     let k = dev.alloc_zeros::<u8>(cache_bytes(KvType::F16, rows, 128), "k").expect("alloc");
     let v = dev.alloc_zeros::<u8>(cache_bytes(KvType::Q8_0, rows, 128), "v").expect("alloc");
+    let kv = KvView::of_slices(dev.stream(), &k, &v);
     let q = dev.alloc_zeros::<f32>(4 * 64, "q").expect("alloc");
     let mut out = dev.alloc_zeros::<f32>(4 * 64, "out").expect("alloc");
     let counts = StepCounts { n_tokens: 1, n_tiles: 1, decode_only: true };

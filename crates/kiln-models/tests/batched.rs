@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 fn testdata_model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/testdata/models").join(name)
+    kiln_testdata::path("models").join(name)
 }
 
 fn stories() -> PathBuf {
