@@ -12,7 +12,10 @@
 //! (`n <= 8`) first quantize the activations to int8 per 16 values (scale = max|x| / 127,
 //! like ggml's q8_1 but with 16-value groups) and use `dp4a`; the result is the exact dot
 //! product of the dequantized weights with the 8-bit activations, typically within 0.5%
-//! (relative L2) of the f32 product. The mat-mat kernel (`n > 8`) stays in f32.
+//! (relative L2) of the f32 product. The mat-mat kernel (`n > 8`, kernels/matmat_mma.cu) runs
+//! on tensor cores: weights decoded to f16 (rounded once from the exact f32 value), activations
+//! rounded to f16, products summed in f32; about 3e-4 relative L2 from the f32 product. f16
+//! activations overflow past 65504 in magnitude.
 //!
 //! Each quantized weight carries a small activation buffer of its own (`cols` x 8 tokens, int8
 //! plus two f32 per 16 values) that [`matmul`] quantizes into, so calls on one weight must come
@@ -41,10 +44,55 @@ pub const MAX_MATVEC_TOKENS: usize = 8;
 
 /// Warps per mat-vec block (`MV_WARPS`, kernels/matvec.cuh).
 const MV_WARPS: u32 = 4;
-/// Mat-mat tile (`MM_SLOTS`, `MM_TOKENS`, `MM_THREADS`, kernels/matmat.cu).
-const MM_SLOTS: u32 = 64;
-const MM_TOKENS: u32 = 64;
-const MM_THREADS: u32 = 256;
+/// Threads per mat-mat block (`MMA_THREADS`, kernels/matmat_mma.cu).
+const MMA_THREADS: u32 = 256;
+
+/// One block shape of the tensor-core mat-mat, passed as MMA_BM / MMA_BN / MMA_WN: `slots`
+/// weight rows (the fused SwiGLU: half as many gate/up pairs) by `tokens` tokens, with
+/// `token_warps` of the 8 warps along the tokens (the rest split the slots, then the depth).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MmaTile {
+    slots: u32,
+    tokens: u32,
+    token_warps: u32,
+}
+
+/// From the most work per block to the least; each has a `// kiln-test-defines:` line in
+/// matmat_mma.cu. Smaller tiles give more blocks when a product has few rows or tokens.
+const MMA_TILES: [MmaTile; 4] = [
+    MmaTile { slots: 128, tokens: 128, token_warps: 2 },
+    MmaTile { slots: 128, tokens: 64, token_warps: 2 },
+    MmaTile { slots: 64, tokens: 64, token_warps: 2 },
+    MmaTile { slots: 32, tokens: 32, token_warps: 1 },
+];
+
+/// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
+pub const MATMAT_TILES: usize = MMA_TILES.len();
+
+impl MmaTile {
+    fn defines(self) -> Vec<(&'static str, i64)> {
+        vec![("MMA_BM", i64::from(self.slots)), ("MMA_BN", i64::from(self.tokens)), ("MMA_WN", i64::from(self.token_warps))]
+    }
+
+    fn grid(self, rows: usize, n: usize, swiglu: bool) -> (usize, usize) {
+        let rows_per_block = self.slots as usize / if swiglu { 2 } else { 1 };
+        (rows.div_ceil(rows_per_block), n.div_ceil(self.tokens as usize))
+    }
+}
+
+/// The tile for a product: the largest whose token tile is not mostly padding and whose grid
+/// still puts about two blocks on most multiprocessors (1.5 per multiprocessor), else the
+/// smallest.
+fn choose_tile(rows: usize, n: usize, swiglu: bool, multiprocessors: usize) -> usize {
+    let wanted = multiprocessors + multiprocessors / 2;
+    MMA_TILES
+        .iter()
+        .position(|tile| {
+            let (x, y) = tile.grid(rows, n, swiglu);
+            2 * n > tile.tokens as usize && x * y >= wanted
+        })
+        .unwrap_or(MMA_TILES.len() - 1)
+}
 /// Threads per token of rms_norm_quantize_q8 (`NORM_BLOCK`, kernels/norm.cuh).
 const NORM_THREADS: u32 = 256;
 /// Block size of the grid-stride kernels (quantize_activations_q8, embed_*).
@@ -104,18 +152,18 @@ struct KernelSlots([OnceLock<CudaFunction>; KernelSlots::COUNT]);
 #[derive(Clone, Copy)]
 enum Kernel {
     Matvec { ntok: usize, swiglu: bool },
-    Matmat { swiglu: bool },
+    Matmat { tile: usize, swiglu: bool },
     Embed,
 }
 
 impl KernelSlots {
-    const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 3;
+    const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
             Kernel::Matvec { ntok, swiglu } => (ntok - 1) + usize::from(swiglu) * MAX_MATVEC_TOKENS,
-            Kernel::Matmat { swiglu } => 2 * MAX_MATVEC_TOKENS + usize::from(swiglu),
-            Kernel::Embed => 2 * MAX_MATVEC_TOKENS + 2,
+            Kernel::Matmat { tile, swiglu } => 2 * MAX_MATVEC_TOKENS + 2 * tile + usize::from(swiglu),
+            Kernel::Embed => 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES,
         };
         if let Some(function) = self.0[index].get() {
             return Ok(function);
@@ -143,7 +191,7 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(rows_per_warp(ntok)))];
             (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
         }
-        Kernel::Matmat { swiglu } => ("matmat", format!("matmat_{}{suffix}", fused(swiglu)), Vec::new()),
+        Kernel::Matmat { tile, swiglu } => ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), MMA_TILES[tile].defines()),
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
     }
 }
@@ -452,6 +500,16 @@ fn push_weight<'a>(launch: &mut cudarc::driver::LaunchArgs<'a>, storage: &'a Sto
     };
 }
 
+fn check_pair(op: &'static str, w: &GpuWeight, up: &GpuWeight) -> Result<(), CudaError> {
+    if (up.ty, up.rows, up.cols) != (w.ty, w.rows, w.cols) {
+        return Err(invalid(
+            op,
+            format!("gate {} ({} {}x{}) and up {} ({} {}x{}) differ in type or shape", w.name, w.ty, w.rows, w.cols, up.name, up.ty, up.rows, up.cols),
+        ));
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn product(
     device: &CudaDevice,
@@ -464,12 +522,7 @@ fn product(
     accumulate: bool,
 ) -> Result<(), CudaError> {
     if let Some(up) = up {
-        if (up.ty, up.rows, up.cols) != (w.ty, w.rows, w.cols) {
-            return Err(invalid(
-                op,
-                format!("gate {} ({} {}x{}) and up {} ({} {}x{}) differ in type or shape", w.name, w.ty, w.rows, w.cols, up.name, up.ty, up.rows, up.cols),
-            ));
-        }
+        check_pair(op, w, up)?;
     }
     if n == 0 {
         return Ok(());
@@ -484,7 +537,7 @@ fn product(
                     Input::Quantized(buffer)
                 }
                 (None, Storage::Float { .. }) if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
-                _ => return launch_matmat(device, op, w, up, x, out, n, accumulate),
+                _ => return launch_matmat(device, op, w, up, x, out, n, accumulate, None),
             }
         }
         (Input::Quantized(q), Storage::Quant { .. }) => {
@@ -539,6 +592,41 @@ fn launch_matvec(
     unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))
 }
 
+/// The tensor-core mat-mat with block shape `tile` (< [`MATMAT_TILES`]) whatever `n` is, for
+/// tests and benchmarks of every shape; `up` makes it the fused SwiGLU. [`matmul`] and friends
+/// pick the shape themselves.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with_tile(
+    device: &CudaDevice,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+    tile: usize,
+) -> Result<(), CudaError> {
+    const OP: &str = "matmul_with_tile";
+    if tile >= MATMAT_TILES {
+        return Err(invalid(OP, format!("tile {tile} of {MATMAT_TILES}")));
+    }
+    if let Some(up) = up {
+        check_pair(OP, w, up)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    check_len(OP, "out", out.len(), n * w.rows)?;
+    check_len(OP, "x", x.len(), n * w.cols)?;
+    launch_matmat(device, OP, w, up, x, out, n, accumulate, Some(tile))
+}
+
+/// The mat-mat block shape `matmul` would use for `n` tokens of `w` (index into the tiles of
+/// [`matmul_with_tile`]).
+pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> usize {
+    choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_matmat(
     device: &CudaDevice,
@@ -549,16 +637,17 @@ fn launch_matmat(
     out: &mut CudaSlice<f32>,
     n: usize,
     accumulate: bool,
+    tile: Option<usize>,
 ) -> Result<(), CudaError> {
     let swiglu = up.is_some();
-    let function = w.kernels.get(device, &w.storage, Kernel::Matmat { swiglu })?;
-    let rows_per_block = MM_SLOTS / if swiglu { 2 } else { 1 };
+    let tile = tile.unwrap_or_else(|| matmat_tile(device, w, n, swiglu));
+    let function = w.kernels.get(device, &w.storage, Kernel::Matmat { tile, swiglu })?;
     let (rows32, cols32, n32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, to_u32(op, "n", n)?, u32::from(accumulate));
-    let token_blocks = n32.div_ceil(MM_TOKENS);
+    let (row_blocks, token_blocks) = MMA_TILES[tile].grid(w.rows, n, swiglu);
     if token_blocks > 65_535 {
-        return Err(invalid(op, format!("{n} tokens exceed one launch's {} (65535 blocks of {MM_TOKENS})", 65_535 * MM_TOKENS)));
+        return Err(invalid(op, format!("{n} tokens exceed one launch's 65535 blocks of {}", MMA_TILES[tile].tokens)));
     }
-    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), token_blocks, 1), block_dim: (MM_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (to_u32(op, "row blocks", row_blocks)?, token_blocks as u32, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {
@@ -568,8 +657,9 @@ fn launch_matmat(
     if !swiglu {
         launch.arg(&accumulate32);
     }
-    // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat.cu; x holds n * cols
-    // values and out n * rows (checked), and the kernel bounds-checks rows, tokens and columns.
+    // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat_mma.cu; x holds n * cols
+    // values and out n * rows (checked), gate and up share type and shape (checked), and the
+    // kernel bounds-checks rows, tokens and columns.
     unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-mat of {}", w.name)))
 }
 
@@ -607,7 +697,10 @@ mod tests {
         }
         assert_eq!(storages.len(), 18, "every format of the module docs");
         for storage in &storages {
-            let mut kernels = vec![Kernel::Embed, Kernel::Matmat { swiglu: false }, Kernel::Matmat { swiglu: true }];
+            let mut kernels = vec![Kernel::Embed];
+            for tile in 0..MATMAT_TILES {
+                kernels.extend([Kernel::Matmat { tile, swiglu: false }, Kernel::Matmat { tile, swiglu: true }]);
+            }
             for ntok in 1..=MAX_MATVEC_TOKENS {
                 kernels.extend([Kernel::Matvec { ntok, swiglu: false }, Kernel::Matvec { ntok, swiglu: true }]);
             }
@@ -628,7 +721,7 @@ mod tests {
         let (quant, matvec, matmat, norm) = (
             include_str!("../kernels/quant.cuh"),
             include_str!("../kernels/matvec.cuh"),
-            include_str!("../kernels/matmat.cu"),
+            include_str!("../kernels/matmat_mma.cu"),
             include_str!("../kernels/norm.cuh"),
         );
         assert_eq!(define(norm, "NORM_BLOCK"), NORM_THREADS);
@@ -636,9 +729,33 @@ mod tests {
         assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
         assert_eq!(define(quant, "CHUNK_VALUES") as usize, CHUNK_VALUES);
         assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
-        assert_eq!(define(matmat, "MM_SLOTS"), MM_SLOTS);
-        assert_eq!(define(matmat, "MM_TOKENS"), MM_TOKENS);
-        assert_eq!(define(matmat, "MM_THREADS"), MM_THREADS);
+        assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
+    }
+
+    /// Every mat-mat tile the host launches is one the compile test builds.
+    #[test]
+    fn every_matmat_tile_is_a_tested_specialization() {
+        let source = crate::find_source("matmat_mma").expect("matmat_mma.cu");
+        for tile in MMA_TILES {
+            let defines = tile.defines();
+            assert!(source.test_defines.iter().any(|set| set.iter().copied().eq(defines.iter().copied())), "{tile:?} has no kiln-test-defines line");
+        }
+    }
+
+    #[test]
+    fn matmat_tiles_fill_the_gpu_without_wasting_tokens() {
+        let sms = 132;
+        // pp512 on an 8B model: the FFN pair and q/o take big tiles, k/v (1024 rows) small ones.
+        assert_eq!(choose_tile(14336, 512, true, sms), 0);
+        assert_eq!(choose_tile(4096, 512, false, sms), 1);
+        assert_eq!(choose_tile(1024, 512, false, sms), 3);
+        // Decode batches: 9..32 tokens never take a 64-token tile, 64 never a 128-token one.
+        for n in 9..=32 {
+            assert_eq!(MMA_TILES[choose_tile(14336, n, true, sms)].tokens, 32, "n = {n}");
+        }
+        assert!(MMA_TILES[choose_tile(14336, 64, false, sms)].tokens <= 64);
+        // A tiny product still gets a tile.
+        assert_eq!(choose_tile(1, 9, false, sms), MMA_TILES.len() - 1);
     }
 
     #[test]

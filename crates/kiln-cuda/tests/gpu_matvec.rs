@@ -1,5 +1,5 @@
 //! GPU tests of the weight products (src/matvec.rs): every format against the CPU reference
-//! (kiln_quant::dequantize, then f64 dot products), plus a bandwidth benchmark. They need an
+//! (kiln_quant::dequantize, then f64 dot products), plus bandwidth and mat-mat benchmarks. They need an
 //! NVIDIA GPU: run them on the device with scripts/gpu-tests.sh (which passes --include-ignored).
 //!
 //! Each test checks every case and reports all failures at the end, so one run on the device
@@ -41,6 +41,9 @@ const FORMATS: &[GgmlType] = &[
 
 /// Token counts: every mat-vec specialization class (1, 2-3, 4-8 rows per warp) and the mat-mat.
 const TOKEN_COUNTS: &[usize] = &[1, 2, 3, 5, 8, 37];
+/// Mat-mat token counts: just past the mat-vec, partial 32- and 64-token tiles, one whole
+/// 64-token tile, a partial 128-token tile, several whole ones.
+const MATMAT_TOKEN_COUNTS: &[usize] = &[9, 17, 64, 100, 512];
 
 /// Kernel against an f64 reference on the same inputs (for quantized mat-vecs: the activations
 /// rounded to int8 exactly as the kernel rounds them), so only f32 rounding differs. The error
@@ -56,6 +59,16 @@ const ROUNDING_TOLERANCE: f64 = 1e-5;
 const Q8_TOLERANCE: f64 = 1e-2;
 /// silu(g) * u combines the errors of two products (silu's slope is at most 1.1).
 const Q8_SWIGLU_TOLERANCE: f64 = 2e-2;
+/// The tensor-core mat-mat against the exact product with f32 operands, pooled relative L2.
+/// It multiplies weights and activations rounded to f16 (round to nearest even; the f64
+/// reference of exactly those operands is checked separately at ROUNDING_TOLERANCE). Rounding
+/// one value costs a relative error uniform within half an ulp, 2^-11 = 4.9e-4 at most and
+/// about 2e-4 RMS; weight and activation errors are independent, so a product term is off by
+/// about 3e-4 RMS, and a dot product of independent random-sign terms has the same relative L2
+/// error. 2e-3 leaves a 7x margin and still fails on any wrong scale, code or index (1e-2 and up).
+const F16_TOLERANCE: f64 = 2e-3;
+/// silu(g) * u combines the errors of two products.
+const F16_SWIGLU_TOLERANCE: f64 = 4e-3;
 
 fn device() -> &'static CudaDevice {
     static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
@@ -74,6 +87,8 @@ struct HostWeight {
     cols: usize,
     bytes: Arc<Vec<u8>>,
     values: Vec<f32>,
+    /// `values` rounded to f16, as the mat-mat kernel stores them.
+    halves: Vec<f32>,
 }
 
 impl HostWeight {
@@ -83,7 +98,8 @@ impl HostWeight {
         kiln_quant::quantize(ty, &source, &mut bytes).expect("quantize");
         let mut values = vec![0f32; rows * cols];
         kiln_quant::dequantize(ty, &bytes, &mut values).expect("dequantize");
-        HostWeight { ty, rows, cols, bytes: Arc::new(bytes), values }
+        let halves = values.iter().map(|&v| round_f16(v)).collect();
+        HostWeight { ty, rows, cols, bytes: Arc::new(bytes), values, halves }
     }
 
     fn source(&self, name: &str) -> WeightSource {
@@ -98,33 +114,54 @@ impl HostWeight {
         matches!(self.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
     }
 
-    /// out[t][r] = sum_c W[r][c] * x[t][c] in f64, with sum_c |W[r][c] x[t][c]| as the scale.
-    fn product(&self, x: &[f64], n: usize) -> Expected {
-        let mut expected = Expected { values: vec![0f64; n * self.rows], scale: vec![0f64; n * self.rows] };
-        for t in 0..n {
-            let xt = &x[t * self.cols..(t + 1) * self.cols];
-            for r in 0..self.rows {
-                let row = &self.values[r * self.cols..(r + 1) * self.cols];
-                let (mut sum, mut abs) = (0f64, 0f64);
-                for (&w, &v) in row.iter().zip(xt) {
-                    sum += f64::from(w) * v;
-                    abs += (f64::from(w) * v).abs();
-                }
-                expected.values[t * self.rows + r] = sum;
-                expected.scale[t * self.rows + r] = abs;
-            }
+    /// out[t][r] = sum_c W[r][c] * x[t][c] in f64 for W = `weights` (`values` or `halves`),
+    /// with sum_c |W[r][c] x[t][c]| as the scale. Parallel over tokens: the mat-mat cases are big.
+    fn product(&self, weights: &[f32], x: &[f64], n: usize) -> Expected {
+        use rayon::prelude::*;
+        let per_token: Vec<(Vec<f64>, Vec<f64>)> = (0..n)
+            .into_par_iter()
+            .map(|t| {
+                let xt = &x[t * self.cols..(t + 1) * self.cols];
+                (0..self.rows)
+                    .map(|r| {
+                        let row = &weights[r * self.cols..(r + 1) * self.cols];
+                        let (mut sum, mut abs) = (0f64, 0f64);
+                        for (&w, &v) in row.iter().zip(xt) {
+                            sum += f64::from(w) * v;
+                            abs += (f64::from(w) * v).abs();
+                        }
+                        (sum, abs)
+                    })
+                    .unzip()
+            })
+            .collect();
+        let mut expected = Expected { values: Vec::with_capacity(n * self.rows), scale: Vec::with_capacity(n * self.rows) };
+        for (values, scale) in per_token {
+            expected.values.extend(values);
+            expected.scale.extend(scale);
         }
         expected
     }
 
+    /// Whether `matmul` of `n` tokens takes the mat-mat kernel (src/matvec.rs: more tokens than
+    /// the mat-vec takes, or float rows whose length is not a multiple of 4).
+    fn takes_matmat(&self, n: usize) -> bool {
+        n > matvec::MAX_MATVEC_TOKENS || (self.is_float() && self.cols & 3 != 0)
+    }
+
     /// (what the kernel computes exactly, the exact product with the f32 activations): they
-    /// differ for quantized weights in the mat-vec path, which rounds activations to int8.
+    /// differ for quantized weights in the mat-vec path, which rounds activations to int8, and
+    /// in the mat-mat, which rounds weights and activations to f16.
     fn products(&self, x: &[f32], n: usize) -> (Expected, Expected) {
-        let exact = self.product(&widen(x), n);
-        if self.is_float() || n > matvec::MAX_MATVEC_TOKENS {
+        let exact = self.product(&self.values, &widen(x), n);
+        if self.takes_matmat(n) {
+            let halves: Vec<f64> = x.iter().map(|&v| f64::from(round_f16(v))).collect();
+            return (self.product(&self.halves, &halves, n), exact);
+        }
+        if self.is_float() {
             return (exact.clone(), exact);
         }
-        (self.product(&dequantized_activations(x), n), exact)
+        (self.product(&self.values, &dequantized_activations(x), n), exact)
     }
 }
 
@@ -184,6 +221,11 @@ impl Pool {
 
 fn silu(g: f64) -> f64 {
     g / (1.0 + (-g).exp())
+}
+
+/// Round to nearest even f16, like the kernels' cvt.rn.f16x2.f32.
+fn round_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
 }
 
 fn widen(x: &[f32]) -> Vec<f64> {
@@ -445,6 +487,110 @@ fn bad_arguments_are_typed_errors() {
     assert!(matches!(matvec::upload_weight(device(), &unsupported), Err(CudaError::InvalidArgument { .. })));
 }
 
+/// The product's kernel: `matmul`'s own pick (`None`) or the mat-mat with a given block shape.
+fn tile_name(tile: Option<usize>) -> String {
+    tile.map_or("auto".to_string(), |t| format!("tile {t}"))
+}
+
+/// The tensor-core mat-mat for every format and every block shape (plus `matmul`'s own pick):
+/// 9..512 tokens, row counts that leave partial blocks for every shape (1, 37, 200 rows; the
+/// SwiGLU pair halves the rows per block), row lengths per `column_choices` (partial 512-value
+/// tiles, and for floats lengths that are not multiples of 4 or 16), the plain product, the
+/// residual add and the SwiGLU pair. Outputs are poisoned first and a guard after them must
+/// stay poisoned. Each result must match the f64 product of the f16-rounded operands to f32
+/// rounding (ROUNDING_TOLERANCE), and the pool over a format the exact product (F16_TOLERANCE).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
+    let mut rng = rng("matmat");
+    let mut failures = Vec::new();
+    let tiles: Vec<Option<usize>> = std::iter::once(None).chain((0..matvec::MATMAT_TILES).map(Some)).collect();
+    for &ty in FORMATS {
+        let [small, mid, big] = column_choices(ty);
+        let (mut plain_pool, mut add_pool, mut swiglu_pool) = (Pool::default(), Pool::default(), Pool::default());
+        for &n in MATMAT_TOKEN_COUNTS {
+            // Plain product and residual add.
+            for (rows, cols) in [(37, big), (200, mid), (1, small)] {
+                let host = HostWeight::random(&mut rng, ty, rows, cols);
+                let weight = host.upload(&format!("{ty} {rows}x{cols}"));
+                let x = random_f32(&mut rng, n * cols);
+                let x_gpu = upload_f32(&x);
+                let residual = random_f32(&mut rng, n * rows);
+                let (computed, exact) = host.products(&x, n);
+                let mut computed_sum = computed.clone();
+                computed_sum.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
+                let exact_sum: Vec<f64> = exact.values.iter().zip(&residual).map(|(w, &r)| w + f64::from(r)).collect();
+                for &tile in &tiles {
+                    let case = format!("matmat {ty} {rows}x{cols} n={n} {}", tile_name(tile));
+                    let mut out = poisoned(n * rows);
+                    let result = match tile {
+                        None => matvec::matmul(device(), &weight, &x_gpu, &mut out, n),
+                        Some(t) => matvec::matmul_with_tile(device(), &weight, None, &x_gpu, &mut out, n, false, t),
+                    };
+                    if let Err(e) = result {
+                        failures.push(format!("{case}: {e}"));
+                        continue;
+                    }
+                    let got = download(&out, n * rows, &mut failures, &case);
+                    check(&mut failures, &case, &got, &computed);
+                    plain_pool.add(&got, &exact.values);
+
+                    let case = format!("matmat add {ty} {rows}x{cols} n={n} {}", tile_name(tile));
+                    let mut out = poisoned(n * rows);
+                    device().stream().memcpy_htod(&residual, &mut out.slice_mut(..n * rows)).expect("upload residual");
+                    let result = match tile {
+                        None => matvec::matmul_add(device(), &weight, &x_gpu, &mut out, n),
+                        Some(t) => matvec::matmul_with_tile(device(), &weight, None, &x_gpu, &mut out, n, true, t),
+                    };
+                    if let Err(e) = result {
+                        failures.push(format!("{case}: {e}"));
+                        continue;
+                    }
+                    let got = download(&out, n * rows, &mut failures, &case);
+                    check(&mut failures, &case, &got, &computed_sum);
+                    add_pool.add(&got, &exact_sum);
+                }
+            }
+            // SwiGLU pair.
+            for (rows, cols) in [(37, mid), (200, small)] {
+                let (gate_host, up_host) = (HostWeight::random(&mut rng, ty, rows, cols), HostWeight::random(&mut rng, ty, rows, cols));
+                let (gate, up) = (gate_host.upload("gate"), up_host.upload("up"));
+                let x = random_f32(&mut rng, n * cols);
+                let x_gpu = upload_f32(&x);
+                let (gate_computed, gate_exact) = gate_host.products(&x, n);
+                let (up_computed, up_exact) = up_host.products(&x, n);
+                let computed = Expected::swiglu(&gate_computed, &up_computed);
+                let exact = Expected::swiglu(&gate_exact, &up_exact);
+                for &tile in &tiles {
+                    let case = format!("matmat swiglu {ty} {rows}x{cols} n={n} {}", tile_name(tile));
+                    let mut out = poisoned(n * rows);
+                    let result = match tile {
+                        None => matvec::matmul_swiglu(device(), &gate, &up, &x_gpu, &mut out, n),
+                        Some(t) => matvec::matmul_with_tile(device(), &gate, Some(&up), &x_gpu, &mut out, n, false, t),
+                    };
+                    if let Err(e) = result {
+                        failures.push(format!("{case}: {e}"));
+                        continue;
+                    }
+                    let got = download(&out, n * rows, &mut failures, &case);
+                    check(&mut failures, &case, &got, &computed);
+                    swiglu_pool.add(&got, &exact.values);
+                }
+            }
+        }
+        plain_pool.check(&mut failures, &format!("matmat {ty}"), F16_TOLERANCE);
+        add_pool.check(&mut failures, &format!("matmat add {ty}"), F16_TOLERANCE);
+        swiglu_pool.check(&mut failures, &format!("matmat swiglu {ty}"), F16_SWIGLU_TOLERANCE);
+    }
+    let mut out = poisoned(9);
+    let one = HostWeight::random(&mut rng, GgmlType::Q4_0, 1, 32).upload("one");
+    assert!(matches!(
+        matvec::matmul_with_tile(device(), &one, None, &upload_f32(&[0.0; 9 * 32]), &mut out, 9, false, matvec::MATMAT_TILES),
+        Err(CudaError::InvalidArgument { .. })
+    ));
+    report("matmat", failures);
+}
+
 /// A rows x cols weight of valid blocks made cheaply: 64 random rows quantized, then repeated.
 fn benchmark_weight(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> WeightSource {
     const DISTINCT_ROWS: usize = 64;
@@ -535,4 +681,91 @@ fn matvec_bandwidth_on_8b_shapes() {
         }
     }
     report("bandwidth", failures);
+}
+
+/// Median milliseconds of one `launch` call over `runs` runs of `per_run` calls each (after a
+/// warm-up run), timed by CUDA events around each run.
+fn median_ms(runs: usize, per_run: usize, mut launch: impl FnMut(usize)) -> f64 {
+    let ctx = device().context();
+    let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    for i in 0..per_run {
+        launch(i);
+    }
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let (start, end) = (event(), event());
+            start.record(device().stream()).expect("record");
+            for i in 0..per_run {
+                launch(i);
+            }
+            end.record(device().stream()).expect("record");
+            f64::from(start.elapsed_ms(&end).expect("elapsed")) / per_run as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}
+
+/// Prints the tensor-core mat-mat's TFLOP/s and weight GB/s on Llama-3-8B's FFN shapes
+/// (4096 cols x 14336 rows, 14336 cols x 4096 rows) at 512 and 64 tokens for Q4_K, Q8_0, Q4_0,
+/// Q6_K and Q1_0: `matmul`'s own pick of block shape, then every shape forced, then the fused
+/// SwiGLU pair for the 14336-row shape. Launches cycle through enough weight copies to defeat
+/// the L2 cache; each figure is the median of 7 timed runs after a warm-up.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn matmat_throughput_on_8b_shapes() {
+    const RUNS: usize = 7;
+    let mut rng = rng("matmat_throughput");
+    let l2 = device().info().l2_cache_bytes.max(1 << 20);
+    println!("{}", device().info());
+    println!("{:<6} {:>11} {:>4} {:<14} {:>8} {:>8} {:>8}", "format", "rows x cols", "n", "kernel", "ms", "TFLOP/s", "GB/s");
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q1_0] {
+        for (rows, cols) in [(14336, 4096), (4096, 14336)] {
+            let source = benchmark_weight(&mut rng, ty, rows, cols);
+            let first = matvec::upload_weight(device(), &source).expect("upload");
+            let bytes = first.device_bytes();
+            // The SwiGLU runs read two weights per launch, so count copies in pairs.
+            let copies = (5 * l2 / 2).div_ceil(bytes).clamp(2, 12).next_multiple_of(2);
+            let mut weights = vec![first];
+            weights.extend((1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")));
+            let x = upload_f32(&random_f32(&mut rng, 512 * cols));
+            let mut out = device().alloc_zeros::<f32>(512 * rows, "benchmark output").expect("alloc");
+            for n in [512, 64] {
+                let line = |kernel: String, ms: f64, weight_bytes: usize, flops: f64| {
+                    println!(
+                        "{:<6} {:>5}x{:<5} {n:>4} {kernel:<14} {ms:>8.4} {:>8.1} {:>8.0}",
+                        ty.name(),
+                        rows,
+                        cols,
+                        flops / (ms * 1e-3) / 1e12,
+                        weight_bytes as f64 / (ms * 1e-3) / 1e9
+                    );
+                };
+                let flops = 2.0 * rows as f64 * cols as f64 * n as f64;
+                let auto = matvec::matmat_tile(device(), &weights[0], n, false);
+                let ms = median_ms(RUNS, copies, |i| matvec::matmul(device(), &weights[i % copies], &x, &mut out, n).expect("matmul"));
+                line(format!("auto (tile {auto})"), ms, bytes, flops);
+                for tile in 0..matvec::MATMAT_TILES {
+                    let ms = median_ms(RUNS, copies, |i| {
+                        matvec::matmul_with_tile(device(), &weights[i % copies], None, &x, &mut out, n, false, tile).expect("matmul_with_tile")
+                    });
+                    line(format!("tile {tile}"), ms, bytes, flops);
+                }
+                if rows > cols {
+                    let auto = matvec::matmat_tile(device(), &weights[0], n, true);
+                    let ms = median_ms(RUNS, copies / 2, |i| {
+                        let (gate, up) = (&weights[(2 * i) % copies], &weights[(2 * i + 1) % copies]);
+                        matvec::matmul_swiglu(device(), gate, up, &x, &mut out, n).expect("matmul_swiglu")
+                    });
+                    line(format!("swiglu (tile {auto})"), ms, 2 * bytes, 2.0 * flops);
+                }
+                let result = device().download(&out).expect("download");
+                if !result[..n * rows].iter().all(|v| v.is_finite()) {
+                    failures.push(format!("{ty} {rows}x{cols} n={n}: non-finite outputs"));
+                }
+            }
+        }
+    }
+    report("matmat throughput", failures);
 }
