@@ -411,7 +411,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
         Some(DeviceKind::Cuda) => Some(open_gpu()?),
-        None => open_gpu().map_err(|e| eprintln!("kiln bench: no usable GPU ({e}); running on the CPU")).ok(),
+        None => open_gpu().map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
     };
     match (gpu, args.batched) {
         (Some(gpu), false) => bench_with(Arc::new(gpu), file, &path, &args),

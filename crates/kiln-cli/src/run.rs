@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> CliResult {
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
         Some(DeviceKind::Cuda) => Some(open_gpu()?),
-        None => open_gpu().map_err(|e| eprintln!("kiln: no usable GPU ({e}); running on the CPU")).ok(),
+        None => open_gpu().map_err(|e| eprintln!("kiln: no usable GPU: {e}; running on the CPU")).ok(),
     };
     match gpu {
         Some(gpu) => generate_with(Arc::new(gpu), file, &tokenizer, &args),

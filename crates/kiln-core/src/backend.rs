@@ -176,6 +176,13 @@ pub trait Backend: Send + Sync + 'static {
         let _ = key;
         record()
     }
+    /// Gets ready every kernel a model with these weights and attention shapes will run (a
+    /// GPU backend compiles them in parallel), so the first step is not held up.
+    fn prepare(&self, weights: &[&Self::Weight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {
+        let _ = (weights, attention, kv);
+        Ok(())
+    }
+
     /// Waits for all enqueued work.
     fn synchronize(&self) -> Result<()> {
         Ok(())

@@ -370,124 +370,164 @@ __device__ __forceinline__ void matmat_two(const W& gate, const W& up, const flo
 }
 
 #define MM_ARGS const float* x, u32 cols, u32 n, float* out, u32 rows
+// MMA_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats
+// it has; without it every format is compiled (the compile check).
+#ifndef MMA_TYPE
+#define MMA_TYPE -1
+#endif
+#define MMA_WANTS(ggml_type) (MMA_TYPE < 0 || MMA_TYPE == (ggml_type))
 // __launch_bounds__(MMA_THREADS, 2): two resident blocks per multiprocessor (16 warps), so at
 // most 128 registers per thread.
 
+#if MMA_WANTS(0)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f32(FloatRows<0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(1)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f16(FloatRows<1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(30)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_bf16(FloatRows<2> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(8)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q8_0(QuantRows<FmtQ8_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q8_0(QuantRows<FmtQ8_0> gate, QuantRows<FmtQ8_0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(2)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_0(QuantRows<FmtQ4_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_0(QuantRows<FmtQ4_0> gate, QuantRows<FmtQ4_0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(3)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_1(QuantRows<FmtQ4_1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_1(QuantRows<FmtQ4_1> gate, QuantRows<FmtQ4_1> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(6)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_0(QuantRows<FmtQ5_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_0(QuantRows<FmtQ5_0> gate, QuantRows<FmtQ5_0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(7)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_1(QuantRows<FmtQ5_1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_1(QuantRows<FmtQ5_1> gate, QuantRows<FmtQ5_1> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(20)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_nl(QuantRows<FmtIQ4_NL> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_nl(QuantRows<FmtIQ4_NL> gate, QuantRows<FmtIQ4_NL> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(41)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q1_0(QuantRows<FmtQ1_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q1_0(QuantRows<FmtQ1_0> gate, QuantRows<FmtQ1_0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(10)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q2_k(QuantRows<FmtQ2_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q2_k(QuantRows<FmtQ2_K> gate, QuantRows<FmtQ2_K> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(11)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q3_k(QuantRows<FmtQ3_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q3_k(QuantRows<FmtQ3_K> gate, QuantRows<FmtQ3_K> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(12)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_k(QuantRows<FmtQ4_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_k(QuantRows<FmtQ4_K> gate, QuantRows<FmtQ4_K> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(13)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_k(QuantRows<FmtQ5_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_k(QuantRows<FmtQ5_K> gate, QuantRows<FmtQ5_K> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(14)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q6_k(QuantRows<FmtQ6_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q6_k(QuantRows<FmtQ6_K> gate, QuantRows<FmtQ6_K> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(23)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_xs(QuantRows<FmtIQ4_XS> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_xs(QuantRows<FmtIQ4_XS> gate, QuantRows<FmtIQ4_XS> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif
 
+#if MMA_WANTS(35)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_tq2_0(QuantRows<FmtTQ2_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, x, cols, n, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_tq2_0(QuantRows<FmtTQ2_0> gate, QuantRows<FmtTQ2_0> up, MM_ARGS) {
     matmat_two(gate, up, x, cols, n, out, rows);
 }
+#endif

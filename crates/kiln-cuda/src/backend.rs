@@ -578,6 +578,23 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn prepare(&self, weights: &[&GpuWeight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {
+        let mut keys: Vec<_> = weights.iter().flat_map(|w| matvec::module_keys(w)).collect();
+        let params = PagedAttentionParams {
+            n_heads: attention.n_heads,
+            n_kv_heads: attention.n_kv_heads,
+            head_dim: attention.head_dim,
+            rows: kv.rows(),
+            max_seq_len: attention.max_seq_len,
+            scale: attention.scale,
+            k_type: kv.k_type,
+            v_type: kv.v_type,
+        };
+        keys.push(crate::paged_attention::module_key(&params));
+        keys.push(("rope", vec![("K_TYPE", kv_type_code(kv.k_type)), ("V_TYPE", kv_type_code(kv.v_type))]));
+        self.device.registry().prepare(&keys).map_err(backend_error)
+    }
+
     fn synchronize(&self) -> Result<()> {
         self.device.synchronize().map_err(backend_error)
     }

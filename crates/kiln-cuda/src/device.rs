@@ -87,7 +87,8 @@ pub fn ensure_driver() -> Result<(), CudaError> {
     if *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() }) {
         Ok(())
     } else {
-        Err(CudaError::DriverUnavailable(format!("none of {:?} could be loaded (no NVIDIA driver installed?)", library_candidates("cuda"))))
+        tracing::debug!(tried = ?library_candidates("cuda"), "libcuda did not load");
+        Err(CudaError::DriverUnavailable("libcuda did not load".into()))
     }
 }
 

@@ -25,7 +25,7 @@ pub enum CudaError {
     #[error("libnvrtc is not available: {0}")]
     NvrtcUnavailable(String),
 
-    #[error("the CUDA driver (libcuda) is not available: {0}")]
+    #[error("no NVIDIA driver found ({0})")]
     DriverUnavailable(String),
 
     #[error("CUDA driver call failed while {context}: {error:?}")]

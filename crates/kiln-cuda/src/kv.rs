@@ -28,13 +28,22 @@ pub fn q8_scales_at(rows: usize, width: usize) -> usize {
     (rows * width).div_ceil(16) * 16
 }
 
+/// Bytes a K or V buffer of `rows` rows of `width` values of `ty` occupies.
+pub fn cache_bytes(ty: KvType, rows: usize, width: usize) -> usize {
+    match ty {
+        KvType::F32 | KvType::F16 => rows * ty.row_bytes(width),
+        KvType::Q8_0 => q8_scales_at(rows, width) + rows * (width / 32) * 2,
+    }
+}
+
 /// Bytes of a K or V buffer of `rows` rows, and the byte ranges rows `0..used` occupy.
 fn layout(ty: KvType, rows: usize, width: usize, used: usize) -> (usize, [std::ops::Range<usize>; 2]) {
+    let total = cache_bytes(ty, rows, width);
     match ty {
-        KvType::F32 | KvType::F16 => (rows * ty.row_bytes(width), [0..used * ty.row_bytes(width), 0..0]),
+        KvType::F32 | KvType::F16 => (total, [0..used * ty.row_bytes(width), 0..0]),
         KvType::Q8_0 => {
             let scales = q8_scales_at(rows, width);
-            (scales + rows * width / 32 * 2, [0..used * width, scales..scales + used * width / 32 * 2])
+            (total, [0..used * width, scales..scales + used * width / 32 * 2])
         }
     }
 }

@@ -174,6 +174,26 @@ impl KernelSlots {
     }
 }
 
+/// The modules `w`'s kernels come from on the common paths: one-token mat-vec (decode),
+/// every mat-mat tile (prompts and large batches) and the embedding lookup.
+pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
+    let mut kernels = vec![Kernel::Matvec { ntok: 1, swiglu: false }, Kernel::Embed];
+    kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
+    kernels
+        .into_iter()
+        .map(|k| {
+            let (source, _, defines) = kernel_id(&w.storage, k);
+            (source, defines)
+        })
+        .collect()
+}
+
+/// The GGML type whose name is the kernel suffix `suffix` (`q4_k`, `f16`), as the `MMA_TYPE`
+/// that selects its kernels in matmat_mma.cu.
+fn kernel_type_id(suffix: &str) -> i64 {
+    kiln_quant::ALL_TYPES.iter().find(|t| t.to_string().eq_ignore_ascii_case(suffix)).map_or(-1, |t| i64::from(t.id()))
+}
+
 /// Source file, kernel name and compile-time defines of `kernel` for weights stored as `storage`.
 fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&'static str, i64)>) {
     let suffix = match storage {
@@ -191,7 +211,11 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(rows_per_warp(ntok)))];
             (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
         }
-        Kernel::Matmat { tile, swiglu } => ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), MMA_TILES[tile].defines()),
+        Kernel::Matmat { tile, swiglu } => {
+            let mut defines = MMA_TILES[tile].defines();
+            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
+            ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), defines)
+        }
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
     }
 }
@@ -681,6 +705,28 @@ mod tests {
         assert_eq!(std::mem::offset_of!(PlanesArg, tiles), 24);
         assert_eq!(size_of::<FloatArg>(), 16);
         assert_eq!(std::mem::offset_of!(FloatArg, stride), 8);
+    }
+
+    /// Each format's mat-mat pair in matmat_mma.cu sits under the guard of its own type id, so
+    /// compiling with `MMA_TYPE` keeps exactly the kernels `kernel_id` asks for.
+    #[test]
+    fn mat_mat_pairs_are_guarded_by_their_type() {
+        let source = include_str!("../kernels/matmat_mma.cu");
+        let mut guard = None;
+        let mut seen = 0;
+        for line in source.lines() {
+            if let Some(id) = line.strip_prefix("#if MMA_WANTS(").and_then(|r| r.strip_suffix(')')) {
+                guard = Some(id.parse::<i64>().expect("numeric type id"));
+            } else if line == "#endif" {
+                guard = None;
+            } else if let Some(rest) = line.split(") matmat_").nth(1) {
+                let name = rest.split('(').next().unwrap();
+                let suffix = name.strip_prefix("swiglu_").unwrap_or(name);
+                assert_eq!(guard, Some(kernel_type_id(suffix)), "matmat_{name} is not under its type's guard");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 34);
     }
 
     /// Every kernel the host can ask for is declared in the source it is looked up in.

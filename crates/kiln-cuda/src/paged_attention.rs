@@ -17,7 +17,8 @@ use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureStatus};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::plan::KvType;
 
-use crate::kv::KvView;
+pub use crate::kv::cache_bytes;
+use crate::kv::{kv_type_code, KvView};
 use crate::plan_words::word;
 use crate::{CudaDevice, CudaError};
 
@@ -99,24 +100,6 @@ fn to_u32(what: &str, value: usize) -> Result<u32, CudaError> {
 
 fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
     move |error| CudaError::Driver { context: format!("launching {kernel}"), error }
-}
-
-fn type_code(ty: KvType) -> i64 {
-    match ty {
-        KvType::F32 => 0,
-        KvType::F16 => 1,
-        KvType::Q8_0 => 2,
-    }
-}
-
-/// Bytes a cache of `rows` rows of `width` values of `ty` occupies (kernels/kv.cuh: q8_0 scales
-/// start at a 16-byte boundary after the quants).
-pub fn cache_bytes(ty: KvType, rows: usize, width: usize) -> usize {
-    match ty {
-        KvType::F32 => rows * width * 4,
-        KvType::F16 => rows * width * 2,
-        KvType::Q8_0 => (rows * width).div_ceil(16) * 16 + rows * (width / 32) * 2,
-    }
 }
 
 fn is_capturing(device: &CudaDevice) -> bool {
@@ -331,6 +314,11 @@ impl PagedAttention {
     }
 }
 
+/// The module of the attention kernels for these shapes, for [`crate::KernelRegistry::prepare`].
+pub fn module_key(p: &PagedAttentionParams) -> (&'static str, Vec<(&'static str, i64)>) {
+    ("paged_attention", vec![("HEAD_DIM", p.head_dim as i64), ("GROUP", p.group() as i64), ("K_TYPE", kv_type_code(p.k_type)), ("V_TYPE", kv_type_code(p.v_type))])
+}
+
 impl State {
     fn kernels(&mut self, device: &CudaDevice, p: &PagedAttentionParams) -> Result<&Kernels, CudaError> {
         let key = Key { head_dim: p.head_dim, group: p.group(), k_type: p.k_type, v_type: p.v_type };
@@ -338,7 +326,7 @@ impl State {
             Entry::Occupied(loaded) => loaded.into_mut(),
             Entry::Vacant(slot) => {
                 let defines =
-                    [("HEAD_DIM", key.head_dim as i64), ("GROUP", key.group as i64), ("K_TYPE", type_code(key.k_type)), ("V_TYPE", type_code(key.v_type))];
+                    [("HEAD_DIM", key.head_dim as i64), ("GROUP", key.group as i64), ("K_TYPE", kv_type_code(key.k_type)), ("V_TYPE", kv_type_code(key.v_type))];
                 let load = |kernel| device.registry().function("paged_attention", kernel, &defines);
                 let split = load("paged_attention_split")?;
                 let per_multiprocessor = split

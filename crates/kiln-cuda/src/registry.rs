@@ -75,6 +75,46 @@ impl KernelRegistry {
         Ok(modules.entry(key).or_insert(module).clone())
     }
 
+    /// Compiles (or reads from the disk cache) and loads every module of `keys` not loaded yet,
+    /// several at a time, so a model's first run does not compile them one after another.
+    /// The first error is returned once every worker has finished.
+    pub fn prepare(&self, keys: &[(&'static str, Vec<(&'static str, i64)>)]) -> Result<(), CudaError> {
+        let missing: Vec<_> = {
+            let loaded = self.modules.read().unwrap_or_else(PoisonError::into_inner);
+            let mut seen = std::collections::HashSet::new();
+            keys.iter()
+                .filter(|(source, defines)| CubinKey::new(source, defines, &self.arch).is_ok_and(|key| !loaded.contains_key(&key) && seen.insert(key)))
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let workers = std::thread::available_parallelism().map_or(4, |n| n.get()).min(missing.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let first_error = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    if let Err(e) = self.ctx.bind_to_thread() {
+                        first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(CudaError::driver("binding the context")(e));
+                        return;
+                    }
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((source, defines)) = missing.get(i) else { break };
+                        if let Err(e) = self.module(source, defines) {
+                            first_error.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+                        }
+                    }
+                });
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// One kernel of a module. Callers on hot paths should keep the returned function.
     pub fn function(&self, source: &str, kernel: &str, defines: &[(&str, i64)]) -> Result<CudaFunction, CudaError> {
         find_kernel(source, kernel)?;

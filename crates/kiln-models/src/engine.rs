@@ -167,6 +167,7 @@ impl<B: Backend> Engine<B> {
         let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
         let b = &*backend;
         let pool = KvPool::new(b, c.n_layer, c.n_head_kv * c.head_dim, options.k_type, options.v_type, budget)?;
+        b.prepare(&weights.matrices(), &attention_params(c, options.max_seq_len), pool.spec())?;
         let ws = Workspace::new(b, c, options.max_batch_tokens, logit_rows)?;
         let step = b.alloc_step(&capacity, pool.spec().n_blocks)?;
         let host_logits = vec![0f32; logit_rows * c.n_vocab];
@@ -282,6 +283,10 @@ impl<B: Backend> Engine<B> {
     }
 }
 
+fn attention_params(c: &crate::ModelConfig, max_seq_len: usize) -> AttentionParams {
+    AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, max_seq_len, scale: 1.0 / (c.head_dim as f32).sqrt() }
+}
+
 /// The forward pass of the `n` tokens of the step, as one straight sequence of backend ops:
 /// embeddings, the decoder blocks, then the LM head over the `n_rows` rows that produce logits.
 #[allow(clippy::too_many_arguments)]
@@ -298,7 +303,7 @@ fn forward<B: Backend>(
     let c = &w.config;
     let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
     let q_rope = RopeParams { kind: c.rope_kind, n_heads: c.n_head, head_dim: c.head_dim, n_rot: c.n_rot };
-    let attn = AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, max_seq_len, scale: 1.0 / (c.head_dim as f32).sqrt() };
+    let attn = attention_params(c, max_seq_len);
 
     b.embed(&w.token_embd, step, &mut a.x, n)?;
     for (l, cache) in w.layers.iter().zip(caches.iter_mut()) {

@@ -138,6 +138,16 @@ impl<B: Backend> Weights<B> {
         Ok(Weights { config, token_embd, output, output_norm, layers, inv_freq })
     }
 
+    /// Every weight matrix.
+    pub fn matrices(&self) -> Vec<&B::Weight> {
+        let mut all = vec![&self.token_embd];
+        all.extend(&self.output);
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        all
+    }
+
     /// The LM head (the embedding table when tied).
     pub fn lm_head(&self) -> &B::Weight {
         self.output.as_ref().unwrap_or(&self.token_embd)
