@@ -316,7 +316,10 @@ impl PagedAttention {
 
 /// The module of the attention kernels for these shapes, for [`crate::KernelRegistry::prepare`].
 pub fn module_key(p: &PagedAttentionParams) -> (&'static str, Vec<(&'static str, i64)>) {
-    ("paged_attention", vec![("HEAD_DIM", p.head_dim as i64), ("GROUP", p.group() as i64), ("K_TYPE", kv_type_code(p.k_type)), ("V_TYPE", kv_type_code(p.v_type))])
+    (
+        "paged_attention",
+        vec![("HEAD_DIM", p.head_dim as i64), ("GROUP", p.group() as i64), ("K_TYPE", kv_type_code(p.k_type)), ("V_TYPE", kv_type_code(p.v_type))],
+    )
 }
 
 impl State {
@@ -325,8 +328,12 @@ impl State {
         Ok(match self.kernels.entry(key) {
             Entry::Occupied(loaded) => loaded.into_mut(),
             Entry::Vacant(slot) => {
-                let defines =
-                    [("HEAD_DIM", key.head_dim as i64), ("GROUP", key.group as i64), ("K_TYPE", kv_type_code(key.k_type)), ("V_TYPE", kv_type_code(key.v_type))];
+                let defines = [
+                    ("HEAD_DIM", key.head_dim as i64),
+                    ("GROUP", key.group as i64),
+                    ("K_TYPE", kv_type_code(key.k_type)),
+                    ("V_TYPE", kv_type_code(key.v_type)),
+                ];
                 let load = |kernel| device.registry().function("paged_attention", kernel, &defines);
                 let split = load("paged_attention_split")?;
                 let per_multiprocessor = split
