@@ -15,13 +15,12 @@ mod iq;
 mod kquants;
 mod legacy;
 mod ternary;
-mod types;
 
 pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
+pub use kiln_gguf::{GgmlType, ALL_TYPES};
 pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 pub use ternary::{BlockTQ1_0, BlockTQ2_0};
-pub use types::{GgmlType, ALL_TYPES};
 
 use block::RowCodec;
 
