@@ -6,14 +6,18 @@
 //! (`quantize_row_*_ref`, and for IQ4_NL/IQ4_XS the scale search llama-quantize
 //! runs without an importance matrix) byte for byte.
 //!
-//! Every entry point works on whole rows of bytes and floats, block by block,
-//! without allocating.
+//! The row-level entry points work on whole rows of bytes and floats, block by
+//! block, without allocating. Above them, [`file`] converts whole GGUF files
+//! with llama-quantize's per-tensor type rules, and [`synthetic`] writes
+//! random-weight models in the shapes of real ones through the same path.
 
 mod block;
+pub mod file;
 mod float;
 mod iq;
 mod kquants;
 mod legacy;
+pub mod synthetic;
 mod ternary;
 
 pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
