@@ -9,8 +9,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use kiln_core::{Backend, CpuBackend, SamplingParams};
 use kiln_gguf::{GgufFile, Value};
-use kiln_models::quantize::{describe_file_type, FileType, QuantHparams, FILE_TYPE_GUESSED};
 use kiln_models::{Logits, Model, ModelOptions};
+use kiln_quant::file::{describe_file_type, FileType, QuantHparams, FILE_TYPE_GUESSED};
 use serde_json::json;
 
 use crate::kv_args::KvArgs;

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_models::quantize::{parse_file_type, quantize_file, Progress, QuantizeOptions, TensorPlan, WriteSummary};
+use kiln_quant::file::{parse_file_type, quantize_file, Progress, QuantizeOptions, TensorPlan, WriteSummary};
 
 use crate::CliResult;
 

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use kiln_models::quantize::{parse_file_type, QuantizeOptions};
-use kiln_models::synthetic::{find_shape, RandomModel, SHAPES};
+use kiln_quant::file::{parse_file_type, QuantizeOptions};
+use kiln_quant::synthetic::{find_shape, RandomModel, SHAPES};
 
 use crate::quantize::{print_summary, ProgressReport};
 use crate::CliResult;

@@ -1,7 +1,6 @@
 use std::path::PathBuf;
 
-use kiln_quant::GgmlType;
-
+use crate::types::GgmlType;
 use crate::value::{Value, ValueType};
 
 /// Everything that can be wrong with a GGUF file or with a writer's input.

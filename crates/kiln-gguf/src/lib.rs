@@ -1,4 +1,5 @@
-//! GGUF files: a validating reader over a memory map, and a streaming writer.
+//! GGUF files: a validating reader over a memory map, a streaming writer, and
+//! the table of GGML tensor types (ids, names, block and byte sizes).
 //!
 //! Versions 2 and 3 are read (little-endian only); version 3 is written.
 //! Opening a file validates the whole header and every tensor's data range
@@ -9,12 +10,13 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod reader;
+mod types;
 mod value;
 mod writer;
 
 pub use error::GgufError;
-pub use kiln_quant::GgmlType;
 pub use reader::{GgufFile, MAX_ARRAY_DEPTH};
+pub use types::{GgmlType, ALL_TYPES};
 pub use value::{Value, ValueType};
 pub use writer::{GgufWriter, WRITE_VERSION};
 

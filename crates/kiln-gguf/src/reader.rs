@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use kiln_quant::GgmlType;
 use memmap2::Mmap;
 
 use crate::error::GgufError;
+use crate::types::GgmlType;
 use crate::value::{Value, ValueType};
 use crate::{align_up, check_dim_count, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 

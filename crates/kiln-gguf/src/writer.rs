@@ -4,10 +4,9 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use kiln_quant::GgmlType;
-
 use crate::error::GgufError;
 use crate::reader::MAX_ARRAY_DEPTH;
+use crate::types::GgmlType;
 use crate::value::Value;
 use crate::{align_up, alignment_from_value, tensor_n_bytes, TensorInfo, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 

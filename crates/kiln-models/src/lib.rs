@@ -8,8 +8,6 @@ pub mod error;
 pub mod generate;
 pub mod kv_pool;
 pub mod model;
-pub mod quantize;
-pub mod synthetic;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};

@@ -6,22 +6,25 @@
 //! (`quantize_row_*_ref`, and for IQ4_NL/IQ4_XS the scale search llama-quantize
 //! runs without an importance matrix) byte for byte.
 //!
-//! Every entry point works on whole rows of bytes and floats, block by block,
-//! without allocating.
+//! The row-level entry points work on whole rows of bytes and floats, block by
+//! block, without allocating. Above them, [`file`] converts whole GGUF files
+//! with llama-quantize's per-tensor type rules, and [`synthetic`] writes
+//! random-weight models in the shapes of real ones through the same path.
 
 mod block;
+pub mod file;
 mod float;
 mod iq;
 mod kquants;
 mod legacy;
+pub mod synthetic;
 mod ternary;
-mod types;
 
 pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
+pub use kiln_gguf::{GgmlType, ALL_TYPES};
 pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 pub use ternary::{BlockTQ1_0, BlockTQ2_0};
-pub use types::{GgmlType, ALL_TYPES};
 
 use block::RowCodec;
 

@@ -53,7 +53,7 @@ pub struct WriteSummary {
 /// while giving every thread many rows to work on.
 const CHUNK_ELEMENTS: usize = 1 << 22;
 
-fn bytes_of(ty: kiln_quant::GgmlType, n_elements: u64) -> u64 {
+fn bytes_of(ty: crate::GgmlType, n_elements: u64) -> u64 {
     ty.bytes_for(n_elements).unwrap_or(0)
 }
 
@@ -77,7 +77,7 @@ fn convert_tensor(plan: &TensorPlan, index: usize, source: &dyn TensorSource, ou
                 || vec![0f32; row_len],
                 |scratch, (i, dst)| {
                     source.row_f32(index, first + i, scratch)?;
-                    kiln_quant::quantize(plan.dst_type, scratch, dst).map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
+                    crate::quantize(plan.dst_type, scratch, dst).map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
                 },
             )
             .map_err(ConvertError::Quantize)?;

@@ -8,9 +8,9 @@
 use std::path::Path;
 
 use kiln_gguf::{TensorInfo, Value, ValueType};
-use kiln_quant::GgmlType;
 
-use crate::quantize::{output_metadata, plan_tensors, write_planned, FileType, Progress, QuantHparams, QuantizeOptions, Result, TensorSource, WriteSummary};
+use crate::file::{output_metadata, plan_tensors, write_planned, FileType, Progress, QuantHparams, QuantizeOptions, Result, TensorSource, WriteSummary};
+use crate::GgmlType;
 
 /// Tokenizer families of the synthetic vocabularies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -42,7 +42,7 @@ pub enum GgmlType {
     Q1_0 = 41,
 }
 
-/// Every type id this crate knows the layout of (not all can be computed with).
+/// Every type id this crate knows the sizes of (kiln-quant computes with only some).
 pub const ALL_TYPES: &[GgmlType] = &[
     GgmlType::F32,
     GgmlType::F16,

@@ -8,7 +8,8 @@ mod stream;
 use std::path::{Path, PathBuf};
 
 use kiln_gguf::{GgufError, GgufFile, Value};
-use kiln_quant::{GgmlType, QuantError};
+
+use crate::{GgmlType, QuantError};
 
 pub use ftype::{describe_file_type, FileType, FILE_TYPE_GUESSED};
 pub use plan::{plan_tensors, QuantHparams, TensorPlan};
@@ -110,7 +111,7 @@ impl TensorSource for FileSource<'_> {
         let t = &self.file.tensors()[index];
         let row_bytes = t.ty.bytes_for(out.len() as u64).unwrap_or(0) as usize;
         let bytes = &self.file.tensor_data(t)[row * row_bytes..(row + 1) * row_bytes];
-        kiln_quant::dequantize(t.ty, bytes, out).map_err(|source| QuantizeError::Quant { tensor: t.name.clone(), source })
+        crate::dequantize(t.ty, bytes, out).map_err(|source| QuantizeError::Quant { tensor: t.name.clone(), source })
     }
 }
 

@@ -1,7 +1,7 @@
 //! llama.cpp's file types (`llama_ftype`): the value of `general.file_type`,
 //! the names llama-quantize accepts and the descriptions llama-bench prints.
 
-use kiln_quant::GgmlType;
+use crate::GgmlType;
 
 /// A `llama_ftype`. The discriminant is the value stored in `general.file_type`.
 #[allow(non_camel_case_types)]
@@ -230,7 +230,7 @@ mod tests {
     fn producible_types_are_exactly_those_kiln_quant_encodes() {
         for f in FileType::producible() {
             let ty = f.default_type().unwrap();
-            assert!(kiln_quant::can_quantize(ty), "{f} defaults to {ty}, which kiln-quant cannot encode");
+            assert!(crate::can_quantize(ty), "{f} defaults to {ty}, which kiln-quant cannot encode");
         }
         assert!(FileType::producible().any(|f| f == FileType::Q4_K_M));
         assert!(!FileType::producible().any(|f| f == FileType::Q2_K_S));

@@ -3,10 +3,10 @@
 //! Q4_K_M has exactly the per-tensor types llama-quantize would choose.
 
 use kiln_gguf::{TensorInfo, Value};
-use kiln_quant::GgmlType;
 
 use super::ftype::FileType;
 use super::{QuantizeError, QuantizeOptions, Result};
+use crate::GgmlType;
 
 /// The hyper-parameters the type rules look at, read from GGUF metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -424,10 +424,10 @@ fn check_conversion(plan: &TensorPlan, allow_requantize: bool) -> Result<()> {
     if is_quantized(plan.src_type) && !allow_requantize {
         return Err(QuantizeError::RequantizeDisabled { tensor: tensor(), from: plan.src_type, to: plan.dst_type });
     }
-    if !kiln_quant::can_dequantize(plan.src_type) {
+    if !crate::can_dequantize(plan.src_type) {
         return Err(QuantizeError::CannotDequantize { tensor: tensor(), ty: plan.src_type });
     }
-    if !kiln_quant::can_quantize(plan.dst_type) {
+    if !crate::can_quantize(plan.dst_type) {
         return Err(QuantizeError::CannotQuantize { tensor: tensor(), ty: plan.dst_type });
     }
     Ok(())
