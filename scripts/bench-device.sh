@@ -3,7 +3,7 @@
 # (same per-tensor types and quantizer as `kiln quantize`), runs every benchmark row of the
 # batched-engine issue with `kiln bench` (llama-bench and llama-batched-bench style), and prints
 # one table with llama.cpp's figures on the same H200 and the bars beside kiln's numbers.
-#     scripts/bench-device.sh [quick]      quick: Q4_K_M rows only
+#     scripts/bench-device.sh [quick|models]   quick: Q4_K_M rows only; models: only make the models
 # Models go to $BENCH_DIR (default /tmp/kiln-bench), logs and JSON to $OUT/bench when set.
 set -euo pipefail
 KILN=${KILN:-.gpu/kiln}
@@ -13,35 +13,46 @@ LOG=${LOG:-$DIR/logs}
 REPS=${BENCH_REPS:-3}
 mkdir -p "$DIR" "$LOG"
 
-model() { # shape type -> path (made on first use)
+model() { # shape type -> path (made on first use; another run's file counts once complete)
     local path="$DIR/$1-$2.gguf"
     if [ ! -f "$path" ]; then
         local start
         start=$(date +%s)
-        "$KILN" dev random-model "$path" --shape "$1" --type "$2" > /dev/null 2>&1
+        "$KILN" dev random-model "$path.part" --shape "$1" --type "$2" > /dev/null 2>&1 && mv "$path.part" "$path"
         echo "made $path in $(($(date +%s) - start)) s" >&2
     fi
     echo "$path"
 }
+all_models() {
+    model llama3-8b Q4_K_M > /dev/null
+    for t in Q4_0 Q8_0 Q6_K; do model llama3-8b "$t" > /dev/null; done
+    model qwen3-8b Q1_0 > /dev/null
+}
+if [ "${1:-}" = models ]; then
+    all_models
+    exit 0
+fi
+# Made before any timing, so that no quantization shares the CPU with a benchmark.
+[ "${1:-}" = quick ] || all_models
 
-bench() { # name args... : one kiln bench run, JSON kept as $LOG/name.json
-    local name=$1
-    shift
-    "$KILN" bench -o json -r "$REPS" "$@" > "$LOG/$name.json" 2> "$LOG/$name.err" || { echo "FAILED: $name (see $LOG/$name.err)" >&2; tail -3 "$LOG/$name.err" >&2; }
+bench() { # name reps args... : one kiln bench run, JSON kept as $LOG/name.json
+    local name=$1 reps=$2
+    shift 2
+    "$KILN" bench -o json -r "$reps" "$@" > "$LOG/$name.json" 2> "$LOG/$name.err" || { echo "FAILED: $name (see $LOG/$name.err)" >&2; tail -3 "$LOG/$name.err" >&2; }
 }
 
 q4km=$(model llama3-8b Q4_K_M)
-bench q4km-pp512 -m "$q4km" -p 512 -n 0
-bench q4km-tg128 -m "$q4km" -p 0 -n 128
-bench q4km-pp4096-d4096 -m "$q4km" -p 4096 -n 0 -d 4096 -r 2
-bench q4km-tg128-d8192 -m "$q4km" -p 0 -n 128 -d 8192 -r 2
+bench q4km-pp512 "$REPS" -m "$q4km" -p 512 -n 0
+bench q4km-tg128 "$REPS" -m "$q4km" -p 0 -n 128
+bench q4km-pp4096-d4096 2 -m "$q4km" -p 4096 -n 0 -d 4096
+bench q4km-tg128-d8192 2 -m "$q4km" -p 0 -n 128 -d 8192
 "$KILN" bench -m "$q4km" --batched --npp 128 --ntg 128 --npl 1,8,32,64 > "$LOG/q4km-batched.txt" 2> "$LOG/q4km-batched.err" || echo "FAILED: batched" >&2
 "$KILN" run -m "$q4km" -c 8192 -n 64 --temp 0 -p "Once upon a time" > /dev/null 2> "$LOG/q4km-run-c8192.err" || echo "FAILED: run -c 8192" >&2
 if [ "${1:-}" != quick ]; then
     for t in Q4_0 Q8_0 Q6_K; do
-        bench "$t-pp512" -m "$(model llama3-8b "$t")" -p 512 -n 0
+        bench "$t-pp512" "$REPS" -m "$(model llama3-8b "$t")" -p 512 -n 0
     done
-    bench Q1_0-pp512 -m "$(model qwen3-8b Q1_0)" -p 512 -n 0
+    bench Q1_0-pp512 "$REPS" -m "$(model qwen3-8b Q1_0)" -p 512 -n 0
 fi
 
 python3 - "$LOG" << 'EOF'

@@ -157,7 +157,7 @@ pub fn run<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, args: &BenchArgs) -
             for &b in &a.npl {
                 let r = run_case(&mut engine, &mut draw, pp, tg, b, n_batch)?;
                 memory.sample(&*backend);
-                peak_blocks = peak_blocks.max(b * (pp + tg + 1).div_ceil(kiln_core::KV_BLOCK_SIZE));
+                peak_blocks = peak_blocks.max(b * (pp + tg).div_ceil(kiln_core::KV_BLOCK_SIZE));
                 writeln!(out, "{}", r.row())?;
                 out.flush()?;
             }
