@@ -273,6 +273,20 @@ impl CudaBackend {
     }
 }
 
+/// The paged attention launch parameters of a layer with this geometry over this cache.
+fn paged_params(p: &AttentionParams, kv: &KvCacheSpec) -> PagedAttentionParams {
+    PagedAttentionParams {
+        n_heads: p.n_heads,
+        n_kv_heads: p.n_kv_heads,
+        head_dim: p.head_dim,
+        rows: kv.rows(),
+        max_seq_len: p.max_seq_len,
+        scale: p.scale,
+        k_type: kv.k_type,
+        v_type: kv.v_type,
+    }
+}
+
 /// `w`'s quantized input buffer when a product of `n` tokens of `dim` values would go through
 /// it (the mat-vec path of a quantized weight).
 fn matvec_input(w: &GpuWeight, n: usize, dim: usize) -> Option<&QuantizedActivations> {
@@ -472,17 +486,7 @@ impl Backend for CudaBackend {
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
         check_len("attention tokens in the step", step.n_tokens, n)?;
-        let spec = cache.spec();
-        let params = PagedAttentionParams {
-            n_heads: p.n_heads,
-            n_kv_heads: p.n_kv_heads,
-            head_dim: p.head_dim,
-            rows: spec.rows(),
-            max_seq_len: p.max_seq_len,
-            scale: p.scale,
-            k_type: spec.k_type,
-            v_type: spec.v_type,
-        };
+        let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
     }
@@ -580,17 +584,7 @@ impl Backend for CudaBackend {
 
     fn prepare(&self, weights: &[&GpuWeight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {
         let mut keys: Vec<_> = weights.iter().flat_map(|w| matvec::module_keys(w)).collect();
-        let params = PagedAttentionParams {
-            n_heads: attention.n_heads,
-            n_kv_heads: attention.n_kv_heads,
-            head_dim: attention.head_dim,
-            rows: kv.rows(),
-            max_seq_len: attention.max_seq_len,
-            scale: attention.scale,
-            k_type: kv.k_type,
-            v_type: kv.v_type,
-        };
-        keys.push(crate::paged_attention::module_key(&params));
+        keys.push(crate::paged_attention::module_key(&paged_params(attention, kv)));
         keys.push(("rope", vec![("K_TYPE", kv_type_code(kv.k_type)), ("V_TYPE", kv_type_code(kv.v_type))]));
         self.device.registry().prepare(&keys).map_err(backend_error)
     }

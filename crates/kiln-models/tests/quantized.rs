@@ -26,17 +26,6 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-struct TempDir(tempfile::TempDir);
-
-impl TempDir {
-    fn new() -> Self {
-        TempDir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.path().join(name)
-    }
-}
-
 fn greedy_tokens(path: &Path, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let file = Arc::new(GgufFile::open(path).unwrap());
     let options = ModelOptions { n_ctx: Some(128), ..ModelOptions::default() };
@@ -54,12 +43,12 @@ fn greedy_tokens(path: &Path, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) 
 
 #[test]
 fn quantized_models_load_and_generate() {
-    let dir = TempDir::new();
+    let dir = tempfile::tempdir().unwrap();
     // BOS and four arbitrary tokens of the 512-token vocabulary.
     let prompt = [1, 403, 407, 261, 378];
     let (reference, _) = greedy_tokens(&stories(), &prompt, 1);
     for name in ["Q4_K_M", "Q6_K", "F16"] {
-        let out = dir.path(&format!("{name}.gguf"));
+        let out = dir.path().join(format!("{name}.gguf"));
         quantize_file(&stories(), &out, &options(name), &()).unwrap();
         let (logits, tokens) = greedy_tokens(&out, &prompt, 16);
         // Weight errors of a few percent (the tolerances in kiln-quant's
@@ -70,7 +59,7 @@ fn quantized_models_load_and_generate() {
         assert!(tokens.iter().all(|&t| t < 512), "{name}: {tokens:?}");
     }
     for shape_name in ["tiny-llama", "tiny-qwen3"] {
-        let out = dir.path(&format!("{shape_name}.gguf"));
+        let out = dir.path().join(format!("{shape_name}.gguf"));
         RandomModel::new(find_shape(shape_name).unwrap(), 1).write(&out, &options("Q4_K_M"), &()).unwrap();
         let (logits, tokens) = greedy_tokens(&out, &[504, 10, 20, 30], 8);
         assert!(logits.iter().all(|l| l.is_finite()), "{shape_name}: non-finite logits");
