@@ -16,9 +16,8 @@
 // kiln-test-defines: HEAD_DIM=8,GROUP=2,K_TYPE=2,V_TYPE=0
 // kiln-test-defines: HEAD_DIM=80,GROUP=7,K_TYPE=1,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=4,GROUP=1,K_TYPE=0,V_TYPE=1
-#include "common.cuh"
-#include "kv.cuh"
-#include "plan.cuh"
+// kiln-test-defines: HEAD_DIM=256,GROUP=2,K_TYPE=0,V_TYPE=0
+// kiln-test-defines: HEAD_DIM=3,GROUP=1,K_TYPE=1,V_TYPE=2
 
 #ifndef HEAD_DIM
 #error "paged_attention.cu needs -DHEAD_DIM=<values per head>"
@@ -33,126 +32,27 @@
 #error "paged_attention.cu needs -DV_TYPE=<KV_F32|KV_F16|KV_Q8_0>"
 #endif
 
-#define NEG_INF __int_as_float(0xff800000)
-#define LOG2E 1.4426950408889634f
-
-// ---- Typed vector access to cache rows ----
-
-__host__ __device__ constexpr int elem_bytes(int type) {
-    return type == KV_F32 ? 4 : type == KV_F16 ? 2 : 1;
-}
-
-// Widest vector of values (at most 16 bytes, dividing HEAD_DIM) with at most `max_values`.
-__host__ __device__ constexpr int pick_vec(int type, int max_values) {
-    int v = 16 / elem_bytes(type);
-    while (v > 1 && (HEAD_DIM % v != 0 || v > max_values)) {
-        v /= 2;
-    }
-    return v;
-}
-
-__host__ __device__ constexpr int floor_pow2(int x) {
-    int p = 1;
-    while (p * 2 <= x) {
-        p *= 2;
-    }
-    return p;
-}
-
-__host__ __device__ constexpr int cmin(int a, int b) {
-    return a < b ? a : b;
-}
-
-__host__ __device__ constexpr int cmax(int a, int b) {
-    return a > b ? a : b;
-}
-
-template <int TYPE, int N>
-struct KvVec {
-    static constexpr int WORDS = (N * elem_bytes(TYPE) + 3) / 4;
-    u32 w[WORDS];
-};
-
-// N values of a cache from element index `at` (aligned to N values) as raw words.
-template <int TYPE, int N>
-__device__ __forceinline__ KvVec<TYPE, N> kv_fetch(const u8* cache, u64 at) {
-    constexpr int BYTES = N * elem_bytes(TYPE);
-    const u8* p = cache + at * elem_bytes(TYPE);
-    KvVec<TYPE, N> v;
-    if (BYTES == 16) {
-        const uint4 x = *reinterpret_cast<const uint4*>(p);
-        v.w[0] = x.x;
-        v.w[1] = x.y;
-        v.w[2] = x.z;
-        v.w[3] = x.w;
-    } else if (BYTES == 8) {
-        const uint2 x = *reinterpret_cast<const uint2*>(p);
-        v.w[0] = x.x;
-        v.w[1] = x.y;
-    } else if (BYTES == 4) {
-        v.w[0] = *reinterpret_cast<const u32*>(p);
-    } else if (BYTES == 2) {
-        v.w[0] = *reinterpret_cast<const u16*>(p);
-    } else {
-        v.w[0] = *p;
-    }
-    return v;
-}
-
-template <int TYPE, int N>
-__device__ __forceinline__ KvVec<TYPE, N> kv_zero() {
-    KvVec<TYPE, N> v;
-#pragma unroll
-    for (int i = 0; i < KvVec<TYPE, N>::WORDS; ++i) {
-        v.w[i] = 0;
-    }
-    return v;
-}
-
-// Value i of a fetched vector; q8_0 values come without their scale (see kv_scale).
-template <int TYPE, int N>
-__device__ __forceinline__ float kv_value(const KvVec<TYPE, N>& v, int i) {
-    if (TYPE == KV_F32) {
-        return __uint_as_float(v.w[i]);
-    } else if (TYPE == KV_F16) {
-        return f16_bits_to_f32((u16)(v.w[i / 2] >> (16 * (i % 2))));
-    } else {
-        return (float)(((i32)(v.w[i / 4] << (24 - 8 * (i % 4)))) >> 24);
-    }
-}
-
-// The q8_0 scale of value `col` of row `row` (1 for the float types).
-template <int TYPE>
-__device__ __forceinline__ float kv_scale(const u8* cache, u64 rows, u32 width, u64 row, u32 col) {
-    if (TYPE == KV_Q8_0) {
-        const u16* scales = reinterpret_cast<const u16*>(cache + kv_q8_scales_at(rows, width));
-        return f16_bits_to_f32(scales[row * (width / 32) + col / 32]);
-    }
-    return 1.0f;
-}
-
-__device__ __forceinline__ u32 step_token_seq(const u32* step, u32 token) {
-    return step[step[STEP_TOKEN_SEQ_AT] + token];
-}
-
-__device__ __forceinline__ u32 step_pos(const u32* step, u32 token) {
-    return step[step[STEP_POS_AT] + token];
-}
+#include "paged_attention.cuh"
 
 // ============================================================================================
 // Split decode attention
 // ============================================================================================
+//
+// Each block walks its split's chunk one KV block (DEC_TILE = 32 rows) at a time. The K and V
+// rows of the next DEC_STAGES - 1 tiles are copied into shared memory with cp.async while the
+// current tile is scored and accumulated, so a block keeps memory busy across its whole chunk
+// instead of paying one load latency per pass.
 
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
-// Cache rows scored per shared-memory pass (two KV blocks).
-#define DEC_TILE 64
-// A split covers whole KV blocks and at least one tile, so short sequences use few splits.
-#define DEC_MIN_CHUNK 64
+// Cache rows per tile: one KV block, so a tile needs one block table entry.
+#define DEC_TILE 32
+// A split covers whole KV blocks.
+#define DEC_MIN_CHUNK 32
 // Most splits paged_attention_reduce accepts (the host never launches more).
 #define DEC_MAX_SPLITS 256
-// Splits whose partials paged_attention_reduce loads together.
-#define REDUCE_BATCH 16
+
+static_assert(DEC_TILE == KV_BLOCK_SIZE, "a decode tile is one KV block");
 
 // Score pass: teams of K_TEAM lanes share one row's dot product, each lane holding K_LANE_CHUNKS
 // vectors of K_VEC values; q stays in registers, so GROUP * K_VEC is capped at 32 (as is
@@ -162,16 +62,43 @@ constexpr int K_CHUNKS = HEAD_DIM / K_VEC;
 constexpr int K_TEAM = floor_pow2(cmin(32, K_CHUNKS));
 constexpr int K_LANE_CHUNKS = (K_CHUNKS + K_TEAM - 1) / K_TEAM;
 constexpr int K_TEAMS = DEC_WARPS * (32 / K_TEAM);
-// Rows each team loads before reducing, so several loads per lane are in flight.
 constexpr int K_ROWS = cmax(1, cmin(8, DEC_TILE / K_TEAMS));
 constexpr int K_PASS = K_TEAMS * K_ROWS;
-// Value pass: V_DIM_THREADS threads cover a row in V_VEC-wide loads (V_CHUNKS each) and
+// Value pass: V_DIM_THREADS threads cover a row in V_VEC-wide reads (V_CHUNKS each) and
 // V_ROW_GROUPS rows go side by side; each thread accumulates GROUP * V_VEC values per chunk.
 constexpr int V_VEC = pick_vec(V_TYPE, cmax(32 / GROUP, 1));
 constexpr int V_DIM_THREADS = cmin(HEAD_DIM / V_VEC, DEC_THREADS);
 constexpr int V_ROW_GROUPS = DEC_THREADS / V_DIM_THREADS;
 constexpr int V_CHUNKS = (HEAD_DIM + V_VEC * V_DIM_THREADS - 1) / (V_VEC * V_DIM_THREADS);
 constexpr int V_STEPS = (DEC_TILE + V_ROW_GROUPS - 1) / V_ROW_GROUPS;
+
+// Shared-memory staging: a tile's K rows then its V rows, each row padded to 16 bytes; stages
+// of at most 16 KiB get a third buffer. Must match decode_shared_bytes in src/paged_attention.rs.
+constexpr int K_ROW_BYTES = HEAD_DIM * elem_bytes(K_TYPE);
+constexpr int V_ROW_BYTES = HEAD_DIM * elem_bytes(V_TYPE);
+constexpr int K_STRIDE = (K_ROW_BYTES + 15) / 16 * 16;
+constexpr int V_STRIDE = (V_ROW_BYTES + 15) / 16 * 16;
+constexpr int DEC_STAGE_BYTES = DEC_TILE * (K_STRIDE + V_STRIDE);
+constexpr int DEC_STAGES = DEC_STAGE_BYTES <= 16384 ? 3 : 2;
+
+// Starts copying the first `live_rows` rows of cache block `block` (this kv head's columns)
+// into `dst` ([DEC_TILE][STRIDE] bytes); the other rows become zeros.
+template <int TYPE, int ROW_BYTES, int STRIDE>
+__device__ __forceinline__ void dec_issue(u8* dst, const u8* cache, u32 block, u32 width, u32 col0, u32 live_rows) {
+    constexpr int UNIT = copy_unit(ROW_BYTES);
+    constexpr int ROW_UNITS = ROW_BYTES / UNIT;
+    constexpr int UNITS = DEC_TILE * ROW_UNITS;
+    const u8* base = cache + ((u64)block * KV_BLOCK_SIZE * width + col0) * elem_bytes(TYPE);
+#pragma unroll
+    for (int i = 0; i < (UNITS + DEC_THREADS - 1) / DEC_THREADS; ++i) {
+        const u32 u = i * DEC_THREADS + threadIdx.x;
+        if (UNITS % DEC_THREADS == 0 || u < UNITS) {
+            const u32 j = u / ROW_UNITS;
+            const u32 at = u % ROW_UNITS * UNIT;
+            copy_async<UNIT>(dst + j * STRIDE + at, base + (u64)j * width * elem_bytes(TYPE) + at, j < live_rows);
+        }
+    }
+}
 
 // Rows per split for a token that sees `visible` positions; split and reduce must agree.
 __device__ __forceinline__ u32 split_chunk(u32 visible, u32 n_splits) {
@@ -181,7 +108,8 @@ __device__ __forceinline__ u32 split_chunk(u32 visible, u32 n_splits) {
 
 // Writes `out` directly when launched with one split, else unnormalized partials:
 // part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 +
-// {0: max (log2 units), 1: sum}], row = token * n_heads + head.
+// {0: max (log2 units), 1: sum}], row = token * n_heads + head. Dynamic shared memory:
+// DEC_STAGES * DEC_STAGE_BYTES.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_split(
     float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
     u32 n_heads, u32 n_kv_heads, u32 rows, float scale) {
@@ -199,15 +127,40 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
         return;
     }
     const u32 end = min(begin + chunk, visible);
-    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token)));
+    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + begin / KV_BLOCK_SIZE;
+    const u32 n_tiles = (end - begin + DEC_TILE - 1) / DEC_TILE;
     const u32 width = n_kv_heads * HEAD_DIM;
     const u32 col0 = kv_head * HEAD_DIM;
     const u32 first_head = kv_head * GROUP;
 
+    extern __shared__ uint4 dec_shared[];
+    u8* stages = reinterpret_cast<u8*>(dec_shared);
+    __shared__ u32 block_s[DEC_STAGES];
     __shared__ float p_s[GROUP][DEC_TILE];
     __shared__ float rescale_s[GROUP];
     __shared__ float max_s[GROUP];
     __shared__ float sum_s[GROUP];
+
+    // Tile t goes to stage t % DEC_STAGES; block_s remembers its cache block for the q8 scales.
+    auto issue = [&](u32 t, u32 block) {
+        u8* dst = stages + (t % DEC_STAGES) * DEC_STAGE_BYTES;
+        const u32 live_rows = min((u32)DEC_TILE, end - begin - t * DEC_TILE);
+        if (threadIdx.x == 0) {
+            block_s[t % DEC_STAGES] = block;
+        }
+        dec_issue<K_TYPE, K_ROW_BYTES, K_STRIDE>(dst, k_cache, block, width, col0, live_rows);
+        dec_issue<V_TYPE, V_ROW_BYTES, V_STRIDE>(dst + DEC_TILE * K_STRIDE, v_cache, block, width, col0, live_rows);
+    };
+    // The first tiles' copies start before anything else, so q loads overlap them.
+#pragma unroll
+    for (int t = 0; t < DEC_STAGES - 1; ++t) {
+        if (t < n_tiles) {
+            issue(t, table[t]);
+        }
+        copy_commit();
+    }
+    // Block table entry of the next tile to issue, read one tile ahead to hide its latency.
+    u32 pending = DEC_STAGES - 1 < n_tiles ? table[DEC_STAGES - 1] : 0;
 
     const u32 lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
@@ -248,34 +201,38 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
             }
         }
     }
-    // Chunks and tiles start on block boundaries, so a tile spans table entries tile/32 and
-    // tile/32 + 1; the next tile's entries are read a tile ahead to hide their latency.
-    u32 next_a = table[begin / KV_BLOCK_SIZE];
-    u32 next_b = begin + KV_BLOCK_SIZE < end ? table[begin / KV_BLOCK_SIZE + 1] : 0;
-    __syncthreads();
 
-    for (u32 tile = begin; tile < end; tile += DEC_TILE) {
-        const u64 block_a = (u64)next_a * KV_BLOCK_SIZE;
-        const u64 block_b = (u64)next_b * KV_BLOCK_SIZE;
-        const u32 next = tile + DEC_TILE;
-        next_a = next < end ? table[next / KV_BLOCK_SIZE] : 0;
-        next_b = next + KV_BLOCK_SIZE < end ? table[next / KV_BLOCK_SIZE + 1] : 0;
-        const u32 rows_here = min((u32)DEC_TILE, end - tile);
+    for (u32 t = 0; t < n_tiles; ++t) {
+        // Tile t has landed once at most DEC_STAGES - 2 later groups are pending; the barrier
+        // also ends every thread's use of tile t - 1's stage, which the next copies refill.
+        copy_wait<DEC_STAGES - 2>();
+        __syncthreads();
+        const u32 ahead = t + DEC_STAGES - 1;
+        if (ahead < n_tiles) {
+            issue(ahead, pending);
+        }
+        copy_commit();
+        pending = ahead + 1 < n_tiles ? table[ahead + 1] : 0;
 
-        for (u32 j0 = 0; j0 < DEC_TILE; j0 += K_PASS) {
+        const u8* k_tile = stages + (t % DEC_STAGES) * DEC_STAGE_BYTES;
+        const u8* v_tile = k_tile + DEC_TILE * K_STRIDE;
+        const u64 block_row = (u64)block_s[t % DEC_STAGES] * KV_BLOCK_SIZE;
+        const u32 rows_here = min((u32)DEC_TILE, end - begin - t * DEC_TILE);
+
+#pragma unroll
+        for (int j0 = 0; j0 < DEC_TILE; j0 += K_PASS) {
             const u32 j_first = j0 + (warp * (32 / K_TEAM) + team) * K_ROWS;
             KvVec<K_TYPE, K_VEC> k_lane[K_ROWS][K_LANE_CHUNKS];
             float k_d[K_ROWS][K_LANE_CHUNKS];
 #pragma unroll
             for (int r = 0; r < K_ROWS; ++r) {
                 const u32 j = j_first + r;
-                const u64 row = (j < KV_BLOCK_SIZE ? block_a : block_b) + (j % KV_BLOCK_SIZE);
 #pragma unroll
                 for (int i = 0; i < K_LANE_CHUNKS; ++i) {
                     const u32 d = (i * K_TEAM + team_lane) * K_VEC;
                     const bool live = j < rows_here && d < HEAD_DIM;
-                    k_lane[r][i] = live ? kv_fetch<K_TYPE, K_VEC>(k_cache, row * width + col0 + d) : kv_zero<K_TYPE, K_VEC>();
-                    k_d[r][i] = live ? kv_scale<K_TYPE>(k_cache, rows, width, row, col0 + d) : 0.0f;
+                    k_lane[r][i] = live ? kv_fetch<K_TYPE, K_VEC>(k_tile + j * K_STRIDE, d) : kv_zero<K_TYPE, K_VEC>();
+                    k_d[r][i] = live ? kv_scale<K_TYPE>(k_cache, rows, width, block_row + j, col0 + d) : 0.0f;
                 }
             }
 #pragma unroll
@@ -343,19 +300,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
                     }
                 }
             }
-            // A fixed trip count with predicated loads keeps several rows' loads in flight;
-            // rows past the end load nothing and carry zero weight.
-#pragma unroll 8
+#pragma unroll
             for (int s = 0; s < V_STEPS; ++s) {
                 const u32 j = s * V_ROW_GROUPS + row_group;
                 const bool live_row = j < rows_here;
-                const u64 row = (j < KV_BLOCK_SIZE ? block_a : block_b) + (j % KV_BLOCK_SIZE);
 #pragma unroll
                 for (int k = 0; k < V_CHUNKS; ++k) {
                     const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC;
                     const bool live = live_row && d < HEAD_DIM;
-                    const KvVec<V_TYPE, V_VEC> v = live ? kv_fetch<V_TYPE, V_VEC>(v_cache, row * width + col0 + d) : kv_zero<V_TYPE, V_VEC>();
-                    const float v_d = live ? kv_scale<V_TYPE>(v_cache, rows, width, row, col0 + d) : 0.0f;
+                    const KvVec<V_TYPE, V_VEC> v = live ? kv_fetch<V_TYPE, V_VEC>(v_tile + j * V_STRIDE, d) : kv_zero<V_TYPE, V_VEC>();
+                    const float v_d = live ? kv_scale<V_TYPE>(v_cache, rows, width, block_row + j, col0 + d) : 0.0f;
 #pragma unroll
                     for (int g = 0; g < GROUP; ++g) {
                         float p = live_row ? p_s[g][j] : 0.0f;
@@ -370,7 +324,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
                 }
             }
         }
-        __syncthreads();
     }
 
     if (V_ROW_GROUPS > 1) {
@@ -429,6 +382,15 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
     }
 }
 
+// Reduce: R_LANES threads cover a partial row in R_VEC-wide loads and R_GROUPS row groups take
+// splits side by side, so a few rounds of independent loads fetch every split.
+constexpr int R_VEC = HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1;
+constexpr int R_LANES = cmin(HEAD_DIM / R_VEC, DEC_THREADS);
+constexpr int R_CHUNKS = (HEAD_DIM / R_VEC + R_LANES - 1) / R_LANES;
+constexpr int R_GROUPS = DEC_THREADS / R_LANES;
+// Splits each row group loads before adding them up.
+constexpr int R_BATCH = 4;
+
 // Merges the live splits of each (token, head). Grid (n_heads, n_tokens), DEC_THREADS threads.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce(
     float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits) {
@@ -445,44 +407,99 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce
 
     // Every split's (max, sum) is read once, in parallel: a serial walk would pay one memory
     // latency per split.
-    __shared__ float max_s[DEC_MAX_SPLITS];
     __shared__ float weight_s[DEC_MAX_SPLITS];
+    __shared__ float combine_s[R_GROUPS][R_CHUNKS * R_LANES * R_VEC];
+    float split_max = NEG_INF;
+    float split_sum = 0.0f;
     for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
-        max_s[s] = ml[s * 2];
+        weight_s[s] = ml[s * 2];
+        split_max = fmaxf(split_max, weight_s[s]);
+    }
+    __shared__ float warp_max_s[DEC_WARPS];
+    split_max = warp_max(split_max);
+    if ((threadIdx.x & 31) == 0) {
+        warp_max_s[threadIdx.x >> 5] = split_max;
     }
     __syncthreads();
     float max_value = NEG_INF;
-    for (u32 s = 0; s < live; ++s) {
-        max_value = fmaxf(max_value, max_s[s]);
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) {
+        max_value = fmaxf(max_value, warp_max_s[w]);
     }
-    float sum = 0.0f;
     for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
-        const float weight = exp2f(max_s[s] - max_value);
+        const float weight = exp2f(weight_s[s] - max_value);
         weight_s[s] = weight;
-        sum += ml[s * 2 + 1] * weight;
+        split_sum += ml[s * 2 + 1] * weight;
     }
-    const float total = block_sum<DEC_THREADS>(sum);
-    const float inv_total = 1.0f / total;
+    const float inv_total = 1.0f / block_sum<DEC_THREADS>(split_sum);
+
+    const u32 dim_lane = threadIdx.x % R_LANES;
+    const u32 group = threadIdx.x / R_LANES;
+    const bool works = group < R_GROUPS;
+    const float* acc_row = part_acc + row * n_splits * HEAD_DIM;
+    float value[R_CHUNKS][R_VEC];
+#pragma unroll
+    for (int k = 0; k < R_CHUNKS; ++k) {
+#pragma unroll
+        for (int c = 0; c < R_VEC; ++c) {
+            value[k][c] = 0.0f;
+        }
+    }
+    if (works) {
+        for (u32 s0 = group; s0 < live; s0 += R_GROUPS * R_BATCH) {
+            float batch[R_BATCH][R_CHUNKS][R_VEC];
+#pragma unroll
+            for (int b = 0; b < R_BATCH; ++b) {
+                const u32 s = s0 + b * R_GROUPS;
+#pragma unroll
+                for (int k = 0; k < R_CHUNKS; ++k) {
+                    const u32 d = (k * R_LANES + dim_lane) * R_VEC;
+                    const bool here = s < live && d < HEAD_DIM;
+                    const float* p = acc_row + (u64)s * HEAD_DIM + d;
+                    if constexpr (R_VEC == 4) {
+                        const float4 x = here ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        batch[b][k][0] = x.x;
+                        batch[b][k][1] = x.y;
+                        batch[b][k][2] = x.z;
+                        batch[b][k][3] = x.w;
+                    } else if constexpr (R_VEC == 2) {
+                        const float2 x = here ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
+                        batch[b][k][0] = x.x;
+                        batch[b][k][1] = x.y;
+                    } else {
+                        batch[b][k][0] = here ? *p : 0.0f;
+                    }
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < R_BATCH; ++b) {
+                const u32 s = s0 + b * R_GROUPS;
+                const float weight = s < live ? weight_s[s] : 0.0f;
+#pragma unroll
+                for (int k = 0; k < R_CHUNKS; ++k) {
+#pragma unroll
+                    for (int c = 0; c < R_VEC; ++c) {
+                        value[k][c] += batch[b][k][c] * weight;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < R_CHUNKS; ++k) {
+#pragma unroll
+            for (int c = 0; c < R_VEC; ++c) {
+                combine_s[group][(k * R_LANES + dim_lane) * R_VEC + c] = value[k][c];
+            }
+        }
+    }
+    __syncthreads();
     for (u32 d = threadIdx.x; d < HEAD_DIM; d += DEC_THREADS) {
-        const float* column = part_acc + row * n_splits * HEAD_DIM + d;
-        float value = 0.0f;
-        u32 s = 0;
-        // Batches of independent loads, so REDUCE_BATCH splits are in flight at once.
-        for (; s + REDUCE_BATCH <= live; s += REDUCE_BATCH) {
-            float batch[REDUCE_BATCH];
+        float total = 0.0f;
 #pragma unroll
-            for (int u = 0; u < REDUCE_BATCH; ++u) {
-                batch[u] = column[(u64)(s + u) * HEAD_DIM];
-            }
-#pragma unroll
-            for (int u = 0; u < REDUCE_BATCH; ++u) {
-                value += batch[u] * weight_s[s + u];
-            }
+        for (int g = 0; g < R_GROUPS; ++g) {
+            total += combine_s[g][d];
         }
-        for (; s < live; ++s) {
-            value += column[(u64)s * HEAD_DIM] * weight_s[s];
-        }
-        out[row * HEAD_DIM + d] = value * inv_total;
+        out[row * HEAD_DIM + d] = total * inv_total;
     }
 }
 
@@ -507,31 +524,6 @@ constexpr int FA_ROW_CHUNKS = FA_DP / FA_CHUNK;
 constexpr int FA_GATHER = (FA_KV * FA_ROW_CHUNKS + FA_THREADS - 1) / FA_THREADS;
 
 static_assert(Q_TILE == FA_WARPS * 16, "one warp per 16 query rows of a tile");
-
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 bits;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-    return bits;
-}
-
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    u32 address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-    return address;
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(p)));
-}
 
 // FA_CHUNK values of a cache (f16 bits) at element `at`, with the row's q8_0 scale applied.
 template <int TYPE>

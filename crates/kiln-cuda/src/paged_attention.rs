@@ -5,6 +5,10 @@
 //! Two paths: the split (flash-decoding) kernels, whose grid depends on shapes only, so a
 //! captured decode step replays as sequences grow; and a tensor-core flash-attention kernel
 //! over the step's prefill tiles. [`PagedAttention::attention`] picks one from the step's counts.
+//!
+//! The split count of a decode grid is measured, not guessed: the first uncaptured automatic
+//! call for a (token count, shapes) key times a few candidates on a synthetic long-context step
+//! and keeps the fastest for that key for good, so captured graphs stay valid.
 
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -13,19 +17,27 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureStatus};
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute, CUstreamCaptureStatus};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use kiln_core::plan::KvType;
+use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 
 pub use crate::kv::cache_bytes;
 use crate::kv::{kv_type_code, KvView};
-use crate::plan_words::word;
+use crate::plan_words::{word, PlanLayout};
 use crate::{CudaDevice, CudaError};
 
-/// `paged_attention.cu`'s DEC_THREADS, DEC_MIN_CHUNK and DEC_MAX_SPLITS.
+/// `paged_attention.cu`'s DEC_THREADS, DEC_MIN_CHUNK (= DEC_TILE) and DEC_MAX_SPLITS.
 const DEC_THREADS: u32 = 128;
-const DEC_MIN_CHUNK: usize = 64;
+const DEC_MIN_CHUNK: usize = 32;
 const DEC_MAX_SPLITS: usize = 256;
+/// Positions per sequence of the synthetic step the split counts are timed on, and the cap on
+/// its rows over all tokens (large batches are timed at shorter depths).
+const TUNE_POSITIONS: usize = 8192;
+const TUNE_MAX_ROWS: usize = 1 << 20;
+/// Timed launches per candidate (after one warm-up); candidates within TUNE_SLACK of the
+/// fastest count as ties, won by the fewest splits (smaller partials, cheaper reduce).
+const TUNE_ROUNDS: usize = 3;
+const TUNE_SLACK: f64 = 1.02;
 /// `paged_attention.cu`'s FA_THREADS and FA_KV.
 const FA_THREADS: u32 = 128;
 const FA_KV: usize = 64;
@@ -67,19 +79,42 @@ struct Key {
     v_type: KvType,
 }
 
+/// What fixes a decode grid: the specialization, the token count and the shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct GridKey {
+    key: Key,
+    n_tokens: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    max_seq_len: usize,
+}
+
+/// The split count of one decode grid and how it was chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitChoice {
+    pub n_splits: usize,
+    /// (splits, milliseconds per call) of every candidate timed; empty when the count was
+    /// fixed without timing (first seen inside a capture, or a cache too small to time on).
+    pub timings: Vec<(usize, f64)>,
+    /// Positions per token of the step the candidates were timed on.
+    pub timed_positions: usize,
+}
+
 #[derive(Clone)]
 struct Kernels {
     split: CudaFunction,
     reduce: CudaFunction,
     prefill: CudaFunction,
-    /// Split blocks the whole GPU holds at once: the decode grid aims for one full wave.
+    /// Split blocks the whole GPU holds at once: the split candidates are multiples of a wave.
     resident_blocks: usize,
+    split_shared_bytes: u32,
     prefill_shared_bytes: u32,
 }
 
 #[derive(Default)]
 struct State {
     kernels: HashMap<Key, Kernels>,
+    choices: HashMap<GridKey, SplitChoice>,
     workspace: Option<CudaSlice<f32>>,
 }
 
@@ -104,6 +139,18 @@ fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError
 
 fn is_capturing(device: &CudaDevice) -> bool {
     device.stream().capture_status().is_ok_and(|status| status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Dynamic shared memory of the split kernel: DEC_STAGES stages of a 32-row K tile and V tile,
+/// rows padded to 16 bytes, three stages when one takes at most 16 KiB (paged_attention.cu).
+fn decode_shared_bytes(head_dim: usize, k_type: KvType, v_type: KvType) -> usize {
+    let elem = |ty| match ty {
+        KvType::F32 => 4,
+        KvType::F16 => 2,
+        KvType::Q8_0 => 1,
+    };
+    let stage = DEC_MIN_CHUNK * ((head_dim * elem(k_type)).div_ceil(16) * 16 + (head_dim * elem(v_type)).div_ceil(16) * 16);
+    stage * if stage <= 16384 { 3 } else { 2 }
 }
 
 /// Dynamic shared memory of the prefill kernel: K and V tiles of FA_KV rows of f16, each row
@@ -176,22 +223,42 @@ impl PagedAttention {
         }
     }
 
-    /// How many splits the decode grid of `n_tokens` tokens uses: one full wave of resident
-    /// blocks (so enough cache rows are in flight for the memory bandwidth at long context,
-    /// with no straggling second wave), no more than the longest sequence can feed, and
-    /// partials within the workspace cap. Shapes alone fix it.
+    /// How many splits the decode grid of `n_tokens` tokens uses: the measured choice once an
+    /// automatic call made it, else the one-wave estimate.
     pub fn splits(&self, device: &CudaDevice, n_tokens: usize, p: &PagedAttentionParams) -> Result<usize, CudaError> {
-        let resident = self.kernels(device, p)?.resident_blocks;
-        Ok(Self::splits_for(resident, n_tokens, p))
+        Ok(match self.split_choice(n_tokens, p) {
+            Some(choice) => choice.n_splits,
+            None => Self::splits_for(self.kernels(device, p)?.resident_blocks, n_tokens, p),
+        })
     }
 
+    /// The split count fixed for `n_tokens` tokens of these shapes, with its timings, once an
+    /// automatic call has chosen it.
+    pub fn split_choice(&self, n_tokens: usize, p: &PagedAttentionParams) -> Option<SplitChoice> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.choices.get(&GridKey::of(n_tokens, p)).cloned()
+    }
+
+    /// One full wave of resident blocks (so enough cache rows are in flight at long context),
+    /// within the caps.
     fn splits_for(resident_blocks: usize, n_tokens: usize, p: &PagedAttentionParams) -> usize {
+        Self::cap_splits(resident_blocks / (p.n_kv_heads * n_tokens).max(1), n_tokens, p)
+    }
+
+    /// No more splits than the longest sequence can feed, and partials within the workspace cap.
+    fn cap_splits(n_splits: usize, n_tokens: usize, p: &PagedAttentionParams) -> usize {
         let per_split_bytes = n_tokens * p.n_heads * (p.head_dim + 2) * 4;
-        (resident_blocks / (p.n_kv_heads * n_tokens).max(1))
-            .min(p.max_seq_len.div_ceil(DEC_MIN_CHUNK))
-            .min(DEC_MAX_SPLITS)
-            .min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1))
-            .max(1)
+        n_splits.min(p.max_seq_len.div_ceil(DEC_MIN_CHUNK)).min(DEC_MAX_SPLITS).min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1)).max(1)
+    }
+
+    /// Split counts worth timing: half a wave to four waves (blocks beyond one wave overlap one
+    /// split's fixed costs with another's loads), within the caps.
+    fn candidates(resident_blocks: usize, n_tokens: usize, p: &PagedAttentionParams) -> Vec<usize> {
+        let wave = resident_blocks as f64 / (p.n_kv_heads * n_tokens).max(1) as f64;
+        let mut out: Vec<usize> = [0.5, 1.0, 2.0, 3.0, 4.0].iter().map(|&w| Self::cap_splits((wave * w) as usize, n_tokens, p)).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Split (flash-decoding) attention for any mix of tokens; `n_splits` overrides the
@@ -218,43 +285,10 @@ impl PagedAttention {
         let n_splits = match n_splits {
             Some(n) if n == 0 || n > DEC_MAX_SPLITS => return Err(invalid(format!("{n} splits (supported: 1 to {DEC_MAX_SPLITS})"))),
             Some(n) => n,
-            None => Self::splits_for(kernels.resident_blocks, counts.n_tokens, p),
+            None => state.choose(device, &kernels, q, kv, out, counts.n_tokens, p, capturing)?,
         };
-        let slots = counts.n_tokens * p.n_heads * n_splits;
-        let acc_len = slots * p.head_dim;
-        let workspace_len = if n_splits > 1 { acc_len + slots * 2 } else { 2 };
-        let workspace = state.workspace(device, workspace_len, capturing)?;
-        let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
-        let (n_tokens, n_heads, n_kv_heads, rows) = (counts.n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
-        let stream = device.stream();
-        let cfg = LaunchConfig { grid_dim: (n_splits as u32, n_kv_heads, n_tokens), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: arguments match paged_attention_split; q/out hold n_tokens query rows and the
-        // caches `rows` rows (checked above); the partials hold `slots` rows when n_splits > 1.
-        unsafe {
-            stream
-                .launch_builder(&kernels.split)
-                .arg(&mut *out)
-                .arg(&mut part_acc)
-                .arg(&mut part_ml)
-                .arg(q)
-                .arg(&kv.k)
-                .arg(&kv.v)
-                .arg(step)
-                .arg(&n_heads)
-                .arg(&n_kv_heads)
-                .arg(&rows)
-                .arg(&p.scale)
-                .launch(cfg)
-        }
-        .map_err(launch_error("paged_attention_split"))?;
-        if n_splits > 1 {
-            let n_splits = n_splits as u32;
-            let cfg = LaunchConfig { grid_dim: (n_heads, n_tokens, 1), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
-            unsafe { stream.launch_builder(&kernels.reduce).arg(out).arg(&mut part_acc).arg(&mut part_ml).arg(step).arg(&n_heads).arg(&n_splits).launch(cfg) }
-                .map_err(launch_error("paged_attention_reduce"))?;
-        }
-        Ok(())
+        let workspace = state.workspace(device, workspace_len(counts.n_tokens, p, n_splits), capturing)?;
+        launch_split(device, &kernels, workspace, q, kv, out, step, counts.n_tokens, p, n_splits)
     }
 
     /// Flash attention over the step's `counts.n_tiles` prefill tiles (every token of the step
@@ -314,6 +348,93 @@ impl PagedAttention {
     }
 }
 
+impl GridKey {
+    fn of(n_tokens: usize, p: &PagedAttentionParams) -> GridKey {
+        GridKey { key: Key::of(p), n_tokens, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, max_seq_len: p.max_seq_len }
+    }
+}
+
+impl Key {
+    fn of(p: &PagedAttentionParams) -> Key {
+        Key { head_dim: p.head_dim, group: p.group(), k_type: p.k_type, v_type: p.v_type }
+    }
+}
+
+/// Values of the split partials (accumulators, then (max, sum) pairs) for this grid.
+fn workspace_len(n_tokens: usize, p: &PagedAttentionParams, n_splits: usize) -> usize {
+    if n_splits > 1 {
+        n_tokens * p.n_heads * n_splits * (p.head_dim + 2)
+    } else {
+        2
+    }
+}
+
+/// Launches the split kernel (and the reduce when `n_splits > 1`) over the step's tokens.
+#[allow(clippy::too_many_arguments)]
+fn launch_split(
+    device: &CudaDevice,
+    kernels: &Kernels,
+    workspace: &mut CudaSlice<f32>,
+    q: &CudaSlice<f32>,
+    kv: &KvView,
+    out: &mut CudaSlice<f32>,
+    step: &CudaSlice<u32>,
+    n_tokens: usize,
+    p: &PagedAttentionParams,
+    n_splits: usize,
+) -> Result<(), CudaError> {
+    let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
+    let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
+    let (n_tokens, n_heads, n_kv_heads, rows) = (n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
+    let stream = device.stream();
+    let cfg = LaunchConfig { grid_dim: (n_splits as u32, n_kv_heads, n_tokens), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: kernels.split_shared_bytes };
+    // SAFETY: arguments match paged_attention_split; q/out hold n_tokens query rows and the
+    // caches `rows` rows (checked by the caller); the partials hold every slot when
+    // n_splits > 1 (workspace_len); the shared memory is what its attribute was raised to.
+    unsafe {
+        stream
+            .launch_builder(&kernels.split)
+            .arg(&mut *out)
+            .arg(&mut part_acc)
+            .arg(&mut part_ml)
+            .arg(q)
+            .arg(&kv.k)
+            .arg(&kv.v)
+            .arg(step)
+            .arg(&n_heads)
+            .arg(&n_kv_heads)
+            .arg(&rows)
+            .arg(&p.scale)
+            .launch(cfg)
+    }
+    .map_err(launch_error("paged_attention_split"))?;
+    if n_splits > 1 {
+        let n_splits = n_splits as u32;
+        let cfg = LaunchConfig { grid_dim: (n_heads, n_tokens, 1), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
+        unsafe { stream.launch_builder(&kernels.reduce).arg(out).arg(&mut part_acc).arg(&mut part_ml).arg(step).arg(&n_heads).arg(&n_splits).launch(cfg) }
+            .map_err(launch_error("paged_attention_reduce"))?;
+    }
+    Ok(())
+}
+
+/// Step words of `n_tokens` decode tokens, each its own sequence at position `positions - 1`
+/// over distinct cache blocks (wrapping around a small cache), to time split counts on.
+fn tuning_step(n_tokens: usize, positions: usize, cache_blocks: usize) -> Result<Vec<u32>, CudaError> {
+    let blocks_per_seq = positions.div_ceil(KV_BLOCK_SIZE);
+    let tables: Vec<Vec<u32>> = (0..n_tokens).map(|t| (0..blocks_per_seq).map(|b| ((t * blocks_per_seq + b) % cache_blocks) as u32).collect()).collect();
+    let token = [0u32];
+    let seqs: Vec<SeqStep> =
+        tables.iter().map(|blocks| SeqStep { tokens: &token, pos0: positions - 1, blocks, logits: LogitRows::None, sample: None }).collect();
+    let cap = StepCapacity { tokens: n_tokens, seqs: n_tokens, blocks: n_tokens * blocks_per_seq, logit_rows: 0, history: 0 };
+    let mut flat = FlatPlan::default();
+    flat.fill(&BatchPlan { seqs: &seqs }, &cap, cache_blocks).map_err(|e| invalid(format!("tuning step: {e}")))?;
+    let layout = PlanLayout::new(cap);
+    let mut words = vec![0u32; layout.words];
+    layout.write(&flat, &mut words);
+    Ok(words)
+}
+
 /// The module of the attention kernels for these shapes, for [`crate::KernelRegistry::prepare`].
 pub fn module_key(p: &PagedAttentionParams) -> (&'static str, Vec<(&'static str, i64)>) {
     (
@@ -324,7 +445,7 @@ pub fn module_key(p: &PagedAttentionParams) -> (&'static str, Vec<(&'static str,
 
 impl State {
     fn kernels(&mut self, device: &CudaDevice, p: &PagedAttentionParams) -> Result<&Kernels, CudaError> {
-        let key = Key { head_dim: p.head_dim, group: p.group(), k_type: p.k_type, v_type: p.v_type };
+        let key = Key::of(p);
         Ok(match self.kernels.entry(key) {
             Entry::Occupied(loaded) => loaded.into_mut(),
             Entry::Vacant(slot) => {
@@ -336,8 +457,12 @@ impl State {
                 ];
                 let load = |kernel| device.registry().function("paged_attention", kernel, &defines);
                 let split = load("paged_attention_split")?;
+                let split_shared = decode_shared_bytes(key.head_dim, key.k_type, key.v_type);
+                split
+                    .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, split_shared as i32)
+                    .map_err(CudaError::driver("raising paged_attention_split's shared memory limit"))?;
                 let per_multiprocessor = split
-                    .occupancy_max_active_blocks_per_multiprocessor(DEC_THREADS, 0, None)
+                    .occupancy_max_active_blocks_per_multiprocessor(DEC_THREADS, split_shared, None)
                     .map_err(CudaError::driver("querying paged_attention_split occupancy"))?;
                 let resident_blocks = (per_multiprocessor as usize).max(1) * device.info().multiprocessor_count as usize;
                 let prefill = load("paged_attention_prefill")?;
@@ -345,9 +470,71 @@ impl State {
                 prefill
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
                     .map_err(CudaError::driver("raising paged_attention_prefill's shared memory limit"))?;
-                slot.insert(Kernels { split, reduce: load("paged_attention_reduce")?, prefill, resident_blocks, prefill_shared_bytes: shared as u32 })
+                slot.insert(Kernels {
+                    split,
+                    reduce: load("paged_attention_reduce")?,
+                    prefill,
+                    resident_blocks,
+                    split_shared_bytes: split_shared as u32,
+                    prefill_shared_bytes: shared as u32,
+                })
             }
         })
+    }
+
+    /// The split count of this grid: fixed on first sight and never changed, since captured
+    /// graphs bake it in. Uncaptured, the candidates are timed on a synthetic step of
+    /// long-context sequences through the caller's caches and q (`out` is overwritten; the
+    /// caller's own launch follows); inside a capture the one-wave estimate is fixed untimed.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &mut self,
+        device: &CudaDevice,
+        kernels: &Kernels,
+        q: &CudaSlice<f32>,
+        kv: &KvView,
+        out: &mut CudaSlice<f32>,
+        n_tokens: usize,
+        p: &PagedAttentionParams,
+        capturing: bool,
+    ) -> Result<usize, CudaError> {
+        let grid = GridKey::of(n_tokens, p);
+        if let Some(choice) = self.choices.get(&grid) {
+            return Ok(choice.n_splits);
+        }
+        let estimate = PagedAttention::splits_for(kernels.resident_blocks, n_tokens, p);
+        let cache_blocks = p.rows / KV_BLOCK_SIZE;
+        let candidates = PagedAttention::candidates(kernels.resident_blocks, n_tokens, p);
+        let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
+            SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
+        } else {
+            let positions = p.max_seq_len.min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(DEC_MIN_CHUNK * 16));
+            let step = device.upload(&tuning_step(n_tokens, positions, cache_blocks)?, "paged attention tuning step")?;
+            let most = candidates.iter().map(|&n| workspace_len(n_tokens, p, n)).max().unwrap_or(2);
+            let workspace = self.workspace(device, most, false)?;
+            let ctx = device.context();
+            let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::driver("creating a timing event"));
+            let (start, end) = (event()?, event()?);
+            let mut timings = Vec::with_capacity(candidates.len());
+            for &n in &candidates {
+                // One warm-up launch, then TUNE_ROUNDS timed ones.
+                launch_split(device, kernels, workspace, q, kv, out, &step, n_tokens, p, n)?;
+                start.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
+                for _ in 0..TUNE_ROUNDS {
+                    launch_split(device, kernels, workspace, q, kv, out, &step, n_tokens, p, n)?;
+                }
+                end.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
+                end.synchronize().map_err(CudaError::driver("timing the split candidates"))?;
+                let ms = start.elapsed_ms(&end).map_err(CudaError::driver("reading a timing event"))?;
+                timings.push((n, f64::from(ms) / TUNE_ROUNDS as f64));
+            }
+            let best = timings.iter().map(|&(_, ms)| ms).fold(f64::INFINITY, f64::min);
+            let n_splits = timings.iter().find(|&&(_, ms)| ms <= best * TUNE_SLACK).map_or(estimate, |&(n, _)| n);
+            SplitChoice { n_splits, timings, timed_positions: positions }
+        };
+        let n_splits = choice.n_splits;
+        self.choices.insert(grid, choice);
+        Ok(n_splits)
     }
 
     /// The workspace, grown to at least `len` values; growing is refused inside a capture.
@@ -377,12 +564,37 @@ mod tests {
     #[test]
     fn splits_fill_one_wave_within_the_caps() {
         let p = params();
-        assert_eq!(PagedAttention::splits_for(1056, 1, &p), 128, "8192 positions feed 128 chunks of 64");
+        assert_eq!(PagedAttention::splits_for(1056, 1, &p), 132, "one wave of 1056 blocks over 8 kv heads");
         assert_eq!(PagedAttention::splits_for(1056, 1, &PagedAttentionParams { max_seq_len: 32768, ..p }), 132);
         assert_eq!(PagedAttention::splits_for(1056, 64, &p), 2);
         assert_eq!(PagedAttention::splits_for(1056, 512, &p), 1);
         assert_eq!(PagedAttention::splits_for(100_000, 1, &PagedAttentionParams { max_seq_len: 1 << 20, ..p }), DEC_MAX_SPLITS);
-        assert_eq!(PagedAttention::splits_for(1056, 1, &PagedAttentionParams { max_seq_len: 100, ..p }), 2);
+        assert_eq!(PagedAttention::splits_for(1056, 1, &PagedAttentionParams { max_seq_len: 100, ..p }), 4, "100 positions feed 4 chunks of 32");
+    }
+
+    #[test]
+    fn split_candidates_span_half_a_wave_to_four_waves_within_the_caps() {
+        let p = params();
+        assert_eq!(PagedAttention::candidates(1056, 1, &p), vec![66, 132, 256], "8192 positions feed at most 256 chunks");
+        assert_eq!(PagedAttention::candidates(528, 1, &p), vec![33, 66, 132, 198, 256]);
+        assert_eq!(PagedAttention::candidates(528, 64, &p), vec![1, 2, 3, 4]);
+        assert_eq!(PagedAttention::candidates(1056, 1, &PagedAttentionParams { max_seq_len: 100, ..p }), vec![4]);
+    }
+
+    #[test]
+    fn decode_shared_memory_matches_the_kernel_stages() {
+        // f16, head_dim 128: 32 rows of 256 + 256 bytes = 16 KiB a stage, three stages.
+        assert_eq!(decode_shared_bytes(128, KvType::F16, KvType::F16), 3 * 16384);
+        // f32, head_dim 256: 64 KiB a stage, two stages.
+        assert_eq!(decode_shared_bytes(256, KvType::F32, KvType::F32), 2 * 65536);
+        // q8_0 / f16, head_dim 8: rows padded to 16 bytes.
+        assert_eq!(decode_shared_bytes(8, KvType::Q8_0, KvType::F16), 3 * 32 * 32);
+    }
+
+    #[test]
+    fn tuning_steps_give_each_token_its_own_blocks() {
+        let words = tuning_step(2, 100, 5).expect("valid step");
+        assert!(words.len() > word::HEADER_WORDS);
     }
 
     #[test]

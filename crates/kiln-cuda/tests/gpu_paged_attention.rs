@@ -6,14 +6,14 @@
 //! Every case uses random caches in every type pair, shuffled physical blocks, several
 //! sequences of different lengths per step (1, 31, 32, 33 ... 4096 positions), decode-only and
 //! prefill steps (including chunks that continue an existing prefix), GQA groups 1 to 8 and
-//! head dims 8, 64 and 128. Outputs are poisoned (NaN) before each run and every one is checked.
+//! head dims 8, 64, 128 and 256. Outputs are poisoned (NaN) before each run and every one is checked.
 //! Each test checks every case and reports all failures at the end.
 
 mod common;
 use common::rng;
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use half::f16;
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
@@ -259,6 +259,8 @@ fn shapes() -> Vec<Shape> {
     let mut shapes: Vec<Shape> = all_type_pairs().into_iter().map(|types| shape(64, 2, 2, types)).collect();
     shapes.extend([
         shape(128, 4, 2, (KvType::F16, KvType::F16)),
+        // Two 64 KiB decode stages (f32 rows of 1 KiB) instead of three.
+        shape(256, 2, 1, (KvType::F32, KvType::F16)),
         shape(128, 8, 1, (KvType::Q8_0, KvType::Q8_0)),
         shape(128, 1, 3, (KvType::F32, KvType::F16)),
         shape(128, 2, 2, (KvType::Q8_0, KvType::F16)),
@@ -302,14 +304,56 @@ fn decode_steps_match_the_reference() {
     let mut cases = Vec::new();
     for shape in shapes() {
         let seqs = decode(&[1, 31, 32, 33, 1000, 4096]);
-        for path in [Path::Auto, Path::Split(Some(1)), Path::Split(Some(5)), Path::Split(Some(256))] {
+        // 128 and 256 splits cut 4096 positions into one-block chunks; 3 and 5 leave partial
+        // last tiles in every split.
+        for path in [Path::Auto, Path::Split(Some(1)), Path::Split(Some(3)), Path::Split(Some(5)), Path::Split(Some(128)), Path::Split(Some(256))] {
             cases.push((shape, seqs.clone(), path));
         }
-        // One sequence alone uses many splits of the longest chunks.
+        // One sequence alone uses many splits (the measured count), down to one block each.
         cases.push((shape, decode(&[4096]), Path::Auto));
         cases.push((shape, decode(&[33]), Path::Auto));
+        cases.push((shape, decode(&[65, 96]), Path::Split(Some(66))));
     }
     check_all("decode_steps_match_the_reference", &mut rng, &cases);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn measured_split_counts_are_fixed_per_grid() {
+    let mut rng = rng("measured_split_counts_are_fixed_per_grid");
+    let shape = Shape { head_dim: 128, group: 4, n_kv_heads: 2, k_type: KvType::F16, v_type: KvType::F16 };
+    let mut failures = Vec::new();
+    for lens in [vec![1000], vec![7, 2048, 300]] {
+        // The first automatic call times the candidates; later ones, at any depth, reuse the count.
+        let mut seen = None;
+        for scale in [1, 2, 4] {
+            let seqs = decode(&lens.iter().map(|&l| l * scale).collect::<Vec<_>>());
+            match run_case(&mut rng, &shape, &seqs, Path::Auto) {
+                Ok((err, tolerance)) if err <= tolerance => {}
+                Ok((err, _)) => failures.push(format!("{lens:?} x{scale}: rel L2 {err:.3e}")),
+                Err(why) => failures.push(format!("{lens:?} x{scale}: {why}")),
+            }
+            let p = PagedAttentionParams {
+                n_heads: shape.n_heads(),
+                n_kv_heads: shape.n_kv_heads,
+                head_dim: shape.head_dim,
+                rows: 0,
+                max_seq_len: 8192,
+                scale: 0.0,
+                k_type: shape.k_type,
+                v_type: shape.v_type,
+            };
+            let choice = attention().split_choice(lens.len(), &p).expect("an automatic call fixes the split count");
+            eprintln!("{} tokens: {} splits from {:?} at {} positions", lens.len(), choice.n_splits, choice.timings, choice.timed_positions);
+            if choice.timings.len() > 1 && !choice.timings.iter().any(|&(n, _)| n == choice.n_splits) {
+                failures.push(format!("{lens:?}: chose {} splits, not a candidate of {:?}", choice.n_splits, choice.timings));
+            }
+            if *seen.get_or_insert(choice.n_splits) != choice.n_splits {
+                failures.push(format!("{lens:?}: the split count changed to {}", choice.n_splits));
+            }
+        }
+    }
+    report("measured_split_counts_are_fixed_per_grid", 6, failures);
 }
 
 /// Prefill chunks from position 0 and continuing a prefix, partial and full tiles, tiles
@@ -427,14 +471,26 @@ fn benchmark_paged_attention() {
         let variants: Vec<Vec<u32>> = (0..SEQS / n_seqs).map(|i| bench_step(&decode(&vec![LEN; n_seqs]), i * n_seqs, blocks_per_seq).0).collect();
         let steps: Vec<CudaSlice<u32>> = variants.iter().map(|w| dev.upload(w, "step").expect("upload")).collect();
         let counts = StepCounts { n_tokens: n_seqs, n_tiles: n_seqs, decode_only: true };
-        let ms = time_ms(50, |round| att.attention(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p).expect("attention"));
         let bytes = (n_seqs * LEN * width * 2 * 2) as f64;
-        let splits = att.splits(dev, n_seqs, &p).expect("splits");
-        eprintln!(
-            "decode {n_seqs:>2} x {LEN} positions, 32/8 heads of 128, f16 cache, {splits} splits: {:.1} us, {:.0} GB/s",
-            ms * 1e3,
-            bytes / (ms * 1e-3) / 1e9
-        );
+        let rate = |ms: f64| format!("{:.1} us, {:.0} GB/s", ms * 1e3, bytes / (ms * 1e-3) / 1e9);
+        // Every split count the tuner did not pick, then the picked one (the first automatic call picks it).
+        att.attention(dev, &q, &kv, &mut out, &steps[0], counts, &p).expect("attention");
+        let choice = att.split_choice(n_seqs, &p).expect("split choice");
+        for &(n, tuned_ms) in &choice.timings {
+            let ms = time_ms(20, |round| att.split(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p, Some(n)).expect("split"));
+            eprintln!("  decode {n_seqs:>2} x {LEN}, {n:>3} splits: {} (tuner: {:.1} us)", rate(ms), tuned_ms * 1e3);
+        }
+        let ms = time_ms(50, |round| att.attention(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p).expect("attention"));
+        eprintln!("decode {n_seqs:>2} x {LEN} positions, 32/8 heads of 128, f16 cache, {} splits: {}", choice.n_splits, rate(ms));
+        // As the engine runs it: replays of a captured graph, with no launch gaps from the host.
+        let stream = dev.stream();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
+        for step in &steps {
+            att.attention(dev, &q, &kv, &mut out, step, counts, &p).expect("attention");
+        }
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");
+        let ms = time_ms(10, |_| graph.launch().expect("graph launch")) / steps.len() as f64;
+        eprintln!("decode {n_seqs:>2} x {LEN} positions in a CUDA graph: {}", rate(ms));
     }
 
     for depth in [0, 4096] {
