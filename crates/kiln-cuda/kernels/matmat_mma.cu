@@ -1,375 +1,122 @@
 // Tensor-core mat-mat for every weight format: out[t][r] = sum_c W[r][c] * x[t][c] for x [n][cols]
-// f32 and out [n][rows] f32 (+= with `accumulate`), or the fused SwiGLU silu(x.Wg) * (x.Wu).
+// and out [n][rows] f32 (+= with `accumulate`), or the fused SwiGLU silu(x.Wg) * (x.Wu).
 //
-// A block of 8 warps computes MMA_BM weight slots x MMA_BN tokens. Each step covers MMA_BK =
-// 4096 / MMA_BM values of depth, so the weight tile is 256 chunks of 16 values: every thread
-// decodes exactly one chunk per step (the quant.cuh decoders), rounds it to f16 and stores it
-// into shared memory; the activations are converted f32 -> f16 on the way into shared memory.
-// The products are mma.sync m16n8k16 (f16 operands, f32 accumulators) fed by ldmatrix.
+// Two kernel bodies share the entry points below, the PTX wrappers and the f16 chunk decoders
+// (mma.cuh); the host picks a body and its tile with the defines (MmaTile in src/matvec/matmat.rs).
 //
-// Pipeline: two shared buffers. While the warps multiply step s out of one buffer, the global
-// loads of step s + 1 are already in flight (issued before the MMAs into registers); they are
-// decoded into the other buffer afterwards, so one barrier per step suffices.
+// Tiles 0..3, mma_tile.cuh: a block of 8 warps computes MMA_BM weight slots x MMA_BN tokens
+// over steps of MMA_BK = 4096 / MMA_BM values of depth, so each thread decodes exactly one
+// 16-value chunk per step (the quant.cuh decoders) into shared f16, and converts f32
+// activations to f16 on their way into shared memory. Products are mma.sync m16n8k16 (f16
+// operands, f32 accumulators) fed by ldmatrix. Two shared buffers: the global loads of step
+// s + 1 are issued into registers before the MMAs of step s and stored after them, one barrier
+// per step. Warps: MMA_BM / 32 along the slots, MMA_WN along the tokens, the rest split the
+// depth (their sums meet in shared memory at the end, in a fixed order). With the SwiGLU pair,
+// each 16-slot m16 tile holds 8 gate rows then the same 8 up rows, so one thread holds both
+// halves of its outputs. Grid: (row blocks, token blocks).
 //
-// Warps: MMA_BM / 32 along the slots, MMA_WN along the tokens and the rest along the depth
-// (MMA_WK): each warp owns 32 slots x (MMA_BN / MMA_WN) tokens of a (MMA_BK / MMA_WK) slice of
-// every step, and warps that split the depth add their sums through shared memory at the end.
-// Small MMA_BM (with a larger depth per step) gives more blocks for weights with few rows.
+// Pipelined tiles (MMA_PIPE=1), mma_pipe.cuh; measured baseline on the H200 (Q4_K 14336x4096):
+// tile 0 at n = 512 154 TFLOP/s, tile 2 at n = 64 410 GB/s of weight. Changes and why:
+// (a) The activations are converted to f16 once per product (mma_half_activations into a
+//     shared scratch, rows padded to 8 values) instead of by each of the ~112 row blocks: half
+//     the L2 traffic of x and no conversion work in the mat-mat; they arrive by 16-byte
+//     cp.async straight into shared memory, no registers held while in flight.
+// (b) An MMA_XS-stage activation ring (3 for the big tiles): two steps of copy latency hidden.
+// (c) MMA_BK = 64..256 values per step (tiles 0..3: 32..128), so every barrier covers 2..8x
+//     the MMAs and each thread keeps MMA_CPT = 2..4 weight chunks in flight instead of one.
+// (d) Small n: tiles of 64..128 rows with all (32 or 64) tokens and BK 128..256, optionally
+//     split along the depth over gridDim.z (partials in f32, summed in split order by
+//     mma_reduce_splits: deterministic), so enough blocks stream the weight at once.
+// Tokens vary fastest over the grid (token blocks, row blocks, splits): blocks resident
+// together share weight rows, read from DRAM once. Dynamic shared memory 64..101 KiB, two
+// blocks per multiprocessor.
+// Predicted: 128x128 (BK 64, 3 stages) at n >= 256: 154 -> ~230-280 TFLOP/s (latency of both
+// operands hidden, 2x MMAs per barrier); 128x64 the same gain at n 65..256; 64x64 / 64x32 /
+// 128x32 (BK 128-256, split-K) at n <= 64: 3-4x the weight bytes in flight per multiprocessor,
+// ~1.2-1.6 TB/s (14336x4096 Q4_K at n = 64: ~25 us instead of 81). The weights are still
+// decoded through registers (the decoders read global memory); a cp.async of raw weight
+// bytes would need shared-memory decoders, the next lever if the decode shows up as the limit.
 //
-// With the SwiGLU pair, each 16-slot m16 tile holds 8 gate rows then the same 8 up rows, so one
-// thread's accumulators hold both halves of its outputs.
-//
-// Grid: (ceil(rows / (MMA_BM / NW)), ceil(n / MMA_BN)). Needs sm_80 (mma.m16n8k16, cvt f16x2).
+// Needs sm_80 (mma.m16n8k16, cvt f16x2, cp.async).
 // kiln-test-defines: MMA_BM=128,MMA_BN=128,MMA_WN=2
 // kiln-test-defines: MMA_BM=128,MMA_BN=64,MMA_WN=2
 // kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2
 // kiln-test-defines: MMA_BM=32,MMA_BN=32,MMA_WN=1
-#include "quant.cuh"
+// kiln-test-defines: MMA_BM=128,MMA_BN=128,MMA_WN=2,MMA_BK=64,MMA_XS=3,MMA_PIPE=1
+// kiln-test-defines: MMA_BM=128,MMA_BN=64,MMA_WN=2,MMA_BK=64,MMA_XS=3,MMA_PIPE=1
+// kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
+// kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=1
+// kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
 
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
 #endif
 
 #define MMA_THREADS 256
-#define MMA_WARPS (MMA_THREADS / 32)
-#define MMA_BK (MMA_THREADS * CHUNK_VALUES / MMA_BM)
-#define MMA_WM (MMA_BM / 32)
-#define MMA_WK (MMA_WARPS / (MMA_WM * MMA_WN))
-// Per warp: tokens and depth.
-#define MMA_TN (MMA_BN / MMA_WN)
-#define MMA_TK (MMA_BK / MMA_WK)
-// Shared rows padded by 16 bytes: the 8 row addresses of an ldmatrix hit distinct bank groups.
-#define MMA_LDS (MMA_BK + 8)
-// Chunks of a row per step, and float4 activation loads per thread per step.
-#define MMA_CPR (MMA_BK / CHUNK_VALUES)
-#define MMA_XV (MMA_BN * MMA_BK / 4 / MMA_THREADS)
 
-static_assert(MMA_BM == 32 || MMA_BM == 64 || MMA_BM == 128, "MMA_BM must be 32, 64 or 128");
-static_assert(MMA_WM * MMA_WN * MMA_WK == MMA_WARPS, "warps must tile slots x tokens x depth");
-static_assert(MMA_TN % 16 == 0 && MMA_TK % 16 == 0, "warp tiles are whole pairs of n8 tiles and k16 slices");
-static_assert(MMA_XV >= 1 && MMA_BN * MMA_BK % (4 * MMA_THREADS) == 0, "activation loads must spread evenly");
-
-#define MMA_W_BYTES (2 * MMA_BM * MMA_LDS * 2)
-#define MMA_X_BYTES (2 * MMA_BN * MMA_LDS * 2)
-#define MMA_RED_BYTES ((MMA_WK - 1) * MMA_BM * MMA_BN * 4)
-#define MMA_SMEM_BYTES (MMA_W_BYTES + MMA_X_BYTES > MMA_RED_BYTES ? MMA_W_BYTES + MMA_X_BYTES : MMA_RED_BYTES)
-static_assert(MMA_SMEM_BYTES <= 48 * 1024, "static shared memory is limited to 48 KiB");
-
-// ---- PTX wrappers ----
-
-__device__ __forceinline__ u32 shared_address(const void* p) {
-    u32 address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-    return address;
-}
-
-// Two f32 -> one f16x2 word (lo in the low half), round to nearest even.
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 address) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ---- Weight chunks as f16: a fetch (global loads only) and a decode, so the loads of the next
-// step can be issued before the MMAs of the current one ----
-
-template <class W>
-struct HalfChunks;
-
-template <class F>
-struct HalfChunks<QuantRows<F>> {
-    typedef typename F::Raw Raw;
-    static __device__ __forceinline__ Raw fetch(const QuantRows<F>& w, u32 row, u32 chunk) {
-        return F::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
-    }
-    static __device__ __forceinline__ void decode(const Raw& raw, u32 chunk, u32 (&h)[8]) {
-        const Chunk c = F::decode(raw, chunk & 31);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const u32 word = (u32)c.q[i / 2];
-            const float lo = (float)(int)(i8)(u8)(word >> (16 * (i % 2)));
-            const float hi = (float)(int)(i8)(u8)(word >> (16 * (i % 2) + 8));
-            h[i] = pack_f16x2(fmaf(c.scale, lo, c.offset), fmaf(c.scale, hi, c.offset));
-        }
-    }
-};
-
-template <int KIND>
-struct HalfChunks<FloatRows<KIND>> {
-    static constexpr int WORDS = KIND == 0 ? 4 : 2;  // uint4 loads per 16-value chunk
-    struct Raw {
-        uint4 v[WORDS];
-    };
-    static __device__ __forceinline__ Raw fetch(const FloatRows<KIND>& w, u32 row, u32 chunk) {
-        Raw raw;
-#pragma unroll
-        for (int i = 0; i < WORDS; ++i) {
-            raw.v[i] = ld_weight_u128(w.at(row, chunk * CHUNK_VALUES + i * (CHUNK_VALUES / WORDS)));
-        }
-        return raw;
-    }
-    static __device__ __forceinline__ void decode(const Raw& raw, u32, u32 (&h)[8]) {
-#pragma unroll
-        for (int i = 0; i < WORDS; ++i) {
-            const uint4 v = raw.v[i];
-            if (KIND == 0) {
-                h[2 * i] = pack_f16x2(__uint_as_float(v.x), __uint_as_float(v.y));
-                h[2 * i + 1] = pack_f16x2(__uint_as_float(v.z), __uint_as_float(v.w));
-            } else if (KIND == 1) {
-                h[4 * i] = v.x;
-                h[4 * i + 1] = v.y;
-                h[4 * i + 2] = v.z;
-                h[4 * i + 3] = v.w;
-            } else {
-                const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    h[4 * i + j] = pack_f16x2(__uint_as_float(words[j] << 16), __uint_as_float(words[j] & 0xffff0000u));
-                }
-            }
-        }
-    }
-};
-
-__device__ __forceinline__ float silu_mma(float g) {
-    return g / (1.0f + expf(-g));
-}
-
-template <class W, int NW>
-__device__ __forceinline__ void matmat_mma(const W& first, const W& second, const float* __restrict__ x, u32 cols,
-                                           u32 n, float* out, u32 rows, u32 accumulate) {
-    typedef HalfChunks<W> H;
-    __shared__ __align__(16) u8 smem[MMA_SMEM_BYTES];
-    u16(*ws)[MMA_BM][MMA_LDS] = reinterpret_cast<u16(*)[MMA_BM][MMA_LDS]>(smem);
-    u16(*xs)[MMA_BN][MMA_LDS] = reinterpret_cast<u16(*)[MMA_BN][MMA_LDS]>(smem + MMA_W_BYTES);
-
-    const u32 tid = threadIdx.x;
-    const u32 lane = tid & 31;
-    const u32 warp = tid >> 5;
-    const u32 row_base = blockIdx.x * (MMA_BM / NW);
-    const u32 token_base = blockIdx.y * MMA_BN;
-    const u32 chunks = first.chunks_per_row();
-    const u32 steps = (chunks + MMA_CPR - 1) / MMA_CPR;
-
-    // Decoding role: slot `slot`, chunk `part` of each step; neighbouring threads read
-    // neighbouring chunks of one row. Rows past the end re-read the last row (never written).
-    const u32 slot = tid / MMA_CPR;
-    const u32 part = tid % MMA_CPR;
-    const u32 slot_row = min(NW == 1 ? row_base + slot : row_base + (slot >> 4) * 8 + (slot & 7), rows - 1);
-    const W source = NW == 2 && (slot & 8) ? second : first;
-
-    // Activation role: float4 e = i * MMA_THREADS + tid of the step's [MMA_BN][MMA_BK] tile.
-    // Load i reads token x_token + i * X_TOKEN_STEP, columns x_column.. of the step.
-    constexpr u32 X_TOKEN_STEP = MMA_THREADS / (MMA_BK / 4);
-    const bool vector_x = (cols & 3) == 0;
-    const u32 x_token = tid / (MMA_BK / 4);
-    const u32 x_column = 4 * (tid % (MMA_BK / 4));
-    const float* x_first = x + (u64)(token_base + x_token) * cols;
-    const u64 x_step = (u64)X_TOKEN_STEP * cols;
-
-    typename H::Raw raw;
-    float4 xv[MMA_XV];
-    auto fetch = [&](u32 step) {
-        const u32 chunk = min(step * MMA_CPR + part, chunks - 1);
-        raw = H::fetch(source, slot_row, chunk);
-        const u32 column = step * MMA_BK + x_column;
-#pragma unroll
-        for (int i = 0; i < MMA_XV; ++i) {
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float* p = x_first + i * x_step + column;
-            if (token_base + x_token + i * X_TOKEN_STEP < n) {
-                if (vector_x) {
-                    if (column < cols) {
-                        v = __ldg(reinterpret_cast<const float4*>(p));
-                    }
-                } else {
-                    v.x = column < cols ? __ldg(p) : 0.0f;
-                    v.y = column + 1 < cols ? __ldg(p + 1) : 0.0f;
-                    v.z = column + 2 < cols ? __ldg(p + 2) : 0.0f;
-                    v.w = column + 3 < cols ? __ldg(p + 3) : 0.0f;
-                }
-            }
-            xv[i] = v;
-        }
-    };
-    auto store = [&](u32 step, u32 buffer) {
-        u32 h[8];
-        const u32 chunk = step * MMA_CPR + part;
-        H::decode(raw, min(chunk, chunks - 1), h);
-        if (chunk >= chunks) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                h[i] = 0;
-            }
-        }
-        uint4* dst = reinterpret_cast<uint4*>(&ws[buffer][slot][part * CHUNK_VALUES]);
-        dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
-        dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
-#pragma unroll
-        for (int i = 0; i < MMA_XV; ++i) {
-            *reinterpret_cast<uint2*>(&xs[buffer][x_token + i * X_TOKEN_STEP][x_column]) =
-                make_uint2(pack_f16x2(xv[i].x, xv[i].y), pack_f16x2(xv[i].z, xv[i].w));
-        }
-    };
-
-    // Computing role.
-    const u32 wk = warp % MMA_WK;
-    const u32 wn = (warp / MMA_WK) % MMA_WN;
-    const u32 wm = warp / (MMA_WK * MMA_WN);
-    // ldmatrix row addresses: A rows (lane & 15), depth half (lane >> 4); B tokens (lane & 7) +
-    // 8 (lane >> 4), depth half (lane >> 3) & 1.
-    const u32 a_offset = ((wm * 32 + (lane & 15)) * MMA_LDS + wk * MMA_TK + 8 * (lane >> 4)) * 2;
-    const u32 b_offset = ((wn * MMA_TN + (lane & 7) + 8 * (lane >> 4)) * MMA_LDS + wk * MMA_TK + 8 * ((lane >> 3) & 1)) * 2;
-    const u32 ws_base = shared_address(&ws[0][0][0]);
-    const u32 xs_base = shared_address(&xs[0][0][0]);
-
-    float acc[2][MMA_TN / 8][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                acc[i][j][k] = 0.0f;
-            }
-        }
-    }
-
-    fetch(0);
-    store(0, 0);
-    __syncthreads();
-    for (u32 step = 0; step < steps; ++step) {
-        const bool more = step + 1 < steps;
-        if (more) {
-            fetch(step + 1);
-        }
-        const u32 buffer = step & 1;
-        const u32 a_base = ws_base + buffer * (MMA_BM * MMA_LDS * 2) + a_offset;
-        const u32 b_base = xs_base + buffer * (MMA_BN * MMA_LDS * 2) + b_offset;
-#pragma unroll
-        for (int kk = 0; kk < MMA_TK / 16; ++kk) {
-            u32 a[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                ldmatrix_x4(a[i], a_base + (16 * i * MMA_LDS + 16 * kk) * 2);
-            }
-#pragma unroll
-            for (int j = 0; j < MMA_TN / 16; ++j) {
-                u32 b[4];
-                ldmatrix_x4(b, b_base + (16 * j * MMA_LDS + 16 * kk) * 2);
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    mma_f16(acc[i][2 * j], a[i], b[0], b[1]);
-                    mma_f16(acc[i][2 * j + 1], a[i], b[2], b[3]);
-                }
-            }
-        }
-        if (more) {
-            store(step + 1, buffer ^ 1);
-        }
-        __syncthreads();
-    }
-
-    if (MMA_WK > 1) {
-        // Depth-split warps hand their sums to warp wk == 0 of the same output tile, in a fixed
-        // order (deterministic). Lane-major so the shared accesses do not conflict.
-        float* partial = reinterpret_cast<float*>(smem);
-        const u32 tile = wm * MMA_WN + wn;
-        constexpr u32 PER_WARP = 2 * (MMA_TN / 8) * 4;
-        if (wk > 0) {
-            float* dst = partial + ((wk - 1) * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        dst[((i * (MMA_TN / 8) + j) * 4 + k) * 32] = acc[i][j][k];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-        if (wk > 0) {
-            return;
-        }
-        for (u32 other = 0; other + 1 < MMA_WK; ++other) {
-            const float* src = partial + (other * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        acc[i][j][k] += src[((i * (MMA_TN / 8) + j) * 4 + k) * 32];
-                    }
-                }
-            }
-        }
-    }
-
-    // Accumulator k of tile (i, j): slot 16 i + lane / 4 (+ 8 for k >= 2), token 8 j + 2 (lane % 4)
-    // (+ 1 for odd k).
-    const u32 group = lane >> 2;
-    const u32 pair = 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int odd = 0; odd < 2; ++odd) {
-                const u32 token = token_base + wn * MMA_TN + 8 * j + pair + odd;
-                if (token >= n) {
-                    continue;
-                }
-                if (NW == 2) {
-                    const u32 row = row_base + (wm * 32 + 16 * i) / 2 + group;
-                    if (row < rows) {
-                        out[(u64)token * rows + row] = silu_mma(acc[i][j][odd]) * acc[i][j][2 + odd];
-                    }
-                } else {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const u32 row = row_base + wm * 32 + 16 * i + 8 * half + group;
-                        if (row < rows) {
-                            float* slot_out = out + (u64)token * rows + row;
-                            const float v = acc[i][j][2 * half + odd];
-                            *slot_out = accumulate ? *slot_out + v : v;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-template <class W>
-__device__ __forceinline__ void matmat_one(const W& w, const float* x, u32 cols, u32 n, float* out, u32 rows,
-                                           u32 accumulate) {
-    matmat_mma<W, 1>(w, w, x, cols, n, out, rows, accumulate);
-}
-
-template <class W>
-__device__ __forceinline__ void matmat_two(const W& gate, const W& up, const float* x, u32 cols, u32 n, float* out,
-                                           u32 rows) {
-    matmat_mma<W, 2>(gate, up, x, cols, n, out, rows, 0);
-}
-
+#ifndef MMA_PIPE
+#define MMA_PIPE 0
+#endif
+#if MMA_PIPE
+#include "mma_pipe.cuh"
+// x: f16 activations [n][cols] with cols a multiple of 8; partials: the split-K sums.
+#define MM_ARGS const u16* x, u32 cols, u32 n, float* out, u32 rows, float* partials
+#define MM_PASS x, cols, n, out, rows, partials
+#else
+#include "mma_tile.cuh"
 #define MM_ARGS const float* x, u32 cols, u32 n, float* out, u32 rows
+#define MM_PASS x, cols, n, out, rows
+#endif
+
+// f32 activations [n][cols] -> f16 [n][ld] (ld: cols rounded up to 8, the pad zeroed), 8
+// values per thread, for the pipelined tiles. Compiled in every module, like the reduction.
+extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const float* __restrict__ x, u32 cols, u32 n, u32 ld,
+                                                                         u16* __restrict__ xh) {
+    const u32 per_token = ld / 8;
+    const u64 total = (u64)n * per_token;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u32 token = (u32)(e / per_token);
+        const u32 column = (u32)(e % per_token) * 8;
+        const float* p = x + (u64)token * cols + column;
+        float v[8];
+        if ((cols & 3) == 0 && column + 8 <= cols) {
+            const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+            const float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                v[j] = column + j < cols ? __ldg(p + j) : 0.0f;
+            }
+        }
+        *reinterpret_cast<uint4*>(xh + (u64)token * ld + column) =
+            make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]), pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+    }
+}
+
+// Split-K: out[e] = sum over splits s (in order) of partials[s][e] for e < count (= n * rows),
+// added to out with `accumulate`; `pair`: partials hold (gate, up) and out = silu(g) * u.
+extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float* __restrict__ partials, u32 splits, u32 count,
+                                                                      u32 pair, u32 accumulate, float* out) {
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += (u64)gridDim.x * blockDim.x) {
+        if (pair) {
+            float g = 0.0f, u = 0.0f;
+            for (u32 s = 0; s < splits; ++s) {
+                const float2 v = reinterpret_cast<const float2*>(partials)[(u64)s * count + e];
+                g += v.x;
+                u += v.y;
+            }
+            out[e] = silu_mma(g) * u;
+        } else {
+            float v = 0.0f;
+            for (u32 s = 0; s < splits; ++s) {
+                v += partials[(u64)s * count + e];
+            }
+            out[e] = accumulate ? out[e] + v : v;
+        }
+    }
+}
+
 // MMA_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats
 // it has; without it every format is compiled (the compile check).
 #ifndef MMA_TYPE
@@ -381,153 +128,153 @@ __device__ __forceinline__ void matmat_two(const W& gate, const W& up, const flo
 
 #if MMA_WANTS(0)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f32(FloatRows<0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(1)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f16(FloatRows<1> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(30)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_bf16(FloatRows<2> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(8)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q8_0(QuantRows<FmtQ8_0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q8_0(QuantRows<FmtQ8_0> gate, QuantRows<FmtQ8_0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(2)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_0(QuantRows<FmtQ4_0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_0(QuantRows<FmtQ4_0> gate, QuantRows<FmtQ4_0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(3)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_1(QuantRows<FmtQ4_1> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_1(QuantRows<FmtQ4_1> gate, QuantRows<FmtQ4_1> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(6)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_0(QuantRows<FmtQ5_0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_0(QuantRows<FmtQ5_0> gate, QuantRows<FmtQ5_0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(7)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_1(QuantRows<FmtQ5_1> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_1(QuantRows<FmtQ5_1> gate, QuantRows<FmtQ5_1> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(20)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_nl(QuantRows<FmtIQ4_NL> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_nl(QuantRows<FmtIQ4_NL> gate, QuantRows<FmtIQ4_NL> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(41)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q1_0(QuantRows<FmtQ1_0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q1_0(QuantRows<FmtQ1_0> gate, QuantRows<FmtQ1_0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(10)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q2_k(QuantRows<FmtQ2_K> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q2_k(QuantRows<FmtQ2_K> gate, QuantRows<FmtQ2_K> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(11)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q3_k(QuantRows<FmtQ3_K> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q3_k(QuantRows<FmtQ3_K> gate, QuantRows<FmtQ3_K> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(12)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_k(QuantRows<FmtQ4_K> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_k(QuantRows<FmtQ4_K> gate, QuantRows<FmtQ4_K> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(13)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_k(QuantRows<FmtQ5_K> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_k(QuantRows<FmtQ5_K> gate, QuantRows<FmtQ5_K> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(14)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q6_k(QuantRows<FmtQ6_K> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q6_k(QuantRows<FmtQ6_K> gate, QuantRows<FmtQ6_K> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(23)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_xs(QuantRows<FmtIQ4_XS> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_xs(QuantRows<FmtIQ4_XS> gate, QuantRows<FmtIQ4_XS> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(35)
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_tq2_0(QuantRows<FmtTQ2_0> w, MM_ARGS, u32 accumulate) {
-    matmat_one(w, x, cols, n, out, rows, accumulate);
+    matmat_one(w, MM_PASS, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_tq2_0(QuantRows<FmtTQ2_0> gate, QuantRows<FmtTQ2_0> up, MM_ARGS) {
-    matmat_two(gate, up, x, cols, n, out, rows);
+    matmat_two(gate, up, MM_PASS);
 }
 #endif

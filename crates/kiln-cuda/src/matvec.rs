@@ -15,7 +15,9 @@
 //! (relative L2) of the f32 product. The mat-mat kernel (`n > 8`, kernels/matmat_mma.cu) runs
 //! on tensor cores: weights decoded to f16 (rounded once from the exact f32 value), activations
 //! rounded to f16, products summed in f32; about 3e-4 relative L2 from the f32 product. f16
-//! activations overflow past 65504 in magnitude.
+//! activations overflow past 65504 in magnitude. Its block shape is measured per weight shape
+//! and token bucket on first use (`matmat.rs`); the pipelined shapes share per-device scratch
+//! buffers (f16 activations, split-K partials) that only grow outside graph captures.
 //!
 //! Each quantized weight carries a small activation buffer of its own (`cols` x 8 tokens, int8
 //! plus two f32 per 16 values) that [`matmul`] quantizes into, so calls on one weight must come
@@ -27,16 +29,20 @@
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+mod matmat;
 mod repack;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
+use matmat::{launch_matmat, MMA_TILES};
+pub use matmat::{matmat_tile, matmul_with_tile, MATMAT_TILES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
@@ -47,52 +53,6 @@ const MV_WARPS: u32 = 4;
 /// Threads per mat-mat block (`MMA_THREADS`, kernels/matmat_mma.cu).
 const MMA_THREADS: u32 = 256;
 
-/// One block shape of the tensor-core mat-mat, passed as MMA_BM / MMA_BN / MMA_WN: `slots`
-/// weight rows (the fused SwiGLU: half as many gate/up pairs) by `tokens` tokens, with
-/// `token_warps` of the 8 warps along the tokens (the rest split the slots, then the depth).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct MmaTile {
-    slots: u32,
-    tokens: u32,
-    token_warps: u32,
-}
-
-/// From the most work per block to the least; each has a `// kiln-test-defines:` line in
-/// matmat_mma.cu. Smaller tiles give more blocks when a product has few rows or tokens.
-const MMA_TILES: [MmaTile; 4] = [
-    MmaTile { slots: 128, tokens: 128, token_warps: 2 },
-    MmaTile { slots: 128, tokens: 64, token_warps: 2 },
-    MmaTile { slots: 64, tokens: 64, token_warps: 2 },
-    MmaTile { slots: 32, tokens: 32, token_warps: 1 },
-];
-
-/// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
-pub const MATMAT_TILES: usize = MMA_TILES.len();
-
-impl MmaTile {
-    fn defines(self) -> Vec<(&'static str, i64)> {
-        vec![("MMA_BM", i64::from(self.slots)), ("MMA_BN", i64::from(self.tokens)), ("MMA_WN", i64::from(self.token_warps))]
-    }
-
-    fn grid(self, rows: usize, n: usize, swiglu: bool) -> (usize, usize) {
-        let rows_per_block = self.slots as usize / if swiglu { 2 } else { 1 };
-        (rows.div_ceil(rows_per_block), n.div_ceil(self.tokens as usize))
-    }
-}
-
-/// The tile for a product: the largest whose token tile is not mostly padding and whose grid
-/// still puts about two blocks on most multiprocessors (1.5 per multiprocessor), else the
-/// smallest.
-fn choose_tile(rows: usize, n: usize, swiglu: bool, multiprocessors: usize) -> usize {
-    let wanted = multiprocessors + multiprocessors / 2;
-    MMA_TILES
-        .iter()
-        .position(|tile| {
-            let (x, y) = tile.grid(rows, n, swiglu);
-            2 * n > tile.tokens as usize && x * y >= wanted
-        })
-        .unwrap_or(MMA_TILES.len() - 1)
-}
 /// Threads per token of rms_norm_quantize_q8 (`NORM_BLOCK`, kernels/norm.cuh).
 const NORM_THREADS: u32 = 256;
 /// Block size of the grid-stride kernels (quantize_activations_q8, embed_*).
@@ -146,30 +106,55 @@ fn swiglu_rows_per_warp(ntok: usize) -> u32 {
 }
 
 /// Kernels of one weight, looked up on first use and kept for later launches.
-#[derive(Default)]
 struct KernelSlots([OnceLock<CudaFunction>; KernelSlots::COUNT]);
+
+impl Default for KernelSlots {
+    fn default() -> Self {
+        KernelSlots(std::array::from_fn(|_| OnceLock::new()))
+    }
+}
 
 #[derive(Clone, Copy)]
 enum Kernel {
-    Matvec { ntok: usize, swiglu: bool },
-    Matmat { tile: usize, swiglu: bool },
+    Matvec {
+        ntok: usize,
+        swiglu: bool,
+    },
+    Matmat {
+        tile: usize,
+        swiglu: bool,
+    },
+    /// The f16 activation conversion or the split-K reduction, from `tile`'s module.
+    MatmatAux {
+        tile: usize,
+        reduce: bool,
+    },
     Embed,
 }
 
 impl KernelSlots {
-    const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES + 1;
+    const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 4 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
             Kernel::Matvec { ntok, swiglu } => (ntok - 1) + usize::from(swiglu) * MAX_MATVEC_TOKENS,
             Kernel::Matmat { tile, swiglu } => 2 * MAX_MATVEC_TOKENS + 2 * tile + usize::from(swiglu),
-            Kernel::Embed => 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES,
+            Kernel::MatmatAux { tile, reduce } => 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
+            Kernel::Embed => 2 * MAX_MATVEC_TOKENS + 4 * MATMAT_TILES,
         };
         if let Some(function) = self.0[index].get() {
             return Ok(function);
         }
         let (source, name, defines) = kernel_id(storage, kernel);
         let function = device.registry().function(source, &name, &defines)?;
+        if let Kernel::Matmat { tile, .. } = kernel {
+            let shared = MMA_TILES[tile].shared_bytes();
+            if shared > 0 {
+                function
+                    .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
+                    .map_err(CudaError::driver(format!("raising {name}'s shared memory limit")))?;
+            }
+        }
         Ok(self.0[index].get_or_init(|| function))
     }
 }
@@ -215,6 +200,11 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let mut defines = MMA_TILES[tile].defines();
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
             ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), defines)
+        }
+        Kernel::MatmatAux { tile, reduce } => {
+            let mut defines = MMA_TILES[tile].defines();
+            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
+            ("matmat_mma", if reduce { "mma_reduce_splits" } else { "mma_half_activations" }.to_string(), defines)
         }
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
     }
@@ -561,7 +551,7 @@ fn product(
                     Input::Quantized(buffer)
                 }
                 (None, Storage::Float { .. }) if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
-                _ => return launch_matmat(device, op, w, up, x, out, n, accumulate, None),
+                _ => return launch_matmat(device, op, w, up, x, out, n, accumulate),
             }
         }
         (Input::Quantized(q), Storage::Quant { .. }) => {
@@ -616,79 +606,9 @@ fn launch_matvec(
     unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))
 }
 
-/// The tensor-core mat-mat with block shape `tile` (< [`MATMAT_TILES`]) whatever `n` is, for
-/// tests and benchmarks of every shape; `up` makes it the fused SwiGLU. [`matmul`] and friends
-/// pick the shape themselves.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_with_tile(
-    device: &CudaDevice,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    x: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
-    tile: usize,
-) -> Result<(), CudaError> {
-    const OP: &str = "matmul_with_tile";
-    if tile >= MATMAT_TILES {
-        return Err(invalid(OP, format!("tile {tile} of {MATMAT_TILES}")));
-    }
-    if let Some(up) = up {
-        check_pair(OP, w, up)?;
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    check_len(OP, "out", out.len(), n * w.rows)?;
-    check_len(OP, "x", x.len(), n * w.cols)?;
-    launch_matmat(device, OP, w, up, x, out, n, accumulate, Some(tile))
-}
-
-/// The mat-mat block shape `matmul` would use for `n` tokens of `w` (index into the tiles of
-/// [`matmul_with_tile`]).
-pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> usize {
-    choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn launch_matmat(
-    device: &CudaDevice,
-    op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    x: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
-    tile: Option<usize>,
-) -> Result<(), CudaError> {
-    let swiglu = up.is_some();
-    let tile = tile.unwrap_or_else(|| matmat_tile(device, w, n, swiglu));
-    let function = w.kernels.get(device, &w.storage, Kernel::Matmat { tile, swiglu })?;
-    let (rows32, cols32, n32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, to_u32(op, "n", n)?, u32::from(accumulate));
-    let (row_blocks, token_blocks) = MMA_TILES[tile].grid(w.rows, n, swiglu);
-    if token_blocks > 65_535 {
-        return Err(invalid(op, format!("{n} tokens exceed one launch's 65535 blocks of {}", MMA_TILES[tile].tokens)));
-    }
-    let cfg = LaunchConfig { grid_dim: (to_u32(op, "row blocks", row_blocks)?, token_blocks as u32, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
-    let mut launch = device.stream().launch_builder(function);
-    push_weight(&mut launch, &w.storage);
-    if let Some(up) = up {
-        push_weight(&mut launch, &up.storage);
-    }
-    launch.arg(x).arg(&cols32).arg(&n32).arg(out).arg(&rows32);
-    if !swiglu {
-        launch.arg(&accumulate32);
-    }
-    // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat_mma.cu; x holds n * cols
-    // values and out n * rows (checked), gate and up share type and shape (checked), and the
-    // kernel bounds-checks rows, tokens and columns.
-    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-mat of {}", w.name)))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::matmat::choose_tile;
     use super::*;
 
     #[test]
@@ -746,6 +666,7 @@ mod tests {
             let mut kernels = vec![Kernel::Embed];
             for tile in 0..MATMAT_TILES {
                 kernels.extend([Kernel::Matmat { tile, swiglu: false }, Kernel::Matmat { tile, swiglu: true }]);
+                kernels.extend([Kernel::MatmatAux { tile, reduce: false }, Kernel::MatmatAux { tile, reduce: true }]);
             }
             for ntok in 1..=MAX_MATVEC_TOKENS {
                 kernels.extend([Kernel::Matvec { ntok, swiglu: false }, Kernel::Matvec { ntok, swiglu: true }]);
@@ -793,7 +714,8 @@ mod tests {
         let sms = 132;
         // pp512 on an 8B model: the FFN pair and q/o take big tiles, k/v (1024 rows) small ones.
         assert_eq!(choose_tile(14336, 512, true, sms), 0);
-        assert_eq!(choose_tile(4096, 512, false, sms), 1);
+        // 4096 rows: 128x128's 128 blocks (one per multiprocessor) beat 128x64 (measured).
+        assert_eq!(choose_tile(4096, 512, false, sms), 0);
         assert_eq!(choose_tile(1024, 512, false, sms), 3);
         // Decode batches: 9..32 tokens never take a 64-token tile, 64 never a 128-token one.
         for n in 9..=32 {
@@ -801,7 +723,10 @@ mod tests {
         }
         assert!(MMA_TILES[choose_tile(14336, 64, false, sms)].tokens <= 64);
         // A tiny product still gets a tile.
-        assert_eq!(choose_tile(1, 9, false, sms), MMA_TILES.len() - 1);
+        assert_eq!(choose_tile(1, 9, false, sms), 3);
+        // Measured at n = 64: 64x64 for 14336 rows, 32x32 for 4096.
+        assert_eq!(choose_tile(14336, 64, false, sms), 2);
+        assert_eq!(choose_tile(4096, 64, false, sms), 3);
     }
 
     #[test]

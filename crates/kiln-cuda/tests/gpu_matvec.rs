@@ -707,9 +707,9 @@ fn median_ms(runs: usize, per_run: usize, mut launch: impl FnMut(usize)) -> f64 
 }
 
 /// Prints the tensor-core mat-mat's TFLOP/s and weight GB/s on Llama-3-8B's FFN shapes
-/// (4096 cols x 14336 rows, 14336 cols x 4096 rows) at 512 and 64 tokens for Q4_K, Q8_0, Q4_0,
-/// Q6_K and Q1_0: `matmul`'s own pick of block shape, then every shape forced, then the fused
-/// SwiGLU pair for the 14336-row shape. Launches cycle through enough weight copies to defeat
+/// (4096 cols x 14336 rows, 14336 cols x 4096 rows) at 512, 64 and 16 tokens for Q4_K, Q8_0,
+/// Q4_0, Q6_K and Q1_0: `matmul`'s own (measured) pick of block shape, then every shape forced,
+/// then the fused SwiGLU pair for the 14336-row shape, auto and every shape. Launches cycle through enough weight copies to defeat
 /// the L2 cache; each figure is the median of 7 timed runs after a warm-up.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
@@ -731,7 +731,7 @@ fn matmat_throughput_on_8b_shapes() {
             weights.extend((1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")));
             let x = upload_f32(&random_f32(&mut rng, 512 * cols));
             let mut out = device().alloc_zeros::<f32>(512 * rows, "benchmark output").expect("alloc");
-            for n in [512, 64] {
+            for n in [512, 64, 16] {
                 let line = |kernel: String, ms: f64, weight_bytes: usize, flops: f64| {
                     println!(
                         "{:<6} {:>5}x{:<5} {n:>4} {kernel:<14} {ms:>8.4} {:>8.1} {:>8.0}",
@@ -743,8 +743,9 @@ fn matmat_throughput_on_8b_shapes() {
                     );
                 };
                 let flops = 2.0 * rows as f64 * cols as f64 * n as f64;
-                let auto = matvec::matmat_tile(device(), &weights[0], n, false);
+                // The first call measures every shape (untimed warm-up); `auto` is then its pick.
                 let ms = median_ms(RUNS, copies, |i| matvec::matmul(device(), &weights[i % copies], &x, &mut out, n).expect("matmul"));
+                let auto = matvec::matmat_tile(device(), &weights[0], n, false);
                 line(format!("auto (tile {auto})"), ms, bytes, flops);
                 for tile in 0..matvec::MATMAT_TILES {
                     let ms = median_ms(RUNS, copies, |i| {
@@ -753,12 +754,19 @@ fn matmat_throughput_on_8b_shapes() {
                     line(format!("tile {tile}"), ms, bytes, flops);
                 }
                 if rows > cols {
-                    let auto = matvec::matmat_tile(device(), &weights[0], n, true);
                     let ms = median_ms(RUNS, copies / 2, |i| {
                         let (gate, up) = (&weights[(2 * i) % copies], &weights[(2 * i + 1) % copies]);
                         matvec::matmul_swiglu(device(), gate, up, &x, &mut out, n).expect("matmul_swiglu")
                     });
+                    let auto = matvec::matmat_tile(device(), &weights[0], n, true);
                     line(format!("swiglu (tile {auto})"), ms, 2 * bytes, 2.0 * flops);
+                    for tile in 0..matvec::MATMAT_TILES {
+                        let ms = median_ms(RUNS, copies / 2, |i| {
+                            let (gate, up) = (&weights[(2 * i) % copies], &weights[(2 * i + 1) % copies]);
+                            matvec::matmul_with_tile(device(), gate, Some(up), &x, &mut out, n, false, tile).expect("swiglu with tile")
+                        });
+                        line(format!("swiglu tile {tile}"), ms, 2 * bytes, 2.0 * flops);
+                    }
                 }
                 let result = device().download(&out).expect("download");
                 if !result[..n * rows].iter().all(|v| v.is_finite()) {

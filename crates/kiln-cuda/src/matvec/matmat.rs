@@ -1,0 +1,498 @@
+//! Dispatch of the tensor-core mat-mat (kernels/matmat_mma.cu): its block shapes, the choice
+//! of shape per product by measurement, and the scratch buffers the pipelined shapes share.
+//!
+//! Autotuning: the first uncaptured product for a (device, rows, cols, format, SwiGLU,
+//! accumulate, token bucket) key times every candidate (each shape, and the split-K shapes
+//! also with their heuristic split count) with CUDA events on the real weight and input, the
+//! L2 flushed before each of two timed runs, into a throw-away output; the fastest is kept in
+//! a process-wide table and the product is then computed with it. Inside a CUDA graph capture
+//! nothing is timed: the remembered choice is used, else the measured static rule
+//! [`choose_tile`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+
+use super::{check_len, check_pair, invalid, push_weight, stride_launch, to_u32, GpuWeight, Kernel, Storage, CHUNK_VALUES, MMA_THREADS};
+use crate::{CudaDevice, CudaError};
+
+/// One block shape of the mat-mat, passed as MMA_BM / MMA_BN / MMA_WN (and for the pipelined
+/// body MMA_BK / MMA_XS / MMA_PIPE): `slots` weight rows (the fused SwiGLU: half as many
+/// gate/up pairs) by `tokens` tokens, with `token_warps` of the 8 warps along the tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MmaTile {
+    slots: u32,
+    pub(super) tokens: u32,
+    token_warps: u32,
+    /// Pipelined body (mma_pipe.cuh): values of depth per step; 0 is the original body.
+    depth: u32,
+    /// Pipelined body: shared stages of activations.
+    x_stages: u32,
+    /// May split the depth over several blocks (gridDim.z).
+    split: bool,
+}
+
+const fn tile(slots: u32, tokens: u32, token_warps: u32) -> MmaTile {
+    MmaTile { slots, tokens, token_warps, depth: 0, x_stages: 0, split: false }
+}
+
+const fn pipe(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages: u32, split: bool) -> MmaTile {
+    MmaTile { slots, tokens, token_warps, depth, x_stages, split }
+}
+
+/// Each has a `// kiln-test-defines:` line in matmat_mma.cu. 0..3: the original body, from the
+/// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu).
+pub(super) const MMA_TILES: [MmaTile; 9] = [
+    tile(128, 128, 2),
+    tile(128, 64, 2),
+    tile(64, 64, 2),
+    tile(32, 32, 1),
+    pipe(128, 128, 2, 64, 3, false),
+    pipe(128, 64, 2, 64, 3, false),
+    pipe(64, 64, 2, 128, 2, true),
+    pipe(64, 32, 1, 256, 2, true),
+    pipe(128, 32, 1, 128, 2, true),
+];
+
+/// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
+pub const MATMAT_TILES: usize = MMA_TILES.len();
+
+/// Most depth splits of one product.
+const MAX_SPLITS: usize = 8;
+/// Fewest steps of depth per split.
+const MIN_SPLIT_STEPS: usize = 4;
+
+impl MmaTile {
+    pub(super) fn defines(self) -> Vec<(&'static str, i64)> {
+        let mut defines = vec![("MMA_BM", i64::from(self.slots)), ("MMA_BN", i64::from(self.tokens)), ("MMA_WN", i64::from(self.token_warps))];
+        if self.pipelined() {
+            defines.extend([("MMA_BK", i64::from(self.depth)), ("MMA_XS", i64::from(self.x_stages)), ("MMA_PIPE", 1)]);
+        }
+        defines
+    }
+
+    pub(super) fn pipelined(self) -> bool {
+        self.depth > 0
+    }
+
+    /// Dynamic shared memory of the pipelined body: max(MMA_W_BYTES + MMA_X_BYTES, the
+    /// depth-split reduction) of mma_pipe.cuh; 0 for the original body (static).
+    pub(super) fn shared_bytes(self) -> u32 {
+        if !self.pipelined() {
+            return 0;
+        }
+        let row = (self.depth + 8) * 2;
+        let (weights, activations) = (2 * self.slots * row, self.x_stages * self.tokens * row);
+        let depth_warps = 8 / (self.slots / 32 * self.token_warps);
+        (weights + activations).max((depth_warps - 1) * self.slots * self.tokens * 4)
+    }
+
+    /// (row blocks, token blocks).
+    fn grid(self, rows: usize, n: usize, swiglu: bool) -> (usize, usize) {
+        let rows_per_block = self.slots as usize / if swiglu { 2 } else { 1 };
+        (rows.div_ceil(rows_per_block), n.div_ceil(self.tokens as usize))
+    }
+
+    /// Steps of depth over a row of `chunks` 16-value chunks.
+    fn steps(self, chunks: usize) -> usize {
+        let depth = if self.pipelined() { self.depth } else { MMA_THREADS * CHUNK_VALUES as u32 / self.slots };
+        chunks.div_ceil(depth as usize / CHUNK_VALUES)
+    }
+
+    /// Depth splits: enough blocks for two per multiprocessor, at least MIN_SPLIT_STEPS steps
+    /// each, and no split left empty.
+    fn auto_splits(self, blocks: usize, steps: usize, multiprocessors: usize) -> usize {
+        if !self.split {
+            return 1;
+        }
+        let wanted = (2 * multiprocessors).div_ceil(blocks.max(1)).clamp(1, MAX_SPLITS).min((steps / MIN_SPLIT_STEPS).max(1));
+        steps.div_ceil(steps.div_ceil(wanted))
+    }
+}
+
+/// The static choice (original body only, so that it never needs the scratch buffers inside a
+/// capture): the largest tile whose token tile is not mostly padding and whose grid fills the
+/// GPU, else the smallest. "Fills": one block per multiprocessor for 128x128 (measured on the
+/// H200: at n = 512 and 4096 rows its 128 blocks beat 256 of 128x64), 1.5 for the others (at
+/// n = 64: 64x64 for 14336 rows, 32x32 for 4096, as measured).
+pub(super) fn choose_tile(rows: usize, n: usize, swiglu: bool, multiprocessors: usize) -> usize {
+    let classic = MMA_TILES.iter().take_while(|tile| !tile.pipelined()).count();
+    MMA_TILES[..classic]
+        .iter()
+        .position(|tile| {
+            let (x, y) = tile.grid(rows, n, swiglu);
+            let wanted = if tile.slots * tile.tokens >= 128 * 128 { multiprocessors - multiprocessors / 16 } else { multiprocessors + multiprocessors / 2 };
+            2 * n > tile.tokens as usize && x * y >= wanted
+        })
+        .unwrap_or(classic - 1)
+}
+
+/// A shape and its depth splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Choice {
+    tile: usize,
+    splits: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TuneKey {
+    device: usize,
+    rows: usize,
+    cols: usize,
+    ty: u32,
+    swiglu: bool,
+    accumulate: bool,
+    bucket: u8,
+}
+
+/// Token-count buckets that share a measured choice.
+fn bucket(n: usize) -> u8 {
+    match n {
+        ..=16 => 0,
+        17..=32 => 1,
+        33..=64 => 2,
+        65..=128 => 3,
+        129..=256 => 4,
+        _ => 5,
+    }
+}
+
+fn tuned() -> &'static Mutex<HashMap<TuneKey, Choice>> {
+    static TUNED: OnceLock<Mutex<HashMap<TuneKey, Choice>>> = OnceLock::new();
+    TUNED.get_or_init(Default::default)
+}
+
+/// Buffers of the pipelined shapes, one set per stream (every launch of a device goes to its
+/// one stream, so products use them one after the other). A grown buffer's predecessor is kept:
+/// a captured graph may still point at it.
+#[derive(Default)]
+struct Scratch {
+    half: Option<CudaSlice<u16>>,
+    partials: Option<CudaSlice<f32>>,
+    retired_half: Vec<CudaSlice<u16>>,
+    retired_partials: Vec<CudaSlice<f32>>,
+    /// Written before each timed run of the autotuner to evict the weight from L2.
+    flush: Option<CudaSlice<u8>>,
+}
+
+fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
+    static SCRATCH: OnceLock<Mutex<HashMap<usize, Scratch>>> = OnceLock::new();
+    SCRATCH.get_or_init(Default::default)
+}
+
+fn device_key(device: &CudaDevice) -> usize {
+    Arc::as_ptr(device.stream()) as usize
+}
+
+/// Grows `slot` to `len` values (to the next power of two), except inside a capture: false then.
+fn ensure<T: DeviceRepr + ValidAsZeroBits>(
+    device: &CudaDevice,
+    slot: &mut Option<CudaSlice<T>>,
+    retired: &mut Vec<CudaSlice<T>>,
+    len: usize,
+    capturing: bool,
+    what: &str,
+) -> Result<bool, CudaError> {
+    if slot.as_ref().is_some_and(|s| s.len() >= len) {
+        return Ok(true);
+    }
+    if capturing {
+        return Ok(false);
+    }
+    let grown = device.alloc_zeros::<T>(len.next_power_of_two(), what)?;
+    retired.extend(slot.replace(grown));
+    Ok(true)
+}
+
+pub(super) fn is_capturing(device: &CudaDevice) -> bool {
+    device.stream().capture_status().is_ok_and(|status| status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+fn chunks_per_row(storage: &Storage) -> usize {
+    match storage {
+        Storage::Quant { planes, .. } => planes.tiles as usize * 32,
+        Storage::Float { rows, .. } => rows.stride as usize / CHUNK_VALUES,
+    }
+}
+
+/// The tensor-core mat-mat with block shape `tile` (< [`MATMAT_TILES`]) whatever `n` is, for
+/// tests and benchmarks of every shape; `up` makes it the fused SwiGLU. Split shapes use their
+/// heuristic split count. [`matmul`](super::matmul) and friends pick the shape themselves.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with_tile(
+    device: &CudaDevice,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+    tile: usize,
+) -> Result<(), CudaError> {
+    const OP: &str = "matmul_with_tile";
+    if tile >= MATMAT_TILES {
+        return Err(invalid(OP, format!("tile {tile} of {MATMAT_TILES}")));
+    }
+    if let Some(up) = up {
+        check_pair(OP, w, up)?;
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    check_len(OP, "out", out.len(), n * w.rows)?;
+    check_len(OP, "x", x.len(), n * w.cols)?;
+    let choice = Choice { tile, splits: default_splits(device, w, n, up.is_some(), tile) };
+    if !launch_choice(device, OP, w, up, x, out, n, accumulate, choice, is_capturing(device))? {
+        return Err(invalid(OP, format!("tile {tile} needs its scratch buffers grown, which a graph capture forbids")));
+    }
+    Ok(())
+}
+
+fn default_splits(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, tile: usize) -> usize {
+    let t = MMA_TILES[tile];
+    let (x, y) = t.grid(w.rows, n, swiglu);
+    t.auto_splits(x * y, t.steps(chunks_per_row(&w.storage)), device.info().multiprocessor_count as usize)
+}
+
+/// The mat-mat block shape `matmul` uses for `n` tokens of `w` (index into the tiles of
+/// [`matmul_with_tile`]): the measured one once a product of this bucket ran, else the static
+/// rule.
+pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> usize {
+    let key = tune_key(device, w, n, swiglu, false);
+    match tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        Some(choice) => choice.tile,
+        None => choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize),
+    }
+}
+
+fn tune_key(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, accumulate: bool) -> TuneKey {
+    TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, bucket: bucket(n) }
+}
+
+/// `matmul`'s mat-mat path (`n` > 8): the remembered shape, else (uncaptured) measure them all.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_matmat(
+    device: &CudaDevice,
+    op: &'static str,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+) -> Result<(), CudaError> {
+    let swiglu = up.is_some();
+    let capturing = is_capturing(device);
+    let key = tune_key(device, w, n, swiglu, accumulate);
+    let remembered = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+    let choice = match remembered {
+        Some(choice) => choice,
+        None if capturing => Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 },
+        None => {
+            let choice = tune(device, op, w, up, x, n, accumulate)?;
+            tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, choice);
+            choice
+        }
+    };
+    if launch_choice(device, op, w, up, x, out, n, accumulate, choice, capturing)? {
+        return Ok(());
+    }
+    // A pipelined choice whose scratch is too small inside a capture: the static shape.
+    let fallback = Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 };
+    launch_choice(device, op, w, up, x, out, n, accumulate, fallback, capturing).map(drop)
+}
+
+/// Times every candidate on `w` and `x` (outputs into a scratch buffer) and returns the fastest.
+fn tune(
+    device: &CudaDevice,
+    op: &'static str,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+) -> Result<Choice, CudaError> {
+    const TIMED_RUNS: usize = 2;
+    let swiglu = up.is_some();
+    let sms = device.info().multiprocessor_count as usize;
+    let steps = |t: MmaTile| t.steps(chunks_per_row(&w.storage));
+    let mut candidates = Vec::new();
+    for (tile, t) in MMA_TILES.iter().enumerate() {
+        let (x_blocks, y_blocks) = t.grid(w.rows, n, swiglu);
+        if (if t.pipelined() { x_blocks } else { y_blocks }) > 65_535 {
+            continue;
+        }
+        candidates.push(Choice { tile, splits: 1 });
+        let splits = t.auto_splits(x_blocks * y_blocks, steps(*t), sms);
+        if splits > 1 {
+            candidates.push(Choice { tile, splits });
+        }
+    }
+    let mut out = device.alloc_zeros::<f32>(n * w.rows, "mat-mat tuning output")?;
+    let flush_len = device.info().l2_cache_bytes.max(1 << 20) * 2;
+    let timing = |e| CudaError::driver("timing mat-mat shapes")(e);
+    let event = || device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(timing);
+    let mut best: Option<(f32, Choice)> = None;
+    for choice in candidates {
+        // The first run compiles the module and grows the scratch; it is not timed.
+        launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false)?;
+        let mut fastest = f32::INFINITY;
+        for _ in 0..TIMED_RUNS {
+            {
+                let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
+                let s = map.entry(device_key(device)).or_default();
+                let mut none = Vec::new();
+                ensure(device, &mut s.flush, &mut none, flush_len, false, "mat-mat tuning L2 flush")?;
+                device.stream().memset_zeros(s.flush.as_mut().expect("allocated above")).map_err(timing)?;
+            }
+            let (start, end) = (event()?, event()?);
+            start.record(device.stream()).map_err(timing)?;
+            launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false)?;
+            end.record(device.stream()).map_err(timing)?;
+            fastest = fastest.min(start.elapsed_ms(&end).map_err(timing)?);
+        }
+        if best.is_none_or(|(ms, _)| fastest < ms) {
+            best = Some((fastest, choice));
+        }
+    }
+    Ok(best.expect("the smallest tile always fits").1)
+}
+
+/// Launches one product with `choice`; false (nothing launched) when a pipelined shape would
+/// need its scratch grown inside a capture.
+#[allow(clippy::too_many_arguments)]
+fn launch_choice(
+    device: &CudaDevice,
+    op: &'static str,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+    choice: Choice,
+    capturing: bool,
+) -> Result<bool, CudaError> {
+    let swiglu = up.is_some();
+    let t = MMA_TILES[choice.tile];
+    let function = w.kernels.get(device, &w.storage, Kernel::Matmat { tile: choice.tile, swiglu })?;
+    let (rows32, cols32, n32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, to_u32(op, "n", n)?, u32::from(accumulate));
+    let (row_blocks, token_blocks) = t.grid(w.rows, n, swiglu);
+    let failed = |what: &str| CudaError::driver(format!("launching the {n}-token {what} of {}", w.name));
+    if !t.pipelined() {
+        if token_blocks > 65_535 {
+            return Err(invalid(op, format!("{n} tokens exceed one launch's 65535 blocks of {}", t.tokens)));
+        }
+        let cfg =
+            LaunchConfig { grid_dim: (to_u32(op, "row blocks", row_blocks)?, token_blocks as u32, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = device.stream().launch_builder(function);
+        push_weight(&mut launch, &w.storage);
+        if let Some(up) = up {
+            push_weight(&mut launch, &up.storage);
+        }
+        launch.arg(x).arg(&cols32).arg(&n32).arg(out).arg(&rows32);
+        if !swiglu {
+            launch.arg(&accumulate32);
+        }
+        // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat_mma.cu (mma_tile.cuh);
+        // x holds n * cols values and out n * rows (checked), gate and up share type and shape
+        // (checked), and the kernel bounds-checks rows, tokens and columns.
+        unsafe { launch.launch(cfg) }.map_err(failed("mat-mat"))?;
+        return Ok(true);
+    }
+    if row_blocks > 65_535 {
+        return Err(invalid(op, format!("{} rows exceed one launch's 65535 blocks of {}", w.rows, t.slots)));
+    }
+    let ld = w.cols.next_multiple_of(8);
+    let ld32 = to_u32(op, "padded cols", ld)?;
+    let splits = choice.splits.max(1);
+    let count32 = to_u32(op, "outputs", n * w.rows)?;
+    let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
+    let s = map.entry(device_key(device)).or_default();
+    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")? {
+        return Ok(false);
+    }
+    let partial_len = if splits > 1 { splits * n * w.rows * if swiglu { 2 } else { 1 } } else { 1 };
+    if !ensure(device, &mut s.partials, &mut s.retired_partials, partial_len, capturing, "split-K partials")? {
+        return Ok(false);
+    }
+    let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
+
+    let convert = w.kernels.get(device, &w.storage, Kernel::MatmatAux { tile: choice.tile, reduce: false })?;
+    let mut launch = device.stream().launch_builder(convert);
+    launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
+    // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
+    unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(failed("f16 conversion"))?;
+
+    let shared = t.shared_bytes();
+    let cfg = LaunchConfig {
+        grid_dim: (to_u32(op, "token blocks", token_blocks)?, row_blocks as u32, to_u32(op, "splits", splits)?),
+        block_dim: (MMA_THREADS, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    let mut launch = device.stream().launch_builder(function);
+    push_weight(&mut launch, &w.storage);
+    if let Some(up) = up {
+        push_weight(&mut launch, &up.storage);
+    }
+    launch.arg(half).arg(&ld32).arg(&n32).arg(&mut *out).arg(&rows32).arg(partials);
+    if !swiglu {
+        launch.arg(&accumulate32);
+    }
+    // SAFETY: argument lists match matmat_* / matmat_swiglu_* of matmat_mma.cu (mma_pipe.cuh):
+    // half holds n * ld f16 values, out n * rows (checked), partials splits * n * rows (x2 for
+    // SwiGLU) when splits > 1; shared_bytes is what the kernel lays out (its function's limit
+    // was raised to it when looked up).
+    unsafe { launch.launch(cfg) }.map_err(failed("mat-mat"))?;
+
+    if splits > 1 {
+        let reduce = w.kernels.get(device, &w.storage, Kernel::MatmatAux { tile: choice.tile, reduce: true })?;
+        let (splits32, pair32) = (splits as u32, u32::from(swiglu));
+        let mut launch = device.stream().launch_builder(reduce);
+        launch.arg(partials).arg(&splits32).arg(&count32).arg(&pair32).arg(&accumulate32).arg(out);
+        // SAFETY: matches mma_reduce_splits; partials hold splits * count values (x2 with pair)
+        // written by the launch above, out count = n * rows.
+        unsafe { launch.launch(stride_launch(n * w.rows)) }.map_err(failed("split-K reduction"))?;
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_bytes_match_the_kernel_layout() {
+        // 128x128, BK 64, 3 stages: 2 x 128 x 72 x 2 + 3 x 128 x 72 x 2.
+        assert_eq!(MMA_TILES[4].shared_bytes(), 36_864 + 55_296);
+        // 64x32, BK 256, 2 stages: 2 x 64 x 264 x 2 + 2 x 32 x 264 x 2 (> 3 x 64 x 32 x 4).
+        assert_eq!(MMA_TILES[7].shared_bytes(), 67_584 + 33_792);
+        for t in MMA_TILES {
+            // Two blocks per multiprocessor on sm_90 (227 KiB, 1 KiB reserved per block).
+            assert!(2 * (t.shared_bytes() + 1024) <= 227 * 1024, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_and_leave_no_split_empty() {
+        let t = MMA_TILES[7];
+        // 14336 rows / 64 = 224 blocks at n <= 32: 2 splits; 4096 rows: 64 blocks, 5 splits.
+        assert_eq!(t.auto_splits(224, 16, 132), 2);
+        assert_eq!(t.auto_splits(64, 56, 132), 5);
+        for steps in 1..100 {
+            for blocks in [1, 7, 64, 300] {
+                let s = t.auto_splits(blocks, steps, 132);
+                let per = steps.div_ceil(s);
+                assert!((1..=MAX_SPLITS).contains(&s) && (s - 1) * per < steps, "steps {steps} blocks {blocks}: {s}");
+            }
+        }
+        assert_eq!(MMA_TILES[4].auto_splits(1, 100, 132), 1);
+    }
+
+    #[test]
+    fn buckets_split_at_powers_of_two() {
+        assert_eq!([9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 4096].map(bucket), [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    }
+}
