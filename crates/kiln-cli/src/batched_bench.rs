@@ -144,9 +144,11 @@ pub fn run<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, args: &BenchArgs) -
     let mut engine = Engine::new(backend.clone(), weights, &options)?;
     let mut draw = TokenDraw { state: 0x9E37_79B9_7F4A_7C15, n_vocab: config.n_vocab as u32 };
     eprintln!("kiln bench --batched: {}, backend {}", crate::kv_args::describe(engine.pool().spec().n_blocks, &config, &options), backend.name());
-    // Warm-up: kernels load, and every batch size records its decode graph, before any timing.
-    for &b in &a.npl {
-        run_case(&mut engine, &mut draw, 8, 3, b, n_batch)?;
+    // Warm-up: kernels load and tune, and every batch size records its decode graph, before any timing.
+    for &pp in &a.npp {
+        for &b in &a.npl {
+            run_case(&mut engine, &mut draw, pp, 3, b, n_batch)?;
+        }
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "main: n_kv_max = {}, n_batch = {n_batch}, n_ubatch = {n_batch}, is_pp_shared = 0, n_seq_max = {max_seqs}\n", engine.pool().spec().rows())?;
