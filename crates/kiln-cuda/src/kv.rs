@@ -195,7 +195,7 @@ impl CudaKvCache {
     }
 
     pub fn view(&self) -> KvView {
-        KvView { k: self.k.base, v: self.v.base, k_bytes: self.k.reserved, v_bytes: self.v.reserved }
+        KvView { k: self.k.base, v: self.v.base, k_bytes: self.k.reserved, v_bytes: self.v.reserved, usable_rows: self.usable_blocks * KV_BLOCK_SIZE }
     }
 
     /// Device memory mapped behind K and V now.
@@ -211,6 +211,9 @@ pub struct KvView {
     pub v: u64,
     pub k_bytes: usize,
     pub v_bytes: usize,
+    /// Rows backed by memory: a kernel reading past them faults (a growable cache maps only
+    /// what the pool has handed out so far).
+    pub usable_rows: usize,
 }
 
 impl KvView {
@@ -219,7 +222,7 @@ impl KvView {
         use cudarc::driver::DevicePtr;
         let (k_ptr, _k_record) = k.device_ptr(stream);
         let (v_ptr, _v_record) = v.device_ptr(stream);
-        KvView { k: k_ptr, v: v_ptr, k_bytes: k.len(), v_bytes: v.len() }
+        KvView { k: k_ptr, v: v_ptr, k_bytes: k.len(), v_bytes: v.len(), usable_rows: usize::MAX }
     }
 }
 

@@ -503,7 +503,8 @@ impl State {
             return Ok(choice.n_splits);
         }
         let estimate = PagedAttention::splits_for(kernels.resident_blocks, n_tokens, p);
-        let cache_blocks = p.rows / KV_BLOCK_SIZE;
+        // Only blocks with memory behind them: the synthetic step's tables wrap within those.
+        let cache_blocks = p.rows.min(kv.usable_rows) / KV_BLOCK_SIZE;
         let candidates = PagedAttention::candidates(kernels.resident_blocks, n_tokens, p);
         let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
             SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
