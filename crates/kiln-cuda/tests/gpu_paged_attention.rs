@@ -11,7 +11,7 @@
 
 mod common;
 use common::rng;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
@@ -42,6 +42,14 @@ fn device() -> &'static CudaDevice {
     static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
     DEVICE
         .get_or_init(|| CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, arch: None }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}")))
+}
+
+/// The tests share one device stream: correctness tests hold this lock shared, the benchmark
+/// (which captures the stream into a graph) exclusively, so no launch lands in its capture.
+static GPU_USE: RwLock<()> = RwLock::new(());
+
+fn shared_gpu() -> RwLockReadGuard<'static, ()> {
+    GPU_USE.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn attention() -> &'static PagedAttention {
@@ -300,6 +308,7 @@ fn check_all(test: &str, rng: &mut ChaCha8Rng, cases: &[(Shape, Vec<Seq>, Path)]
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn decode_steps_match_the_reference() {
+    let _gpu = shared_gpu();
     let mut rng = rng("decode_steps_match_the_reference");
     let mut cases = Vec::new();
     for shape in shapes() {
@@ -320,6 +329,7 @@ fn decode_steps_match_the_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn measured_split_counts_are_fixed_per_grid() {
+    let _gpu = shared_gpu();
     let mut rng = rng("measured_split_counts_are_fixed_per_grid");
     let shape = Shape { head_dim: 128, group: 4, n_kv_heads: 2, k_type: KvType::F16, v_type: KvType::F16 };
     let mut failures = Vec::new();
@@ -368,6 +378,7 @@ fn prefill_mix() -> Vec<Seq> {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn prefill_steps_match_the_reference() {
+    let _gpu = shared_gpu();
     let mut rng = rng("prefill_steps_match_the_reference");
     let mut cases = Vec::new();
     for shape in shapes() {
@@ -387,6 +398,7 @@ fn prefill_steps_match_the_reference() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn bad_shapes_are_typed_errors() {
+    let _gpu = shared_gpu();
     let dev = device();
     let step = build_step(&mut rng("bad_shapes"), &decode(&[40]));
     let step_gpu = dev.upload(&step.words, "step").expect("upload");
@@ -451,6 +463,7 @@ fn bench_step(seqs: &[Seq], first_block: usize, blocks_per_seq: usize) -> (Vec<u
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn benchmark_paged_attention() {
+    let _gpu = GPU_USE.write().unwrap_or_else(PoisonError::into_inner);
     const LEN: usize = 8192;
     const SEQS: usize = 64;
     let dev = device();
