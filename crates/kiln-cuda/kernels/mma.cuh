@@ -111,3 +111,97 @@ template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
+
+// Depth-split warps (WK > 1) hand their sums to warp wk == 0 of the same output tile, in a
+// fixed order (deterministic), lane-major so the shared accesses do not conflict. Returns
+// false for the warps that are done. Every thread of the block must call it.
+template <int WM, int WN, int WK, int TN>
+__device__ __forceinline__ bool mma_merge_depth_splits(float (&acc)[2][TN / 8][4], u8* smem, u32 wm, u32 wn, u32 wk, u32 lane) {
+    if (WK > 1) {
+        // Depth-split warps hand their sums to warp wk == 0 of the same output tile, in a fixed
+        // order (deterministic). Lane-major so the shared accesses do not conflict.
+        float* partial = reinterpret_cast<float*>(smem);
+        const u32 tile = wm * WN + wn;
+        constexpr u32 PER_WARP = 2 * (TN / 8) * 4;
+        if (wk > 0) {
+            float* dst = partial + ((wk - 1) * WM * WN + tile) * PER_WARP * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+#pragma unroll
+                for (int j = 0; j < TN / 8; ++j) {
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        dst[((i * (TN / 8) + j) * 4 + k) * 32] = acc[i][j][k];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (wk > 0) {
+            return false;
+        }
+        for (u32 other = 0; other + 1 < WK; ++other) {
+            const float* src = partial + (other * WM * WN + tile) * PER_WARP * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+#pragma unroll
+                for (int j = 0; j < TN / 8; ++j) {
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        acc[i][j][k] += src[((i * (TN / 8) + j) * 4 + k) * 32];
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+// Writes a warp's accumulators. Accumulator k of tile (i, j) is slot 16 i + lane / 4 (+ 8 for
+// k >= 2), token 8 j + 2 (lane % 4) (+ 1 for odd k). out[token][row] = the sum (+= with
+// `accumulate`), or silu(gate) * up for NW == 2 (gate/up rows interleaved per 8); with
+// `partials`, the raw sums (gate/up pairs) go to partials[split_base + token][row] instead.
+template <int NW, int TN>
+__device__ __forceinline__ void mma_store(const float (&acc)[2][TN / 8][4], float* out, float* partials, u64 split_base, u32 n, u32 rows,
+                                          u32 row_base, u32 token_base, u32 wm, u32 wn, u32 lane, u32 accumulate) {
+    const u32 group = lane >> 2;
+    const u32 pair = 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < TN / 8; ++j) {
+#pragma unroll
+            for (int odd = 0; odd < 2; ++odd) {
+                const u32 token = token_base + wn * TN + 8 * j + pair + odd;
+                if (token >= n) {
+                    continue;
+                }
+                if (NW == 2) {
+                    const u32 row = row_base + (wm * 32 + 16 * i) / 2 + group;
+                    if (row < rows) {
+                        const float g = acc[i][j][odd], u = acc[i][j][2 + odd];
+                        if (partials != nullptr) {
+                            reinterpret_cast<float2*>(partials)[(split_base + token) * rows + row] = make_float2(g, u);
+                        } else {
+                            out[(u64)token * rows + row] = silu_mma(g) * u;
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const u32 row = row_base + wm * 32 + 16 * i + 8 * half + group;
+                        if (row < rows) {
+                            const float v = acc[i][j][2 * half + odd];
+                            if (partials != nullptr) {
+                                partials[(split_base + token) * rows + row] = v;
+                            } else {
+                                float* slot_out = out + (u64)token * rows + row;
+                                *slot_out = accumulate ? *slot_out + v : v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

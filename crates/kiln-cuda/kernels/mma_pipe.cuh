@@ -181,87 +181,13 @@ __device__ __forceinline__ void matmat_pipe(const W& first, const W& second, con
     }
     cp_async_wait<0>();
 
-    if (MMA_WK > 1) {
-        // Depth-split warps hand their sums to warp wk == 0 in a fixed order (deterministic).
-        float* partial = reinterpret_cast<float*>(smem);
-        const u32 tile = wm * MMA_WN + wn;
-        constexpr u32 PER_WARP = 2 * (MMA_TN / 8) * 4;
-        if (wk > 0) {
-            float* dst = partial + ((wk - 1) * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        dst[((i * (MMA_TN / 8) + j) * 4 + k) * 32] = acc[i][j][k];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-        if (wk > 0) {
-            return;
-        }
-        for (u32 other = 0; other + 1 < MMA_WK; ++other) {
-            const float* src = partial + (other * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        acc[i][j][k] += src[((i * (MMA_TN / 8) + j) * 4 + k) * 32];
-                    }
-                }
-            }
-        }
+    if (!mma_merge_depth_splits<MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, wm, wn, wk, lane)) {
+        return;
     }
 
-    // Accumulator layout as in mma_tile.cuh. With split-K (gridDim.z > 1) each split writes
-    // its sums to partials[split][token][row] (SwiGLU: (gate, up) pairs) for the reduction.
-    const bool split = gridDim.z > 1;
-    const u64 split_base = (u64)blockIdx.z * n;
-    const u32 group = lane >> 2;
-    const u32 pair = 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int odd = 0; odd < 2; ++odd) {
-                const u32 token = token_base + wn * MMA_TN + 8 * j + pair + odd;
-                if (token >= n) {
-                    continue;
-                }
-                if (NW == 2) {
-                    const u32 row = row_base + (wm * 32 + 16 * i) / 2 + group;
-                    if (row < rows) {
-                        const float g = acc[i][j][odd], u = acc[i][j][2 + odd];
-                        if (split) {
-                            reinterpret_cast<float2*>(partials)[(split_base + token) * rows + row] = make_float2(g, u);
-                        } else {
-                            out[(u64)token * rows + row] = silu_mma(g) * u;
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const u32 row = row_base + wm * 32 + 16 * i + 8 * half + group;
-                        if (row < rows) {
-                            const float v = acc[i][j][2 * half + odd];
-                            if (split) {
-                                partials[(split_base + token) * rows + row] = v;
-                            } else {
-                                float* slot_out = out + (u64)token * rows + row;
-                                *slot_out = accumulate ? *slot_out + v : v;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    // With split-K (gridDim.z > 1) each split writes its sums for the reduction kernel.
+    mma_store<NW, MMA_TN>(acc, out, gridDim.z > 1 ? partials : nullptr, (u64)blockIdx.z * n, n, rows, row_base, token_base, wm, wn, lane,
+                          accumulate);
 }
 
 template <class W>

@@ -162,77 +162,11 @@ __device__ __forceinline__ void matmat_mma(const W& first, const W& second, cons
         __syncthreads();
     }
 
-    if (MMA_WK > 1) {
-        // Depth-split warps hand their sums to warp wk == 0 of the same output tile, in a fixed
-        // order (deterministic). Lane-major so the shared accesses do not conflict.
-        float* partial = reinterpret_cast<float*>(smem);
-        const u32 tile = wm * MMA_WN + wn;
-        constexpr u32 PER_WARP = 2 * (MMA_TN / 8) * 4;
-        if (wk > 0) {
-            float* dst = partial + ((wk - 1) * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        dst[((i * (MMA_TN / 8) + j) * 4 + k) * 32] = acc[i][j][k];
-                    }
-                }
-            }
-        }
-        __syncthreads();
-        if (wk > 0) {
-            return;
-        }
-        for (u32 other = 0; other + 1 < MMA_WK; ++other) {
-            const float* src = partial + (other * MMA_WM * MMA_WN + tile) * PER_WARP * 32 + lane;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-#pragma unroll
-                for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        acc[i][j][k] += src[((i * (MMA_TN / 8) + j) * 4 + k) * 32];
-                    }
-                }
-            }
-        }
+    if (!mma_merge_depth_splits<MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, wm, wn, wk, lane)) {
+        return;
     }
 
-    // Accumulator k of tile (i, j): slot 16 i + lane / 4 (+ 8 for k >= 2), token 8 j + 2 (lane % 4)
-    // (+ 1 for odd k).
-    const u32 group = lane >> 2;
-    const u32 pair = 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int odd = 0; odd < 2; ++odd) {
-                const u32 token = token_base + wn * MMA_TN + 8 * j + pair + odd;
-                if (token >= n) {
-                    continue;
-                }
-                if (NW == 2) {
-                    const u32 row = row_base + (wm * 32 + 16 * i) / 2 + group;
-                    if (row < rows) {
-                        out[(u64)token * rows + row] = silu_mma(acc[i][j][odd]) * acc[i][j][2 + odd];
-                    }
-                } else {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const u32 row = row_base + wm * 32 + 16 * i + 8 * half + group;
-                        if (row < rows) {
-                            float* slot_out = out + (u64)token * rows + row;
-                            const float v = acc[i][j][2 * half + odd];
-                            *slot_out = accumulate ? *slot_out + v : v;
-                        }
-                    }
-                }
-            }
-        }
-    }
+    mma_store<NW, MMA_TN>(acc, out, nullptr, 0, n, rows, row_base, token_base, wm, wn, lane, accumulate);
 }
 
 template <class W>
