@@ -76,6 +76,11 @@ if [ -x .gpu/kiln ]; then
         "$sanitizer --tool racecheck --error-exitcode 1 .gpu/kiln run -m models/stories260K.gguf --device cuda -n 8 --temp 0.8 --repeat-penalty 1.1 -s 1" \
         ".gpu/kiln run -m models/stories260K.gguf --device cuda -n 400 --temp 0 --no-display-prompt" "$@"
 fi
+# The batched engine with prefill chunks and decode tokens mixed in one step, under memcheck.
+if [ -x .gpu/bin/kiln-cuda--gpu_models ]; then
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    set -- "$@" "$sanitizer --tool memcheck --error-exitcode 1 .gpu/bin/kiln-cuda--gpu_models --include-ignored batched_sequences_match_each_sequence_alone"
+fi
 index=0
 for command in "$@"; do
     index=$((index + 1))
