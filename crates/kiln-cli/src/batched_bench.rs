@@ -128,7 +128,7 @@ fn run_case<B: Backend>(engine: &mut Engine<B>, draw: &mut TokenDraw, pp: usize,
 
 pub fn run<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, args: &BenchArgs) -> CliResult {
     let a = &args.batched_args;
-    if [&a.npp, &a.ntg, &a.npl].iter().any(|v| v.is_empty() || v.contains(&0)) || a.npp.is_empty() {
+    if [&a.npp, &a.ntg, &a.npl].iter().any(|v| v.is_empty() || v.contains(&0)) {
         return Err("--batched needs non-empty --npp, --ntg and --npl lists of positive numbers".into());
     }
     let max_len = a.npp.iter().max().copied().unwrap_or(1) + a.ntg.iter().max().copied().unwrap_or(1) + 1;

@@ -165,10 +165,7 @@ impl Backend for CpuBackend {
     }
 
     fn write_step(&self, step: &mut CpuStep, plan: &FlatPlan) -> Result<()> {
-        plan.check_fits(&step.capacity)?;
-        if let Some(&bad) = plan.blocks.iter().find(|&&b| b as usize >= step.cache_blocks) {
-            return Err(BackendError::BadPlan(format!("block {bad} is outside the {}-block cache", step.cache_blocks)));
-        }
+        plan.check_fits(&step.capacity, step.cache_blocks)?;
         step.plan.assign(plan);
         Ok(())
     }
@@ -285,8 +282,8 @@ impl Backend for CpuBackend {
         let width = cache.spec.width;
         check_len("kv_store input", k.len().min(v.len()), n * width)?;
         check_len("kv_store tokens in the step", step.plan.n_tokens(), n)?;
+        step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
         for (t, &slot) in step.plan.slots[..n].iter().enumerate() {
-            check_len("kv_store cache rows", cache.usable_rows(), slot as usize + 1)?;
             cache.store(slot as usize, &k[t * width..(t + 1) * width], &v[t * width..(t + 1) * width]);
         }
         Ok(())
@@ -299,6 +296,7 @@ impl Backend for CpuBackend {
         check_len("attention output", out.len(), n * q_width)?;
         check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
         check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
+        step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
         let plan = &step.plan;
         let dst = SharedOut(out.as_mut_ptr());
         (0..n * p.n_heads).into_par_iter().for_each(|job| {

@@ -194,6 +194,21 @@ pub struct FlatPlan {
     pub tiles: Vec<FlatTile>,
     /// Longest `kv_len` of the step.
     pub max_kv_len: u32,
+    /// One past the highest block id any table names (0 for an empty plan): the cache must have
+    /// memory behind blocks `0..blocks_end` before the step runs.
+    pub blocks_end: u32,
+}
+
+/// `need` = (tokens, sequences, block-table entries, logit rows, history tokens) against `cap`.
+fn check_counts(cap: &StepCapacity, need: [usize; 5]) -> Result<()> {
+    let have = [cap.tokens, cap.seqs, cap.blocks, cap.logit_rows, cap.history];
+    let what = ["tokens", "sequences", "block-table entries", "logit rows", "history tokens"];
+    for ((what, need), have) in what.into_iter().zip(need).zip(have) {
+        if need > have {
+            return Err(BackendError::PlanTooLarge { what: what.into(), need, capacity: have });
+        }
+    }
+    Ok(())
 }
 
 fn u32_of(what: &str, value: usize) -> Result<u32> {
@@ -215,6 +230,7 @@ impl FlatPlan {
             history: Vec::with_capacity(cap.history),
             tiles: Vec::with_capacity(cap.tokens.div_ceil(Q_TILE) + cap.seqs),
             max_kv_len: 0,
+            blocks_end: 0,
         }
     }
 
@@ -231,6 +247,7 @@ impl FlatPlan {
         self.history.clear();
         self.tiles.clear();
         self.max_kv_len = 0;
+        self.blocks_end = 0;
     }
 
     /// Flattens `plan` in place (no allocation once the arrays have grown to `cap`). `cache_blocks`
@@ -248,17 +265,16 @@ impl FlatPlan {
             LogitRows::Last => 1,
             LogitRows::All => s.tokens.len(),
         };
-        for (what, need, have) in [
-            ("tokens", self.tokens.len() + s.tokens.len(), cap.tokens),
-            ("sequences", index + 1, cap.seqs),
-            ("block-table entries", self.blocks.len() + s.blocks.len(), cap.blocks),
-            ("logit rows", self.logit_rows.len() + n_rows, cap.logit_rows),
-            ("history tokens", self.history.len() + s.sample.map_or(0, |x| x.history.len()), cap.history),
-        ] {
-            if need > have {
-                return Err(BackendError::PlanTooLarge { what: what.into(), need, capacity: have });
-            }
-        }
+        check_counts(
+            cap,
+            [
+                self.tokens.len() + s.tokens.len(),
+                index + 1,
+                self.blocks.len() + s.blocks.len(),
+                self.logit_rows.len() + n_rows,
+                self.history.len() + s.sample.map_or(0, |x| x.history.len()),
+            ],
+        )?;
         let seq = u32_of("sequence index", index)?;
         let kv_len = s.pos0 + s.tokens.len();
         if s.tokens.is_empty() {
@@ -275,6 +291,7 @@ impl FlatPlan {
         if let Some(&bad) = s.blocks.iter().find(|&&b| b as usize >= cache_blocks) {
             return Err(BackendError::BadPlan(format!("sequence {index} names block {bad}; the cache holds {cache_blocks}")));
         }
+        self.blocks_end = self.blocks_end.max(s.blocks.iter().max().map_or(0, |&b| b + 1));
         if s.sample.is_some() && s.logits == LogitRows::None {
             return Err(BackendError::BadPlan(format!("sequence {index} samples but produces no logits")));
         }
@@ -341,20 +358,26 @@ impl FlatPlan {
         copy(&mut self.history, &other.history);
         copy(&mut self.tiles, &other.tiles);
         self.max_kv_len = other.max_kv_len;
+        self.blocks_end = other.blocks_end;
     }
 
-    /// Checks that this plan fits `cap` (a plan built against a larger capacity may not).
-    pub fn check_fits(&self, cap: &StepCapacity) -> Result<()> {
-        for (what, need, have) in [
-            ("tokens", self.tokens.len(), cap.tokens),
-            ("sequences", self.seqs.len(), cap.seqs),
-            ("block-table entries", self.blocks.len(), cap.blocks),
-            ("logit rows", self.logit_rows.len(), cap.logit_rows),
-            ("history tokens", self.history.len(), cap.history),
-        ] {
-            if need > have {
-                return Err(BackendError::PlanTooLarge { what: what.into(), need, capacity: have });
-            }
+    /// Checks that this plan fits `cap` and names no block past `cache_blocks` (a plan built
+    /// against another capacity or cache may not).
+    pub fn check_fits(&self, cap: &StepCapacity, cache_blocks: usize) -> Result<()> {
+        check_counts(cap, [self.tokens.len(), self.seqs.len(), self.blocks.len(), self.logit_rows.len(), self.history.len()])?;
+        if self.blocks_end as usize > cache_blocks {
+            return Err(BackendError::BadPlan(format!("block {} is outside the {cache_blocks}-block cache", self.blocks_end - 1)));
+        }
+        Ok(())
+    }
+
+    /// Checks that a cache with memory behind `usable_blocks` blocks can serve this plan.
+    pub fn check_usable(&self, usable_blocks: usize) -> Result<()> {
+        if self.blocks_end as usize > usable_blocks {
+            return Err(BackendError::BadPlan(format!(
+                "the step reads block {} but only {usable_blocks} blocks of the cache have memory (grow_kv first)",
+                self.blocks_end - 1
+            )));
         }
         Ok(())
     }
@@ -430,6 +453,10 @@ mod tests {
             ]
         );
         assert_eq!(flat.max_kv_len, 70);
+        assert_eq!(flat.blocks_end, 8);
+        assert!(flat.check_fits(&cap(), 8).is_ok());
+        assert!(flat.check_fits(&cap(), 7).unwrap_err().to_string().contains("block 7"));
+        assert!(flat.check_usable(5).unwrap_err().to_string().contains("only 5 blocks"));
         assert_eq!(flat.row_of(1, 69), 4 * 32 + 5);
     }
 

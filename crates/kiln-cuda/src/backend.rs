@@ -178,6 +178,7 @@ impl CudaBackend {
         if cache.spec.width != kv_width {
             return Err(BackendError::Device(format!("prologue: cache rows of {} values, keys of {kv_width}", cache.spec.width)));
         }
+        step.check_usable(cache)?;
         if let Some((q_norm, k_norm, _)) = qk_norm {
             check_len("prologue norm weights", q_norm.len().min(k_norm.len()), hd)?;
         }
@@ -479,6 +480,7 @@ impl Backend for CudaBackend {
     fn kv_store(&self, k: &CudaSlice<f32>, v: &CudaSlice<f32>, cache: &mut CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
         check_len("kv_store input", k.len().min(v.len()), n * cache.spec.width)?;
         check_len("kv_store tokens in the step", step.n_tokens, n)?;
+        step.check_usable(cache)?;
         let kernels = self.store_kernels(&cache.spec)?;
         let (k_ptr, _record) = k.device_ptr(self.device.stream());
         self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)
@@ -486,6 +488,7 @@ impl Backend for CudaBackend {
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
         check_len("attention tokens in the step", step.n_tokens, n)?;
+        step.check_usable(cache)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)

@@ -46,6 +46,8 @@ pub struct CudaStep {
     pub(crate) n_samples: usize,
     pub(crate) n_tiles: usize,
     pub(crate) decode_only: bool,
+    /// One past the highest block the plan reads (`FlatPlan::blocks_end`).
+    pub(crate) blocks_end: usize,
 }
 
 impl CudaStep {
@@ -76,14 +78,12 @@ impl CudaStep {
             n_samples: 0,
             n_tiles: 0,
             decode_only: false,
+            blocks_end: 0,
         })
     }
 
     pub(crate) fn write(&mut self, device: &CudaDevice, plan: &FlatPlan) -> Result<()> {
-        plan.check_fits(&self.layout.capacity)?;
-        if let Some(&bad) = plan.blocks.iter().find(|&&b| b as usize >= self.cache_blocks) {
-            return Err(BackendError::BadPlan(format!("block {bad} is outside the {}-block cache", self.cache_blocks)));
-        }
+        plan.check_fits(&self.layout.capacity, self.cache_blocks)?;
         let device_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the step block: {e:?}"));
         // The previous copy may still be queued behind earlier work: wait for it to finish.
         self.copied.synchronize().map_err(device_error("waiting to refill"))?;
@@ -97,6 +97,20 @@ impl CudaStep {
         self.n_samples = plan.samples.len();
         self.n_tiles = plan.tiles.len();
         self.decode_only = plan.is_decode_only();
+        self.blocks_end = plan.blocks_end as usize;
+        Ok(())
+    }
+
+    /// Refuses a step that would read or write blocks of `cache` with no memory behind them
+    /// (a fault there would poison the whole context).
+    pub(crate) fn check_usable(&self, cache: &crate::kv::CudaKvCache) -> Result<()> {
+        if self.blocks_end > cache.usable_blocks() {
+            return Err(BackendError::BadPlan(format!(
+                "the step reads block {} but only {} blocks of the cache have memory (grow_kv first)",
+                self.blocks_end - 1,
+                cache.usable_blocks()
+            )));
+        }
         Ok(())
     }
 

@@ -23,6 +23,8 @@ pub enum ModelError {
     ContextOverflow { needed: usize, n_ctx: usize },
     #[error("out of KV cache blocks: {needed} needed, {available} of {capacity} available (raise --kv-mem or lower -np)")]
     OutOfKvBlocks { needed: usize, available: usize, capacity: usize },
+    #[error("KV block bookkeeping: {0}")]
+    BadKvBlock(String),
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
 }

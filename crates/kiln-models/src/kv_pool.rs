@@ -69,25 +69,32 @@ impl BlockAllocator {
         Ok(())
     }
 
+    fn refs_in_use(&mut self, block: u32, what: &str) -> Result<&mut u32> {
+        match self.refs.get_mut(block as usize) {
+            Some(r) if *r > 0 => Ok(r),
+            _ => Err(ModelError::BadKvBlock(format!("{what} of block {block}, which is not in use (capacity {})", self.capacity))),
+        }
+    }
+
     /// Adds a reference to a block in use (another sequence shares it).
-    pub fn retain(&mut self, block: u32) {
-        let r = &mut self.refs[block as usize];
-        assert!(*r > 0, "retain of free block {block}");
-        *r += 1;
+    pub fn retain(&mut self, block: u32) -> Result<()> {
+        *self.refs_in_use(block, "retain")? += 1;
+        Ok(())
     }
 
     /// Drops one reference; the block is free again when none is left.
-    pub fn release(&mut self, block: u32) {
-        let r = &mut self.refs[block as usize];
-        assert!(*r > 0, "release of free block {block}");
+    pub fn release(&mut self, block: u32) -> Result<()> {
+        let r = self.refs_in_use(block, "release")?;
         *r -= 1;
         if *r == 0 {
             self.free.push(block);
         }
+        Ok(())
     }
 
+    /// References to `block` (0 when free or out of range).
     pub fn refs(&self, block: u32) -> u32 {
-        self.refs[block as usize]
+        self.refs.get(block as usize).copied().unwrap_or(0)
     }
 }
 
@@ -145,9 +152,12 @@ impl<B: Backend> KvPool<B> {
         self.blocks.take(need, table, |usable| caches.iter_mut().try_for_each(|c| backend.grow_kv(c, usable)).map_err(ModelError::from))
     }
 
+    /// Returns a table's blocks; every id in it came from this pool's `take`.
     pub(crate) fn release(&mut self, table: &mut Vec<u32>) {
         for b in table.drain(..) {
-            self.blocks.release(b);
+            // A table only holds blocks it took, each with its own reference.
+            let released = self.blocks.release(b);
+            debug_assert!(released.is_ok(), "{released:?}");
         }
     }
 
@@ -174,12 +184,15 @@ mod tests {
         assert_eq!(table.len(), 3);
         assert_eq!(grown, vec![MIN_GROWTH]);
         assert_eq!(a.available(), 13);
-        a.retain(table[0]);
-        a.release(table[0]);
+        a.retain(table[0]).unwrap();
+        a.release(table[0]).unwrap();
         assert_eq!(a.refs(table[0]), 1);
         for &b in &table {
-            a.release(b);
+            a.release(b).unwrap();
         }
+        assert!(matches!(a.release(table[0]), Err(ModelError::BadKvBlock(_))));
+        assert!(a.retain(999).unwrap_err().to_string().contains("block 999"));
+        assert_eq!(a.refs(999), 0);
         assert_eq!(a.available(), 16);
         let mut again = Vec::new();
         a.take(3, &mut again, |_| panic!("no growth needed")).unwrap();

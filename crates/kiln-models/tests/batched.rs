@@ -184,3 +184,32 @@ fn running_out_of_kv_blocks_is_a_typed_error_and_nothing_changes() {
     engine.release(&mut short);
     assert_eq!(engine.pool().allocator().available(), 2);
 }
+
+/// A plan that names blocks the cache has no memory for yet is refused before any row is read
+/// or written (on a GPU such a read would fault and poison the context).
+#[test]
+fn steps_over_blocks_without_memory_are_errors() {
+    let backend = CpuBackend::new();
+    let spec = KvCacheSpec { n_blocks: 8, width: 32, k_type: KvType::F16, v_type: KvType::Q8_0 };
+    let mut cache = backend.alloc_kv(&spec, "test").unwrap();
+    backend.grow_kv(&mut cache, 2).unwrap();
+    let cap = StepCapacity { tokens: 4, seqs: 1, blocks: 8, logit_rows: 1, history: 0 };
+    let mut plan = FlatPlan::default();
+    plan.fill(&BatchPlan { seqs: &[SeqStep { tokens: &[1, 2], pos0: 64, blocks: &[0, 1, 5], logits: LogitRows::None, sample: None }] }, &cap, 8).unwrap();
+    let mut step = backend.alloc_step(&cap, spec.n_blocks).unwrap();
+    backend.write_step(&mut step, &plan).unwrap();
+    let kv = vec![0.5f32; 2 * 32];
+    let err = backend.kv_store(&kv, &kv, &mut cache, &step, 2).unwrap_err().to_string();
+    assert!(err.contains("block 5") && err.contains("only 2 blocks"), "{err}");
+    let params = AttentionParams { n_heads: 2, n_kv_heads: 2, head_dim: 16, max_seq_len: 256, scale: 0.25 };
+    let q = vec![0.1f32; 2 * 32];
+    let mut out = vec![0f32; 2 * 32];
+    assert!(backend.attention(&q, &cache, &mut out, &step, 2, &params).is_err());
+    assert!(backend.grow_kv(&mut cache, 9).is_err());
+    backend.grow_kv(&mut cache, 6).unwrap();
+    backend.kv_store(&kv, &kv, &mut cache, &step, 2).unwrap();
+    backend.attention(&q, &cache, &mut out, &step, 2, &params).unwrap();
+    // A step object of a smaller cache refuses the plan outright.
+    let mut small = backend.alloc_step(&cap, 4).unwrap();
+    assert!(backend.write_step(&mut small, &plan).unwrap_err().to_string().contains("4-block cache"));
+}
