@@ -24,8 +24,12 @@ static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4, "R
 #define MV_THREADS (MV_WARPS * 32)
 // The fused SwiGLU reads two weights, so it needs half the rows per warp for the same reuse.
 #define SWIGLU_ROWS_PER_WARP (ROWS_PER_WARP > 1 ? ROWS_PER_WARP / 2 : 1)
-// Tiles whose weight loads are issued together before any is decoded (memory-level parallelism).
+// Tiles whose weight loads are issued together before any is decoded (memory-level
+// parallelism); the host measures which MV_BATCH suits a product (src/matvec/matvec_shape.rs).
+#ifndef MV_BATCH
 #define MV_BATCH (4 / ROWS_PER_WARP)
+#endif
+static_assert(MV_BATCH >= 1 && MV_BATCH <= 8, "MV_BATCH must be 1..8");
 
 constexpr int pow2_at_least(int n) {
     return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2);

@@ -30,6 +30,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 mod matmat;
+mod matvec_shape;
 mod repack;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,6 +44,8 @@ use kiln_quant::GgmlType;
 use crate::{CudaDevice, CudaError};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmul_with_tile, MATMAT_TILES};
+pub use matvec_shape::matvec_shape;
+use matvec_shape::{choose_shape, default_shape, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
@@ -90,21 +93,6 @@ enum Storage {
     Float { kind: FloatKind, rows: FloatArg },
 }
 
-/// Rows of each mat-vec warp for `ntok` tokens: more rows share each activation load, which
-/// matters once several tokens multiply the activation traffic. Passed as ROWS_PER_WARP.
-fn rows_per_warp(ntok: usize) -> u32 {
-    match ntok {
-        1 => 1,
-        2 | 3 => 2,
-        _ => 4,
-    }
-}
-
-/// The fused SwiGLU reads two weights per row, so it uses half the rows (SWIGLU_ROWS_PER_WARP).
-fn swiglu_rows_per_warp(ntok: usize) -> u32 {
-    (rows_per_warp(ntok) / 2).max(1)
-}
-
 /// Kernels of one weight, looked up on first use and kept for later launches.
 struct KernelSlots([OnceLock<CudaFunction>; KernelSlots::COUNT]);
 
@@ -119,6 +107,8 @@ enum Kernel {
     Matvec {
         ntok: usize,
         swiglu: bool,
+        /// Index into [`MATVEC_SHAPES`].
+        shape: usize,
     },
     Matmat {
         tile: usize,
@@ -133,14 +123,15 @@ enum Kernel {
 }
 
 impl KernelSlots {
-    const COUNT: usize = 2 * MAX_MATVEC_TOKENS + 4 * MATMAT_TILES + 1;
+    const MATVECS: usize = 2 * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
+    const COUNT: usize = Self::MATVECS + 4 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
-            Kernel::Matvec { ntok, swiglu } => (ntok - 1) + usize::from(swiglu) * MAX_MATVEC_TOKENS,
-            Kernel::Matmat { tile, swiglu } => 2 * MAX_MATVEC_TOKENS + 2 * tile + usize::from(swiglu),
-            Kernel::MatmatAux { tile, reduce } => 2 * MAX_MATVEC_TOKENS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
-            Kernel::Embed => 2 * MAX_MATVEC_TOKENS + 4 * MATMAT_TILES,
+            Kernel::Matvec { ntok, swiglu, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * 2 + usize::from(swiglu),
+            Kernel::Matmat { tile, swiglu } => Self::MATVECS + 2 * tile + usize::from(swiglu),
+            Kernel::MatmatAux { tile, reduce } => Self::MATVECS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
+            Kernel::Embed => Self::MATVECS + 4 * MATMAT_TILES,
         };
         if let Some(function) = self.0[index].get() {
             return Ok(function);
@@ -162,7 +153,7 @@ impl KernelSlots {
 /// The modules `w`'s kernels come from on the common paths: one-token mat-vec (decode),
 /// every mat-mat tile (prompts and large batches) and the embedding lookup.
 pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
-    let mut kernels = vec![Kernel::Matvec { ntok: 1, swiglu: false }, Kernel::Embed];
+    let mut kernels = vec![Kernel::Matvec { ntok: 1, swiglu: false, shape: default_shape(1) }, Kernel::Embed];
     kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
     kernels
         .into_iter()
@@ -187,13 +178,17 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
     };
     let fused = |swiglu: bool| if swiglu { "swiglu_" } else { "" };
     match kernel {
-        Kernel::Matvec { ntok, swiglu } => {
+        Kernel::Matvec { ntok, swiglu, shape } => {
             let source = match storage {
                 Storage::Float { .. } => "matvec_float",
                 Storage::Quant { layout, .. } if layout.block_values() == 256 => "matvec_kquant",
                 Storage::Quant { .. } => "matvec_legacy",
             };
-            let defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(rows_per_warp(ntok)))];
+            let s = MATVEC_SHAPES[shape];
+            let mut defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(s.rows_per_warp))];
+            if matches!(storage, Storage::Quant { .. }) {
+                defines.push(("MV_BATCH", i64::from(s.batch)));
+            }
             (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
         }
         Kernel::Matmat { tile, swiglu } => {
@@ -486,6 +481,37 @@ pub fn matmul_swiglu_quantized(
     product(device, "matmul_swiglu_quantized", w_gate, Some(w_up), Input::Quantized(x), out, n, false)
 }
 
+/// Launch shapes of the quantized mat-vec (see [`matmul_quantized_with_shape`]).
+pub const MATVEC_SHAPE_COUNT: usize = MATVEC_SHAPES.len();
+
+/// [`matmul_quantized`] (the fused SwiGLU with `up`) with launch shape `shape`
+/// (< [`MATVEC_SHAPE_COUNT`]) whatever measurement would pick, for tests and benchmarks.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quantized_with_shape(
+    device: &CudaDevice,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    x: &QuantizedActivations,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+    shape: usize,
+) -> Result<(), CudaError> {
+    const OP: &str = "matmul_quantized_with_shape";
+    if shape >= MATVEC_SHAPES.len() || !(1..=MAX_MATVEC_TOKENS).contains(&n) {
+        return Err(invalid(OP, format!("shape {shape} of {} for {n} tokens (1..={MAX_MATVEC_TOKENS})", MATVEC_SHAPES.len())));
+    }
+    if let Some(up) = up {
+        check_pair(OP, w, up)?;
+    }
+    check_len(OP, "out", out.len(), n * w.rows)?;
+    let filled = x.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
+    if !matches!(w.storage, Storage::Quant { .. }) || x.cols != w.cols || n > filled {
+        return Err(invalid(OP, format!("{n} tokens of {} quantized values ({filled} filled) for {} ({} {}x{})", x.cols, w.name, w.ty, w.rows, w.cols)));
+    }
+    launch_matvec_shape(device, OP, w, up, Input::Quantized(x), out, n, accumulate, shape)
+}
+
 /// `out[t] = table[token_ids[t]]` (f32, `cols` values per token) for the first `n` ids. An id
 /// past the table's rows yields a row of NaN rather than an out-of-bounds read.
 pub fn embed_rows(device: &CudaDevice, table: &GpuWeight, token_ids: &CudaView<'_, u32>, out: &mut CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
@@ -583,8 +609,38 @@ fn launch_matvec(
     accumulate: bool,
 ) -> Result<(), CudaError> {
     let swiglu = up.is_some();
-    let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu })?;
-    let rows_per_block = MV_WARPS * if swiglu { swiglu_rows_per_warp(n) } else { rows_per_warp(n) };
+    let shape = match w.storage {
+        Storage::Quant { .. } => {
+            let mut scratch: Option<CudaSlice<f32>> = None;
+            choose_shape(device, w, n, swiglu, |shape| {
+                let out = match &mut scratch {
+                    Some(out) => out,
+                    None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),
+                };
+                launch_matvec_shape(device, op, w, up, input, out, n, false, shape)
+            })?
+        }
+        Storage::Float { .. } => default_shape(n),
+    };
+    launch_matvec_shape(device, op, w, up, input, out, n, accumulate, shape)
+}
+
+/// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]).
+#[allow(clippy::too_many_arguments)]
+fn launch_matvec_shape(
+    device: &CudaDevice,
+    op: &'static str,
+    w: &GpuWeight,
+    up: Option<&GpuWeight>,
+    input: Input<'_>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    accumulate: bool,
+    shape: usize,
+) -> Result<(), CudaError> {
+    let swiglu = up.is_some();
+    let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu, shape })?;
+    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(swiglu);
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
     let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
@@ -669,7 +725,9 @@ mod tests {
                 kernels.extend([Kernel::MatmatAux { tile, reduce: false }, Kernel::MatmatAux { tile, reduce: true }]);
             }
             for ntok in 1..=MAX_MATVEC_TOKENS {
-                kernels.extend([Kernel::Matvec { ntok, swiglu: false }, Kernel::Matvec { ntok, swiglu: true }]);
+                for shape in 0..MATVEC_SHAPES.len() {
+                    kernels.extend([Kernel::Matvec { ntok, swiglu: false, shape }, Kernel::Matvec { ntok, swiglu: true, shape }]);
+                }
             }
             for kernel in kernels {
                 let (source, name, _) = kernel_id(storage, kernel);
@@ -727,15 +785,5 @@ mod tests {
         // Measured at n = 64: 64x64 for 14336 rows, 32x32 for 4096.
         assert_eq!(choose_tile(14336, 64, false, sms), 2);
         assert_eq!(choose_tile(4096, 64, false, sms), 3);
-    }
-
-    #[test]
-    fn rows_per_warp_fit_the_kernels_limits() {
-        for ntok in 1..=MAX_MATVEC_TOKENS {
-            let (plain, swiglu) = (rows_per_warp(ntok), swiglu_rows_per_warp(ntok));
-            assert!([1, 2, 4].contains(&plain), "ntok {ntok}");
-            // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
-            assert!(plain as usize * ntok <= 32 && 2 * (swiglu as usize * ntok).next_power_of_two() <= 32, "ntok {ntok}");
-        }
     }
 }

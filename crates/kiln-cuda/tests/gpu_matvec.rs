@@ -430,6 +430,45 @@ fn embed_rows_decodes_rows_exactly() {
 }
 
 /// One quantization shared by two weights gives exactly what matmul gives each of them.
+/// Every launch shape the mat-vec tuner can pick computes the same exact product, plain,
+/// accumulating and as the fused SwiGLU, for every quantized format and token count.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn every_matvec_shape_matches_the_reference() {
+    let mut rng = rng("matvec shapes");
+    let mut failures = Vec::new();
+    for &ty in FORMATS.iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) {
+        let [small, _, big] = column_choices(ty);
+        for (rows, cols) in [(37, big), (4099, small)] {
+            let (gate, up) = (HostWeight::random(&mut rng, ty, rows, cols), HostWeight::random(&mut rng, ty, rows, cols));
+            let (gate_gpu, up_gpu) = (gate.upload("gate"), up.upload("up"));
+            for n in 1..=matvec::MAX_MATVEC_TOKENS {
+                let x = random_f32(&mut rng, n * cols);
+                let mut q = QuantizedActivations::new(device(), n, cols).expect("activations");
+                matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
+                let (g, u) = (gate.products(&x, n).0, up.products(&x, n).0);
+                let base = random_f32(&mut rng, n * rows);
+                for shape in 0..matvec::MATVEC_SHAPE_COUNT {
+                    let case = format!("{ty} {rows}x{cols} n={n} shape {shape}");
+                    let mut out = poisoned(n * rows);
+                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, false, shape).expect("matvec");
+                    let got = download(&out, n * rows, &mut failures, &case);
+                    check(&mut failures, &case, &got, &g);
+                    let mut out = upload_f32(&base);
+                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, true, shape).expect("matvec add");
+                    let added: Vec<f32> = download(&out, n * rows, &mut failures, &case).iter().zip(&base).map(|(o, b)| o - b).collect();
+                    check(&mut failures, &format!("{case} add"), &added, &g);
+                    let mut out = poisoned(n * rows);
+                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, Some(&up_gpu), &q, &mut out, n, false, shape).expect("swiglu");
+                    let got = download(&out, n * rows, &mut failures, &case);
+                    check(&mut failures, &format!("{case} swiglu"), &got, &Expected::swiglu(&g, &u));
+                }
+            }
+        }
+    }
+    report("matvec shapes", failures);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn prequantized_activations_serve_several_weights() {
@@ -632,7 +671,7 @@ fn matvec_bandwidth_on_8b_shapes() {
     let l2 = device().info().l2_cache_bytes.max(1 << 20);
     println!("{}", device().info());
     println!(
-        "{:<7} {:>11} {:>9} | {:>15} | kernel alone GB/s (% of {PEAK_GBPS:.0}) for n = 1, 4, 8 | pp512 TFLOP/s",
+        "{:<7} {:>11} {:>9} | {:>15} | kernel alone GB/s (% of {PEAK_GBPS:.0}, measured rows per warp x tiles in flight) for n = 1, 4, 8 | pp512 TFLOP/s",
         "format", "shape", "MiB", "matmul n=1 GB/s"
     );
     let mut failures = Vec::new();
@@ -654,7 +693,8 @@ fn matvec_bandwidth_on_8b_shapes() {
                 matvec::quantize_activations(device(), &x, 8, &mut q).expect("quantize");
                 for n in [1, 4, 8] {
                     let ms = time_ms(ROUNDS * copies, |i| matvec::matmul_quantized(device(), &weights[i % copies], &q, &mut out, n, false).expect("matvec"));
-                    kernel.push(format!("{:6.0} ({:4.1}%)", gbps(ms), 100.0 * gbps(ms) / PEAK_GBPS));
+                    let (rows_per_warp, batch) = matvec::matvec_shape(device(), &weights[0], n, false);
+                    kernel.push(format!("{:6.0} ({:4.1}%, {rows_per_warp}x{batch})", gbps(ms), 100.0 * gbps(ms) / PEAK_GBPS));
                 }
             } else {
                 for n in [1, 4, 8] {
@@ -707,7 +747,7 @@ fn median_ms(runs: usize, per_run: usize, mut launch: impl FnMut(usize)) -> f64 
 }
 
 /// Prints the tensor-core mat-mat's TFLOP/s and weight GB/s on Llama-3-8B's FFN shapes
-/// (4096 cols x 14336 rows, 14336 cols x 4096 rows) at 512, 64 and 16 tokens for Q4_K, Q8_0,
+/// (4096 cols x 14336 rows, 14336 cols x 4096 rows) at 512, 64, 32 and 8 tokens (8: `auto` is the mat-vec) for Q4_K, Q8_0,
 /// Q4_0, Q6_K and Q1_0: `matmul`'s own (measured) pick of block shape, then every shape forced,
 /// then the fused SwiGLU pair for the 14336-row shape, auto and every shape. Launches cycle through enough weight copies to defeat
 /// the L2 cache; each figure is the median of 7 timed runs after a warm-up.
@@ -731,7 +771,7 @@ fn matmat_throughput_on_8b_shapes() {
             weights.extend((1..copies).map(|_| matvec::upload_weight(device(), &source).expect("upload")));
             let x = upload_f32(&random_f32(&mut rng, 512 * cols));
             let mut out = device().alloc_zeros::<f32>(512 * rows, "benchmark output").expect("alloc");
-            for n in [512, 64, 16] {
+            for n in [512, 64, 32, 8] {
                 let line = |kernel: String, ms: f64, weight_bytes: usize, flops: f64| {
                     println!(
                         "{:<6} {:>5}x{:<5} {n:>4} {kernel:<14} {ms:>8.4} {:>8.1} {:>8.0}",

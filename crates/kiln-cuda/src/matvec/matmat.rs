@@ -182,7 +182,7 @@ fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
     SCRATCH.get_or_init(Default::default)
 }
 
-fn device_key(device: &CudaDevice) -> usize {
+pub(super) fn device_key(device: &CudaDevice) -> usize {
     Arc::as_ptr(device.stream()) as usize
 }
 
@@ -314,7 +314,6 @@ fn tune(
     n: usize,
     accumulate: bool,
 ) -> Result<Choice, CudaError> {
-    const TIMED_RUNS: usize = 2;
     let swiglu = up.is_some();
     let sms = device.info().multiprocessor_count as usize;
     let steps = |t: MmaTile| t.steps(chunks_per_row(&w.storage));
@@ -331,33 +330,39 @@ fn tune(
         }
     }
     let mut out = device.alloc_zeros::<f32>(n * w.rows, "mat-mat tuning output")?;
+    fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false).map(drop))
+}
+
+/// The candidate whose `run` takes least time: each runs once untimed (compiling its module,
+/// growing scratch), then twice timed with CUDA events, the L2 flushed before each run.
+pub(super) fn fastest<C: Copy>(device: &CudaDevice, what: &str, candidates: &[C], mut run: impl FnMut(C) -> Result<(), CudaError>) -> Result<C, CudaError> {
+    const TIMED_RUNS: usize = 2;
     let flush_len = device.info().l2_cache_bytes.max(1 << 20) * 2;
-    let timing = |e| CudaError::driver("timing mat-mat shapes")(e);
+    let timing = |e| CudaError::driver(format!("timing {what}"))(e);
     let event = || device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(timing);
-    let mut best: Option<(f32, Choice)> = None;
-    for choice in candidates {
-        // The first run compiles the module and grows the scratch; it is not timed.
-        launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false)?;
-        let mut fastest = f32::INFINITY;
+    let mut best: Option<(f32, C)> = None;
+    for &candidate in candidates {
+        run(candidate)?;
+        let mut least = f32::INFINITY;
         for _ in 0..TIMED_RUNS {
             {
                 let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
                 let s = map.entry(device_key(device)).or_default();
                 let mut none = Vec::new();
-                ensure(device, &mut s.flush, &mut none, flush_len, false, "mat-mat tuning L2 flush")?;
+                ensure(device, &mut s.flush, &mut none, flush_len, false, "tuning L2 flush")?;
                 device.stream().memset_zeros(s.flush.as_mut().expect("allocated above")).map_err(timing)?;
             }
             let (start, end) = (event()?, event()?);
             start.record(device.stream()).map_err(timing)?;
-            launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false)?;
+            run(candidate)?;
             end.record(device.stream()).map_err(timing)?;
-            fastest = fastest.min(start.elapsed_ms(&end).map_err(timing)?);
+            least = least.min(start.elapsed_ms(&end).map_err(timing)?);
         }
-        if best.is_none_or(|(ms, _)| fastest < ms) {
-            best = Some((fastest, choice));
+        if best.is_none_or(|(ms, _)| least < ms) {
+            best = Some((least, candidate));
         }
     }
-    Ok(best.expect("the smallest tile always fits").1)
+    best.map(|(_, c)| c).ok_or_else(|| invalid("tuning", format!("no candidate {what}")))
 }
 
 /// Launches one product with `choice`; false (nothing launched) when a pipelined shape would

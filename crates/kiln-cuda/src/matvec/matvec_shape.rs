@@ -1,0 +1,114 @@
+//! Launch shapes of the quantized mat-vec (kernels/matvec.cuh) and their choice by measurement.
+//!
+//! A shape is the rows each warp computes (ROWS_PER_WARP: activation reuse) and the tiles whose
+//! weight loads one warp issues before decoding any (MV_BATCH: bytes in flight). Which is best
+//! depends on the token count, the format and the weight's shape, so, like the mat-mat's block
+//! shape, it is measured: the first uncaptured product of a (device, rows, cols, format, SwiGLU,
+//! tokens) key times every candidate on the real weight and input and keeps the fastest. Inside
+//! a graph capture nothing is timed: the remembered choice, else the default for the count.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use super::matmat::{device_key, fastest, is_capturing};
+use super::{GpuWeight, MAX_MATVEC_TOKENS};
+use crate::{CudaDevice, CudaError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MatvecShape {
+    pub(super) rows_per_warp: u32,
+    pub(super) batch: u32,
+}
+
+const fn shape(rows_per_warp: u32, batch: u32) -> MatvecShape {
+    MatvecShape { rows_per_warp, batch }
+}
+
+/// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
+pub(super) const MATVEC_SHAPES: [MatvecShape; 6] = [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2)];
+
+/// The shape used before (or without) measurement: one row per warp for one token, two for
+/// two or three, four beyond, with four rows' worth of tiles in flight.
+pub(super) fn default_shape(ntok: usize) -> usize {
+    match ntok {
+        1 => 0,
+        2 | 3 => 2,
+        _ => 4,
+    }
+}
+
+impl MatvecShape {
+    /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
+    pub(super) fn rows(self, swiglu: bool) -> u32 {
+        if swiglu {
+            (self.rows_per_warp / 2).max(1)
+        } else {
+            self.rows_per_warp
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TuneKey {
+    device: usize,
+    rows: usize,
+    cols: usize,
+    ty: u32,
+    swiglu: bool,
+    ntok: usize,
+}
+
+fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
+    static TUNED: OnceLock<Mutex<HashMap<TuneKey, usize>>> = OnceLock::new();
+    TUNED.get_or_init(Default::default)
+}
+
+/// The shape for `n` tokens of `w`: remembered, else (outside a capture) measured by timing
+/// `launch(shape)` for each candidate, else the default. `launch` must be repeatable (it writes
+/// a scratch output, not the caller's accumulating one).
+pub(super) fn choose_shape(
+    device: &CudaDevice,
+    w: &GpuWeight,
+    n: usize,
+    swiglu: bool,
+    launch: impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<usize, CudaError> {
+    debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&n));
+    let key = TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+    if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return Ok(shape);
+    }
+    if is_capturing(device) {
+        return Ok(default_shape(n));
+    }
+    let candidates: Vec<usize> = (0..MATVEC_SHAPES.len()).collect();
+    let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
+    tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
+    Ok(best)
+}
+
+/// The shape `matmul` uses for `n` tokens of `w`: the measured one once a product ran, else
+/// the default.
+pub fn matvec_shape(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> (u32, u32) {
+    let key = TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+    let index = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied().unwrap_or_else(|| default_shape(n));
+    let s = MATVEC_SHAPES[index];
+    (s.rows_per_warp, s.batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_fit_the_kernels_limits() {
+        for s in MATVEC_SHAPES {
+            assert!([1, 2, 4].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch), "{s:?}");
+            for ntok in 1..=MAX_MATVEC_TOKENS as u32 {
+                // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
+                assert!(s.rows(false) * ntok <= 32 && 2 * (s.rows(true) * ntok).next_power_of_two() <= 32, "{s:?} ntok {ntok}");
+            }
+        }
+        assert_eq!([1, 2, 3, 4, 8].map(|n| MATVEC_SHAPES[default_shape(n)].rows_per_warp), [1, 2, 2, 4, 4]);
+    }
+}
