@@ -41,7 +41,25 @@ pub(super) fn environment() -> Environment<'static> {
     env.add_filter("tojson", tojson);
     env.add_filter("trim", trim);
     env.add_filter("string", string);
+    env.add_test("iterable", is_iterable);
+    env.add_test("sequence", is_sequence);
+    env.add_test("number", is_number);
     env
+}
+
+/// Jinja2's `iterable`: `iter(value)` works, which it does for undefined but not for `None`.
+fn is_iterable(value: &Value) -> bool {
+    !value.is_none() && value.try_iter().is_ok()
+}
+
+/// Jinja2's `sequence`: the value has `len()` and `[]`, so strings, lists, dicts and undefined.
+fn is_sequence(value: &Value) -> bool {
+    matches!(value.kind(), ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Bytes | ValueKind::Undefined)
+}
+
+/// Jinja2's `number`: Python bools are numbers too.
+fn is_number(value: &Value) -> bool {
+    matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
 }
 
 /// Python's `str.isspace()`: Unicode white space plus the separators U+001C..U+001F.
@@ -314,5 +332,13 @@ mod tests {
         let mut out = String::new();
         py_repr(&Value::from_serialize(serde_json::json!({"a": [true, null, "it's", 1.5]})), &mut out);
         assert_eq!(out, "{'a': [True, None, \"it's\", 1.5]}");
+    }
+
+    #[test]
+    fn type_tests_follow_jinja2() {
+        let mut env = environment();
+        env.add_template("t", "{{ none is iterable }} {{ x is iterable }} {{ 'a' is sequence }} {{ x is sequence }} {{ 3 is sequence }} {{ true is number }}")
+            .unwrap();
+        assert_eq!(env.get_template("t").unwrap().render(()).unwrap(), "False True True True False True");
     }
 }
