@@ -2,6 +2,7 @@
 
 mod batched_bench;
 mod bench;
+mod chat;
 mod info;
 mod kv_args;
 mod quantize;
@@ -27,6 +28,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (the default command).
     Run(run::RunArgs),
+    /// Talk with a model through its chat template (like llama-cli's conversation mode).
+    Chat(chat::ChatArgs),
     /// Describe a GGUF file: architecture, hyper-parameters, tokenizer, tensors.
     Info(info::InfoArgs),
     /// Print the token ids of a text.
@@ -53,9 +56,9 @@ pub fn default_model() -> PathBuf {
     }
 }
 
-/// llama.cpp spells some long flags with one dash (`-ctk`, `-npp`); clap wants two.
+/// llama.cpp spells some long flags with one dash (`-ctk`, `-npp`, `-sys`); clap wants two.
 fn llama_style_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const ONE_DASH_LONG: [&str; 5] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl"];
+    const ONE_DASH_LONG: [&str; 6] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl", "-sys"];
     args.map(|a| {
         let flag = a.split('=').next().unwrap_or(&a);
         if ONE_DASH_LONG.contains(&flag) {
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse_from(llama_style_args(std::env::args()));
     let result = match cli.command.unwrap_or_else(|| Command::Run(run::RunArgs::parse_from(["run"]))) {
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Info(a) => info::info(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Quantize(a) => quantize::quantize(a),

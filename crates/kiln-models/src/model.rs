@@ -99,6 +99,15 @@ impl<B: Backend> Model<B> {
     pub fn n_past(&self) -> usize {
         self.seq.n_cached()
     }
+    /// The tokens in the KV cache, in order.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.seq.tokens[..self.seq.n_cached()]
+    }
+    /// Keeps only the first `n` cached tokens, so that what follows is fed anew (a
+    /// conversation whose new prompt shares only a prefix with the cache). The blocks stay.
+    pub fn truncate(&mut self, n: usize) {
+        self.seq.truncate(n);
+    }
     /// Forgets the cached sequence and returns its KV blocks to the pool.
     pub fn reset(&mut self) {
         self.engine.release(&mut self.seq);

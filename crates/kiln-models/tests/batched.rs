@@ -213,3 +213,25 @@ fn steps_over_blocks_without_memory_are_errors() {
     let mut small = backend.alloc_step(&cap, 4).unwrap();
     assert!(backend.write_step(&mut small, &plan).unwrap_err().to_string().contains("4-block cache"));
 }
+
+/// A sequence truncated to a prefix and continued (a chat turn reusing the cache) gives the
+/// logits of the prefix and continuation fed from scratch, and keeps its blocks.
+#[test]
+fn truncated_model_continues_as_if_fed_from_scratch() {
+    use kiln_models::{Logits, Model};
+    let (backend, w) = weights(&stories());
+    let options = EngineOptions { max_seq_len: 256, max_batch_tokens: 64, ..EngineOptions::default() };
+    let p = prompts(w.config.n_vocab, &[40, 30, 25], 11);
+    let (prefix, dropped, continuation) = (&p[0], &p[1], &p[2]);
+    let mut reused = Model::with_weights(backend.clone(), w.clone(), &options).unwrap();
+    reused.forward(prefix, Logits::Last).unwrap();
+    reused.forward(dropped, Logits::Last).unwrap();
+    reused.truncate(prefix.len());
+    assert_eq!(reused.cached_tokens(), &prefix[..]);
+    let got = reused.forward(continuation, Logits::Last).unwrap().to_vec();
+    let mut fresh = Model::with_weights(backend, w, &options).unwrap();
+    let whole: Vec<u32> = prefix.iter().chain(continuation).copied().collect();
+    let want = fresh.forward(&whole, Logits::Last).unwrap().to_vec();
+    assert!(rel_l2(&got, &want) < 1e-5, "rel L2 {}", rel_l2(&got, &want));
+    assert_eq!(reused.cached_tokens(), &whole[..]);
+}

@@ -16,8 +16,17 @@ pub enum TokenizerError {
     #[error("bad vocabulary: {0}")]
     BadVocab(String),
 
+    /// A chat template that does not compile or fails to render, or bad render inputs.
     #[error("chat template: {0}")]
     Template(String),
+
+    /// The template called `raise_exception(message)` (transformers' `TemplateError`).
+    #[error("chat template: {0}")]
+    TemplateException(String),
+
+    /// No `--chat-template` and no `tokenizer.chat_template`; holds the built-in names.
+    #[error("the model has no chat template (tokenizer.chat_template): pass --chat-template NAME|FILE, a Jinja file or one of the built-in templates: {0}")]
+    NoChatTemplate(String),
 
     #[error(transparent)]
     Gguf(#[from] kiln_gguf::GgufError),

@@ -4,7 +4,7 @@
 //! Also chat-template rendering and UTF-8-safe streaming detokenization.
 
 mod bpe;
-mod chat;
+pub mod chat;
 mod decode;
 mod error;
 mod pretok;
@@ -17,7 +17,7 @@ mod wpm;
 
 use std::fmt;
 
-pub use chat::{render_chat_template, ChatMessage, CHATML_TEMPLATE};
+pub use chat::{builtin_template, render_chat_template, ChatInputs, ChatMessage, ChatTemplate, BUILTIN_TEMPLATES, CHATML_TEMPLATE};
 pub use decode::StreamDecoder;
 pub use error::TokenizerError;
 pub use spec::{token_type, SpecialIdKeys, TokenizerSpec};
@@ -314,6 +314,15 @@ impl Tokenizer {
 
     pub fn kind(&self) -> TokenizerKind {
         self.kind.clone()
+    }
+
+    /// The BOS token's text, for a chat template's `bos_token`.
+    pub fn bos_text(&self) -> Option<&str> {
+        self.special.bos.and_then(|id| self.token_text(id))
+    }
+    /// The EOS token's text, for a chat template's `eos_token`.
+    pub fn eos_text(&self) -> Option<&str> {
+        self.special.eos.and_then(|id| self.token_text(id))
     }
 
     pub fn chat_template(&self) -> Option<&str> {
