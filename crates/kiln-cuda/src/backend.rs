@@ -288,15 +288,18 @@ fn paged_params(p: &AttentionParams, kv: &KvCacheSpec) -> PagedAttentionParams {
     }
 }
 
-/// `w`'s quantized input buffer when a product of `n` tokens of `dim` values would go through
-/// it (the mat-vec path of a quantized weight).
-fn matvec_input(w: &GpuWeight, n: usize, dim: usize) -> Option<&QuantizedActivations> {
-    w.quantized_input().filter(|_| n <= matvec::MAX_MATVEC_TOKENS && w.cols == dim)
+/// Whether a product of `n` tokens of `dim` values with `w` takes the quantized mat-vec, whose
+/// input buffer is the device's for `dim` ([`matvec::shared_input`]).
+fn takes_quantized_matvec(w: &GpuWeight, n: usize, dim: usize) -> bool {
+    w.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS && w.cols == dim
 }
 
-/// wq's quantized input buffer when k and v can read it too (all three quantized, same cols).
-fn shared_qkv_input<'a>(wq: &'a GpuWeight, wk: &GpuWeight, wv: &GpuWeight, n: usize, dim: usize) -> Option<&'a QuantizedActivations> {
-    matvec_input(wq, n, dim).filter(|_| matvec_input(wk, n, dim).is_some() && matvec_input(wv, n, dim).is_some())
+/// The device's quantized input for `dim` when `ws` all take the quantized mat-vec with it.
+fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, dim: usize) -> Result<Option<std::sync::Arc<QuantizedActivations>>> {
+    if ws.iter().all(|w| takes_quantized_matvec(w, n, dim)) {
+        return matvec::shared_input(device, dim).map(Some).map_err(backend_error);
+    }
+    Ok(None)
 }
 
 impl CudaBackend {
@@ -621,10 +624,10 @@ impl Backend for CudaBackend {
         v: &mut CudaSlice<f32>,
         n: usize,
     ) -> Result<()> {
-        match shared_qkv_input(wq, wk, wv, n, wq.cols) {
+        match quantized_input_for(&self.device, &[wq, wk, wv], n, wq.cols)? {
             Some(qx) => {
                 qx.fill(&self.device, x, n).map_err(backend_error)?;
-                self.matmul_qkv_quantized(qx, wq, wk, wv, q, k, v, n)
+                self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
             }
             None => {
                 self.matmul(wq, x, q, n)?;
@@ -649,10 +652,10 @@ impl Backend for CudaBackend {
         n: usize,
         dim: usize,
     ) -> Result<()> {
-        match shared_qkv_input(wq, wk, wv, n, dim) {
+        match quantized_input_for(&self.device, &[wq, wk, wv], n, dim)? {
             Some(qx) => {
-                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;
-                self.matmul_qkv_quantized(qx, wq, wk, wv, q, k, v, n)
+                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
+                self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
             }
             None => {
                 self.rms_norm(x, norm, h, n, dim, eps)?;
@@ -676,10 +679,10 @@ impl Backend for CudaBackend {
         dim: usize,
         n_ff: usize,
     ) -> Result<()> {
-        match matvec_input(w_gate, n, dim) {
+        match quantized_input_for(&self.device, &[w_gate, w_up], n, dim)? {
             Some(qx) => {
-                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, qx).map_err(backend_error)?;
-                matvec::matmul_swiglu_quantized(&self.device, w_gate, w_up, qx, out, n).map_err(backend_error)
+                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
+                matvec::matmul_swiglu_quantized(&self.device, w_gate, w_up, &qx, out, n).map_err(backend_error)
             }
             None => {
                 self.rms_norm(x, norm, h, n, dim, eps)?;

@@ -122,6 +122,8 @@ pub struct CudaDevice {
     registry: KernelRegistry,
     info: DeviceInfo,
     staging: Mutex<Option<Staging>>,
+    /// The quantized mat-vec inputs, one per row length (see `matvec::shared_input`).
+    pub(crate) matvec_inputs: Mutex<std::collections::HashMap<usize, Arc<crate::matvec::QuantizedActivations>>>,
 }
 
 impl CudaDevice {
@@ -136,7 +138,7 @@ impl CudaDevice {
         // SAFETY: no buffer has been allocated through this context yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(CudaError::driver("creating the device stream"))?;
-        Ok(CudaDevice { stream, ctx, registry, info, staging: Mutex::new(None) })
+        Ok(CudaDevice { stream, ctx, registry, info, staging: Mutex::new(None), matvec_inputs: Mutex::default() })
     }
 
     /// Properties as read when the device was opened (free memory included).

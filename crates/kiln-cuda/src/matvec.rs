@@ -19,12 +19,13 @@
 //! and token bucket on first use (`matmat.rs`); the pipelined shapes share per-device scratch
 //! buffers (f16 activations, split-K partials) that only grow outside graph captures.
 //!
-//! Each quantized weight carries a small activation buffer of its own (`cols` x 8 tokens, int8
-//! plus two f32 per 16 values) that [`matmul`] quantizes into, so calls on one weight must come
-//! from one host thread at a time (as they do on the device's single stream). Callers that
-//! multiply one input by several weights can quantize it once with [`quantize_activations`]
-//! (or normalize and quantize it in one launch with [`rms_norm_quantize`]) and call
-//! [`matmul_quantized`] / [`matmul_swiglu_quantized`].
+//! Weights are immutable once uploaded. [`matmul`] of a quantized weight quantizes its input
+//! into the device's buffer for that row length ([`shared_input`]: `cols` x 8 tokens, int8 plus
+//! two f32 per 16 values, made when the first weight of that length is uploaded), so products
+//! are issued from one host thread at a time, in stream order (as the backend does). Callers
+//! that multiply one input by several weights can quantize it once with
+//! [`quantize_activations`] (or normalize and quantize it in one launch with
+//! [`rms_norm_quantize`]) and call [`matmul_quantized`] / [`matmul_swiglu_quantized`].
 
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -34,7 +35,7 @@ mod matvec_shape;
 mod repack;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, PoisonError};
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -214,8 +215,6 @@ pub struct GpuWeight {
     storage: Storage,
     /// Owns the memory `storage` points into.
     data: CudaSlice<u8>,
-    /// Quantized weights: where `matmul` quantizes its input for the mat-vec kernels.
-    input: Option<QuantizedActivations>,
     kernels: KernelSlots,
 }
 
@@ -232,16 +231,27 @@ impl std::fmt::Debug for GpuWeight {
 }
 
 impl GpuWeight {
-    /// Device bytes of the weight itself (without its activation buffer).
+    /// Device bytes of the weight.
     pub fn device_bytes(&self) -> usize {
         self.data.len()
     }
 
-    /// Quantized weights: the buffer where the last `matmul` (n <= 8) quantized its
-    /// input, so other products of the same input can reuse it via [`matmul_quantized`].
-    pub fn quantized_input(&self) -> Option<&QuantizedActivations> {
-        self.input.as_ref()
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.storage, Storage::Quant { .. })
     }
+}
+
+/// The device's quantized-input buffer for rows of `cols` values, which [`matmul`] of a
+/// quantized weight with `cols` columns and `n <= 8` quantizes into; made on first request
+/// (every quantized upload asks, so none is first made inside a graph capture).
+pub fn shared_input(device: &CudaDevice, cols: usize) -> Result<Arc<QuantizedActivations>, CudaError> {
+    let mut inputs = device.matvec_inputs.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(input) = inputs.get(&cols) {
+        return Ok(input.clone());
+    }
+    let input = Arc::new(QuantizedActivations::new(device, MAX_MATVEC_TOKENS, cols)?);
+    inputs.insert(cols, input.clone());
+    Ok(input)
 }
 
 fn invalid(op: &'static str, reason: impl Into<String>) -> CudaError {
@@ -268,12 +278,12 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
     }
     to_u32(OP, "rows", rows)?;
     to_u32(OP, "cols", cols)?;
-    let (storage, data, input) = if let Some(kind) = FloatKind::of(src.ty) {
+    let (storage, data) = if let Some(kind) = FloatKind::of(src.ty) {
         let stride = float_stride(cols);
         let bytes = pad_float_rows(kind, src.bytes(), rows, cols);
         let data = device.upload_via_pinned(&bytes, &what)?;
         let rows_arg = FloatArg { data: device_address(device, &data), stride: to_u32(OP, "row stride", stride)?, _pad: 0 };
-        (Storage::Float { kind, rows: rows_arg }, data, None)
+        (Storage::Float { kind, rows: rows_arg }, data)
     } else if let Some(layout) = quant_layout(src.ty) {
         let packed = repack(layout, src.bytes(), rows, cols);
         let data = device.upload_via_pinned(&packed.bytes, &what)?;
@@ -285,12 +295,12 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
             tiles: to_u32(OP, "tiles", packed.tiles)?,
             _pad: 0,
         };
-        let input = QuantizedActivations::new(device, MAX_MATVEC_TOKENS, cols)?;
-        (Storage::Quant { layout, planes }, data, Some(input))
+        shared_input(device, cols)?;
+        (Storage::Quant { layout, planes }, data)
     } else {
         return Err(invalid(OP, format!("{what}: no GPU kernels for type {}", src.ty)));
     };
-    Ok(GpuWeight { name: src.name.clone(), ty: src.ty, rows, cols, storage, data, input, kernels: KernelSlots::default() })
+    Ok(GpuWeight { name: src.name.clone(), ty: src.ty, rows, cols, storage, data, kernels: KernelSlots::default() })
 }
 
 /// Activations quantized for the quantized mat-vec kernels: for up to `max_tokens` tokens of
@@ -571,12 +581,13 @@ fn product(
     let matvec_input = match (input, &w.storage) {
         (Input::F32(x), _) => {
             check_len(op, "x", x.len(), n * w.cols)?;
-            match (&w.input, &w.storage) {
-                (Some(buffer), _) if n <= MAX_MATVEC_TOKENS => {
+            match &w.storage {
+                Storage::Quant { .. } if n <= MAX_MATVEC_TOKENS => {
+                    let buffer = shared_input(device, w.cols)?;
                     buffer.fill(device, x, n)?;
-                    Input::Quantized(buffer)
+                    return launch_matvec(device, op, w, up, Input::Quantized(&buffer), out, n, accumulate);
                 }
-                (None, Storage::Float { .. }) if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
+                Storage::Float { .. } if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
                 _ => return launch_matmat(device, op, w, up, x, out, n, accumulate),
             }
         }
