@@ -32,6 +32,14 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Signed byte `i` (0..3) of a code word, given as `biased` = word ^ 0x80808080, as an exact f32.
+// The integer-to-float conversion runs at a quarter of the FMA rate and bounded the mat-mat's
+// weight decode; instead the unsigned byte becomes the low mantissa bits of 2^23 (one byte
+// permute) and one subtraction removes 2^23 + 128.
+__device__ __forceinline__ float code_to_float(u32 biased, int i) {
+    return __uint_as_float(prmt(biased, 0x4b000000u, 0x7440u | (u32)i)) - 8388736.0f;
+}
+
 // ---- Weight chunks as f16: a fetch (global loads only) and a decode, so the loads of the next
 // step can be issued before the MMAs of the current one ----
 
@@ -47,11 +55,13 @@ struct HalfChunks<QuantRows<F>> {
     static __device__ __forceinline__ void decode(const Raw& raw, u32 chunk, u32 (&h)[8]) {
         const Chunk c = F::decode(raw, chunk & 31);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const u32 word = (u32)c.q[i / 2];
-            const float lo = (float)(int)(i8)(u8)(word >> (16 * (i % 2)));
-            const float hi = (float)(int)(i8)(u8)(word >> (16 * (i % 2) + 8));
-            h[i] = pack_f16x2(fmaf(c.scale, lo, c.offset), fmaf(c.scale, hi, c.offset));
+        for (int w = 0; w < 4; ++w) {
+            const u32 biased = (u32)c.q[w] ^ 0x80808080u;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float lo = code_to_float(biased, 2 * half), hi = code_to_float(biased, 2 * half + 1);
+                h[2 * w + half] = pack_f16x2(fmaf(c.scale, lo, c.offset), fmaf(c.scale, hi, c.offset));
+            }
         }
     }
 };
