@@ -92,6 +92,7 @@ impl RunArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
+            ..SamplingParams::default()
         }
     }
 }
