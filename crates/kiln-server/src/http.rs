@@ -159,7 +159,8 @@ async fn isolate_panics(request: Request, next: Next) -> Response {
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     match state.ready.get() {
         Some(_) => Json(json!({"status": "ok"})).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading", "error": {"message": "the model is still loading", "code": 503}}))).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading", "error": {"message": "the model is still loading", "code": 503}})))
+            .into_response(),
     }
 }
 

@@ -30,8 +30,8 @@ use tokio::sync::{oneshot, watch};
 
 use crate::http::{AppState, Ready};
 use crate::metrics::Metrics;
-use crate::scheduler::{Command, Scheduler, SchedulerHandle};
 pub use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{Command, Scheduler, SchedulerHandle};
 use crate::template::ChatTemplate;
 
 #[derive(Clone, Debug)]
@@ -133,7 +133,8 @@ pub fn serve(config: ServerConfig, load: impl FnOnce(EngineSlot) -> Result<(), S
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().map_err(|e| format!("tokio runtime: {e}"))?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.map_err(|e| format!("binding {}:{}: {e}", config.host, config.port))?;
+        let listener =
+            tokio::net::TcpListener::bind((config.host.as_str(), config.port)).await.map_err(|e| format!("binding {}:{}: {e}", config.host, config.port))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let url = format!("http://{addr}");
         eprintln!("kiln serve: bound to {url}, loading the model");

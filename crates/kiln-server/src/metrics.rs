@@ -73,7 +73,12 @@ impl Metrics {
         metric("kiln_kv_blocks_used", "gauge", "KV blocks held by running sequences.", &self.kv_blocks_used);
         metric("kiln_kv_blocks_cached", "gauge", "KV blocks held only by the prefix cache.", &self.kv_blocks_cached);
         metric("kiln_kv_blocks_total", "gauge", "KV blocks in the pool.", &self.kv_blocks_total);
-        metric("kiln_prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache instead of computed.", &self.prefix_cache_hit_tokens_total);
+        metric(
+            "kiln_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens taken from the prefix cache instead of computed.",
+            &self.prefix_cache_hit_tokens_total,
+        );
         metric("kiln_preemptions_total", "counter", "Running sequences preempted for KV blocks and recomputed later.", &self.preemptions_total);
         self.time_to_first_token.render(&mut out, "kiln_time_to_first_token_seconds", "From request arrival to its first generated token.");
         self.inter_token_latency.render(&mut out, "kiln_inter_token_latency_seconds", "Between consecutive generated tokens of a request.");

@@ -180,7 +180,10 @@ pub enum Prompt {
 }
 
 fn token_ids(items: &[Value], name: &str) -> Result<Vec<u32>, ApiError> {
-    items.iter().map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| type_error(name, "a list of token ids (non-negative integers)"))).collect()
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()).ok_or_else(|| type_error(name, "a list of token ids (non-negative integers)")))
+        .collect()
 }
 
 /// `prompt`: a string, a list of token ids, or a list holding one string or one id list.
@@ -313,7 +316,9 @@ mod tests {
         assert_eq!(completion_prompt(&obj(json!({"prompt": ["hi"]}))).unwrap(), Prompt::Text("hi".into()));
         assert_eq!(completion_prompt(&obj(json!({"prompt": [1, 2]}))).unwrap(), Prompt::Tokens(vec![1, 2]));
         assert_eq!(completion_prompt(&obj(json!({"prompt": [[3]]}))).unwrap(), Prompt::Tokens(vec![3]));
-        for bad in [json!({}), json!({"prompt": ""}), json!({"prompt": []}), json!({"prompt": [1, -2]}), json!({"prompt": {"a": 1}}), json!({"prompt": ["a", "b"]})] {
+        for bad in
+            [json!({}), json!({"prompt": ""}), json!({"prompt": []}), json!({"prompt": [1, -2]}), json!({"prompt": {"a": 1}}), json!({"prompt": ["a", "b"]})]
+        {
             assert_eq!(completion_prompt(&obj(bad.clone())).unwrap_err().param.as_deref(), Some("prompt"), "{bad}");
         }
         let ok = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});

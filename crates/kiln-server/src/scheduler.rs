@@ -76,17 +76,30 @@ pub struct Usage {
 #[derive(Debug, PartialEq)]
 pub enum Event {
     /// The sequence got its first batch slot; `cached_tokens` of its prompt came from the cache.
-    Started { cached_tokens: usize },
-    Token { id: u32, logprobs: Option<TokenLogprobs> },
-    Finished { reason: FinishReason, usage: Usage },
+    Started {
+        cached_tokens: usize,
+    },
+    Token {
+        id: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Failed(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rejection {
-    QueueFull { waiting: usize },
+    QueueFull {
+        waiting: usize,
+    },
     /// The prompt needs more KV blocks than the whole pool has.
-    TooLarge { blocks: usize, capacity: usize },
+    TooLarge {
+        blocks: usize,
+        capacity: usize,
+    },
     ShuttingDown,
 }
 
@@ -207,12 +220,15 @@ impl<B: Backend> Scheduler<B> {
     pub fn run(mut self) {
         while self.receive() {
             self.drop_cancelled();
-            let admitted = self.admit();
-            if !self.running.is_empty() {
+            self.admit();
+            if self.running.is_empty() {
+                // Nothing runs, so every block is free or evictable: a head that still does
+                // not fit never will.
+                if let Some(mut head) = self.waiting.pop_front() {
+                    head.finish(Event::Failed("the sequence does not fit in the KV cache (raise --kv-mem)".into()));
+                }
+            } else {
                 self.step();
-            } else if !admitted && !self.waiting.is_empty() {
-                // Nothing runs and the queue head cannot start: wait for the next command.
-                tracing::warn!("{} requests wait with nothing running", self.waiting.len());
             }
             self.publish_metrics();
         }
@@ -225,7 +241,7 @@ impl<B: Backend> Scheduler<B> {
 
     /// Takes the commands that arrived; blocks while there is no work. False: stop.
     fn receive(&mut self) -> bool {
-        if self.running.is_empty() {
+        if self.running.is_empty() && self.waiting.is_empty() {
             match self.commands.recv() {
                 Ok(c) => {
                     if !self.handle(c) {
@@ -306,9 +322,8 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Starts waiting requests, in order, while there are slots and blocks for their prompts
-    /// (leaving a block for each running sequence to grow). Returns whether any started.
-    fn admit(&mut self) -> bool {
-        let mut admitted = false;
+    /// (leaving a block for each running sequence to grow).
+    fn admit(&mut self) {
         while self.running.len() < self.config.max_running {
             let Some(front) = self.waiting.front() else { break };
             let tokens = &front.seq.tokens;
@@ -336,9 +351,7 @@ impl<B: Backend> Scheduler<B> {
             a.order = self.next_order;
             self.next_order += 1;
             self.running.push(a);
-            admitted = true;
         }
-        admitted
     }
 
     /// Decodes first, one token each, then prompt chunks in admission order within the budget.
@@ -465,7 +478,11 @@ impl<B: Backend> Scheduler<B> {
                 return vec![None; asks.len()];
             }
         };
-        asks.iter().zip(sampled).enumerate().map(|(row, (ask, &token))| ask.map(|n| token_logprobs(&logits[row * n_vocab..(row + 1) * n_vocab], token, n))).collect()
+        asks.iter()
+            .zip(sampled)
+            .enumerate()
+            .map(|(row, (ask, &token))| ask.map(|n| token_logprobs(&logits[row * n_vocab..(row + 1) * n_vocab], token, n)))
+            .collect()
     }
 
     fn release(&mut self, a: &mut Active) {

@@ -45,11 +45,8 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, tokenizer: &Tokenizer, inputs: &TemplateInputs) -> Result<String, TokenizerError> {
-        let messages: Vec<ChatMessage> = inputs
-            .messages
-            .iter()
-            .map(|m| ChatMessage::new(m.get("role").and_then(Value::as_str).unwrap_or_default(), message_text(m)))
-            .collect();
+        let messages: Vec<ChatMessage> =
+            inputs.messages.iter().map(|m| ChatMessage::new(m.get("role").and_then(Value::as_str).unwrap_or_default(), message_text(m))).collect();
         tokenizer.apply_chat_template_with(&self.source, &messages, inputs.add_generation_prompt)
     }
 }
