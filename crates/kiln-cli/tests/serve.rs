@@ -312,3 +312,22 @@ fn sigterm_ends_streams_with_an_error_and_exits_zero() {
         assert!(text.contains("shutting down") || text.contains("[DONE]"), "{text}");
     }
 }
+
+/// The official `openai` Python client, installed with pip when missing.
+#[test]
+fn the_openai_python_client_works_against_the_server() {
+    let python = |args: &[&str]| std::process::Command::new("python3").args(args).output();
+    let has_openai = |o: std::io::Result<std::process::Output>| o.map(|o| o.status.success()).unwrap_or(false);
+    if !has_openai(python(&["-c", "import openai"])) {
+        let pip = python(&["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"]);
+        if !has_openai(pip) || !has_openai(python(&["-c", "import openai"])) {
+            eprintln!("SKIPPED the_openai_python_client_works_against_the_server: `python3 -m pip install openai` failed");
+            return;
+        }
+    }
+    let s = Server::start(&["--chat-template", "chatml", "--alias", "stories", "--api-key", "k3y"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = python(&[script, &format!("http://{}", s.addr), "k3y"]).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+}
