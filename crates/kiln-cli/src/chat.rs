@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use clap::Parser;
-use kiln_core::{Backend, CpuBackend, SamplingParams};
+use kiln_core::{Backend, CpuBackend};
 use kiln_gguf::GgufFile;
 use kiln_models::{generate, GenerateParams, Model, ModelOptions, StopReason};
 use kiln_tokenizer::{ChatInputs, ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
 
 use crate::kv_args::KvArgs;
-use crate::run::{on_cpu_workers, open_gpu, open_model, set_threads, DeviceKind};
+use crate::run::{on_cpu_workers, open_gpu, open_model, set_threads, DeviceKind, SamplingArgs};
 use crate::CliResult;
 
 /// The ASCII record separator, on a line of its own after each reply when stdin is not a terminal.
@@ -45,22 +45,8 @@ pub struct ChatArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temperature: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// Random seed; -1 picks one.
-    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
-    pub seed: i64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
@@ -69,25 +55,6 @@ pub struct ChatArgs {
     pub device: Option<DeviceKind>,
     #[command(flatten)]
     pub kv: KvArgs,
-}
-
-impl ChatArgs {
-    fn sampling(&self) -> SamplingParams {
-        let seed = if self.seed < 0 {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-        } else {
-            self.seed as u64
-        };
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
-            seed,
-        }
-    }
 }
 
 /// What Ctrl-C does: stop the reply being generated, or, pressed twice at the prompt, quit.
@@ -152,7 +119,7 @@ impl Session<'_> {
         let n_ctx_train = kiln_models::ModelConfig::from_gguf(&file)?.n_ctx_train;
         let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx_train))?;
         let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
-        let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling: args.sampling(), stop: Vec::new() };
+        let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling: args.sampling.params(), stop: Vec::new() };
         eprintln!(
             "kiln: {} ({}), ctx {}, backend {}, seed {}",
             model.config.name.as_deref().unwrap_or("model"),

@@ -8,6 +8,7 @@ mod kv_args;
 mod quantize;
 mod random_model;
 mod run;
+mod serve;
 mod tokenize;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Measure prompt and generation speed (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (like llama-server).
+    Serve(serve::ServeArgs),
     /// Developer tools.
     Dev {
         #[command(subcommand)]
@@ -58,7 +61,7 @@ pub fn default_model() -> PathBuf {
 
 /// llama.cpp spells some long flags with one dash (`-ctk`, `-npp`, `-sys`); clap wants two.
 fn llama_style_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const ONE_DASH_LONG: [&str; 6] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl", "-sys"];
+    const ONE_DASH_LONG: [&str; 7] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl", "-np", "-sys"];
     args.map(|a| {
         let flag = a.split('=').next().unwrap_or(&a);
         if ONE_DASH_LONG.contains(&flag) {
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Quantize(a) => quantize::quantize(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Serve(a) => serve::serve(a),
         Command::Dev { command } => random_model::dev(command),
     };
     match result {

@@ -31,22 +31,8 @@ pub struct RunArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
-    pub temperature: f32,
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
-    /// Random seed; -1 picks one.
-    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
-    pub seed: i64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop when the output contains this text (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
@@ -77,8 +63,29 @@ pub fn open_gpu() -> CliResult<CudaBackend> {
     Ok(CudaBackend::new(0)?)
 }
 
-impl RunArgs {
-    pub fn sampling(&self) -> SamplingParams {
+/// The sampler's flags, as llama-cli's.
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed; -1 picks one.
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
         let seed = if self.seed < 0 {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         } else {
@@ -92,6 +99,7 @@ impl RunArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
+            ..SamplingParams::default()
         }
     }
 }
@@ -142,7 +150,7 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
     let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx_train))?;
     let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
-    let sampling = args.sampling();
+    let sampling = args.sampling.params();
     eprintln!(
         "kiln: {} ({}), {} layers, ctx {}, backend {}, seed {}",
         model.config.name.as_deref().unwrap_or("model"),

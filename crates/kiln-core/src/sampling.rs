@@ -15,15 +15,29 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Divides positive (multiplies negative) logits of recent tokens; 1.0 is off.
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every token among the recent ones; 0 is off.
+    pub presence_penalty: f32,
+    /// Subtracted from a recent token's logit once per occurrence; 0 is off.
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
 impl Default for SamplingParams {
     /// llama.cpp's defaults.
     fn default() -> Self {
-        SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
     }
 }
 
@@ -51,10 +65,17 @@ pub fn uniform(seed: u64, draw: u64) -> f32 {
     (bits >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
 }
 
-/// Applies the repetition penalty to `logits` in place, once per distinct
-/// token among the last `repeat_last_n` of `history`.
+/// Whether any penalty changes logits.
+pub fn penalizes(params: &SamplingParams) -> bool {
+    params.repeat_last_n != 0 && (params.repeat_penalty != 1.0 || params.presence_penalty != 0.0 || params.frequency_penalty != 0.0)
+}
+
+/// Applies the penalties to `logits` in place, as llama.cpp's penalties sampler: once per
+/// distinct token among the last `repeat_last_n` of `history`, the repetition penalty, then
+/// minus `count * frequency_penalty + presence_penalty`. The GPU sampler computes the same
+/// expressions in the same order, unfused.
 pub fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], params: &SamplingParams) {
-    if params.repeat_penalty == 1.0 || params.repeat_last_n == 0 {
+    if !penalizes(params) {
         return;
     }
     let recent = &history[history.len().saturating_sub(params.repeat_last_n)..];
@@ -63,8 +84,10 @@ pub fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], params: &Sampli
         if t >= logits.len() || recent[..i].contains(&tok) {
             continue;
         }
+        let count = recent[i..].iter().filter(|&&x| x == tok).count() as f32;
         let l = &mut logits[t];
         *l = if *l > 0.0 { *l / params.repeat_penalty } else { *l * params.repeat_penalty };
+        *l -= count * params.frequency_penalty + params.presence_penalty;
     }
 }
 
@@ -190,6 +213,19 @@ mod tests {
         let p = SamplingParams { repeat_penalty: 2.0, ..SamplingParams::greedy() };
         apply_repeat_penalty(&mut l, &[0, 1, 0, 0], &p);
         assert_eq!(l, vec![1.0, -4.0, 1.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_counts() {
+        let mut l = vec![2.0, -2.0, 1.0, 0.5];
+        let p = SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, ..SamplingParams::greedy() };
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 0], &p);
+        assert_eq!(l, vec![2.0 - 0.75 - 0.5, -2.0 - 0.25 - 0.5, 1.0, 0.5]);
+        let both = SamplingParams { repeat_penalty: 2.0, frequency_penalty: 1.0, repeat_last_n: 2, ..SamplingParams::greedy() };
+        let mut l = vec![2.0, -2.0, 1.0];
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 0], &both);
+        assert_eq!(l, vec![2.0 / 2.0 - 2.0, -2.0, 1.0]);
+        assert!(!penalizes(&SamplingParams { presence_penalty: 1.0, repeat_last_n: 0, ..SamplingParams::greedy() }));
     }
 
     #[test]

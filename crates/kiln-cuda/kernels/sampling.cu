@@ -1,5 +1,6 @@
-// Token sampling on the GPU, reproducing kiln_core::sampling: repetition penalty, top-k,
-// top-p, min-p, temperature, then one draw of the same counter-based uniform number.
+// Token sampling on the GPU, reproducing kiln_core::sampling: repetition, presence and
+// frequency penalties, top-k, top-p, min-p, temperature, then one draw of the same
+// counter-based uniform number.
 //
 // One block of SAMPLE_THREADS threads. Tokens are ranked by a 64-bit composite key (the
 // logit's order-preserving bits, then the complement of the id), so "descending logit, ties
@@ -53,19 +54,34 @@ struct SampleShared {
     u32 best_id[SAMPLE_THREADS / 32];
 };
 
-// The logits with the repetition penalty applied on the fly (bit i of `penalized` marks token i).
+// The logits with the penalties applied on the fly (bit i of `penalized` marks token i), in
+// kiln_core::sampling::apply_repeat_penalty's order and rounding (no fused multiply-add).
 struct VocabSource {
     const float* logits;
     const u32* penalized;
     u32 n;
     float penalty;
     bool penalize;
+    float presence;
+    float frequency;
+    // The penalty window: the last `window` tokens of the history.
+    const u32* recent;
+    u32 window;
     __device__ u32 size() const { return n; }
     __device__ u32 id(u32 i) const { return i; }
     __device__ float value(u32 i) const {
-        const float v = logits[i];
+        float v = logits[i];
         if (penalize && ((penalized[i >> 5] >> (i & 31)) & 1u)) {
-            return v > 0.0f ? v / penalty : v * penalty;
+            v = v > 0.0f ? v / penalty : v * penalty;
+            // Only penalized tokens pay for counting, and only with a frequency penalty.
+            u32 count = 1;
+            if (frequency != 0.0f) {
+                count = 0;
+                for (u32 j = 0; j < window; ++j) {
+                    count += recent[j] == i;
+                }
+            }
+            v = __fsub_rn(v, __fadd_rn(__fmul_rn((float)count, frequency), presence));
         }
         return v;
     }
@@ -287,16 +303,18 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f3
     const float* logits = all_logits + (u64)rec[SAMPLE_LOGIT_ROW] * n_vocab;
     const float penalty = __uint_as_float(rec[SAMPLE_REPEAT_PENALTY]);
     const u32 last_n = rec[SAMPLE_REPEAT_LAST_N];
-    const bool penalize = penalty != 1.0f && last_n != 0;
+    const float presence = __uint_as_float(rec[SAMPLE_PRESENCE_PENALTY]);
+    const float frequency = __uint_as_float(rec[SAMPLE_FREQUENCY_PENALTY]);
+    const bool penalize = last_n != 0 && (penalty != 1.0f || presence != 0.0f || frequency != 0.0f);
+    const u32 n_history = rec[SAMPLE_N_HISTORY];
+    const u32* history = step + step[STEP_HISTORY_AT] + rec[SAMPLE_HISTORY_AT];
+    const u32 window = min(last_n, n_history);
     if (penalize) {
         for (u32 w = tid; w < (n_vocab + 31) / 32; w += SAMPLE_THREADS) {
             penalized[w] = 0;
         }
         __syncthreads();
         // Once per distinct token of the window: a bit set twice is still one bit.
-        const u32 n_history = rec[SAMPLE_N_HISTORY];
-        const u32* history = step + step[STEP_HISTORY_AT] + rec[SAMPLE_HISTORY_AT];
-        const u32 window = min(last_n, n_history);
         for (u32 i = tid; i < window; i += SAMPLE_THREADS) {
             const u32 token = history[n_history - window + i];
             if (token < n_vocab) {
@@ -305,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f3
         }
         __syncthreads();
     }
-    const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize};
+    const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize, presence, frequency, history + (n_history - window), window};
 
     // The largest value and its lowest id (the greedy answer).
     float best = NEG_INF;

@@ -47,6 +47,8 @@ pub mod word {
     pub const SAMPLE_REPEAT_LAST_N: usize = 11;
     pub const SAMPLE_HISTORY_AT: usize = 12;
     pub const SAMPLE_N_HISTORY: usize = 13;
+    pub const SAMPLE_PRESENCE_PENALTY: usize = 14;
+    pub const SAMPLE_FREQUENCY_PENALTY: usize = 15;
     pub const SAMPLE_WORDS: usize = 16;
 
     pub const TILE_SEQ: usize = 0;
@@ -175,6 +177,8 @@ impl PlanLayout {
             rec[word::SAMPLE_REPEAT_LAST_N] = saturate(p.repeat_last_n);
             rec[word::SAMPLE_HISTORY_AT] = s.history_at;
             rec[word::SAMPLE_N_HISTORY] = s.n_history;
+            rec[word::SAMPLE_PRESENCE_PENALTY] = p.presence_penalty.to_bits();
+            rec[word::SAMPLE_FREQUENCY_PENALTY] = p.frequency_penalty.to_bits();
         }
         out[self.history_at..self.history_at + plan.history.len()].copy_from_slice(&plan.history);
         for (i, t) in plan.tiles.iter().enumerate() {
@@ -244,6 +248,8 @@ mod tests {
             ("SAMPLE_REPEAT_LAST_N", word::SAMPLE_REPEAT_LAST_N),
             ("SAMPLE_HISTORY_AT", word::SAMPLE_HISTORY_AT),
             ("SAMPLE_N_HISTORY", word::SAMPLE_N_HISTORY),
+            ("SAMPLE_PRESENCE_PENALTY", word::SAMPLE_PRESENCE_PENALTY),
+            ("SAMPLE_FREQUENCY_PENALTY", word::SAMPLE_FREQUENCY_PENALTY),
             ("SAMPLE_WORDS", word::SAMPLE_WORDS),
             ("TILE_SEQ", word::TILE_SEQ),
             ("TILE_FIRST_TOKEN", word::TILE_FIRST_TOKEN),

@@ -59,7 +59,15 @@ fn greedy_and_top_k_one_sampling_are_identical_to_cpu() {
             let history: Vec<u32> = (0..rng.gen_range(0..300)).map(|_| rng.gen_range(0..n_vocab as u32 + 5)).collect();
             let gpu_logits = upload(&pair.gpu, &logits);
             let penalties = [1.0, 1.3, 0.7];
-            let greedy = SamplingParams { repeat_penalty: penalties[trial % 3], repeat_last_n: 64, ..SamplingParams::greedy() };
+            // Small vocabularies repeat tokens in the window, so frequency counts above one are checked.
+            let (presence, frequency) = [(0.0, 0.0), (0.5, 0.0), (0.3, 0.9)][(trial / 2) % 3];
+            let greedy = SamplingParams {
+                repeat_penalty: penalties[trial % 3],
+                repeat_last_n: 64,
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                ..SamplingParams::greedy()
+            };
             let (cpu, gpu) = sample_both(&mut pair, &logits, &gpu_logits, &greedy, &history, trial as u64);
             assert_eq!(gpu, cpu, "greedy, vocab {n_vocab}, trial {trial}");
             let top1 = SamplingParams { temperature: 1.7, top_k: 1, seed: trial as u64, ..greedy };
@@ -82,6 +90,7 @@ fn draws_match_cpu_draw_for_draw() {
         (512, base),
         (512, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..base }),
         (32_000, SamplingParams { repeat_penalty: 1.2, ..base }),
+        (32_000, SamplingParams { repeat_penalty: 1.1, presence_penalty: 0.4, frequency_penalty: 0.3, ..base }),
         (151_936, SamplingParams { top_k: 300, top_p: 0.8, min_p: 0.01, temperature: 0.9, ..base }),
     ];
     for (n_vocab, params) in cases {
@@ -271,6 +280,7 @@ fn each_sequence_of_a_step_samples_its_own_row() {
                 SamplingParams { top_k: 40, top_p: 1.0, min_p: 0.0, temperature: 0.9, seed: 1000 + round, ..base },
                 SamplingParams { top_k: 1, repeat_penalty: 0.7, seed: 7, ..base },
                 SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.1, temperature: 1.1, repeat_penalty: 1.1, seed: 2000 + round, ..base },
+                SamplingParams { presence_penalty: 1.5, frequency_penalty: 0.7, repeat_last_n: 64, ..SamplingParams::greedy() },
             ];
             let k = params.len();
             // Odd rounds: the first sequence feeds 3 tokens and asks for all their logits, so

@@ -48,6 +48,11 @@ impl Sequence {
         &self.blocks
     }
 
+    /// New blocks a step feeding its next `n_tokens` tokens takes from the pool.
+    pub fn blocks_to_feed(&self, n_tokens: usize) -> usize {
+        (self.n_cached + n_tokens).div_ceil(KV_BLOCK_SIZE).saturating_sub(self.blocks.len())
+    }
+
     /// Forgets everything after the first `n` cached tokens (the blocks stay with the sequence).
     pub fn truncate(&mut self, n: usize) {
         self.n_cached = self.n_cached.min(n);
@@ -204,6 +209,39 @@ impl<B: Backend> Engine<B> {
         seq.n_cached = 0;
     }
 
+    /// Starts `seq` on full blocks that already hold the keys and values of its first
+    /// `blocks.len() * KV_BLOCK_SIZE` tokens (a shared prefix): each block gets one more
+    /// reference and those tokens count as cached. At least one token must stay to be fed, so
+    /// the block the sequence writes next is its own and shared blocks are never written.
+    pub fn attach_prefix(&mut self, seq: &mut Sequence, blocks: &[u32]) -> Result<()> {
+        let n_cached = blocks.len() * KV_BLOCK_SIZE;
+        if !seq.blocks.is_empty() || seq.n_cached != 0 {
+            return Err(ModelError::BadKvBlock("a prefix can only be attached to a sequence without blocks".into()));
+        }
+        if n_cached >= seq.tokens.len() {
+            return Err(ModelError::BadKvBlock(format!("a prefix of {n_cached} positions leaves none of the {} tokens to feed", seq.tokens.len())));
+        }
+        for (i, &b) in blocks.iter().enumerate() {
+            if let Err(e) = self.pool.blocks.retain(b) {
+                blocks[..i].iter().for_each(|&r| drop(self.pool.blocks.release(r)));
+                return Err(e);
+            }
+        }
+        seq.blocks.extend_from_slice(blocks);
+        seq.n_cached = n_cached;
+        Ok(())
+    }
+
+    /// Adds a reference to a block in use, for a holder outside any sequence (a prefix cache).
+    pub fn retain_block(&mut self, block: u32) -> Result<()> {
+        self.pool.blocks.retain(block)
+    }
+
+    /// Drops a reference taken with [`Engine::retain_block`].
+    pub fn release_block(&mut self, block: u32) -> Result<()> {
+        self.pool.blocks.release(block)
+    }
+
     /// Runs one step over `work` and returns the sampled tokens, one per work item that
     /// samples, in order. Blocks are taken from the pool first; when it runs out, nothing
     /// runs and the error says how many were missing, so the caller can wait or fail.
@@ -224,7 +262,7 @@ impl<B: Backend> Engine<B> {
             if let Some(&id) = w.seq.tokens[w.seq.n_cached..end].iter().find(|&&t| t as usize >= vocab) {
                 return Err(ModelError::BadToken { id, n_vocab: vocab });
             }
-            needed += end.div_ceil(KV_BLOCK_SIZE).saturating_sub(w.seq.blocks.len());
+            needed += w.seq.blocks_to_feed(w.n_tokens);
         }
         if needed > self.pool.blocks.available() {
             return Err(ModelError::OutOfKvBlocks { needed, available: self.pool.blocks.available(), capacity: self.pool.blocks.capacity() });

@@ -235,3 +235,41 @@ fn truncated_model_continues_as_if_fed_from_scratch() {
     assert!(rel_l2(&got, &want) < 1e-5, "rel L2 {}", rel_l2(&got, &want));
     assert_eq!(reused.cached_tokens(), &whole[..]);
 }
+
+/// A sequence started on another sequence's full blocks computes the same logits as one that
+/// fed the whole prompt, and the shared blocks are counted once per holder.
+#[test]
+fn attached_prefix_blocks_give_the_same_logits_as_recomputing() {
+    let (backend, w) = weights(&stories());
+    let options = EngineOptions { max_seq_len: 256, max_seqs: 2, max_batch_tokens: 256, ..EngineOptions::default() };
+    let mut engine = Engine::new(backend, w.clone(), &options).unwrap();
+    let prompt = prompts(w.config.n_vocab, &[70], 3).remove(0);
+    let mut first = Sequence::new(prompt.clone(), Default::default());
+    engine.step(&mut [SeqWork { seq: &mut first, n_tokens: 70, logits: LogitRows::Last, sample: false }]).unwrap();
+    let want = engine.logits().unwrap().to_vec();
+    let shared = &first.blocks()[..2].to_vec();
+
+    let mut second = Sequence::new(prompt.clone(), Default::default());
+    engine.attach_prefix(&mut second, shared).unwrap();
+    assert_eq!((second.n_cached(), second.n_pending(), second.blocks_to_feed(6)), (64, 6, 1));
+    assert!(shared.iter().all(|&b| engine.pool().allocator().refs(b) == 2));
+    engine.step(&mut [SeqWork { seq: &mut second, n_tokens: 6, logits: LogitRows::Last, sample: false }]).unwrap();
+    assert_eq!(engine.logits().unwrap(), &want[..]);
+    assert_ne!(second.blocks()[2], first.blocks()[2], "the block a sequence writes is its own");
+
+    // A prefix covering every token, or a sequence that already has blocks, is refused untouched.
+    let mut whole = Sequence::new(prompt[..64].to_vec(), Default::default());
+    assert!(matches!(engine.attach_prefix(&mut whole, shared), Err(ModelError::BadKvBlock(_))));
+    assert!(matches!(engine.attach_prefix(&mut second, shared), Err(ModelError::BadKvBlock(_))));
+    let mut stale = Sequence::new(prompt.clone(), Default::default());
+    assert!(engine.attach_prefix(&mut stale, &[shared[0], 200]).is_err());
+    assert!(stale.blocks().is_empty() && engine.pool().allocator().refs(shared[0]) == 2);
+
+    engine.retain_block(shared[0]).unwrap();
+    engine.release(&mut first);
+    engine.release(&mut second);
+    assert_eq!(engine.pool().allocator().refs(shared[0]), 1);
+    engine.release_block(shared[0]).unwrap();
+    assert!(engine.release_block(shared[0]).is_err());
+    assert_eq!(engine.pool().allocator().in_use(), 0);
+}

@@ -79,7 +79,17 @@ fn decode_loop(id: u64, steps: u64) -> usize {
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let options = ModelOptions { n_ctx: Some(256), ..Default::default() };
     let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
-    let sampling = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.1, repeat_last_n: 64, seed: 5 };
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed: 5,
+    };
     let mut tok = model.prompt(&[1], &sampling).unwrap();
     // Warm-up: thread-local scratch, sampler buffers and the sequence's token vector reach
     // their final size.

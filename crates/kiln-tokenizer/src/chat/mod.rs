@@ -16,7 +16,7 @@ use serde_json::{Map, Value as Json};
 use crate::TokenizerError;
 
 pub use builtin::{builtin_template, BUILTIN_TEMPLATES};
-pub use time::unix_seconds;
+pub use time::{strftime, unix_seconds};
 
 /// One chat turn with plain text content (see [`ChatInputs`] for full JSON messages).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

@@ -1,0 +1,324 @@
+//! `/v1/completions` and `/v1/chat/completions`: checks a request, hands it to the scheduler,
+//! and turns its token events into text (whole UTF-8 characters only, stop strings held back)
+//! as one JSON response or as server-sent events, one chunk per token.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kiln_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::error::ApiError;
+use crate::http::AppState;
+use crate::request::{completion_prompt, generation_fields, GenerationFields, Prompt};
+use crate::scheduler::{Event, GenerationRequest, Rejection, TokenLogprobs, Usage};
+use crate::stop::StopMatcher;
+use crate::utf8::Utf8Assembler;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Completion,
+    Chat,
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let o = state.read_body(&headers, body).await?;
+    let ready = state.ready()?;
+    let fields = generation_fields(&o, false)?;
+    let prompt = match completion_prompt(&o)? {
+        Prompt::Text(text) => ready.tokenizer.encode(&text, true, true),
+        Prompt::Tokens(ids) => {
+            ready.check_tokens(&ids, "prompt")?;
+            ids
+        }
+    };
+    generate(state.clone(), Api::Completion, prompt, "prompt", fields).await
+}
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let o = state.read_body(&headers, body).await?;
+    let ready = state.ready()?;
+    let fields = generation_fields(&o, true)?;
+    let text = ready.render_chat(&o, true)?;
+    let prompt = ready.tokenize_chat(&text);
+    generate(state.clone(), Api::Chat, prompt, "messages", fields).await
+}
+
+fn rejected(r: Rejection) -> ApiError {
+    match r {
+        Rejection::QueueFull { .. } => ApiError::unavailable(r.to_string(), 1),
+        Rejection::TooLarge { .. } => ApiError::field("prompt", r),
+        Rejection::ShuttingDown => ApiError::unavailable(r.to_string(), 5),
+    }
+}
+
+async fn generate(state: Arc<AppState>, api: Api, prompt: Vec<u32>, prompt_field: &str, fields: GenerationFields) -> Result<Response, ApiError> {
+    let ready = state.ready()?;
+    let n_ctx = ready.n_ctx;
+    if prompt.len() >= n_ctx {
+        return Err(ApiError::field(prompt_field, format!("the prompt has {} tokens and the context holds {n_ctx} (raise -c)", prompt.len())));
+    }
+    let room = n_ctx - prompt.len();
+    let max_tokens = fields.max_tokens.unwrap_or(room);
+    if max_tokens > room {
+        let name = if api == Api::Chat { "max_completion_tokens" } else { "max_tokens" };
+        return Err(ApiError::field(
+            name,
+            format!("{max_tokens} tokens after a prompt of {} do not fit in the context of {n_ctx}; at most {room} can be generated", prompt.len()),
+        ));
+    }
+    let n_prompt = prompt.len();
+    let request = GenerationRequest { prompt, sampling: fields.sampling, max_tokens, ignore_eos: fields.ignore_eos, top_logprobs: fields.logprobs };
+    let events = state.scheduler.submit(request).await.map_err(rejected)?;
+    let id = state.next_id();
+    let out = Output {
+        tokenizer: ready.tokenizer.clone(),
+        utf8: Utf8Assembler::default(),
+        stop: StopMatcher::new(fields.stop.clone()),
+        usage: Usage { prompt_tokens: n_prompt, ..Usage::default() },
+        api,
+        logprobs: fields.logprobs.is_some(),
+        text_offset: 0,
+    };
+    let meta = ResponseMeta {
+        id: format!("{}-{id}", if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: ready.model_name.clone(),
+        api,
+    };
+    if fields.stream {
+        Ok(stream_response(events, out, meta, fields.include_usage))
+    } else {
+        whole_response(events, out, meta).await
+    }
+}
+
+struct ResponseMeta {
+    id: String,
+    created: u64,
+    model: String,
+    api: Api,
+}
+
+impl ResponseMeta {
+    fn object(&self, streamed: bool) -> &'static str {
+        match (self.api, streamed) {
+            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Completion, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, streamed: bool, choices: Value) -> Value {
+        json!({"id": self.id, "object": self.object(streamed), "created": self.created, "model": self.model, "choices": choices})
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// What one event turned into.
+enum Step {
+    Text { text: String, logprobs: Option<Value> },
+    Finished { tail: String, reason: &'static str },
+    Failed(String),
+    Nothing,
+}
+
+/// One request's output side: detokenizing, stop strings, counting.
+struct Output {
+    tokenizer: Arc<Tokenizer>,
+    utf8: Utf8Assembler,
+    stop: StopMatcher,
+    usage: Usage,
+    api: Api,
+    logprobs: bool,
+    text_offset: usize,
+}
+
+impl Output {
+    fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.tokenizer.piece(id, true)).into_owned()
+    }
+
+    fn logprob_entry(&self, id: u32, lp: &TokenLogprobs) -> Value {
+        match self.api {
+            Api::Chat => {
+                let entry = |id: u32, logprob: f32| {
+                    let text = self.token_text(id);
+                    json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+                };
+                let mut e = entry(id, lp.logprob);
+                e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+                e
+            }
+            Api::Completion => {
+                let top: serde_json::Map<String, Value> = lp.top.iter().map(|&(t, l)| (self.token_text(t), json!(l))).collect();
+                json!({"token": self.token_text(id), "logprob": lp.logprob, "top": top, "offset": self.text_offset})
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: Event) -> Step {
+        match event {
+            Event::Started { cached_tokens } => {
+                self.usage.cached_tokens = cached_tokens;
+                Step::Nothing
+            }
+            Event::Token { id, logprobs } => {
+                self.usage.completion_tokens += 1;
+                let logprobs = match (&logprobs, self.logprobs) {
+                    (Some(lp), true) => Some(self.logprob_entry(id, lp)),
+                    _ => None,
+                };
+                let piece = self.utf8.push(self.tokenizer.piece(id, false));
+                let released = self.stop.push(&piece);
+                self.text_offset += released.text.len();
+                if released.stopped {
+                    return Step::Finished { tail: released.text, reason: "stop" };
+                }
+                Step::Text { text: released.text, logprobs }
+            }
+            Event::Finished { reason, usage } => {
+                self.usage = usage;
+                let rest = self.utf8.finish();
+                let released = self.stop.push(&rest);
+                let tail = if released.stopped { released.text } else { released.text + &self.stop.finish() };
+                Step::Finished { tail, reason: if released.stopped { "stop" } else { reason.as_str() } }
+            }
+            Event::Failed(message) => Step::Failed(message),
+        }
+    }
+}
+
+/// Completion logprobs: the legacy parallel arrays, from per-token entries.
+fn completion_logprobs(entries: &[Value]) -> Value {
+    let pick = |key: &str| entries.iter().map(|e| e[key].clone()).collect::<Vec<_>>();
+    json!({"tokens": pick("token"), "token_logprobs": pick("logprob"), "top_logprobs": pick("top"), "text_offset": pick("offset")})
+}
+
+fn logprobs_field(api: Api, entries: &[Value]) -> Value {
+    match api {
+        Api::Chat => json!({"content": entries}),
+        Api::Completion => completion_logprobs(entries),
+    }
+}
+
+fn choice(api: Api, streamed: bool, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+    match (api, streamed) {
+        (Api::Completion, _) => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
+        (Api::Chat, false) => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}),
+        (Api::Chat, true) => {
+            let delta = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
+            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+        }
+    }
+}
+
+async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, meta: ResponseMeta) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut entries = Vec::new();
+    loop {
+        let Some(event) = events.recv().await else {
+            return Err(ApiError::unavailable(Rejection::ShuttingDown.to_string(), 5));
+        };
+        match out.on_event(event) {
+            Step::Nothing => {}
+            Step::Text { text: t, logprobs } => {
+                text.push_str(&t);
+                entries.extend(logprobs);
+            }
+            Step::Finished { tail, reason } => {
+                text.push_str(&tail);
+                let logprobs = if out.logprobs { logprobs_field(meta.api, &entries) } else { Value::Null };
+                let mut body = meta.envelope(false, json!([choice(meta.api, false, &text, logprobs, Some(reason))]));
+                body["usage"] = usage_json(&out.usage);
+                return Ok(Json(body).into_response());
+            }
+            Step::Failed(message) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
+        }
+    }
+}
+
+fn sse(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+struct StreamState {
+    events: UnboundedReceiver<Event>,
+    out: Output,
+    meta: ResponseMeta,
+    include_usage: bool,
+    /// Sent before the first event (the chat role chunk).
+    prelude: Option<String>,
+    ended: bool,
+}
+
+impl StreamState {
+    /// The next piece of the event stream; `None` once it is over.
+    async fn next(&mut self) -> Option<String> {
+        if self.ended {
+            return None;
+        }
+        if let Some(p) = self.prelude.take() {
+            return Some(p);
+        }
+        loop {
+            let Some(event) = self.events.recv().await else {
+                self.ended = true;
+                let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Rejection::ShuttingDown.to_string());
+                return Some(sse(&error.body()));
+            };
+            let api = self.meta.api;
+            let logprobs_of = |lp: Option<Value>| lp.map(|e| logprobs_field(api, &[e])).unwrap_or(Value::Null);
+            match self.out.on_event(event) {
+                Step::Nothing => continue,
+                Step::Text { text, logprobs } => {
+                    return Some(sse(&self.meta.envelope(true, json!([choice(api, true, &text, logprobs_of(logprobs), None)]))));
+                }
+                Step::Finished { tail, reason } => {
+                    self.ended = true;
+                    // Dropping the receiver cancels a sequence that a stop string ended.
+                    self.events.close();
+                    let mut s = String::new();
+                    if !tail.is_empty() {
+                        s += &sse(&self.meta.envelope(true, json!([choice(api, true, &tail, Value::Null, None)])));
+                    }
+                    s += &sse(&self.meta.envelope(true, json!([choice(api, true, "", Value::Null, Some(reason))])));
+                    if self.include_usage {
+                        let mut u = self.meta.envelope(true, json!([]));
+                        u["usage"] = usage_json(&self.out.usage);
+                        s += &sse(&u);
+                    }
+                    s += "data: [DONE]\n\n";
+                    return Some(s);
+                }
+                Step::Failed(message) => {
+                    self.ended = true;
+                    return Some(sse(&ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).body()));
+                }
+            }
+        }
+    }
+}
+
+fn stream_response(events: UnboundedReceiver<Event>, out: Output, meta: ResponseMeta, include_usage: bool) -> Response {
+    let prelude = (meta.api == Api::Chat)
+        .then(|| sse(&meta.envelope(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))));
+    let state = StreamState { events, out, meta, include_usage, prelude, ended: false };
+    let stream = futures_util::stream::unfold(state, |mut s| async move { s.next().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), s)) });
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
+}

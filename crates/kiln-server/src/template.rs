@@ -1,0 +1,86 @@
+//! The one adapter between the server and chat-template rendering (`kiln_tokenizer::ChatTemplate`,
+//! which renders as transformers' `apply_chat_template`): picks the template and turns a request's
+//! OpenAI-shaped messages into the template's inputs.
+
+use kiln_tokenizer::{ChatInputs, ChatTemplate, Tokenizer, TokenizerError};
+use serde_json::Value;
+
+use crate::request::Object;
+
+/// What a template renders.
+pub struct TemplateInputs<'a> {
+    pub messages: &'a [Value],
+    pub tools: Option<&'a Value>,
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs`: extra variables for the template.
+    pub extra: Option<&'a Object>,
+}
+
+/// `--chat-template NAME|FILE` when given, else the model's own template; none when neither
+/// exists (chat requests are then refused with a message naming the flag).
+pub fn resolve(requested: Option<&str>, from_model: Option<&str>) -> Result<Option<ChatTemplate>, String> {
+    if requested.is_none() && from_model.is_none() {
+        return Ok(None);
+    }
+    ChatTemplate::resolve(requested, from_model).map(Some).map_err(|e| e.to_string())
+}
+
+/// Renders a chat request's prompt with the model's BOS/EOS text. Tool-call arguments sent as
+/// the OpenAI wire format's JSON string are parsed into objects first (the convention of
+/// Hugging Face templates, and what llama.cpp does); strings that are not JSON objects stay.
+pub fn render(template: &ChatTemplate, tokenizer: &Tokenizer, inputs: &TemplateInputs) -> Result<String, TokenizerError> {
+    let messages = Value::Array(inputs.messages.iter().map(with_parsed_arguments).collect());
+    template.render(&ChatInputs {
+        messages: &messages,
+        tools: inputs.tools,
+        add_generation_prompt: inputs.add_generation_prompt,
+        extra: inputs.extra,
+        bos_token: tokenizer.bos_text(),
+        eos_token: tokenizer.eos_text(),
+        now: None,
+    })
+}
+
+fn with_parsed_arguments(message: &Value) -> Value {
+    let mut message = message.clone();
+    if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for call in calls {
+            if let Some(arguments) = call.pointer_mut("/function/arguments") {
+                if let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()).filter(Value::is_object) {
+                    *arguments = parsed;
+                }
+            }
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_files_and_the_model_template_resolve() {
+        assert!(resolve(None, None).unwrap().is_none());
+        assert_eq!(resolve(None, Some("{{ x }}")).unwrap().unwrap().source(), "{{ x }}");
+        assert_eq!(resolve(Some("chatml"), Some("{{ x }}")).unwrap().unwrap().source(), kiln_tokenizer::CHATML_TEMPLATE);
+        let file = std::env::temp_dir().join(format!("kiln-template-{}", std::process::id()));
+        std::fs::write(&file, "{{ messages[0].content }}").unwrap();
+        assert_eq!(resolve(Some(file.to_str().unwrap()), None).unwrap().unwrap().source(), "{{ messages[0].content }}");
+        std::fs::remove_file(&file).unwrap();
+        assert!(resolve(Some("no-such-template"), None).unwrap_err().contains("chatml"));
+    }
+
+    #[test]
+    fn string_arguments_become_objects_when_they_are_json_objects() {
+        let m = json!({"role": "assistant", "tool_calls": [
+            {"function": {"name": "f", "arguments": "{\"a\": 1}"}},
+            {"function": {"name": "g", "arguments": "not json"}},
+            {"function": {"name": "h", "arguments": {"b": 2}}}]});
+        let parsed = with_parsed_arguments(&m);
+        assert_eq!(parsed["tool_calls"][0]["function"]["arguments"], json!({"a": 1}));
+        assert_eq!(parsed["tool_calls"][1]["function"]["arguments"], "not json");
+        assert_eq!(parsed["tool_calls"][2]["function"]["arguments"], json!({"b": 2}));
+    }
+}
