@@ -9,52 +9,72 @@
 #include "matvec.cuh"
 
 #define MV_ARGS const i8* xq, const float2* xds, float* out, u32 rows
+// MV_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats it
+// has; without it every format is compiled (the compile check).
+#ifndef MV_TYPE
+#define MV_TYPE -1
+#endif
+#define MV_WANTS(ggml_type) (MV_TYPE < 0 || MV_TYPE == (ggml_type))
 
+#if MV_WANTS(8)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ8_0>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ8_0>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(2)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ4_0>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ4_0>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(3)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ4_1>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ4_1>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(6)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ5_0>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ5_0>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(7)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ5_1>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ5_1>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(20)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtIQ4_NL>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ4_NL>(gate, up, xq, xds, out, rows);
 }
+#endif
 
+#if MV_WANTS(41)
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate) {
     matvec_one<FmtQ1_0>(w, xq, xds, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ1_0>(gate, up, xq, xds, out, rows);
 }
+#endif

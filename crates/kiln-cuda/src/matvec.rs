@@ -151,10 +151,17 @@ impl KernelSlots {
     }
 }
 
-/// The modules `w`'s kernels come from on the common paths: one-token mat-vec (decode),
-/// every mat-mat tile (prompts and large batches) and the embedding lookup.
+/// The modules `w`'s kernels come from: the mat-vec for every token count and launch shape the
+/// tuner may time (decode and small batches; a quantized format's modules hold only its own
+/// kernels, so they compile quickly), every mat-mat tile (prompts and large batches) and the
+/// embedding lookup.
 pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
-    let mut kernels = vec![Kernel::Matvec { ntok: 1, swiglu: false, shape: default_shape(1) }, Kernel::Embed];
+    let shapes = if w.is_quantized() { 0..MATVEC_SHAPES.len() } else { 0..1 };
+    let mut kernels = vec![Kernel::Embed];
+    for ntok in 1..=MAX_MATVEC_TOKENS {
+        let float_shape = default_shape(ntok);
+        kernels.extend(shapes.clone().map(|shape| Kernel::Matvec { ntok, swiglu: false, shape: if w.is_quantized() { shape } else { float_shape } }));
+    }
     kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
     kernels
         .into_iter()
@@ -188,7 +195,7 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let s = MATVEC_SHAPES[shape];
             let mut defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(s.rows_per_warp))];
             if matches!(storage, Storage::Quant { .. }) {
-                defines.push(("MV_BATCH", i64::from(s.batch)));
+                defines.extend([("MV_BATCH", i64::from(s.batch)), ("MV_TYPE", kernel_type_id(suffix))]);
             }
             (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
         }
