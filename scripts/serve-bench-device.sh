@@ -21,8 +21,10 @@ server=$!
 stop() { kill -TERM "$server" 2> /dev/null && wait "$server" || true; }
 trap stop EXIT
 
+# The GPU machine may lack curl: Python's standard library fetches instead.
+fetch() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
 for _ in $(seq 600); do
-    if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; then
+    if fetch "http://127.0.0.1:$PORT/health" > /dev/null 2>&1; then
         break
     fi
     if ! kill -0 "$server" 2> /dev/null; then
@@ -32,6 +34,8 @@ for _ in $(seq 600); do
     fi
     sleep 0.5
 done
-curl -sf "http://127.0.0.1:$PORT/health" > /dev/null || { echo "kiln serve not healthy after 300 s" >&2; exit 1; }
+fetch "http://127.0.0.1:$PORT/health" > /dev/null || { echo "kiln serve not healthy after 300 s" >&2; exit 1; }
+# One unmeasured pass first: kernel shapes are measured at their first use per batch size.
+python3 scripts/load-test.py --url "http://127.0.0.1:$PORT" --concurrency 64,32,8,1 --rounds 1 > "$LOG/warm-up.md"
 python3 scripts/load-test.py --url "http://127.0.0.1:$PORT" --concurrency 1,8,32,64 --rounds 3 "$@" | tee "$LOG/load-test.md"
-curl -s "http://127.0.0.1:$PORT/metrics" > "$LOG/metrics.txt" || true
+fetch "http://127.0.0.1:$PORT/metrics" > "$LOG/metrics.txt" || true
