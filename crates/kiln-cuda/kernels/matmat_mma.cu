@@ -47,6 +47,10 @@
 // kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
+// kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=64,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
+// kiln-test-defines: MMA_BM=32,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
+// kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=3
+// kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
 
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
@@ -123,158 +127,162 @@ extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float*
 #define MMA_TYPE -1
 #endif
 #define MMA_WANTS(ggml_type) (MMA_TYPE < 0 || MMA_TYPE == (ggml_type))
-// __launch_bounds__(MMA_THREADS, 2): two resident blocks per multiprocessor (16 warps), so at
-// most 128 registers per thread.
+// __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS): by default two resident blocks per
+// multiprocessor (16 warps), so at most 128 registers per thread; the small-batch tiles ask
+// for 3 or 4 (85 or 64 registers) so that more warps hide the weight loads' latency.
+#ifndef MMA_MIN_BLOCKS
+#define MMA_MIN_BLOCKS 2
+#endif
 
 #if MMA_WANTS(0)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f32(FloatRows<0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_f32(FloatRows<0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(1)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_f16(FloatRows<1> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_f16(FloatRows<1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(30)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_bf16(FloatRows<2> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_bf16(FloatRows<2> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(8)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q8_0(QuantRows<FmtQ8_0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q8_0(QuantRows<FmtQ8_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q8_0(QuantRows<FmtQ8_0> gate, QuantRows<FmtQ8_0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q8_0(QuantRows<FmtQ8_0> gate, QuantRows<FmtQ8_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(2)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_0(QuantRows<FmtQ4_0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q4_0(QuantRows<FmtQ4_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_0(QuantRows<FmtQ4_0> gate, QuantRows<FmtQ4_0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_0(QuantRows<FmtQ4_0> gate, QuantRows<FmtQ4_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(3)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_1(QuantRows<FmtQ4_1> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q4_1(QuantRows<FmtQ4_1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_1(QuantRows<FmtQ4_1> gate, QuantRows<FmtQ4_1> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_1(QuantRows<FmtQ4_1> gate, QuantRows<FmtQ4_1> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(6)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_0(QuantRows<FmtQ5_0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q5_0(QuantRows<FmtQ5_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_0(QuantRows<FmtQ5_0> gate, QuantRows<FmtQ5_0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_0(QuantRows<FmtQ5_0> gate, QuantRows<FmtQ5_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(7)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_1(QuantRows<FmtQ5_1> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q5_1(QuantRows<FmtQ5_1> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_1(QuantRows<FmtQ5_1> gate, QuantRows<FmtQ5_1> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_1(QuantRows<FmtQ5_1> gate, QuantRows<FmtQ5_1> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(20)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_nl(QuantRows<FmtIQ4_NL> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq4_nl(QuantRows<FmtIQ4_NL> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_nl(QuantRows<FmtIQ4_NL> gate, QuantRows<FmtIQ4_NL> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq4_nl(QuantRows<FmtIQ4_NL> gate, QuantRows<FmtIQ4_NL> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(41)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q1_0(QuantRows<FmtQ1_0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q1_0(QuantRows<FmtQ1_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q1_0(QuantRows<FmtQ1_0> gate, QuantRows<FmtQ1_0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q1_0(QuantRows<FmtQ1_0> gate, QuantRows<FmtQ1_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(10)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q2_k(QuantRows<FmtQ2_K> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q2_k(QuantRows<FmtQ2_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q2_k(QuantRows<FmtQ2_K> gate, QuantRows<FmtQ2_K> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q2_k(QuantRows<FmtQ2_K> gate, QuantRows<FmtQ2_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(11)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q3_k(QuantRows<FmtQ3_K> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q3_k(QuantRows<FmtQ3_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q3_k(QuantRows<FmtQ3_K> gate, QuantRows<FmtQ3_K> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q3_k(QuantRows<FmtQ3_K> gate, QuantRows<FmtQ3_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(12)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q4_k(QuantRows<FmtQ4_K> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q4_k(QuantRows<FmtQ4_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q4_k(QuantRows<FmtQ4_K> gate, QuantRows<FmtQ4_K> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_k(QuantRows<FmtQ4_K> gate, QuantRows<FmtQ4_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(13)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q5_k(QuantRows<FmtQ5_K> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q5_k(QuantRows<FmtQ5_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q5_k(QuantRows<FmtQ5_K> gate, QuantRows<FmtQ5_K> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_k(QuantRows<FmtQ5_K> gate, QuantRows<FmtQ5_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(14)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_q6_k(QuantRows<FmtQ6_K> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q6_k(QuantRows<FmtQ6_K> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_q6_k(QuantRows<FmtQ6_K> gate, QuantRows<FmtQ6_K> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q6_k(QuantRows<FmtQ6_K> gate, QuantRows<FmtQ6_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(23)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_iq4_xs(QuantRows<FmtIQ4_XS> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq4_xs(QuantRows<FmtIQ4_XS> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_iq4_xs(QuantRows<FmtIQ4_XS> gate, QuantRows<FmtIQ4_XS> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq4_xs(QuantRows<FmtIQ4_XS> gate, QuantRows<FmtIQ4_XS> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif
 
 #if MMA_WANTS(35)
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_tq2_0(QuantRows<FmtTQ2_0> w, MM_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_tq2_0(QuantRows<FmtTQ2_0> w, MM_ARGS, u32 accumulate) {
     matmat_one(w, MM_PASS, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) matmat_swiglu_tq2_0(QuantRows<FmtTQ2_0> gate, QuantRows<FmtTQ2_0> up, MM_ARGS) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_tq2_0(QuantRows<FmtTQ2_0> gate, QuantRows<FmtTQ2_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
 #endif

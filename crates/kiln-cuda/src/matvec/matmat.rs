@@ -32,19 +32,28 @@ pub(super) struct MmaTile {
     x_stages: u32,
     /// May split the depth over several blocks (gridDim.z).
     split: bool,
+    /// Resident blocks per multiprocessor the registers are budgeted for (MMA_MIN_BLOCKS).
+    min_blocks: u32,
 }
 
 const fn tile(slots: u32, tokens: u32, token_warps: u32) -> MmaTile {
-    MmaTile { slots, tokens, token_warps, depth: 0, x_stages: 0, split: false }
+    MmaTile { slots, tokens, token_warps, depth: 0, x_stages: 0, split: false, min_blocks: 2 }
 }
 
 const fn pipe(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages: u32, split: bool) -> MmaTile {
-    MmaTile { slots, tokens, token_warps, depth, x_stages, split }
+    MmaTile { slots, tokens, token_warps, depth, x_stages, split, min_blocks: 2 }
+}
+
+/// A pipelined split-K shape for small batches with registers for `min_blocks` blocks per
+/// multiprocessor.
+const fn small(slots: u32, tokens: u32, token_warps: u32, depth: u32, min_blocks: u32) -> MmaTile {
+    MmaTile { slots, tokens, token_warps, depth, x_stages: 2, split: true, min_blocks }
 }
 
 /// Each has a `// kiln-test-defines:` line in matmat_mma.cu. 0..3: the original body, from the
-/// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu).
-pub(super) const MMA_TILES: [MmaTile; 9] = [
+/// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu), 9..
+/// with more resident blocks for small batches.
+pub(super) const MMA_TILES: [MmaTile; 13] = [
     tile(128, 128, 2),
     tile(128, 64, 2),
     tile(64, 64, 2),
@@ -54,6 +63,10 @@ pub(super) const MMA_TILES: [MmaTile; 9] = [
     pipe(64, 64, 2, 128, 2, true),
     pipe(64, 32, 1, 256, 2, true),
     pipe(128, 32, 1, 128, 2, true),
+    small(64, 32, 1, 64, 4),
+    small(32, 32, 1, 128, 4),
+    small(64, 64, 2, 128, 3),
+    small(64, 32, 1, 128, 4),
 ];
 
 /// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
@@ -69,6 +82,9 @@ impl MmaTile {
         let mut defines = vec![("MMA_BM", i64::from(self.slots)), ("MMA_BN", i64::from(self.tokens)), ("MMA_WN", i64::from(self.token_warps))];
         if self.pipelined() {
             defines.extend([("MMA_BK", i64::from(self.depth)), ("MMA_XS", i64::from(self.x_stages)), ("MMA_PIPE", 1)]);
+        }
+        if self.min_blocks != 2 {
+            defines.push(("MMA_MIN_BLOCKS", i64::from(self.min_blocks)));
         }
         defines
     }
@@ -475,8 +491,9 @@ mod tests {
         // 64x32, BK 256, 2 stages: 2 x 64 x 264 x 2 + 2 x 32 x 264 x 2 (> 3 x 64 x 32 x 4).
         assert_eq!(MMA_TILES[7].shared_bytes(), 67_584 + 33_792);
         for t in MMA_TILES {
-            // Two blocks per multiprocessor on sm_90 (227 KiB, 1 KiB reserved per block).
-            assert!(2 * (t.shared_bytes() + 1024) <= 227 * 1024, "{t:?}");
+            // The blocks the registers are budgeted for fit on an sm_90 multiprocessor (227 KiB,
+            // 1 KiB reserved per block).
+            assert!(t.min_blocks * (t.shared_bytes() + 1024) <= 227 * 1024, "{t:?}");
         }
     }
 
