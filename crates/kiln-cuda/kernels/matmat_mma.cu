@@ -47,10 +47,7 @@
 // kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
-// kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=64,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
-// kiln-test-defines: MMA_BM=32,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
 // kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=3
-// kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=4
 
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
@@ -128,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float*
 #endif
 #define MMA_WANTS(ggml_type) (MMA_TYPE < 0 || MMA_TYPE == (ggml_type))
 // __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS): by default two resident blocks per
-// multiprocessor (16 warps), so at most 128 registers per thread; the small-batch tiles ask
-// for 3 or 4 (85 or 64 registers) so that more warps hide the weight loads' latency.
+// multiprocessor (16 warps), so at most 128 registers per thread; a small-batch tile asks for
+// 3 (85 registers) so that more warps hide the weight loads' latency.
 #ifndef MMA_MIN_BLOCKS
 #define MMA_MIN_BLOCKS 2
 #endif

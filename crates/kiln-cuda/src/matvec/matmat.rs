@@ -44,16 +44,17 @@ const fn pipe(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages: u
     MmaTile { slots, tokens, token_warps, depth, x_stages, split, min_blocks: 2 }
 }
 
-/// A pipelined split-K shape for small batches with registers for `min_blocks` blocks per
-/// multiprocessor.
+/// A pipelined split-K shape for small batches (two activation stages) with registers for
+/// `min_blocks` blocks per multiprocessor.
 const fn small(slots: u32, tokens: u32, token_warps: u32, depth: u32, min_blocks: u32) -> MmaTile {
     MmaTile { slots, tokens, token_warps, depth, x_stages: 2, split: true, min_blocks }
 }
 
 /// Each has a `// kiln-test-defines:` line in matmat_mma.cu. 0..3: the original body, from the
-/// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu), 9..
-/// with more resident blocks for small batches.
-pub(super) const MMA_TILES: [MmaTile; 13] = [
+/// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu), 9: tile 6
+/// with registers for three resident blocks (at n = 64 on the 8B shapes 3-10% faster; 64x32 and
+/// 32x32 shapes with four blocks were slower, measured).
+pub(super) const MMA_TILES: [MmaTile; 10] = [
     tile(128, 128, 2),
     tile(128, 64, 2),
     tile(64, 64, 2),
@@ -63,10 +64,7 @@ pub(super) const MMA_TILES: [MmaTile; 13] = [
     pipe(64, 64, 2, 128, 2, true),
     pipe(64, 32, 1, 256, 2, true),
     pipe(128, 32, 1, 128, 2, true),
-    small(64, 32, 1, 64, 4),
-    small(32, 32, 1, 128, 4),
     small(64, 64, 2, 128, 3),
-    small(64, 32, 1, 128, 4),
 ];
 
 /// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
