@@ -74,6 +74,8 @@ pub const MATMAT_TILES: usize = MMA_TILES.len();
 const MAX_SPLITS: usize = 8;
 /// Fewest steps of depth per split.
 const MIN_SPLIT_STEPS: usize = 4;
+/// Depth splits the tuner times for each split-K shape (besides the heuristic's own).
+const TIMED_SPLITS: [usize; 5] = [2, 3, 4, 6, MAX_SPLITS];
 
 impl MmaTile {
     pub(super) fn defines(self) -> Vec<(&'static str, i64)> {
@@ -338,9 +340,14 @@ fn tune(
             continue;
         }
         candidates.push(Choice { tile, splits: 1 });
-        let splits = t.auto_splits(x_blocks * y_blocks, steps(*t), sms);
-        if splits > 1 {
-            candidates.push(Choice { tile, splits });
+        if t.split {
+            // Split counts that leave a partial last wave of blocks lose most of a round, so
+            // several are timed, not only the heuristic's.
+            let auto = t.auto_splits(x_blocks * y_blocks, steps(*t), sms);
+            let mut counts: Vec<usize> = TIMED_SPLITS.iter().copied().filter(|&s| steps(*t) / s >= MIN_SPLIT_STEPS).chain([auto]).collect();
+            counts.sort_unstable();
+            counts.dedup();
+            candidates.extend(counts.into_iter().filter(|&s| s > 1).map(|splits| Choice { tile, splits }));
         }
     }
     let mut out = device.alloc_zeros::<f32>(n * w.rows, "mat-mat tuning output")?;
