@@ -526,7 +526,7 @@ pub fn matmul_quantized_with_shape(
     if !matches!(w.storage, Storage::Quant { .. }) || x.cols != w.cols || n > filled {
         return Err(invalid(OP, format!("{n} tokens of {} quantized values ({filled} filled) for {} ({} {}x{})", x.cols, w.name, w.ty, w.rows, w.cols)));
     }
-    launch_matvec_shape(device, OP, w, up, Input::Quantized(x), out, n, accumulate, shape)
+    launch_matvec_shape(device, MatvecCall { op: OP, w, up, input: Input::Quantized(x), n, accumulate }, out, shape)
 }
 
 /// `out[t] = table[token_ids[t]]` (f32, `cols` values per token) for the first `n` ids. An id
@@ -592,7 +592,7 @@ fn product(
                 Storage::Quant { .. } if n <= MAX_MATVEC_TOKENS => {
                     let buffer = shared_input(device, w.cols)?;
                     buffer.fill(device, x, n)?;
-                    return launch_matvec(device, op, w, up, Input::Quantized(&buffer), out, n, accumulate);
+                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate }, out);
                 }
                 Storage::Float { .. } if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
                 _ => return launch_matmat(device, op, w, up, x, out, n, accumulate),
@@ -612,50 +612,42 @@ fn product(
             return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
-    launch_matvec(device, op, w, up, matvec_input, out, n, accumulate)
+    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate }, out)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn launch_matvec(
-    device: &CudaDevice,
+/// One mat-vec product's operands, all but the output.
+#[derive(Clone, Copy)]
+struct MatvecCall<'a> {
     op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    input: Input<'_>,
-    out: &mut CudaSlice<f32>,
+    w: &'a GpuWeight,
+    up: Option<&'a GpuWeight>,
+    input: Input<'a>,
     n: usize,
     accumulate: bool,
-) -> Result<(), CudaError> {
-    let swiglu = up.is_some();
+}
+
+/// The mat-vec with the launch shape measured for it (quantized weights) or the default.
+fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+    let MatvecCall { w, n, .. } = call;
     let shape = match w.storage {
         Storage::Quant { .. } => {
             let mut scratch: Option<CudaSlice<f32>> = None;
-            choose_shape(device, w, n, swiglu, |shape| {
+            choose_shape(device, w, n, call.up.is_some(), |shape| {
                 let out = match &mut scratch {
                     Some(out) => out,
                     None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),
                 };
-                launch_matvec_shape(device, op, w, up, input, out, n, false, shape)
+                launch_matvec_shape(device, MatvecCall { accumulate: false, ..call }, out, shape)
             })?
         }
         Storage::Float { .. } => default_shape(n),
     };
-    launch_matvec_shape(device, op, w, up, input, out, n, accumulate, shape)
+    launch_matvec_shape(device, call, out, shape)
 }
 
 /// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]).
-#[allow(clippy::too_many_arguments)]
-fn launch_matvec_shape(
-    device: &CudaDevice,
-    op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    input: Input<'_>,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
-    shape: usize,
-) -> Result<(), CudaError> {
+fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
+    let MatvecCall { op, w, up, input, n, accumulate } = call;
     let swiglu = up.is_some();
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu, shape })?;
     let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(swiglu);

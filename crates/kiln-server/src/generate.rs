@@ -20,7 +20,7 @@ use crate::http::AppState;
 use crate::request::{completion_prompt, generation_fields, GenerationFields, Prompt};
 use crate::scheduler::{Event, GenerationRequest, Rejection, TokenLogprobs, Usage};
 use crate::stop::StopMatcher;
-use crate::utf8::Utf8Assembler;
+use kiln_tokenizer::Utf8Assembler;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Api {

@@ -15,7 +15,6 @@ pub mod request;
 pub mod scheduler;
 pub mod stop;
 pub mod template;
-pub mod utf8;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;

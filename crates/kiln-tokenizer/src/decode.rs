@@ -145,13 +145,13 @@ fn clean_up_spaces(text: &[u8]) -> Vec<u8> {
 /// as llama.cpp streams them.
 pub struct StreamDecoder<'a> {
     tok: &'a Tokenizer,
-    pending: Vec<u8>,
+    bytes: Utf8Assembler,
     render_special: bool,
 }
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tok: &'a Tokenizer) -> Self {
-        StreamDecoder { tok, pending: Vec::new(), render_special: false }
+        StreamDecoder { tok, bytes: Utf8Assembler::default(), render_special: false }
     }
 
     /// A decoder that prints control tokens as their text.
@@ -162,7 +162,26 @@ impl<'a> StreamDecoder<'a> {
     /// Adds one token; returns the text completed by it (possibly empty).
     /// Bytes that can never form a character are replaced by U+FFFD.
     pub fn push(&mut self, id: u32) -> String {
-        self.pending.extend_from_slice(self.tok.piece(id, self.render_special));
+        self.bytes.push(self.tok.piece(id, self.render_special))
+    }
+
+    /// Flushes held-back bytes (lossily: an unfinished sequence becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        self.bytes.finish()
+    }
+}
+
+/// Joins byte pieces into text that never ends inside a UTF-8 character: what a token stream
+/// decoder needs when it does not hold the tokenizer (a server's per-request state).
+#[derive(Debug, Default)]
+pub struct Utf8Assembler {
+    pending: Vec<u8>,
+}
+
+impl Utf8Assembler {
+    /// Adds bytes; returns the whole characters completed (bytes that can never form one as U+FFFD).
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {
@@ -190,7 +209,7 @@ impl<'a> StreamDecoder<'a> {
         }
     }
 
-    /// Flushes held-back bytes (lossily: an unfinished sequence becomes U+FFFD).
+    /// What is left at the end (an unfinished character becomes U+FFFD).
     pub fn finish(&mut self) -> String {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
@@ -201,6 +220,18 @@ impl<'a> StreamDecoder<'a> {
 #[cfg(test)]
 mod tests {
     use super::clean_up_spaces;
+
+    #[test]
+    fn characters_split_over_pieces_come_out_whole() {
+        let mut a = super::Utf8Assembler::default();
+        let euro = "€".as_bytes();
+        assert_eq!(a.push(&euro[..1]), "");
+        assert_eq!(a.push(&euro[1..2]), "");
+        assert_eq!(a.push(&[euro[2], b'a']), "€a");
+        assert_eq!(a.push(&[0xff, b'b']), "\u{FFFD}b");
+        assert_eq!(a.push(&euro[..2]), "");
+        assert_eq!(a.finish(), "\u{FFFD}");
+    }
 
     fn clean(s: &str) -> String {
         String::from_utf8(clean_up_spaces(s.as_bytes())).unwrap()

@@ -18,7 +18,7 @@ mod wpm;
 use std::fmt;
 
 pub use chat::{builtin_template, render_chat_template, ChatInputs, ChatMessage, ChatTemplate, BUILTIN_TEMPLATES, CHATML_TEMPLATE};
-pub use decode::StreamDecoder;
+pub use decode::{StreamDecoder, Utf8Assembler};
 pub use error::TokenizerError;
 pub use spec::{token_type, SpecialIdKeys, TokenizerSpec};
 
