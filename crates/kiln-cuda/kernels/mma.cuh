@@ -32,10 +32,10 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Signed byte `i` (0..3) of a code word, given as `biased` = word ^ 0x80808080, as an exact f32.
-// The integer-to-float conversion runs at a quarter of the FMA rate and bounded the mat-mat's
-// weight decode; instead the unsigned byte becomes the low mantissa bits of 2^23 (one byte
-// permute) and one subtraction removes 2^23 + 128.
+// Signed byte `i` (0..3) of a code word, given as `biased` = word ^ 0x80808080, as an exact f32:
+// the unsigned byte becomes the low mantissa bits of 2^23 (one byte permute) and a subtraction
+// removes 2^23 + 128, instead of an integer-to-float conversion at a quarter of the FMA rate
+// (measured on the H200: Q4_K mat-mat 3-5% faster at 64 and 512 tokens).
 __device__ __forceinline__ float code_to_float(u32 biased, int i) {
     return __uint_as_float(prmt(biased, 0x4b000000u, 0x7440u | (u32)i)) - 8388736.0f;
 }
