@@ -39,7 +39,9 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
     Q1_0 = 41,
+    Q2_0 = 42,
 }
 
 /// Every type id this crate knows the sizes of (kiln-quant computes with only some).
@@ -76,7 +78,9 @@ pub const ALL_TYPES: &[GgmlType] = &[
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::MXFP4,
+    GgmlType::NVFP4,
     GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 impl GgmlType {
@@ -95,6 +99,7 @@ impl GgmlType {
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 | Q2_0 => 64,
             Q1_0 => 128,
             _ => 256,
         }
@@ -132,7 +137,9 @@ impl GgmlType {
             TQ1_0 => 54,
             TQ2_0 => 66,
             MXFP4 => 17,
+            NVFP4 => 36,
             Q1_0 => 18,
+            Q2_0 => 18,
         }
     }
 
@@ -181,7 +188,9 @@ impl GgmlType {
             TQ1_0 => "TQ1_0",
             TQ2_0 => "TQ2_0",
             MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
             Q1_0 => "Q1_0",
+            Q2_0 => "Q2_0",
         }
     }
 

@@ -1,6 +1,6 @@
 //! The plain float element types F32, F16 and BF16.
 
-use crate::block::RowCodec;
+use crate::block::{RowCodec, RowEncoder};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 
@@ -51,17 +51,19 @@ impl<T: FloatElem> RowCodec for FloatCodec<T> {
         }
     }
 
-    fn quantize_row(src: &[f32], dst: &mut [u8]) {
-        for (&v, out) in src.iter().zip(dst.chunks_exact_mut(size_of::<T>())) {
-            out.copy_from_slice(bytemuck::bytes_of(&T::from_f32(v)));
-        }
-    }
-
     fn dot_row(row: &[u8], x: &[f32]) -> f32 {
         let mut total = 0f64;
         for (bytes, &xi) in row.chunks_exact(size_of::<T>()).zip(x) {
             total += f64::from(bytemuck::pod_read_unaligned::<T>(bytes).to_f32() * xi);
         }
         total as f32
+    }
+}
+
+impl<T: FloatElem> RowEncoder for FloatCodec<T> {
+    fn quantize_row(src: &[f32], dst: &mut [u8]) {
+        for (&v, out) in src.iter().zip(dst.chunks_exact_mut(size_of::<T>())) {
+            out.copy_from_slice(bytemuck::bytes_of(&T::from_f32(v)));
+        }
     }
 }
