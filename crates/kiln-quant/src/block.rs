@@ -62,6 +62,8 @@ impl<B: QuantBlock> DecodeBlock for B {
 pub(crate) trait RowCodec {
     fn dequantize_row(src: &[u8], dst: &mut [f32]);
     fn dot_row(row: &[u8], x: &[f32]) -> f32;
+    /// The integer codes of one block (exactly its bytes), or `false` for float types.
+    fn block_codes(block: &[u8], out: &mut [i8]) -> bool;
 }
 
 /// Row-level encoding, for the formats with a quantizer.
@@ -78,6 +80,13 @@ impl<B: QuantBlock> RowEncoder for B {
 }
 
 impl<B: DecodeBlock> RowCodec for B {
+    fn block_codes(block: &[u8], out: &mut [i8]) -> bool {
+        let mut u = Unpacked::new();
+        bytemuck::pod_read_unaligned::<B>(block).unpack(&mut u);
+        out.copy_from_slice(&u.codes[..B::N]);
+        true
+    }
+
     fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let mut u = Unpacked::new();
         for (bytes, out) in src.chunks_exact(size_of::<B>()).zip(dst.chunks_exact_mut(B::N)) {

@@ -45,6 +45,10 @@ impl FloatElem for half::bf16 {
 pub(crate) struct FloatCodec<T>(PhantomData<T>);
 
 impl<T: FloatElem> RowCodec for FloatCodec<T> {
+    fn block_codes(_: &[u8], _: &mut [i8]) -> bool {
+        false
+    }
+
     fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         for (bytes, out) in src.chunks_exact(size_of::<T>()).zip(dst) {
             *out = bytemuck::pod_read_unaligned::<T>(bytes).to_f32();

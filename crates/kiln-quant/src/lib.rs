@@ -161,6 +161,25 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
     )
 }
 
+/// The integer codes of one block of `ty` (`block` holds exactly its bytes, `codes` one
+/// entry per value): value i = scale * code i (+ offset) with the per-group scale of
+/// `dequantize`. For the codebook formats the code is the signed codebook value
+/// (IQ1_S/IQ1_M: 8 * (grid value + delta)).
+pub fn block_codes(ty: GgmlType, block: &[u8], codes: &mut [i8]) -> Result<(), QuantError> {
+    with_codec!(
+        ty,
+        C => {
+            check_lengths(ty, codes.len(), block.len())?;
+            if codes.len() == ty.block_size() && C::block_codes(block, codes) {
+                Ok(())
+            } else {
+                Err(QuantError::Unsupported { ty, op: "block_codes of one block" })
+            }
+        },
+        Err(QuantError::Unsupported { ty, op: "block_codes" })
+    )
+}
+
 /// Scalar reference dot product `sum_i dequant(row)_i * x_i`, where `row` holds exactly the
 /// bytes of `x.len()` values. Works block by block; the sum is accumulated in f64.
 pub fn vec_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {

@@ -281,6 +281,13 @@ fn unsupported_and_unknown_types_are_errors() {
         let listed = decodable().any(|t| t == ty);
         assert_eq!(kiln_quant::can_dequantize(ty), listed, "{ty}");
     }
+    // block_codes: one whole block of a block format only.
+    let mut codes = [0i8; 256];
+    assert!(matches!(kiln_quant::block_codes(GgmlType::F16, &[0; 2], &mut codes[..1]), Err(QuantError::Unsupported { .. })));
+    assert!(matches!(kiln_quant::block_codes(GgmlType::IQ2_XXS, &[0; 65], &mut codes), Err(QuantError::BadLength { .. })));
+    assert!(matches!(kiln_quant::block_codes(GgmlType::Q4_0, &[0; 36], &mut codes[..64]), Err(QuantError::Unsupported { .. })));
+    kiln_quant::block_codes(GgmlType::IQ2_XXS, &[0; 66], &mut codes).unwrap();
+    assert!(codes.iter().all(|&c| c == 8), "grid entry 0 is all 8s, no signs: {codes:?}");
     assert!(matches!(type_from_id(99), Err(QuantError::UnknownTypeId(99))));
     assert!(matches!(type_from_id(43), Err(QuantError::UnknownTypeId(43))));
     assert_eq!(type_from_id(42).unwrap(), GgmlType::Q2_0);
