@@ -205,3 +205,24 @@ impl fmt::Display for GgmlType {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_round_trips_its_id_and_name_and_has_whole_blocks() {
+        for &ty in ALL_TYPES {
+            assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
+            assert_eq!(GgmlType::from_name(&ty.name().to_lowercase()), Some(ty));
+            assert_eq!(ty.bytes_for(ty.block_size() as u64 * 3), Some(3 * ty.type_size() as u64), "{ty}");
+        }
+        assert_eq!((GgmlType::Q2_0.block_size(), GgmlType::Q2_0.type_size()), (64, 18));
+        assert_eq!((GgmlType::NVFP4.block_size(), GgmlType::NVFP4.type_size()), (64, 36));
+        assert_eq!((GgmlType::MXFP4.block_size(), GgmlType::MXFP4.type_size()), (32, 17));
+        assert_eq!(GgmlType::NVFP4.bytes_for(100), None);
+        for unknown in [4, 5, 31, 36, 37, 38, 43, 1000] {
+            assert_eq!(GgmlType::from_id(unknown), None, "{unknown}");
+        }
+    }
+}
