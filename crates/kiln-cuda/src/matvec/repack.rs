@@ -672,6 +672,24 @@ mod tests {
         }
     }
 
+    /// quant.cuh spells each codebook as words of four signed bytes; they must be the
+    /// codebooks the repacking indexes (the decoders themselves only run on a GPU).
+    #[test]
+    fn kernel_codebook_words_match_the_repack_codebooks() {
+        let source = include_str!("../../kernels/quant.cuh");
+        let words = |book: &[i8]| -> Vec<String> {
+            let mut padded = book.to_vec();
+            padded.resize(16, 0);
+            padded.chunks(4).map(|c| format!("0x{:08x}u", u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))).collect()
+        };
+        for (book, used) in [(&kiln_quant::E2M1_X2[..], 4), (IQ3_XXS_BOOK, 4), (IQ3_S_BOOK, 4), (IQ2_BOOK, 2), (IQ1_BOOK, 2)] {
+            let spelled = words(book)[..used].join(", ");
+            assert!(source.contains(&spelled), "quant.cuh lacks the codebook {book:?} as {spelled}");
+        }
+        let iq4: Vec<i8> = kiln_quant::IQ4_NL_CODEBOOK.to_vec();
+        assert!(source.contains(&words(&iq4).join(", ")), "IQ4_NL codebook");
+    }
+
     #[test]
     fn every_computable_type_has_a_gpu_layout() {
         for &ty in kiln_quant::ALL_TYPES {
