@@ -191,3 +191,26 @@ impl DecodeBlock for BlockIQ3_S {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spot values of ggml-common.h's tables (`iq2xxs_grid`, `ksigns_iq2xs`), against the
+    /// grids generated from gguf-py's compact copy.
+    #[test]
+    fn tables_match_ggml_spot_values() {
+        let head = [0x0808080808080808u64, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08, 0x0808080808082b2b, 0x0808080808190819];
+        assert_eq!(IQ2XXS_GRID[..6], head);
+        let ksigns_head = [0u8, 129, 130, 3, 132, 5, 6, 135, 136, 9, 10, 139, 12, 141, 142, 15];
+        assert_eq!((0..16).map(ksigns).collect::<Vec<_>>(), ksigns_head);
+        assert_eq!(ksigns(127), 255);
+        // Every grid byte is one of the format's levels.
+        let levels2 = [8u8, 25, 43];
+        for grid in [&IQ2XXS_GRID[..], &IQ2XS_GRID[..], &IQ2S_GRID[..]] {
+            assert!(grid.iter().flat_map(|w| w.to_le_bytes()).all(|b| levels2.contains(&b)));
+        }
+        assert!(IQ3XXS_GRID.iter().flat_map(|w| w.to_le_bytes()).all(|b| [4u8, 12, 20, 28, 36, 44, 52, 62].contains(&b)));
+        assert!(IQ3S_GRID.iter().flat_map(|w| w.to_le_bytes()).all(|b| b % 2 == 1 && b <= 15));
+    }
+}
