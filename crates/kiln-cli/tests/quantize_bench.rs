@@ -89,6 +89,26 @@ fn random_model_loads_runs_and_benches() {
     assert!(err.contains("unknown shape 'gpt5'") && err.contains("llama3-8b"), "{err}");
 }
 
+/// The formats added for Ternary-Bonsai and gpt-oss, end to end on the CPU: made by
+/// random-model, reported by info, run greedily.
+#[test]
+fn random_models_in_the_fp4_and_q2_0_formats_run() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file_type, pure, weight_type) in [("Q2_0", false, "Q2_0"), ("NVFP4", false, "NVFP4"), ("MXFP4_MOE", true, "MXFP4")] {
+        let out = dir.path().join(format!("{file_type}.gguf"));
+        let mut args = vec!["dev", "random-model", s(&out), "--shape", "tiny-qwen3", "--type", file_type, "--seed", "5", "--layers", "2"];
+        if pure {
+            args.push("--pure");
+        }
+        kiln_ok(&args);
+        let info: serde_json::Value = serde_json::from_str(&kiln_ok(&["info", s(&out), "--json"])).unwrap();
+        let text = info.to_string();
+        assert!(text.contains(&format!("\"{weight_type}\"")), "{file_type}: no {weight_type} tensor in {text}");
+        let generated = kiln_ok(&["run", "-m", s(&out), "-p", "the cat", "-n", "4", "--temp", "0", "--device", "cpu"]);
+        assert!(generated.starts_with("the cat"), "{file_type}: {generated}");
+    }
+}
+
 /// The value of a "mean ± sd" cell.
 fn mean_and_sd(cell: &str) -> (f64, f64) {
     let (m, sd) = cell.split_once(" ± ").unwrap_or_else(|| panic!("not 'mean ± sd': {cell}"));

@@ -99,3 +99,43 @@ extern "C" __global__ void embed_iq4_xs(QuantRows<FmtIQ4_XS> table, EMBED_ARGS) 
 extern "C" __global__ void embed_tq2_0(QuantRows<FmtTQ2_0> table, EMBED_ARGS) {
     embed(table, ids, n, rows, out, cols);
 }
+
+extern "C" __global__ void embed_q2_0(QuantRows<FmtQ2_0> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_mxfp4(QuantRows<FmtMXFP4> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_nvfp4(QuantRows<FmtNVFP4> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq2_xxs(QuantRows<FmtIQ2_XXS> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq2_xs(QuantRows<FmtIQ2_XS> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq2_s(QuantRows<FmtIQ2_S> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq3_xxs(QuantRows<FmtIQ3_XXS> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq3_s(QuantRows<FmtIQ3_S> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq1_s(QuantRows<FmtIQ1_S> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}
+
+extern "C" __global__ void embed_iq1_m(QuantRows<FmtIQ1_M> table, EMBED_ARGS) {
+    embed(table, ids, n, rows, out, cols);
+}

@@ -283,3 +283,93 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_two(gate, up, MM_PASS);
 }
 #endif
+
+#if MMA_WANTS(42)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_q2_0(QuantRows<FmtQ2_0> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q2_0(QuantRows<FmtQ2_0> gate, QuantRows<FmtQ2_0> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(39)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_mxfp4(QuantRows<FmtMXFP4> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_mxfp4(QuantRows<FmtMXFP4> gate, QuantRows<FmtMXFP4> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(40)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_nvfp4(QuantRows<FmtNVFP4> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_nvfp4(QuantRows<FmtNVFP4> gate, QuantRows<FmtNVFP4> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(16)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq2_xxs(QuantRows<FmtIQ2_XXS> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_xxs(QuantRows<FmtIQ2_XXS> gate, QuantRows<FmtIQ2_XXS> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(17)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq2_xs(QuantRows<FmtIQ2_XS> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_xs(QuantRows<FmtIQ2_XS> gate, QuantRows<FmtIQ2_XS> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(22)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq2_s(QuantRows<FmtIQ2_S> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_s(QuantRows<FmtIQ2_S> gate, QuantRows<FmtIQ2_S> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(18)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq3_xxs(QuantRows<FmtIQ3_XXS> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq3_xxs(QuantRows<FmtIQ3_XXS> gate, QuantRows<FmtIQ3_XXS> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(21)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq3_s(QuantRows<FmtIQ3_S> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq3_s(QuantRows<FmtIQ3_S> gate, QuantRows<FmtIQ3_S> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(19)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq1_s(QuantRows<FmtIQ1_S> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq1_s(QuantRows<FmtIQ1_S> gate, QuantRows<FmtIQ1_S> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif
+
+#if MMA_WANTS(29)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_iq1_m(QuantRows<FmtIQ1_M> w, MM_ARGS, u32 accumulate) {
+    matmat_one(w, MM_PASS, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq1_m(QuantRows<FmtIQ1_M> gate, QuantRows<FmtIQ1_M> up, MM_ARGS) {
+    matmat_two(gate, up, MM_PASS);
+}
+#endif

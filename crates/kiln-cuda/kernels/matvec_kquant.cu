@@ -1,4 +1,4 @@
-// Mat-vec of the K-quants, IQ4_XS and the ternary formats (TQ1_0 is repacked to TQ2_0) against
+// Mat-vec of the 256-value formats: K-quants, IQ formats, ternary (TQ1_0 repacked to TQ2_0), against
 // int8 activations; see matvec.cuh. matvec_* writes out (or adds to it when `accumulate` is non-zero);
 // matvec_swiglu_* writes silu(x.Wg) * (x.Wu).
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
@@ -76,5 +76,68 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, 
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtTQ2_0>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(16)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ2_XXS>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(17)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ2_XS>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ2_XS>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(22)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ2_S>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ2_S>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(18)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ3_XXS>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(21)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ3_S>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ3_S>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(19)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ1_S>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ1_S>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(29)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtIQ1_M>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtIQ1_M>(gate, up, xq, xds, out, rows);
 }
 #endif

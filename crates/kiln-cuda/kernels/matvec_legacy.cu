@@ -1,4 +1,4 @@
-// Mat-vec of the 32-value block formats (and the 1-bit Q1_0) against int8 activations; see
+// Mat-vec of the 32- and 64-value block formats (Q1_0: 128) against int8 activations; see
 // matvec.cuh. matvec_* writes out (or adds to it when `accumulate` is non-zero);
 // matvec_swiglu_* writes silu(x.Wg) * (x.Wu).
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
@@ -76,5 +76,32 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ1_0>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(42)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtQ2_0>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtQ2_0>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(39)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtMXFP4>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtMXFP4>(gate, up, xq, xds, out, rows);
+}
+#endif
+
+#if MV_WANTS(40)
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate) {
+    matvec_one<FmtNVFP4>(w, xq, xds, out, rows, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS) {
+    matvec_two<FmtNVFP4>(gate, up, xq, xds, out, rows);
 }
 #endif

@@ -98,13 +98,9 @@ __device__ __forceinline__ void add_bit_plane(u32 bits, int (&q)[4]) {
     }
 }
 
-// Maps four 4-bit indices (one per byte) through the IQ4_NL codebook to signed bytes.
-__device__ __forceinline__ int iq4_lookup(u32 indices) {
-    // The 16 codebook levels as bytes, 4 per word.
-    const u32 levels0 = 0xbfad9881u;  // -127 -104 -83 -65
-    const u32 levels1 = 0xf6eaddcfu;  //  -49  -35 -22 -10
-    const u32 levels2 = 0x26190d01u;  //    1   13  25  38
-    const u32 levels3 = 0x71594535u;  //   53   69  89 113
+// Maps four 4-bit indices (one per byte) through a 16-entry codebook of signed bytes, given
+// as four words of four entries (entry 4k + b in byte b of word k).
+__device__ __forceinline__ int codebook_lookup(u32 indices, u32 levels0, u32 levels1, u32 levels2, u32 levels3) {
     const u32 low3 = indices & 0x07070707;
     // One selector nibble per index: bytes 0 and 2 of (low3 | low3 >> 4) hold nibble pairs.
     const u32 pairs = low3 | (low3 >> 4);
@@ -114,6 +110,11 @@ __device__ __forceinline__ int iq4_lookup(u32 indices) {
     // 0xff in the bytes whose index has bit 3 set (sign-replicating selectors 8..11).
     const u32 high_mask = prmt(indices << 4, 0, 0xba98);
     return (int)((from_low & ~high_mask) | (from_high & high_mask));
+}
+
+// The IQ4_NL codebook: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113.
+__device__ __forceinline__ int iq4_lookup(u32 indices) {
+    return codebook_lookup(indices, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
 }
 
 __device__ __forceinline__ void iq4_codes(uint2 w, int (&q)[4]) {
@@ -443,6 +444,212 @@ struct FmtTQ2_0 {
         return c;
     }
 };
+
+// Q2_0: 64-value blocks (8 per tile, lane reads block lane/4), codes q in the crumb layout;
+// tile scales = d of the 8 blocks. value = d * (q - 1).
+struct FmtQ2_0 {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 0, SCALE_BYTES = 16;
+    struct Raw {
+        u32 codes;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(tile_scales<FmtQ2_0>(p, tile) + 2 * (lane >> 2))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        crumb_codes(r.codes, c.q);
+        c.scale = f16_low(r.d);
+        c.offset = -c.scale;
+        return c;
+    }
+};
+
+// Twice the E2M1 values by 4-bit code: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12.
+__device__ __forceinline__ void e2m1_codes(uint2 w, int (&q)[4]) {
+    nibble_codes(w, q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = codebook_lookup((u32)q[k], 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
+    }
+}
+
+// MXFP4: 32-value blocks (16 per tile, lane reads block lane/2); tile scales = the E8M0 byte
+// of each block. value = 2^(e - 128) * code (exactly: subnormal for e < 2).
+struct FmtMXFP4 {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
+    struct Raw {
+        uint2 codes;
+        u32 e;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u8(tile_scales<FmtMXFP4>(p, tile) + (lane >> 1))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        e2m1_codes(r.codes, c.q);
+        c.scale = __uint_as_float(r.e < 2 ? 0x00200000u << r.e : (r.e - 1) << 23);
+        c.offset = 0.0f;
+        return c;
+    }
+};
+
+// NVFP4: 64-value blocks of four 16-value groups, so lane l's chunk is group l % 4 of block
+// l / 4 and its UE4M3 scale byte is tile scale byte l. value = ue4m3(byte) / 2 * code.
+struct FmtNVFP4 {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 32;
+    struct Raw {
+        uint2 codes;
+        u32 d;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u8(tile_scales<FmtNVFP4>(p, tile) + lane)};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
+        Chunk c;
+        e2m1_codes(r.codes, c.q);
+        const u32 exponent = (r.d >> 3) & 0xf, mantissa = r.d & 7;
+        // Half of (1 + m/8) 2^(e-7), or of m 2^-9 for e = 0; bytes 0x00 and 0x7f read as zero.
+        const float half = exponent == 0 ? (float)mantissa * 9.765625e-4f : __uint_as_float(((exponent + 119) << 23) | (mantissa << 20));
+        c.scale = (r.d == 0 || r.d == 0x7f) ? 0.0f : half;
+        c.offset = 0.0f;
+        return c;
+    }
+};
+
+// ---- The codebook formats, expanded at upload (see repack.rs) ----
+// Codes are indices into a small signed codebook: 2 low bits in the codes plane (crumb layout)
+// plus a third in the extra plane, or 4 bits (nibble layout). 256-value super-blocks, two per
+// tile; lane l's chunk is 16-value sub-block j = l % 16 of super-block sb = l / 16.
+
+// 3-bit codebook indices (codes plane + bit 2 from the extra plane) to signed bytes.
+__device__ __forceinline__ void book3_codes(u32 codes, u32 high, u32 levels0, u32 levels1, int (&q)[4]) {
+    crumb_codes(codes, q);
+    add_bit_plane<2>(high, q);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = codebook_lookup((u32)q[k], levels0, levels1, 0u, 0u);
+    }
+}
+
+// IQ2_XXS / IQ2_XS / IQ2_S: codebook +-8, 25, 43. Tile scales = d of both super-blocks (4 B),
+// then IQ2_XXS: for each 32-value group g the byte whose high nibble is its scale, both
+// super-blocks side by side (16 B); IQ2_XS / IQ2_S: scales[8] of each super-block (nibble
+// per 16 values). value = d * (0.5 + s) * 0.25 * code.
+template <bool PER_32>
+struct FmtIQ2 {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = 20;
+    struct Raw {
+        u32 codes;
+        u32 high;
+        u32 d;
+        u32 sc;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtIQ2>(p, tile);
+        const u32 sb = lane >> 4, j = lane & 15;
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(lane_bytes(p.extra, tile, lane, EXTRA_BYTES)), ld_weight_u16(scales + 2 * sb),
+                ld_weight_u8(scales + 4 + (PER_32 ? 2 * (j >> 1) + sb : 8 * sb + (j >> 1)))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        book3_codes(r.codes, r.high, 0x002b1908u, 0x00d5e7f8u, c.q);
+        const u32 s = PER_32 ? r.sc >> 4 : (r.sc >> (4 * (lane & 1))) & 0xf;
+        c.scale = f16_low(r.d) * (0.5f + (float)s) * 0.25f;
+        c.offset = 0.0f;
+        return c;
+    }
+};
+typedef FmtIQ2<true> FmtIQ2_XXS;
+typedef FmtIQ2<false> FmtIQ2_XS;
+typedef FmtIQ2<false> FmtIQ2_S;
+
+// IQ3_XXS / IQ3_S: 4-bit indices. IQ3_XXS: codebook +-4, 12, .., 52, 62, tile scales as
+// IQ2_XXS, value = d * (0.5 + s) * 0.5 * code. IQ3_S: codebook +-1, 3, .., 15, tile scales =
+// d of both super-blocks, then scales[4] of each (nibble per 32 values), value = d (1 + 2 s) code.
+template <bool XXS>
+struct FmtIQ3 {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = XXS ? 20 : 12;
+    struct Raw {
+        uint2 codes;
+        u32 d;
+        u32 sc;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtIQ3>(p, tile);
+        const u32 sb = lane >> 4, g = (lane & 15) >> 1;
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
+                ld_weight_u8(scales + 4 + (XXS ? 2 * g + sb : 4 * sb + (g >> 1)))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        nibble_codes(r.codes, c.q);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            c.q[k] = XXS ? codebook_lookup((u32)c.q[k], 0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu)
+                         : codebook_lookup((u32)c.q[k], 0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u);
+        }
+        const float d = f16_low(r.d);
+        if (XXS) {
+            c.scale = d * (0.5f + (float)(r.sc >> 4)) * 0.5f;
+        } else {
+            c.scale = d * (float)(1 + 2 * ((r.sc >> (4 * ((lane >> 1) & 1))) & 0xf));
+        }
+        c.offset = 0.0f;
+        return c;
+    }
+};
+typedef FmtIQ3<true> FmtIQ3_XXS;
+typedef FmtIQ3<false> FmtIQ3_S;
+
+// IQ1_S / IQ1_M: codebook of 8 (grid + delta) = -7 1 9 _ | -9 -1 7 _ (index = grid + 1, plus 4
+// for a negative delta). IQ1_S: tile scales = d of both super-blocks (4 B), then qh[8] (u16
+// each) of each, the 3-bit scale of 32-value group g in bits 12..14 of qh[g]. IQ1_M: tile
+// scales = the four u16 scale words of each super-block: 3-bit scales per 16 values in their
+// low 12 bits, the f16 d in their top nibbles. value = d (2 s + 1) / 8 * code.
+template <bool M>
+struct FmtIQ1 {
+    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = M ? 16 : 36;
+    struct Raw {
+        u32 codes;
+        u32 high;
+        uint2 sc;  // IQ1_S: (d, qh[g]); IQ1_M: the four scale words
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtIQ1>(p, tile);
+        const u32 sb = lane >> 4, g = (lane & 15) >> 1;
+        const uint2 sc = M ? ld_weight_u64(scales + 8 * sb)
+                           : make_uint2(ld_weight_u16(scales + 2 * sb), ld_weight_u16(scales + 4 + 16 * sb + 2 * g));
+        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
+                ld_weight_u16(lane_bytes(p.extra, tile, lane, EXTRA_BYTES)), sc};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        book3_codes(r.codes, r.high, 0x000901f9u, 0x0007fff7u, c.q);
+        float d;
+        u32 s;
+        if (M) {
+            const u32 w0 = r.sc.x & 0xffff, w1 = r.sc.x >> 16, w2 = r.sc.y & 0xffff, w3 = r.sc.y >> 16;
+            d = f16_bits_to_f32((u16)((w0 >> 12) | ((w1 >> 8) & 0x00f0) | ((w2 >> 4) & 0x0f00) | (w3 & 0xf000)));
+            const u32 g = (lane & 15) >> 1;
+            const u32 pair = g >> 1;
+            const u32 word = pair == 0 ? w0 : pair == 1 ? w1 : pair == 2 ? w2 : w3;
+            s = (word >> (6 * (g & 1) + 3 * (lane & 1))) & 7;
+        } else {
+            d = f16_low(r.sc.x);
+            s = (r.sc.y >> 12) & 7;
+        }
+        c.scale = d * (float)(2 * s + 1) * 0.125f;
+        c.offset = 0.0f;
+        return c;
+    }
+};
+typedef FmtIQ1<false> FmtIQ1_S;
+typedef FmtIQ1<true> FmtIQ1_M;
 
 // ---- Chunks as f32 values (mat-mat and embedding kernels) ----
 

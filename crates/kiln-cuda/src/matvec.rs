@@ -1,7 +1,8 @@
 //! Weight matrices on the GPU and the products that read them: mat-vec for 1 to
 //! [`MAX_MATVEC_TOKENS`] tokens, mat-mat beyond, fused residual-add and SwiGLU variants, and
 //! embedding-row lookup, for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
-//! Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0 and Q1_0.
+//! Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, Q1_0, Q2_0, MXFP4, NVFP4 and the IQ1/IQ2/IQ3 codebook
+//! formats (expanded at upload, see repack.rs).
 //!
 //! Weights are repacked once at upload ([`upload_weight`], layouts in `repack.rs`). Every
 //! launch goes to the device's one stream, never synchronizes the host and never allocates,
@@ -712,7 +713,7 @@ mod tests {
                 seen += 1;
             }
         }
-        assert_eq!(seen, 34);
+        assert_eq!(seen, 54);
     }
 
     /// Every kernel the host can ask for is declared in the source it is looked up in.
@@ -727,7 +728,7 @@ mod tests {
                 storages.push(Storage::Quant { layout, planes: null_planes });
             }
         }
-        assert_eq!(storages.len(), 18, "every format of the module docs");
+        assert_eq!(storages.len(), 28, "every format of the module docs");
         for storage in &storages {
             let mut kernels = vec![Kernel::Embed];
             for tile in 0..MATMAT_TILES {

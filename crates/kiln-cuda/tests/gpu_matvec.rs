@@ -37,7 +37,35 @@ const FORMATS: &[GgmlType] = &[
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::Q1_0,
+    GgmlType::Q2_0,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
 ];
+
+/// Random blocks of a decode-only (codebook) format with a small finite f16 super-block scale
+/// (IQ1_M keeps it in the top nibbles of its four scale words), so values stay well inside f16.
+fn random_codebook_blocks(rng: &mut ChaCha8Rng, ty: GgmlType, bytes: &mut [u8]) {
+    rng.fill(bytes);
+    for block in bytes.chunks_exact_mut(ty.type_size()) {
+        let d = half::f16::from_f32(rng.gen_range(-0.05f32..0.05)).to_bits();
+        if ty == GgmlType::IQ1_M {
+            for k in 0..4 {
+                let at = 48 + 2 * k;
+                let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
+                block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+}
 
 /// Token counts: every mat-vec specialization class (1, 2-3, 4-8 rows per warp) and the mat-mat.
 const TOKEN_COUNTS: &[usize] = &[1, 2, 3, 5, 8, 37];
@@ -93,9 +121,13 @@ struct HostWeight {
 
 impl HostWeight {
     fn random(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> HostWeight {
-        let source = random_f32(rng, rows * cols);
         let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).expect("whole blocks")];
-        kiln_quant::quantize(ty, &source, &mut bytes).expect("quantize");
+        if kiln_quant::can_quantize(ty) {
+            let source = random_f32(rng, rows * cols);
+            kiln_quant::quantize(ty, &source, &mut bytes).expect("quantize");
+        } else {
+            random_codebook_blocks(rng, ty, &mut bytes);
+        }
         let mut values = vec![0f32; rows * cols];
         kiln_quant::dequantize(ty, &bytes, &mut values).expect("dequantize");
         let halves = values.iter().map(|&v| round_f16(v)).collect();
@@ -275,6 +307,7 @@ fn column_choices(ty: GgmlType) -> [usize; 3] {
     match ty.block_size() {
         1 => [7, 100, 4100],
         32 => [96, 512, 4128],
+        64 => [64, 448, 4160],
         128 => [128, 640, 4224],
         _ => [256, 768, 4352],
     }

@@ -39,7 +39,9 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
     Q1_0 = 41,
+    Q2_0 = 42,
 }
 
 /// Every type id this crate knows the sizes of (kiln-quant computes with only some).
@@ -76,7 +78,9 @@ pub const ALL_TYPES: &[GgmlType] = &[
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::MXFP4,
+    GgmlType::NVFP4,
     GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];
 
 impl GgmlType {
@@ -95,6 +99,7 @@ impl GgmlType {
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
+            NVFP4 | Q2_0 => 64,
             Q1_0 => 128,
             _ => 256,
         }
@@ -132,7 +137,9 @@ impl GgmlType {
             TQ1_0 => 54,
             TQ2_0 => 66,
             MXFP4 => 17,
+            NVFP4 => 36,
             Q1_0 => 18,
+            Q2_0 => 18,
         }
     }
 
@@ -181,7 +188,9 @@ impl GgmlType {
             TQ1_0 => "TQ1_0",
             TQ2_0 => "TQ2_0",
             MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
             Q1_0 => "Q1_0",
+            Q2_0 => "Q2_0",
         }
     }
 
@@ -194,5 +203,26 @@ impl GgmlType {
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_round_trips_its_id_and_name_and_has_whole_blocks() {
+        for &ty in ALL_TYPES {
+            assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
+            assert_eq!(GgmlType::from_name(&ty.name().to_lowercase()), Some(ty));
+            assert_eq!(ty.bytes_for(ty.block_size() as u64 * 3), Some(3 * ty.type_size() as u64), "{ty}");
+        }
+        assert_eq!((GgmlType::Q2_0.block_size(), GgmlType::Q2_0.type_size()), (64, 18));
+        assert_eq!((GgmlType::NVFP4.block_size(), GgmlType::NVFP4.type_size()), (64, 36));
+        assert_eq!((GgmlType::MXFP4.block_size(), GgmlType::MXFP4.type_size()), (32, 17));
+        assert_eq!(GgmlType::NVFP4.bytes_for(100), None);
+        for unknown in [4, 5, 31, 36, 37, 38, 43, 1000] {
+            assert_eq!(GgmlType::from_id(unknown), None, "{unknown}");
+        }
     }
 }

@@ -23,8 +23,8 @@ impl Unpacked {
     }
 }
 
-/// One GGML block format: its `#[repr(C)]` struct is the exact byte layout.
-pub(crate) trait QuantBlock: Pod {
+/// One GGML block format that kiln decodes: its `#[repr(C)]` struct is the exact byte layout.
+pub(crate) trait DecodeBlock: Pod {
     /// Elements per block.
     const N: usize;
     /// Elements sharing one scale.
@@ -34,19 +34,59 @@ pub(crate) trait QuantBlock: Pod {
 
     /// Writes codes `[..N]` and the per-group scales (and offsets).
     fn unpack(&self, out: &mut Unpacked);
+}
+
+/// A block format that kiln also encodes, as llama-quantize does without an importance matrix.
+pub(crate) trait QuantBlock: Pod {
+    const N: usize;
+    const GROUP: usize;
+    const HAS_OFFSET: bool;
+
+    fn unpack(&self, out: &mut Unpacked);
 
     /// Encodes exactly `N` values.
     fn quantize(x: &[f32]) -> Self;
 }
 
-/// Row-level operations; `lib.rs` checks all lengths before calling these.
-pub(crate) trait RowCodec {
-    fn dequantize_row(src: &[u8], dst: &mut [f32]);
-    fn quantize_row(src: &[f32], dst: &mut [u8]);
-    fn dot_row(row: &[u8], x: &[f32]) -> f32;
+impl<B: QuantBlock> DecodeBlock for B {
+    const N: usize = <B as QuantBlock>::N;
+    const GROUP: usize = <B as QuantBlock>::GROUP;
+    const HAS_OFFSET: bool = <B as QuantBlock>::HAS_OFFSET;
+
+    fn unpack(&self, out: &mut Unpacked) {
+        QuantBlock::unpack(self, out)
+    }
 }
 
-impl<B: QuantBlock> RowCodec for B {
+/// Row-level decoding; `lib.rs` checks all lengths before calling these.
+pub(crate) trait RowCodec {
+    fn dequantize_row(src: &[u8], dst: &mut [f32]);
+    fn dot_row(row: &[u8], x: &[f32]) -> f32;
+    /// The integer codes of one block (exactly its bytes), or `false` for float types.
+    fn block_codes(block: &[u8], out: &mut [i8]) -> bool;
+}
+
+/// Row-level encoding, for the formats with a quantizer.
+pub(crate) trait RowEncoder {
+    fn quantize_row(src: &[f32], dst: &mut [u8]);
+}
+
+impl<B: QuantBlock> RowEncoder for B {
+    fn quantize_row(src: &[f32], dst: &mut [u8]) {
+        for (x, out) in src.chunks_exact(<B as QuantBlock>::N).zip(dst.chunks_exact_mut(size_of::<B>())) {
+            out.copy_from_slice(bytemuck::bytes_of(&B::quantize(x)));
+        }
+    }
+}
+
+impl<B: DecodeBlock> RowCodec for B {
+    fn block_codes(block: &[u8], out: &mut [i8]) -> bool {
+        let mut u = Unpacked::new();
+        bytemuck::pod_read_unaligned::<B>(block).unpack(&mut u);
+        out.copy_from_slice(&u.codes[..B::N]);
+        true
+    }
+
     fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         let mut u = Unpacked::new();
         for (bytes, out) in src.chunks_exact(size_of::<B>()).zip(dst.chunks_exact_mut(B::N)) {
@@ -65,12 +105,6 @@ impl<B: QuantBlock> RowCodec for B {
                     }
                 }
             }
-        }
-    }
-
-    fn quantize_row(src: &[f32], dst: &mut [u8]) {
-        for (x, out) in src.chunks_exact(B::N).zip(dst.chunks_exact_mut(size_of::<B>())) {
-            out.copy_from_slice(bytemuck::bytes_of(&B::quantize(x)));
         }
     }
 

@@ -1,6 +1,6 @@
 //! The plain float element types F32, F16 and BF16.
 
-use crate::block::RowCodec;
+use crate::block::{RowCodec, RowEncoder};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 
@@ -45,15 +45,13 @@ impl FloatElem for half::bf16 {
 pub(crate) struct FloatCodec<T>(PhantomData<T>);
 
 impl<T: FloatElem> RowCodec for FloatCodec<T> {
+    fn block_codes(_: &[u8], _: &mut [i8]) -> bool {
+        false
+    }
+
     fn dequantize_row(src: &[u8], dst: &mut [f32]) {
         for (bytes, out) in src.chunks_exact(size_of::<T>()).zip(dst) {
             *out = bytemuck::pod_read_unaligned::<T>(bytes).to_f32();
-        }
-    }
-
-    fn quantize_row(src: &[f32], dst: &mut [u8]) {
-        for (&v, out) in src.iter().zip(dst.chunks_exact_mut(size_of::<T>())) {
-            out.copy_from_slice(bytemuck::bytes_of(&T::from_f32(v)));
         }
     }
 
@@ -63,5 +61,13 @@ impl<T: FloatElem> RowCodec for FloatCodec<T> {
             total += f64::from(bytemuck::pod_read_unaligned::<T>(bytes).to_f32() * xi);
         }
         total as f32
+    }
+}
+
+impl<T: FloatElem> RowEncoder for FloatCodec<T> {
+    fn quantize_row(src: &[f32], dst: &mut [u8]) {
+        for (&v, out) in src.iter().zip(dst.chunks_exact_mut(size_of::<T>())) {
+            out.copy_from_slice(bytemuck::bytes_of(&T::from_f32(v)));
+        }
     }
 }

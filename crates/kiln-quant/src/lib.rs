@@ -14,19 +14,26 @@
 mod block;
 pub mod file;
 mod float;
+mod fp4;
 mod iq;
+mod iq1;
+mod iq2;
+mod iq_grids;
 mod kquants;
 mod legacy;
 pub mod synthetic;
 mod ternary;
 
+pub use fp4::{e8m0_half, ue4m3_half, BlockMXFP4, BlockNVFP4, E2M1_X2};
 pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
+pub use iq1::{BlockIQ1_M, BlockIQ1_S};
+pub use iq2::{BlockIQ2_S, BlockIQ2_XS, BlockIQ2_XXS, BlockIQ3_S, BlockIQ3_XXS};
 pub use kiln_gguf::{GgmlType, ALL_TYPES};
 pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
-pub use ternary::{BlockTQ1_0, BlockTQ2_0};
+pub use ternary::{BlockQ2_0, BlockTQ1_0, BlockTQ2_0};
 
-use block::RowCodec;
+use block::{RowCodec, RowEncoder};
 
 // Block structs are read from file bytes as native-endian plain data; GGUF is little-endian.
 #[cfg(not(target_endian = "little"))]
@@ -53,18 +60,41 @@ pub fn type_from_id(id: u32) -> Result<GgmlType, QuantError> {
 }
 
 /// Maps a type to the codec implementing it and evaluates `$body` with `$C`
-/// naming that codec, or `$other` for types without one.
+/// naming that codec, or `$other` for types without one. `with_quantizer!` covers
+/// the types with a quantizer, `with_codec!` those plus the decode-only ones.
+macro_rules! with_quantizer {
+    ($ty:expr, $C:ident => $body:expr, $other:expr) => {
+        codec_table!($ty, $C, $body, $other, quantizers)
+    };
+}
+
 macro_rules! with_codec {
     ($ty:expr, $C:ident => $body:expr, $other:expr) => {
-        with_codec!(@table $ty, $C, $body, $other,
+        codec_table!($ty, $C, $body, $other, all)
+    };
+}
+
+macro_rules! codec_table {
+    ($ty:expr, $C:ident, $body:expr, $other:expr, quantizers) => {
+        codec_table!(@quant $ty, $C, $body, $other,)
+    };
+    ($ty:expr, $C:ident, $body:expr, $other:expr, all) => {
+        codec_table!(@quant $ty, $C, $body, $other,
+            IQ2_XXS => iq2::BlockIQ2_XXS, IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S,
+            IQ3_XXS => iq2::BlockIQ3_XXS, IQ3_S => iq2::BlockIQ3_S, IQ1_S => iq1::BlockIQ1_S,
+            IQ1_M => iq1::BlockIQ1_M)
+    };
+    (@quant $ty:expr, $C:ident, $body:expr, $other:expr, $($extra:tt)*) => {
+        codec_table!(@table $ty, $C, $body, $other,
             F32 => float::FloatCodec<f32>, F16 => float::FloatCodec<half::f16>,
             BF16 => float::FloatCodec<half::bf16>, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1,
             Q5_0 => BlockQ5_0, Q5_1 => BlockQ5_1, Q8_0 => BlockQ8_0, Q8_1 => BlockQ8_1,
-            Q1_0 => BlockQ1_0, Q2_K => BlockQ2_K, Q3_K => BlockQ3_K, Q4_K => BlockQ4_K,
-            Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K, IQ4_NL => BlockIQ4_NL,
-            IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0)
+            Q1_0 => BlockQ1_0, Q2_0 => BlockQ2_0, Q2_K => BlockQ2_K, Q3_K => BlockQ3_K,
+            Q4_K => BlockQ4_K, Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K,
+            IQ4_NL => BlockIQ4_NL, IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0,
+            MXFP4 => BlockMXFP4, NVFP4 => BlockNVFP4, $($extra)*)
     };
-    (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),*) => {
+    (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),* $(,)?) => {
         match $ty {
             $(GgmlType::$variant => {
                 type $C = $codec;
@@ -80,9 +110,10 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     with_codec!(ty, _C => true, false)
 }
 
-/// Whether `quantize` handles this type (every dequantizable type here has a quantizer).
+/// Whether `quantize` handles this type: those llama-quantize encodes without an
+/// importance matrix, except IQ3_XXS/IQ3_S, whose grid search kiln does not reproduce.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    can_dequantize(ty)
+    with_quantizer!(ty, _C => true, false)
 }
 
 /// Bytes taken by `n_elements` values of type `ty`.
@@ -119,7 +150,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
 /// Encodes `src` (a whole number of blocks; blocks are independent, so rows may be
 /// concatenated) into `dst`, which must be exactly the encoded size.
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    with_codec!(
+    with_quantizer!(
         ty,
         C => {
             check_lengths(ty, src.len(), dst.len())?;
@@ -127,6 +158,25 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
             Ok(())
         },
         Err(QuantError::Unsupported { ty, op: "quantize" })
+    )
+}
+
+/// The integer codes of one block of `ty` (`block` holds exactly its bytes, `codes` one
+/// entry per value): value i = scale * code i (+ offset) with the per-group scale of
+/// `dequantize`. For the codebook formats the code is the signed codebook value
+/// (IQ1_S/IQ1_M: 8 * (grid value + delta)).
+pub fn block_codes(ty: GgmlType, block: &[u8], codes: &mut [i8]) -> Result<(), QuantError> {
+    with_codec!(
+        ty,
+        C => {
+            check_lengths(ty, codes.len(), block.len())?;
+            if codes.len() == ty.block_size() && C::block_codes(block, codes) {
+                Ok(())
+            } else {
+                Err(QuantError::Unsupported { ty, op: "block_codes of one block" })
+            }
+        },
+        Err(QuantError::Unsupported { ty, op: "block_codes" })
     )
 }
 

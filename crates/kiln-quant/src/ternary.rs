@@ -1,5 +1,6 @@
 //! The ternary formats TQ1_0 (base-3 packing, 1.6875 bpw) and TQ2_0 (2-bit packing):
-//! value = d * t with t in {-1, 0, 1}, d = max |x| over the 256-element block.
+//! value = d * t with t in {-1, 0, 1}, d = max |x| over the 256-element block; and Q2_0,
+//! Ternary-Bonsai's 64-element format, whose 2-bit codes also allow +2.
 
 use crate::block::{abs_max, f16_of, f32_of, QuantBlock, Unpacked};
 use crate::kquants::unpack_2bit;
@@ -25,6 +26,15 @@ pub struct BlockTQ2_0 {
     pub d: f16,
 }
 
+/// Value j = d * (code j - 1), code j in bits 2(j%4).. of `qs[j/4]` (values -1, 0, 1, 2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct BlockQ2_0 {
+    pub d: f16,
+    pub qs: [u8; 16],
+}
+
+const _: () = assert!(size_of::<BlockQ2_0>() == 18);
 const _: () = assert!(size_of::<BlockTQ1_0>() == 54);
 const _: () = assert!(size_of::<BlockTQ2_0>() == 66);
 
@@ -99,5 +109,33 @@ impl QuantBlock for BlockTQ2_0 {
             (0..4).fold(0u8, |acc, k| acc | t[128 * h + 32 * k + m] << (2 * k))
         });
         BlockTQ2_0 { qs, d }
+    }
+}
+
+impl QuantBlock for BlockQ2_0 {
+    const N: usize = 64;
+    const GROUP: usize = 64;
+    const HAS_OFFSET: bool = false;
+
+    fn unpack(&self, u: &mut Unpacked) {
+        for (&byte, out) in self.qs.iter().zip(u.codes.chunks_exact_mut(4)) {
+            for (k, c) in out.iter_mut().enumerate() {
+                *c = ((byte >> (2 * k)) & 3) as i8 - 1;
+            }
+        }
+        u.scale[0] = f32_of(self.d);
+    }
+
+    /// ggml: d = max |x|, code = round-half-away(x / d) + 1 with the f32 d, so the
+    /// quantizer itself never writes code 3 (+2).
+    fn quantize(x: &[f32]) -> Self {
+        let (amax, _) = abs_max(x);
+        let id = if amax > 0.0 { 1.0 / amax } else { 0.0 };
+        let mut qs = [0u8; 16];
+        for (j, &v) in x.iter().enumerate() {
+            let q = ((v * id).round() as i32 + 1).clamp(0, 3) as u8;
+            qs[j / 4] |= q << (2 * (j % 4));
+        }
+        BlockQ2_0 { d: f16_of(amax), qs }
     }
 }

@@ -136,6 +136,18 @@ fn other_mixes_match_llama_quantize() {
     // TQ2_0: embeddings Q4_K, output Q6_K, everything else ternary.
     let e = Expect { n_layer: 32, base: TQ2_0, embd: Q4_K, out: Some(Q6_K), attn_v: &|_| TQ2_0, ffn_down: &|_| TQ2_0, attn_output: TQ2_0, qk_norm: false };
     assert_same_types(&planned(s, &options("TQ2_0")), &e.table(), "TQ2_0");
+    // Q2_0 / NVFP4: the generic rules only (output Q6_K).
+    for (name, ty) in [("Q2_0", Q2_0), ("NVFP4", NVFP4)] {
+        let e = Expect { n_layer: 32, base: ty, embd: ty, out: Some(Q6_K), attn_v: &|_| ty, ffn_down: &|_| ty, attn_output: ty, qk_norm: false };
+        assert_same_types(&planned(s, &options(name)), &e.table(), name);
+    }
+    // MXFP4_MOE on a dense model: no expert tensors, so all but the untied embeddings Q8_0;
+    // --pure puts every matrix in MXFP4.
+    let e = Expect { n_layer: 32, base: Q8_0, embd: MXFP4, out: Some(Q8_0), attn_v: &|_| Q8_0, ffn_down: &|_| Q8_0, attn_output: Q8_0, qk_norm: false };
+    assert_same_types(&planned(s, &options("MXFP4_MOE")), &e.table(), "MXFP4_MOE");
+    let pure = QuantizeOptions { pure: true, ..options("MXFP4_MOE") };
+    let e = Expect { n_layer: 32, base: MXFP4, embd: MXFP4, out: Some(MXFP4), attn_v: &|_| MXFP4, ffn_down: &|_| MXFP4, attn_output: MXFP4, qk_norm: false };
+    assert_same_types(&planned(s, &pure), &e.table(), "--pure MXFP4_MOE");
     // Q8_0 keeps Q8_0 for the output; F16 converts every matrix and no mix rule applies.
     let e = Expect { n_layer: 32, base: Q8_0, embd: Q8_0, out: Some(Q8_0), attn_v: &|_| Q8_0, ffn_down: &|_| Q8_0, attn_output: Q8_0, qk_norm: false };
     assert_same_types(&planned(s, &options("Q8_0")), &e.table(), "Q8_0");
@@ -219,10 +231,11 @@ fn tolerance(ty: GgmlType) -> f64 {
         Q6_K => 0.03,
         Q5_0 | Q5_1 | Q5_K => 0.075,
         Q4_0 | Q4_1 | Q4_K | IQ4_NL | IQ4_XS => 0.15,
+        MXFP4 | NVFP4 => 0.18,
         Q3_K => 0.22,
         Q2_K => 0.43,
         Q1_0 => 0.8,
-        TQ1_0 | TQ2_0 => 0.9,
+        TQ1_0 | TQ2_0 | Q2_0 => 0.9,
         other => panic!("no tolerance for {other}"),
     }
 }
@@ -352,8 +365,27 @@ fn requantizing_needs_the_flag() {
 }
 
 /// Every type kiln writes, through the mixes that use it, on rows of 256 and 512.
-const RANDOM_MODEL_TYPES: &[&str] =
-    &["Q4_K_M", "Q5_K_S", "Q2_K", "Q3_K_M", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_XS", "IQ4_NL", "TQ1_0", "TQ2_0", "Q1_0", "BF16"];
+const RANDOM_MODEL_TYPES: &[&str] = &[
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q2_K",
+    "Q3_K_M",
+    "Q6_K",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "IQ4_XS",
+    "IQ4_NL",
+    "TQ1_0",
+    "TQ2_0",
+    "Q1_0",
+    "Q2_0",
+    "NVFP4",
+    "MXFP4_MOE",
+    "BF16",
+];
 
 #[test]
 fn random_tiny_models_hold_their_planned_types_and_values() {

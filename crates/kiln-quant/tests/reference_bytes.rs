@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kiln_quant::{quantize, quantized_size, GgmlType};
+use kiln_quant::{dequantize, quantize, quantized_size, vec_dot, GgmlType};
 
 /// Index of the first differing byte, for a readable failure.
 fn first_mismatch(a: &[u8], b: &[u8]) -> Option<usize> {
@@ -28,16 +28,19 @@ fn quantizers_match_gguf_py_byte_for_byte() {
     let row_len = manifest["gguf_py_row_len"].as_u64().unwrap() as usize;
     assert_eq!(input.len(), n_rows * row_len);
     let types = manifest["gguf_py_types"].as_array().unwrap();
-    assert!(types.len() >= 9, "fixture manifest lists only {} types", types.len());
-    for name in types {
+    assert!(types.len() >= 10, "fixture manifest lists only {} types", types.len());
+    let refs = manifest["ref_quant_types"].as_array().unwrap();
+    assert!(refs.len() >= 2, "fixture manifest lists only {} reference quantizer types", refs.len());
+    let files = types.iter().map(|t| (t, "gguf_py")).chain(refs.iter().map(|t| (t, "ref")));
+    for (name, source) in files {
         let name = name.as_str().unwrap();
         let ty = GgmlType::from_name(name).unwrap_or_else(|| panic!("unknown type {name} in manifest"));
-        let expected = read(&dir.join(format!("gguf_py_{name}.bin")));
+        let expected = read(&dir.join(format!("{source}_{name}.bin")));
         let got = quantize_to_vec(ty, &input);
         if let Some(at) = first_mismatch(&got, &expected) {
             let block = at / ty.type_size();
             panic!(
-                "{name}: byte {at} (block {block}) differs from gguf-py: got {:?} want {:?}",
+                "{name}: byte {at} (block {block}) differs from {source}: got {:?} want {:?}",
                 &got[block * ty.type_size()..][..ty.type_size()],
                 &expected[block * ty.type_size()..][..ty.type_size()]
             );
@@ -85,5 +88,41 @@ fn quantizers_match_llama_quantize_byte_for_byte() {
         assert_eq!(ty.name(), name);
         let got = quantize_to_vec(ty, &f32s_from_le(&src));
         assert_eq!(first_mismatch(&got, &expected), None, "{name} conversion differs from llama-quantize");
+    }
+}
+
+/// Random blocks of every newly decoded type against gguf-py's dequantization (or, where
+/// gguf-py lacks the type or decodes it wrongly, the fixture script's own decoder), bit
+/// for bit; and vec_dot against the reference values.
+#[test]
+fn dequantize_matches_reference_values_bit_for_bit() {
+    let dir = fixtures_dir();
+    let manifest = read_json(&dir.join("manifest.json"));
+    let entries = manifest["dequant"].as_array().unwrap();
+    assert!(entries.len() >= 10, "fixture manifest lists only {} dequant types", entries.len());
+    for entry in entries {
+        let name = entry["type"].as_str().unwrap();
+        let source = entry["source"].as_str().unwrap();
+        let ty = GgmlType::from_name(name).unwrap_or_else(|| panic!("unknown type {name} in manifest"));
+        let n = entry["values"].as_u64().unwrap() as usize;
+        let file = read(&dir.join(format!("dequant_{name}.bin")));
+        let n_bytes = quantized_size(ty, n).unwrap();
+        assert_eq!(file.len(), n_bytes + 4 * n, "{name}: fixture size");
+        let (blocks, values) = file.split_at(n_bytes);
+        let expected = f32s_from_le(values);
+        let mut got = vec![0f32; n];
+        dequantize(ty, blocks, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (i, (&g, &e)) in got.iter().zip(&expected).enumerate() {
+            let same = g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan());
+            assert!(same, "{name} value {i} (block {}): kiln {g:e} vs {source} {e:e}", i / ty.block_size());
+        }
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0).collect();
+        let finite: Vec<(f32, f32)> = expected.iter().zip(&x).map(|(&e, &xi)| (e, xi)).collect();
+        if finite.iter().all(|(e, _)| e.is_finite()) {
+            let reference: f64 = finite.iter().map(|&(e, xi)| f64::from(e) * f64::from(xi)).sum();
+            let magnitude: f64 = finite.iter().map(|&(e, xi)| (f64::from(e) * f64::from(xi)).abs()).sum();
+            let dot = f64::from(vec_dot(ty, blocks, &x).unwrap());
+            assert!((dot - reference).abs() <= 2e-5 * magnitude + 1e-30, "{name}: vec_dot {dot} vs reference {reference}");
+        }
     }
 }

@@ -30,6 +30,9 @@ fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
 ///    (error halves per extra bit): Q2_K 0.30, Q3_K 0.15, Q4_K/IQ4 0.075, Q5_K 0.037,
 ///    Q6_K 0.019;
 ///  - Q1_0 keeps sign(x)*mean|x|: error variance 1 - 2/pi, i.e. 0.603 exactly;
+///  - MXFP4/NVFP4: E2M1's 8 magnitudes are spaced like a 3-bit float (steps 1/8..1/4
+///    of the value), with a power-of-two (MXFP4: 0.113) or E4M3 (NVFP4: 0.098) scale;
+///  - Q2_0 is ternary over 64 values (amax ~2.5 sigma): 0.72;
 ///  - ternary TQ*: t*amax with amax ~ 3-4 sigma zeroes |x| < amax/2: 0.8-0.9, so the
 ///    RMS bound only rules out an all-zero output; `ternary_error_within_half_step` pins
 ///    these formats down value by value instead.
@@ -57,6 +60,9 @@ fn rel_rms_bound(ty: GgmlType) -> f64 {
         Q2_K => 0.37,
         Q1_0 => 0.66,
         TQ1_0 | TQ2_0 => 0.97,
+        Q2_0 => 0.85,
+        MXFP4 => 0.14,
+        NVFP4 => 0.13,
         _ => panic!("no bound for {ty}"),
     }
 }
@@ -66,6 +72,7 @@ fn shapes(ty: GgmlType) -> Vec<usize> {
     match ty.block_size() {
         1 => vec![37, 256, 4096],
         32 => vec![224, 1184, 4096, 14336],
+        64 => vec![192, 1344, 4096],
         128 => vec![384, 4096],
         _ => vec![256, 768, 4096],
     }
@@ -99,7 +106,8 @@ fn roundtrip_error_within_ggml_thresholds() {
         use GgmlType::*;
         let threshold = match ty {
             Q1_0 => 0.025,
-            TQ1_0 | TQ2_0 => 0.01,
+            TQ1_0 | TQ2_0 | Q2_0 => 0.01,
+            MXFP4 | NVFP4 => 0.003,
             Q2_K => 0.0075,
             Q3_K => 0.004,
             _ => 0.002,
@@ -134,7 +142,12 @@ fn quantizers_handle_degenerate_blocks() {
         // All zeros must come back as zeros; a constant block must stay close to the constant.
         assert!(roundtrip(ty, &vec![0.0; n]).iter().all(|&v| v == 0.0), "{ty}: zeros not preserved");
         let c = roundtrip(ty, &vec![0.37; n]);
-        let tol = if ty == GgmlType::Q2_K { 0.05 } else { 0.01 };
+        // E2M1 has no 0.37 / 2^k closer than 12/32 = 0.375.
+        let tol = match ty {
+            GgmlType::Q2_K => 0.05,
+            GgmlType::MXFP4 | GgmlType::NVFP4 => 0.014,
+            _ => 0.01,
+        };
         assert!(c.iter().all(|&v| (v - 0.37).abs() <= tol * 0.37 + 1e-6), "{ty}: constant block lost: {:?}", &c[..4]);
         // Non-finite input must not panic (the values are garbage, like ggml's).
         let mut x = Rng::new(3).gaussian_vec(n, 1.0);
@@ -149,7 +162,8 @@ fn quantizers_handle_degenerate_blocks() {
 fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
     use GgmlType::*;
     match ty {
-        Q4_0 | Q5_0 | Q8_0 | Q1_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_0 | Q5_0 | Q8_0 | Q1_0 | Q2_0 | IQ4_NL | IQ4_XS => &[0],
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => &[0],
         Q4_1 | Q5_1 | Q8_1 | Q4_K | Q5_K => &[0, 2],
         Q2_K => &[80, 82],
         Q3_K => &[108],
@@ -170,8 +184,20 @@ fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
         _ => {
             let mut row = rng.bytes(quantized_size(ty, n).unwrap());
             for block in row.chunks_exact_mut(ty.type_size()) {
-                if ty == GgmlType::Q8_K {
-                    block[..4].copy_from_slice(&(finite(rng) * 0.01).to_le_bytes());
+                match ty {
+                    GgmlType::Q8_K => block[..4].copy_from_slice(&(finite(rng) * 0.01).to_le_bytes()),
+                    // A power of two near 1, well inside f32 even times the largest code.
+                    GgmlType::MXFP4 => block[0] = 118 + (rng.next_u64() % 20) as u8,
+                    // The f16 scale lives in the top nibbles of the four scale words.
+                    GgmlType::IQ1_M => {
+                        let d = half::f16::from_f32(finite(rng)).to_bits();
+                        for k in 0..4 {
+                            let at = 48 + 2 * k;
+                            let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
+                            block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+                        }
+                    }
+                    _ => {}
                 }
                 for &off in f16_scale_offsets(ty) {
                     block[off..off + 2].copy_from_slice(&half::f16::from_f32(finite(rng)).to_le_bytes());
@@ -188,15 +214,16 @@ fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
 #[test]
 fn vec_dot_matches_dequantize_then_dot() {
     let mut rng = Rng::new(0x5eed_0003);
-    for &ty in SUPPORTED {
+    for ty in decodable() {
         for n in shapes(ty) {
             let x = rng.gaussian_vec(n, 1.0);
-            let quantized = {
+            let mut rows = vec![("random", random_valid_row(ty, n, &mut rng))];
+            if kiln_quant::can_quantize(ty) {
                 let mut q = vec![0u8; quantized_size(ty, n).unwrap()];
                 quantize(ty, &rng.gaussian_vec(n, 2.0), &mut q).unwrap();
-                q
-            };
-            for (source, row) in [("quantized", quantized), ("random", random_valid_row(ty, n, &mut rng))] {
+                rows.push(("quantized", q));
+            }
+            for (source, row) in rows {
                 let mut a = vec![0f32; n];
                 dequantize(ty, &row, &mut a).unwrap();
                 assert!(a.iter().all(|v| v.is_finite()), "{ty} {source}: non-finite dequantized value");
@@ -215,7 +242,7 @@ fn vec_dot_matches_dequantize_then_dot() {
 #[test]
 fn dequantize_never_panics_on_random_bytes() {
     let mut rng = Rng::new(0x5eed_0004);
-    for &ty in SUPPORTED {
+    for ty in decodable() {
         let n = 2 * ty.block_size().max(256);
         let row = rng.bytes(quantized_size(ty, n).unwrap());
         let mut out = vec![0f32; n];
@@ -227,7 +254,7 @@ fn dequantize_never_panics_on_random_bytes() {
 
 #[test]
 fn unsupported_and_unknown_types_are_errors() {
-    for ty in [GgmlType::IQ2_XXS, GgmlType::IQ3_S, GgmlType::IQ1_M, GgmlType::I32, GgmlType::F64, GgmlType::MXFP4] {
+    for ty in [GgmlType::I8, GgmlType::I16, GgmlType::I32, GgmlType::I64, GgmlType::F64] {
         assert!(!kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty), "{ty}");
         let n = ty.block_size() * 2;
         let bytes = vec![0u8; quantized_size(ty, n).unwrap()];
@@ -242,7 +269,29 @@ fn unsupported_and_unknown_types_are_errors() {
     for &ty in SUPPORTED {
         assert!(kiln_quant::can_dequantize(ty) && kiln_quant::can_quantize(ty), "{ty}");
     }
+    for &ty in DECODE_ONLY {
+        assert!(kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty), "{ty}");
+        let n = ty.block_size();
+        let mut q = vec![0u8; ty.type_size()];
+        let err = quantize(ty, &vec![0.0; n], &mut q).unwrap_err();
+        assert!(matches!(err, QuantError::Unsupported { op: "quantize", .. }) && err.to_string().contains(ty.name()), "{err}");
+    }
+    // Every type the GGUF reader knows is either handled or refused, never both.
+    for &ty in kiln_quant::ALL_TYPES {
+        let listed = decodable().any(|t| t == ty);
+        assert_eq!(kiln_quant::can_dequantize(ty), listed, "{ty}");
+    }
+    // block_codes: one whole block of a block format only.
+    let mut codes = [0i8; 256];
+    assert!(matches!(kiln_quant::block_codes(GgmlType::F16, &[0; 2], &mut codes[..1]), Err(QuantError::Unsupported { .. })));
+    assert!(matches!(kiln_quant::block_codes(GgmlType::IQ2_XXS, &[0; 65], &mut codes), Err(QuantError::BadLength { .. })));
+    assert!(matches!(kiln_quant::block_codes(GgmlType::Q4_0, &[0; 36], &mut codes[..64]), Err(QuantError::Unsupported { .. })));
+    kiln_quant::block_codes(GgmlType::IQ2_XXS, &[0; 66], &mut codes).unwrap();
+    assert!(codes.iter().all(|&c| c == 8), "grid entry 0 is all 8s, no signs: {codes:?}");
     assert!(matches!(type_from_id(99), Err(QuantError::UnknownTypeId(99))));
+    assert!(matches!(type_from_id(43), Err(QuantError::UnknownTypeId(43))));
+    assert_eq!(type_from_id(42).unwrap(), GgmlType::Q2_0);
+    assert_eq!(type_from_id(40).unwrap(), GgmlType::NVFP4);
     assert_eq!(type_from_id(12).unwrap(), GgmlType::Q4_K);
 }
 

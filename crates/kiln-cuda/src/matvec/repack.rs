@@ -39,6 +39,22 @@
 //! | IQ4_XS | 4-bit codebook index | `d, scales_h, scales_l[4]` (16) | d (ls - 32), 0 |
 //! | TQ2_0  | 2-bit `t + 1` | `d` (4) | d, -d |
 //! | TQ1_0  | stored as TQ2_0 (its base-3 packing has no aligned lane access; +22% bytes) | | |
+//! | Q2_0   | 2-bit `q` | `d` (16) | d, -d |
+//! | MXFP4  | 4-bit E2M1 index | `e` (16) | 2^(e-128), 0 (code = doubled E2M1 value) |
+//! | NVFP4  | 4-bit E2M1 index | `d[4]` (32) | ue4m3(d[g]) / 2, 0 |
+//!
+//! The codebook formats are expanded at upload: each value's grid entry and sign become an
+//! index into a small signed codebook (3 bits: 2 + 1 in the extra plane, or 4 bits), so a
+//! lane's chunk decodes without grid tables; only the bytes holding scales are copied.
+//! | format  | codes (codebook) | scale fields per super-block (tile bytes) | scale |
+//! |---------|------------------|----------------------------|-------|
+//! | IQ2_XXS | 2 + 1 bits (+-8, 25, 43) | `d`, the byte with group g's scale nibble, g = 0..8 (20) | d (0.5 + s) / 4 |
+//! | IQ2_XS  | 2 + 1 bits | `d`, `scales[8]` (20) | d (0.5 + s) / 4, per 16 |
+//! | IQ2_S   | 2 + 1 bits | `d`, `scales[8]` (20) | d (0.5 + s) / 4, per 16 |
+//! | IQ3_XXS | 4 bits (+-4 .. 62) | `d`, the byte with group g's scale nibble (20) | d (0.5 + s) / 2 |
+//! | IQ3_S   | 4 bits (+-1, 3 .. 15) | `d`, `scales[4]` (12) | d (1 + 2 s) |
+//! | IQ1_S   | 2 + 1 bits (8 (grid + delta)) | `d`, `qh[8]` (36) | d (2 s + 1) / 8 |
+//! | IQ1_M   | 2 + 1 bits (8 (grid + delta)) | `scales[8]` (16) | d (2 s + 1) / 8, per 16 |
 //!
 //! # Float formats
 //! F32, F16 and BF16 rows are kept as they are, with the row stride rounded up to 16 elements
@@ -48,8 +64,8 @@ use std::mem::{offset_of, size_of};
 use std::ops::Range;
 
 use kiln_quant::{
-    BlockIQ4_NL, BlockIQ4_XS, BlockQ1_0, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0,
-    BlockTQ1_0, BlockTQ2_0, GgmlType,
+    BlockIQ1_M, BlockIQ1_S, BlockIQ2_S, BlockIQ2_XS, BlockIQ2_XXS, BlockIQ3_S, BlockIQ3_XXS, BlockIQ4_NL, BlockIQ4_XS, BlockMXFP4, BlockNVFP4, BlockQ1_0,
+    BlockQ2_0, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K, BlockQ6_K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, GgmlType,
 };
 use rayon::prelude::*;
 
@@ -69,7 +85,32 @@ pub(crate) struct QuantLayout {
     pub extra_bits: usize,
     /// (byte offset, length) of each scale field in the original block.
     scale_fields: &'static [(usize, usize)],
+    /// How `kiln_quant::block_codes` become stored codes, for the formats repacked that way.
+    code_map: Option<CodeMap>,
 }
+
+/// Stored code of a signed code: plus a bias, or its index in a codebook.
+#[derive(Debug)]
+pub(crate) enum CodeMap {
+    Bias(i8),
+    Codebook(&'static [i8]),
+}
+
+impl CodeMap {
+    fn apply(&self, code: i8) -> u8 {
+        match self {
+            CodeMap::Bias(bias) => (code + bias) as u8,
+            // Every code the format can produce is in its codebook (see the tests).
+            CodeMap::Codebook(book) => book.iter().position(|&c| c == code).unwrap_or(0) as u8,
+        }
+    }
+}
+
+/// The codebooks of the expanded formats; quant.cuh holds the same bytes.
+pub(crate) const IQ2_BOOK: &[i8] = &[8, 25, 43, 0, -8, -25, -43, 0];
+pub(crate) const IQ3_XXS_BOOK: &[i8] = &[4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62];
+pub(crate) const IQ3_S_BOOK: &[i8] = &[1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15];
+pub(crate) const IQ1_BOOK: &[i8] = &[-7, 1, 9, 0, -9, -1, 7, 0];
 
 impl QuantLayout {
     pub fn block_values(&self) -> usize {
@@ -104,15 +145,34 @@ const F16: usize = 2;
 
 macro_rules! layout {
     ($ty:ident, $kernel:literal, $code_bits:literal, $extra_bits:literal, [$(($block:ty, $field:ident, $len:expr)),*]) => {
+        layout!($ty, $kernel, $code_bits, $extra_bits, [$((offset_of!($block, $field), $len)),*], None)
+    };
+    ($ty:ident, $kernel:literal, $code_bits:literal, $extra_bits:literal, [$(($offset:expr, $len:expr)),*], $map:expr) => {
         QuantLayout {
             ty: GgmlType::$ty,
             kernel: $kernel,
             code_bits: $code_bits,
             extra_bits: $extra_bits,
-            scale_fields: &[$((offset_of!($block, $field), $len)),*],
+            scale_fields: &[$(($offset, $len)),*],
+            code_map: $map,
         }
     };
 }
+
+/// `d` (offset 0), then the top byte of each 32-value group's sign-and-scale word (group g's
+/// word at `first + stride * g`), whose high nibble is the group's scale: IQ2_XXS / IQ3_XXS.
+const fn word_scale_fields(first: usize, stride: usize) -> [(usize, usize); 9] {
+    let mut fields = [(0, F16); 9];
+    let mut g = 0;
+    while g < 8 {
+        fields[g + 1] = (first + stride * g + 3, 1);
+        g += 1;
+    }
+    fields
+}
+
+const IQ2_XXS_SCALES: [(usize, usize); 9] = word_scale_fields(offset_of!(BlockIQ2_XXS, qs) + 4, 8);
+const IQ3_XXS_SCALES: [(usize, usize); 9] = word_scale_fields(offset_of!(BlockIQ3_XXS, qs) + 64, 4);
 
 static LAYOUTS: &[QuantLayout] = &[
     layout!(Q8_0, "q8_0", 8, 0, [(BlockQ8_0, d, F16)]),
@@ -130,7 +190,21 @@ static LAYOUTS: &[QuantLayout] = &[
     layout!(IQ4_XS, "iq4_xs", 4, 0, [(BlockIQ4_XS, d, F16 + 2 + 4)]),
     layout!(TQ2_0, "tq2_0", 2, 0, [(BlockTQ2_0, d, F16)]),
     layout!(TQ1_0, "tq2_0", 2, 0, [(BlockTQ1_0, d, F16)]),
+    layout!(Q2_0, "q2_0", 2, 0, [(offset_of!(BlockQ2_0, d), F16)], Some(CodeMap::Bias(1))),
+    layout!(MXFP4, "mxfp4", 4, 0, [(offset_of!(BlockMXFP4, e), 1)], Some(CodeMap::Codebook(&kiln_quant::E2M1_X2))),
+    layout!(NVFP4, "nvfp4", 4, 0, [(offset_of!(BlockNVFP4, d), 4)], Some(CodeMap::Codebook(&kiln_quant::E2M1_X2))),
+    QuantLayout { ty: GgmlType::IQ2_XXS, kernel: "iq2_xxs", code_bits: 2, extra_bits: 1, scale_fields: &IQ2_XXS_SCALES, code_map: IQ2 },
+    layout!(IQ2_XS, "iq2_xs", 2, 1, [(offset_of!(BlockIQ2_XS, d), F16), (offset_of!(BlockIQ2_XS, scales), 8)], IQ2),
+    layout!(IQ2_S, "iq2_s", 2, 1, [(offset_of!(BlockIQ2_S, d), F16), (offset_of!(BlockIQ2_S, scales), 8)], IQ2),
+    QuantLayout { ty: GgmlType::IQ3_XXS, kernel: "iq3_xxs", code_bits: 4, extra_bits: 0, scale_fields: &IQ3_XXS_SCALES, code_map: IQ3_XXS },
+    layout!(IQ3_S, "iq3_s", 4, 0, [(offset_of!(BlockIQ3_S, d), F16), (offset_of!(BlockIQ3_S, scales), 4)], Some(CodeMap::Codebook(IQ3_S_BOOK))),
+    layout!(IQ1_S, "iq1_s", 2, 1, [(offset_of!(BlockIQ1_S, d), F16), (offset_of!(BlockIQ1_S, qh), 16)], IQ1),
+    layout!(IQ1_M, "iq1_m", 2, 1, [(offset_of!(BlockIQ1_M, scales), 8)], IQ1),
 ];
+
+const IQ2: Option<CodeMap> = Some(CodeMap::Codebook(IQ2_BOOK));
+const IQ3_XXS: Option<CodeMap> = Some(CodeMap::Codebook(IQ3_XXS_BOOK));
+const IQ1: Option<CodeMap> = Some(CodeMap::Codebook(IQ1_BOOK));
 
 /// The GPU layout of a quantized type, or `None` for float and unsupported types.
 pub(crate) fn quant_layout(ty: GgmlType) -> Option<&'static QuantLayout> {
@@ -237,8 +311,16 @@ fn pack_row(layout: &QuantLayout, src: &[u8], tiles: usize, codes_out: &mut [u8]
     let blocks_per_tile = layout.blocks_per_tile();
     let scale_bytes = layout.scale_bytes();
     let mut codes = vec![0u8; tiles * TILE_VALUES];
+    let mut signed = vec![0i8; block_values];
     for (index, block) in src.chunks_exact(block_bytes).enumerate() {
-        block_codes(layout.ty, block, &mut codes[index * block_values..(index + 1) * block_values]);
+        let out = &mut codes[index * block_values..(index + 1) * block_values];
+        match &layout.code_map {
+            Some(map) => {
+                kiln_quant::block_codes(layout.ty, block, &mut signed).expect("one whole block of a decodable type");
+                out.iter_mut().zip(&signed).for_each(|(o, &c)| *o = map.apply(c));
+            }
+            None => block_codes(layout.ty, block, out),
+        }
         let tile_scales = &mut scales_out[index / blocks_per_tile * scale_bytes..][..scale_bytes];
         let slot = index % blocks_per_tile;
         let mut field_start = 0;
@@ -424,6 +506,12 @@ mod tests {
         let f16_at = |at: usize| f16::from_le_bytes([s[at], s[at + 1]]).to_f32();
         let (sb, j) = (lane / 16, lane % 16);
         let unsigned = |c: u8| f32::from(c);
+        let e2m1 = |c: u8| f32::from(kiln_quant::E2M1_X2[usize::from(c)]);
+        let book: &[i8] = match &layout.code_map {
+            Some(CodeMap::Codebook(book)) => book,
+            _ => &[],
+        };
+        let from_book = |c: u8| f32::from(book[usize::from(c)]);
         let (value_of, scale, offset): (&dyn Fn(u8) -> f32, f32, f32) = match layout.ty {
             GgmlType::Q8_0 => (&|c| f32::from(c as i8), f16_at(2 * (lane / 2)), 0.0),
             GgmlType::Q4_0 => (&unsigned, f16_at(2 * (lane / 2)), -8.0 * f16_at(2 * (lane / 2))),
@@ -462,16 +550,63 @@ mod tests {
                 (&|c| f32::from(kiln_quant::IQ4_NL_CODEBOOK[usize::from(c)]), f16_at(8 * sb) * (ls - 32) as f32, 0.0)
             }
             GgmlType::TQ1_0 | GgmlType::TQ2_0 => (&unsigned, f16_at(2 * sb), -f16_at(2 * sb)),
+            GgmlType::Q2_0 => (&unsigned, f16_at(2 * (lane / 4)), -f16_at(2 * (lane / 4))),
+            GgmlType::MXFP4 => (&e2m1, kiln_quant::e8m0_half(s[lane / 2]), 0.0),
+            GgmlType::NVFP4 => (&e2m1, kiln_quant::ue4m3_half(s[lane]), 0.0),
+            GgmlType::IQ2_XXS | GgmlType::IQ3_XXS => {
+                let mul = if layout.ty == GgmlType::IQ2_XXS { 0.25 } else { 0.5 };
+                let nibble = s[4 + 2 * (j / 2) + sb] >> 4;
+                (&from_book, f16_at(2 * sb) * (0.5 + f32::from(nibble)) * mul, 0.0)
+            }
+            GgmlType::IQ2_XS | GgmlType::IQ2_S => {
+                let nibble = (s[4 + 8 * sb + j / 2] >> (4 * (j % 2))) & 0xf;
+                (&from_book, f16_at(2 * sb) * (0.5 + f32::from(nibble)) * 0.25, 0.0)
+            }
+            GgmlType::IQ3_S => {
+                let g = j / 2;
+                let nibble = (s[4 + 4 * sb + g / 2] >> (4 * (g % 2))) & 0xf;
+                (&from_book, f16_at(2 * sb) * f32::from(1 + 2 * nibble), 0.0)
+            }
+            GgmlType::IQ1_S => {
+                let qh = u16::from_le_bytes([s[4 + 16 * sb + 2 * (j / 2)], s[5 + 16 * sb + 2 * (j / 2)]]);
+                let multiple = f32::from(2 * ((qh >> 12) & 7) + 1);
+                (&from_book, f16_at(2 * sb) * multiple * 0.125, 0.0)
+            }
+            GgmlType::IQ1_M => {
+                let w: [u16; 4] = std::array::from_fn(|k| u16::from_le_bytes([s[8 * sb + 2 * k], s[8 * sb + 2 * k + 1]]));
+                let bits = (w[0] >> 12) | ((w[1] >> 8) & 0x00f0) | ((w[2] >> 4) & 0x0f00) | (w[3] & 0xf000);
+                let g = j / 2;
+                let multiple = f32::from(2 * ((w[g / 2] >> (6 * (g % 2) + 3 * (j % 2))) & 7) + 1);
+                (&from_book, f16::from_bits(bits).to_f32() * multiple * 0.125, 0.0)
+            }
             other => unreachable!("{other}"),
         };
         std::array::from_fn(|i| scale.mul_add(value_of(codes[i]), offset))
     }
 
+    /// Quantized random values, or for the decode-only formats random blocks with a finite
+    /// f16 super-block scale.
     fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).unwrap()];
-        kiln_quant::quantize(ty, &values, &mut bytes).unwrap();
+        if kiln_quant::can_quantize(ty) {
+            let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            kiln_quant::quantize(ty, &values, &mut bytes).unwrap();
+            return bytes;
+        }
+        rng.fill(&mut bytes[..]);
+        for block in bytes.chunks_exact_mut(ty.type_size()) {
+            let d = f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits();
+            if ty == GgmlType::IQ1_M {
+                for k in 0..4 {
+                    let at = 48 + 2 * k;
+                    let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
+                    block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+                }
+            } else {
+                block[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
         bytes
     }
 
@@ -503,12 +638,56 @@ mod tests {
                         }
                     }
                 }
-                if layout.ty != GgmlType::TQ1_0 && cols % TILE_VALUES == 0 {
+                if !expands(layout.ty) && cols % TILE_VALUES == 0 {
                     let planes = packed.codes.len() + packed.extra.len() + packed.scales.len();
                     assert_eq!(planes, bytes.len(), "{}: planes hold exactly the original bytes", layout.ty);
                 }
             }
         }
+    }
+
+    /// The formats stored in more bytes than their GGUF blocks (codes re-encoded wider).
+    fn expands(ty: GgmlType) -> bool {
+        use GgmlType::*;
+        matches!(ty, TQ1_0 | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S | IQ1_M)
+    }
+
+    /// Every code a codebook format can produce has a codebook entry (so `CodeMap::apply`'s
+    /// fallback is never taken): all grid entries and signs, through `block_codes`.
+    #[test]
+    fn codebooks_cover_every_code() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for layout in LAYOUTS {
+            let Some(CodeMap::Codebook(book)) = &layout.code_map else { continue };
+            assert!(book.len() <= 1 << (layout.code_bits + layout.extra_bits), "{}", layout.ty);
+            let mut codes = vec![0i8; layout.block_values()];
+            for _ in 0..2000 {
+                let mut block = vec![0u8; layout.block_bytes()];
+                rng.fill(&mut block[..]);
+                kiln_quant::block_codes(layout.ty, &block, &mut codes).unwrap();
+                for &c in &codes {
+                    assert!(book.contains(&c), "{}: code {c} not in its codebook", layout.ty);
+                }
+            }
+        }
+    }
+
+    /// quant.cuh spells each codebook as words of four signed bytes; they must be the
+    /// codebooks the repacking indexes (the decoders themselves only run on a GPU).
+    #[test]
+    fn kernel_codebook_words_match_the_repack_codebooks() {
+        let source = include_str!("../../kernels/quant.cuh");
+        let words = |book: &[i8]| -> Vec<String> {
+            let mut padded = book.to_vec();
+            padded.resize(16, 0);
+            padded.chunks(4).map(|c| format!("0x{:08x}u", u32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]))).collect()
+        };
+        for (book, used) in [(&kiln_quant::E2M1_X2[..], 4), (IQ3_XXS_BOOK, 4), (IQ3_S_BOOK, 4), (IQ2_BOOK, 2), (IQ1_BOOK, 2)] {
+            let spelled = words(book)[..used].join(", ");
+            assert!(source.contains(&spelled), "quant.cuh lacks the codebook {book:?} as {spelled}");
+        }
+        let iq4: Vec<i8> = kiln_quant::IQ4_NL_CODEBOOK.to_vec();
+        assert!(source.contains(&words(&iq4).join(", ")), "IQ4_NL codebook");
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub enum FileType {
     MXFP4_MOE = 38,
     NVFP4 = 39,
     Q1_0 = 40,
+    Q2_0 = 41,
 }
 
 /// Bit llama.cpp sets in the file type it infers for files without `general.file_type`.
@@ -99,8 +100,9 @@ const ENTRIES: &[Entry] = &[
     entry(F::Q6_K, "Q6_K", "Q6_K", Some(G::Q6_K)),
     entry(F::Q8_0, "Q8_0", "Q8_0", Some(G::Q8_0)),
     entry(F::Q1_0, "Q1_0", "Q1_0", Some(G::Q1_0)),
-    entry(F::MXFP4_MOE, "MXFP4_MOE", "MXFP4 MoE", None),
-    entry(F::NVFP4, "NVFP4", "NVFP4", None),
+    entry(F::Q2_0, "Q2_0", "Q2_0", Some(G::Q2_0)),
+    entry(F::MXFP4_MOE, "MXFP4_MOE", "MXFP4 MoE", Some(G::MXFP4)),
+    entry(F::NVFP4, "NVFP4", "NVFP4", Some(G::NVFP4)),
     entry(F::F16, "F16", "F16", Some(G::F16)),
     entry(F::BF16, "BF16", "BF16", Some(G::BF16)),
     entry(F::AllF32, "F32", "all F32", Some(G::F32)),
@@ -181,6 +183,9 @@ impl FileType {
             G::IQ4_XS => F::IQ4_XS,
             G::IQ3_S => F::IQ3_S,
             G::Q1_0 => F::Q1_0,
+            G::Q2_0 => F::Q2_0,
+            G::MXFP4 => F::MXFP4_MOE,
+            G::NVFP4 => F::NVFP4,
             _ => return None,
         })
     }
@@ -221,6 +226,8 @@ mod tests {
         assert_eq!(FileType::parse("Q8_K"), None);
         assert_eq!(FileType::Q4_K_M.id(), 15);
         assert_eq!(FileType::Q1_0.id(), 40);
+        assert_eq!(FileType::Q2_0.id(), 41);
+        assert_eq!(FileType::parse("nvfp4").and_then(FileType::default_type), Some(GgmlType::NVFP4));
         assert_eq!(describe_file_type(15), "Q4_K - Medium");
         assert_eq!(describe_file_type(15 | FILE_TYPE_GUESSED), "Q4_K - Medium (guessed)");
         assert_eq!(describe_file_type(999), "unknown, may not work");

@@ -292,6 +292,13 @@ impl MixRules<'_> {
         use GgmlType as G;
         let (ftype, arch, n_expert) = (self.ftype, self.hp.arch.as_str(), self.hp.n_expert);
         let falcon = arch == "falcon";
+        if ftype == F::MXFP4_MOE {
+            // Expert tensors MXFP4; the output (and tied embeddings) and every other tensor Q8_0,
+            // except untied token embeddings, which keep the default as in llama-quant's chain.
+            let expert = t.name.contains("_exps");
+            let tied = cat == Category::TokenEmbd && self.tied_embeddings;
+            return Ok(if expert || (cat == Category::TokenEmbd && !tied) { default } else { G::Q8_0 });
+        }
         let mut ty = default;
         match cat {
             Category::Output | Category::TokenEmbd if cat == Category::Output || self.tied_embeddings => {

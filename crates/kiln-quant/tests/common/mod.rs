@@ -26,7 +26,19 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::IQ4_XS,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::Q2_0,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
 ];
+
+/// The types kiln-quant decodes but does not encode.
+pub const DECODE_ONLY: &[GgmlType] =
+    &[GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
+
+/// Every type kiln-quant decodes.
+pub fn decodable() -> impl Iterator<Item = GgmlType> {
+    SUPPORTED.iter().chain(DECODE_ONLY).copied()
+}
 
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
