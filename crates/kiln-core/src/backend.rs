@@ -24,6 +24,9 @@ pub enum BackendError {
     OutOfMemory { device: String, what: String, requested_bytes: u64, free_bytes: Option<u64> },
     #[error("{backend} backend does not support {what}")]
     Unsupported { backend: String, what: String },
+    /// An op the backend will implement but does not yet (the CPU backend has every op).
+    #[error("not yet supported on {backend}: {op}")]
+    NotYetSupported { backend: String, op: String },
     #[error("weight {name}: {reason}")]
     BadWeight { name: String, reason: String },
     #[error("batch of {n_tokens} tokens exceeds the {capacity} this state was allocated for")]
@@ -104,6 +107,27 @@ pub struct AttentionParams {
     /// Longest sequence the cache holds (positions), which sizes a split decode attention.
     pub max_seq_len: usize,
     pub scale: f32,
+    /// Sliding-window attention: a query at position `p` sees only positions `p + 1 - window ..= p`.
+    pub window: Option<usize>,
+}
+
+/// How a mixture-of-experts router turns a token's expert logits into its chosen experts and
+/// their weights: softmax over all `n_experts`, the `n_used` most probable (ties: lower id).
+#[derive(Clone, Copy, Debug)]
+pub struct RouterParams {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Divide the chosen probabilities by their sum (then they equal a softmax over the chosen).
+    pub renormalize: bool,
+}
+
+/// Which input rows an expert-indexed product reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertInput {
+    /// One row per token, shared by its `n_used` slots (the gate and up products).
+    PerToken,
+    /// One row per slot, `[n_tokens][n_used][cols]` (the down product).
+    PerSlot,
 }
 
 pub trait Backend: Send + Sync + 'static {
@@ -159,6 +183,32 @@ pub trait Backend: Send + Sync + 'static {
     /// Causal grouped-query attention of `n` query tokens, each over positions `0..=its
     /// position` of its own sequence, read through that sequence's block table.
     fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
+    /// Chooses the experts of `n` tokens from their router logits (`[n][n_experts]`): expert ids
+    /// into `ids` and their weights into `weights`, both `[n][n_used]`. Ids are stored as f32
+    /// (exact for any expert count below 2^24), so they live in ordinary buffers on the device.
+    fn moe_route(&self, logits: &Self::Buffer, ids: &mut Self::Buffer, weights: &mut Self::Buffer, n: usize, p: &RouterParams) -> Result<()>;
+    /// Expert-indexed product: `out[t][j] = x_in · experts[ids[t][j]]` for each token `t` and slot
+    /// `j < n_used`, where `x_in` is `x[t]` or `x[t][j]` as `input` says; `out` is
+    /// `[n][n_used][rows]`. Only the chosen experts' weights are read.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_matmul(
+        &self,
+        experts: &[Self::Weight],
+        x: &Self::Buffer,
+        ids: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
+    ) -> Result<()>;
+    /// `out[t] = sum_j weights[t][j] * y[t][j]` over the `n_used` slots of `y` (`[n][n_used][dim]`).
+    fn moe_combine(&self, y: &Self::Buffer, weights: &Self::Buffer, out: &mut Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    /// `out[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU with the tanh approximation of GELU).
+    fn geglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
+    /// `x[i] *= s` for the first `len` values.
+    fn scale(&self, x: &mut Self::Buffer, s: f32, len: usize) -> Result<()>;
+    /// Soft-capping: `x[i] = cap * tanh(x[i] / cap)` for the first `len` values.
+    fn softcap(&self, x: &mut Self::Buffer, cap: f32, len: usize) -> Result<()>;
     /// Copies `len` values of `src` into `dst`.
     fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
     /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.

@@ -8,8 +8,9 @@ use std::cell::RefCell;
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+use crate::backend::{AttentionParams, Backend, BackendError, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 pub use crate::cpu_kv::CpuKvCache;
+use crate::cpu_ops;
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
 
@@ -45,7 +46,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's scratch vector, grown to at least `len`.
-fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < len {
@@ -59,13 +60,13 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 
 /// A raw output pointer that rayon tasks write disjoint elements through.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
     /// # Safety
     /// No two tasks may write the same index, and `i` must be in bounds.
-    unsafe fn write(self, i: usize, v: f32) {
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
         *self.0.add(i) = v;
     }
 }
@@ -88,7 +89,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+pub(crate) fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(BackendError::Device(format!("{what}: buffer of {have} values, op needs {need}")));
     }
@@ -97,7 +98,7 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 
 /// Row `r` of a weight as f32: borrowed when already f32 and aligned,
 /// otherwise dequantized into `buf`.
-fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
+pub(crate) fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
     let row_bytes = w.cols / w.ty.block_size() * w.ty.type_size();
     let bytes = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
     if w.ty == GgmlType::F32 && (bytes.as_ptr() as usize).is_multiple_of(4) {
@@ -302,7 +303,10 @@ impl Backend for CpuBackend {
         (0..n * p.n_heads).into_par_iter().for_each(|job| {
             let (t, h) = (job / p.n_heads, job % p.n_heads);
             let col = h / group * hd;
-            let (seq, visible) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+            let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+            // Positions before the sliding window are masked out.
+            let start = p.window.map_or(0, |w| end.saturating_sub(w));
+            let visible = end - start;
             let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
             // Sized for the longest sequence so a growing sequence never regrows it.
             with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
@@ -310,7 +314,7 @@ impl Backend for CpuBackend {
                 let (acc, row) = rest[..2 * hd].split_at_mut(hd);
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
-                    cache.load_k(plan.row_of(seq, j), col, row);
+                    cache.load_k(plan.row_of(seq, start + j), col, row);
                     *s = dot_f32(qv, row) * p.scale;
                     max = max.max(*s);
                 }
@@ -321,7 +325,7 @@ impl Backend for CpuBackend {
                 }
                 acc.fill(0.0);
                 for (j, s) in scores.iter().enumerate() {
-                    cache.load_v(plan.row_of(seq, j), col, row);
+                    cache.load_v(plan.row_of(seq, start + j), col, row);
                     for (a, v) in acc.iter_mut().zip(row.iter()) {
                         *a += s * v;
                     }
@@ -332,6 +336,50 @@ impl Backend for CpuBackend {
                 }
             })
         });
+        Ok(())
+    }
+
+    fn moe_route(&self, logits: &Vec<f32>, ids: &mut Vec<f32>, weights: &mut Vec<f32>, n: usize, p: &RouterParams) -> Result<()> {
+        cpu_ops::moe_route(logits, ids, weights, n, p)
+    }
+
+    fn moe_matmul(
+        &self,
+        experts: &[WeightSource],
+        x: &Vec<f32>,
+        ids: &Vec<f32>,
+        out: &mut Vec<f32>,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
+    ) -> Result<()> {
+        cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input)
+    }
+
+    fn moe_combine(&self, y: &Vec<f32>, weights: &Vec<f32>, out: &mut Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        cpu_ops::moe_combine(y, weights, out, n, n_used, dim)
+    }
+
+    fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("geglu", gate.len().min(up.len()).min(out.len()), len)?;
+        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = cpu_ops::gelu_tanh(*g) * u;
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) -> Result<()> {
+        check_len("scale", x.len(), len)?;
+        x[..len].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32, len: usize) -> Result<()> {
+        check_len("softcap", x.len(), len)?;
+        if !(cap > 0.0 && cap.is_finite()) {
+            return Err(BackendError::Device(format!("softcap: cap {cap} is not positive")));
+        }
+        x[..len].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
     }
 

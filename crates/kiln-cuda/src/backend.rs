@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::kv::{kv_type_code, CudaKvCache};
@@ -42,6 +42,11 @@ pub(crate) fn backend_error(error: CudaError) -> BackendError {
 
 fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
     move |error| BackendError::Device(format!("launching {kernel}: {error:?}"))
+}
+
+/// The error of an op the CPU backend has and this one does not have yet.
+fn not_yet(op: &str) -> BackendError {
+    BackendError::NotYetSupported { backend: "CUDA".into(), op: op.into() }
 }
 
 fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
@@ -490,11 +495,47 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
+        if p.window.is_some() {
+            return Err(not_yet("sliding-window attention"));
+        }
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
+    }
+
+    fn moe_route(&self, _logits: &CudaSlice<f32>, _ids: &mut CudaSlice<f32>, _weights: &mut CudaSlice<f32>, _n: usize, _p: &RouterParams) -> Result<()> {
+        Err(not_yet("moe_route (mixture-of-experts router)"))
+    }
+
+    fn moe_matmul(
+        &self,
+        _experts: &[GpuWeight],
+        _x: &CudaSlice<f32>,
+        _ids: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _n: usize,
+        _n_used: usize,
+        _input: ExpertInput,
+    ) -> Result<()> {
+        Err(not_yet("moe_matmul (expert-indexed product)"))
+    }
+
+    fn moe_combine(&self, _y: &CudaSlice<f32>, _weights: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
+        Err(not_yet("moe_combine (weighted sum of expert outputs)"))
+    }
+
+    fn geglu(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize) -> Result<()> {
+        Err(not_yet("geglu"))
+    }
+
+    fn scale(&self, _x: &mut CudaSlice<f32>, _s: f32, _len: usize) -> Result<()> {
+        Err(not_yet("scale"))
+    }
+
+    fn softcap(&self, _x: &mut CudaSlice<f32>, _cap: f32, _len: usize) -> Result<()> {
+        Err(not_yet("softcap"))
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kiln_core::{Backend, WeightSource};
 use kiln_gguf::GgufFile;
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, BlockStyle, FfnConfig, LayerConfig, ModelConfig};
 use crate::error::{ModelError, Result};
 
 /// One decoder block's weights.
@@ -17,12 +17,27 @@ pub struct LayerWeights<B: Backend> {
     pub wo: B::Weight,
     /// qwen2's q/k/v biases.
     pub bias: Option<[B::Buffer; 3]>,
-    /// qwen3's per-head q/k RMSNorm weights.
+    /// Per-head q/k RMSNorm weights (qwen3, gemma3).
     pub qk_norm: Option<[B::Buffer; 2]>,
+    /// Gemma's norm of the attention output, before the residual add.
+    pub post_attn_norm: Option<B::Buffer>,
     pub ffn_norm: B::Buffer,
-    pub w_gate: B::Weight,
-    pub w_up: B::Weight,
-    pub w_down: B::Weight,
+    pub ffn: FfnWeights<B>,
+    /// Gemma's norm of the FFN output, before the residual add.
+    pub post_ffn_norm: Option<B::Buffer>,
+}
+
+pub enum FfnWeights<B: Backend> {
+    Dense { gate: B::Weight, up: B::Weight, down: B::Weight },
+    Moe(MoeWeights<B>),
+}
+
+/// A mixture of experts: the router and each expert's matrices (slices of the GGUF's 3-D tensors).
+pub struct MoeWeights<B: Backend> {
+    pub router: B::Weight,
+    pub gate: Vec<B::Weight>,
+    pub up: Vec<B::Weight>,
+    pub down: Vec<B::Weight>,
 }
 
 pub struct Weights<B: Backend> {
@@ -32,8 +47,8 @@ pub struct Weights<B: Backend> {
     pub output: Option<B::Weight>,
     pub output_norm: B::Buffer,
     pub layers: Vec<LayerWeights<B>>,
-    /// Rotary inverse frequencies (scaling included).
-    pub inv_freq: B::Buffer,
+    /// Rotary inverse frequencies (scaling included), one table per [`ModelConfig::ropes`].
+    pub rope_tables: Vec<B::Buffer>,
 }
 
 /// Bytes of one tensor of a shared GGUF file.
@@ -59,20 +74,33 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
+        Ok(self.matrices(name, cols, rows, None)?.pop().expect("one matrix"))
+    }
+
+    /// A 3-D tensor `[cols, rows, n]` (ne order) as its `n` matrices.
+    fn experts(&self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Vec<B::Weight>> {
+        self.matrices(name, cols, rows, Some(n))
+    }
+
+    fn matrices(&self, name: &str, cols: usize, rows: usize, n: Option<usize>) -> Result<Vec<B::Weight>> {
         let index = self.find(name)?;
         let t = &self.file.tensors()[index];
-        if t.dims != [cols as u64, rows as u64] {
-            return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
+        let mut want = vec![cols as u64, rows as u64];
+        want.extend(n.map(|n| n as u64));
+        if t.dims != want {
+            return Err(ModelError::WrongShape { name: name.into(), expected: want, found: t.dims.clone() });
         }
-        let src = WeightSource {
-            name: name.into(),
-            ty: t.ty,
-            rows,
-            cols,
-            owner: Arc::new(TensorBytes { file: self.file.clone(), index }),
-            range: 0..t.n_bytes as usize,
-        };
-        Ok(self.backend.upload_weight(src)?)
+        let count = n.unwrap_or(1);
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(TensorBytes { file: self.file.clone(), index });
+        // Rows are whole blocks, so each matrix is an equal byte slice (checked by the upload).
+        let per = t.n_bytes as usize / count;
+        (0..count)
+            .map(|e| {
+                let name = if n.is_some() { format!("{name}[{e}]") } else { name.to_string() };
+                let src = WeightSource { name, ty: t.ty, rows, cols, owner: owner.clone(), range: e * per..(e + 1) * per };
+                Ok(self.backend.upload_weight(src)?)
+            })
+            .collect()
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<B::Buffer> {
@@ -94,6 +122,50 @@ impl<B: Backend> Loader<'_, B> {
     fn has(&self, name: &str) -> bool {
         self.file.tensor(name).is_some()
     }
+
+    fn layer(&self, c: &ModelConfig, l: usize, lc: &LayerConfig) -> Result<LayerWeights<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let a = &lc.attn;
+        let (q_width, kv_width) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
+        let bias = if self.has(&n("attn_q.bias")) || c.arch == Arch::Qwen2 {
+            Some([self.vector(&n("attn_q.bias"), q_width)?, self.vector(&n("attn_k.bias"), kv_width)?, self.vector(&n("attn_v.bias"), kv_width)?])
+        } else {
+            None
+        };
+        let qk_norm = if c.arch.has_qk_norm() {
+            Some([self.vector(&n("attn_q_norm.weight"), a.head_dim)?, self.vector(&n("attn_k_norm.weight"), a.head_dim)?])
+        } else {
+            None
+        };
+        let gemma = c.arch.block_style() == BlockStyle::Gemma;
+        let post_norm = |name: &str| if gemma { self.vector(&n(name), c.n_embd).map(Some) } else { Ok(None) };
+        let ffn = match &lc.ffn {
+            FfnConfig::Dense { n_ff } => FfnWeights::Dense {
+                gate: self.matrix(&n("ffn_gate.weight"), c.n_embd, *n_ff)?,
+                up: self.matrix(&n("ffn_up.weight"), c.n_embd, *n_ff)?,
+                down: self.matrix(&n("ffn_down.weight"), *n_ff, c.n_embd)?,
+            },
+            FfnConfig::Moe(m) => FfnWeights::Moe(MoeWeights {
+                router: self.matrix(&n("ffn_gate_inp.weight"), c.n_embd, m.n_expert)?,
+                gate: self.experts(&n("ffn_gate_exps.weight"), c.n_embd, m.n_ff, m.n_expert)?,
+                up: self.experts(&n("ffn_up_exps.weight"), c.n_embd, m.n_ff, m.n_expert)?,
+                down: self.experts(&n("ffn_down_exps.weight"), m.n_ff, c.n_embd, m.n_expert)?,
+            }),
+        };
+        Ok(LayerWeights {
+            attn_norm: self.vector(&n("attn_norm.weight"), c.n_embd)?,
+            wq: self.matrix(&n("attn_q.weight"), c.n_embd, q_width)?,
+            wk: self.matrix(&n("attn_k.weight"), c.n_embd, kv_width)?,
+            wv: self.matrix(&n("attn_v.weight"), c.n_embd, kv_width)?,
+            wo: self.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
+            bias,
+            qk_norm,
+            post_attn_norm: post_norm("post_attention_norm.weight")?,
+            ffn_norm: self.vector(&n("ffn_norm.weight"), c.n_embd)?,
+            ffn,
+            post_ffn_norm: post_norm("post_ffw_norm.weight")?,
+        })
+    }
 }
 
 impl<B: Backend> Weights<B> {
@@ -101,41 +173,18 @@ impl<B: Backend> Weights<B> {
     pub fn load(backend: &B, file: &Arc<GgufFile>) -> Result<Weights<B>> {
         let config = ModelConfig::from_gguf(file)?;
         let c = &config;
-        let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let ld = Loader { file, backend };
         let token_embd = ld.matrix("token_embd.weight", c.n_embd, c.n_vocab)?;
         let output = if c.tied_embeddings { None } else { Some(ld.matrix("output.weight", c.n_embd, c.n_vocab)?) };
         let output_norm = ld.vector("output_norm.weight", c.n_embd)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for l in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{l}.{s}");
-            let bias = if ld.has(&n("attn_q.bias")) || c.arch == Arch::Qwen2 {
-                Some([ld.vector(&n("attn_q.bias"), q_width)?, ld.vector(&n("attn_k.bias"), kv_width)?, ld.vector(&n("attn_v.bias"), kv_width)?])
-            } else {
-                None
-            };
-            let qk_norm = if c.arch == Arch::Qwen3 {
-                Some([ld.vector(&n("attn_q_norm.weight"), c.head_dim)?, ld.vector(&n("attn_k_norm.weight"), c.head_dim)?])
-            } else {
-                None
-            };
-            layers.push(LayerWeights {
-                attn_norm: ld.vector(&n("attn_norm.weight"), c.n_embd)?,
-                wq: ld.matrix(&n("attn_q.weight"), c.n_embd, q_width)?,
-                wk: ld.matrix(&n("attn_k.weight"), c.n_embd, kv_width)?,
-                wv: ld.matrix(&n("attn_v.weight"), c.n_embd, kv_width)?,
-                wo: ld.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
-                bias,
-                qk_norm,
-                ffn_norm: ld.vector(&n("ffn_norm.weight"), c.n_embd)?,
-                w_gate: ld.matrix(&n("ffn_gate.weight"), c.n_embd, c.n_ff)?,
-                w_up: ld.matrix(&n("ffn_up.weight"), c.n_embd, c.n_ff)?,
-                w_down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.n_embd)?,
-            });
+        let layers = c.layers.iter().enumerate().map(|(l, lc)| ld.layer(c, l, lc)).collect::<Result<Vec<_>>>()?;
+        let mut rope_tables = Vec::with_capacity(c.ropes.len());
+        for rope in &c.ropes {
+            let mut table = backend.alloc(rope.n_rot / 2, "rope frequencies")?;
+            backend.write(&mut table, &rope.inv_freq())?;
+            rope_tables.push(table);
         }
-        let mut inv_freq = backend.alloc(c.n_rot / 2, "rope frequencies")?;
-        backend.write(&mut inv_freq, &c.rope_inv_freq())?;
-        Ok(Weights { config, token_embd, output, output_norm, layers, inv_freq })
+        Ok(Weights { config, token_embd, output, output_norm, layers, rope_tables })
     }
 
     /// Every weight matrix.
@@ -143,7 +192,14 @@ impl<B: Backend> Weights<B> {
         let mut all = vec![&self.token_embd];
         all.extend(&self.output);
         for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            match &l.ffn {
+                FfnWeights::Dense { gate, up, down } => all.extend([gate, up, down]),
+                FfnWeights::Moe(m) => {
+                    all.push(&m.router);
+                    all.extend(m.gate.iter().chain(&m.up).chain(&m.down));
+                }
+            }
         }
         all
     }
