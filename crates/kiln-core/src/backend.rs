@@ -184,9 +184,19 @@ pub trait Backend: Send + Sync + 'static {
     /// position` of its own sequence, read through that sequence's block table.
     fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
     /// Chooses the experts of `n` tokens from their router logits (`[n][n_experts]`): expert ids
-    /// into `ids` and their weights into `weights`, both `[n][n_used]`. Ids are stored as f32
-    /// (exact for any expert count below 2^24), so they live in ordinary buffers on the device.
-    fn moe_route(&self, logits: &Self::Buffer, ids: &mut Self::Buffer, weights: &mut Self::Buffer, n: usize, p: &RouterParams) -> Result<()>;
+    /// into `ids` and their weights into `weights`, both `[n][n_used]`, each weight times
+    /// `expert_scale[id]` where given (after any renormalization). Ids are stored as f32 (exact
+    /// for any expert count below 2^24), so they live in ordinary buffers on the device.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        logits: &Self::Buffer,
+        expert_scale: Option<&Self::Buffer>,
+        ids: &mut Self::Buffer,
+        weights: &mut Self::Buffer,
+        n: usize,
+        p: &RouterParams,
+    ) -> Result<()>;
     /// Expert-indexed product: `out[t][j] = x_in · experts[ids[t][j]]` for each token `t` and slot
     /// `j < n_used`, where `x_in` is `x[t]` or `x[t][j]` as `input` says; `out` is
     /// `[n][n_used][rows]`. Only the chosen experts' weights are read.
@@ -209,6 +219,9 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, x: &mut Self::Buffer, s: f32, len: usize) -> Result<()>;
     /// Soft-capping: `x[i] = cap * tanh(x[i] / cap)` for the first `len` values.
     fn softcap(&self, x: &mut Self::Buffer, cap: f32, len: usize) -> Result<()>;
+    /// `dst[t][0..width] = src[t][col..col + width]` for `n` rows of `src_width` values: one block
+    /// of columns (one layer's slice of Gemma 4's per-layer inputs, say) as its own rows.
+    fn copy_cols(&self, src: &Self::Buffer, src_width: usize, col: usize, dst: &mut Self::Buffer, width: usize, n: usize) -> Result<()>;
     /// Copies `len` values of `src` into `dst`.
     fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
     /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.

@@ -339,8 +339,16 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn moe_route(&self, logits: &Vec<f32>, ids: &mut Vec<f32>, weights: &mut Vec<f32>, n: usize, p: &RouterParams) -> Result<()> {
-        cpu_ops::moe_route(logits, ids, weights, n, p)
+    fn moe_route(
+        &self,
+        logits: &Vec<f32>,
+        expert_scale: Option<&Vec<f32>>,
+        ids: &mut Vec<f32>,
+        weights: &mut Vec<f32>,
+        n: usize,
+        p: &RouterParams,
+    ) -> Result<()> {
+        cpu_ops::moe_route(logits, expert_scale.map(|s| &s[..]), ids, weights, n, p)
     }
 
     fn moe_matmul(
@@ -380,6 +388,18 @@ impl Backend for CpuBackend {
             return Err(BackendError::Device(format!("softcap: cap {cap} is not positive")));
         }
         x[..len].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        Ok(())
+    }
+
+    fn copy_cols(&self, src: &Vec<f32>, src_width: usize, col: usize, dst: &mut Vec<f32>, width: usize, n: usize) -> Result<()> {
+        if col + width > src_width {
+            return Err(BackendError::Device(format!("copy_cols: columns {col}..{} of rows of {src_width}", col + width)));
+        }
+        check_len("copy_cols source", src.len(), n * src_width)?;
+        check_len("copy_cols destination", dst.len(), n * width)?;
+        for (t, d) in dst[..n * width].chunks_exact_mut(width).enumerate() {
+            d.copy_from_slice(&src[t * src_width + col..t * src_width + col + width]);
+        }
         Ok(())
     }
 

@@ -14,10 +14,13 @@ fn expert_id(v: f32, n_experts: usize) -> Result<usize> {
     }
 }
 
-pub(crate) fn moe_route(logits: &[f32], ids: &mut [f32], weights: &mut [f32], n: usize, p: &RouterParams) -> Result<()> {
+pub(crate) fn moe_route(logits: &[f32], expert_scale: Option<&[f32]>, ids: &mut [f32], weights: &mut [f32], n: usize, p: &RouterParams) -> Result<()> {
     let (e, k) = (p.n_experts, p.n_used);
     if k == 0 || k > e {
         return Err(BackendError::Device(format!("router: {k} experts chosen of {e}")));
+    }
+    if let Some(s) = expert_scale {
+        check_len("expert scales", s.len(), e)?;
     }
     check_len("router logits", logits.len(), n * e)?;
     check_len("router ids", ids.len().min(weights.len()), n * k)?;
@@ -40,6 +43,11 @@ pub(crate) fn moe_route(logits: &[f32], ids: &mut [f32], weights: &mut [f32], n:
         if p.renormalize {
             let sum: f32 = weights.iter().sum();
             weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        if let Some(scale) = expert_scale {
+            for (w, &id) in weights.iter_mut().zip(ids.iter()) {
+                *w *= scale[id as usize];
+            }
         }
     }
     Ok(())
@@ -145,9 +153,11 @@ mod tests {
     fn routing_matches_a_float64_softmax_top_k() {
         let (n, e, k) = (7, 9, 3);
         let logits: Vec<f32> = values(n * e, 3).iter().map(|v| v * 4.0).collect();
-        for renormalize in [false, true] {
+        let scales: Vec<f32> = values(e, 4).iter().map(|v| v + 1.5).collect();
+        for (renormalize, scaled) in [(false, false), (true, false), (true, true)] {
             let (mut ids, mut weights) = (vec![0f32; n * k], vec![0f32; n * k]);
-            moe_route(&logits, &mut ids, &mut weights, n, &RouterParams { n_experts: e, n_used: k, renormalize }).unwrap();
+            let scale = scaled.then_some(&scales[..]);
+            moe_route(&logits, scale, &mut ids, &mut weights, n, &RouterParams { n_experts: e, n_used: k, renormalize }).unwrap();
             for t in 0..n {
                 let row: Vec<f64> = logits[t * e..(t + 1) * e].iter().map(|&v| v as f64).collect();
                 let total: f64 = row.iter().map(|l| l.exp()).sum();
@@ -157,19 +167,19 @@ mod tests {
                 let sum: f64 = chosen.iter().map(|&i| row[i].exp() / total).sum();
                 for (j, &i) in chosen.iter().enumerate() {
                     assert_eq!(ids[t * k + j], i as f32, "token {t} slot {j}");
-                    let want = row[i].exp() / total / if renormalize { sum } else { 1.0 };
+                    let want = row[i].exp() / total / if renormalize { sum } else { 1.0 } * if scaled { scales[i] as f64 } else { 1.0 };
                     assert!((weights[t * k + j] as f64 - want).abs() < 1e-6, "token {t} slot {j}: {} vs {want}", weights[t * k + j]);
                 }
             }
         }
         let mut ids = vec![0f32; 3];
-        assert!(moe_route(&logits, &mut ids.clone(), &mut ids, 1, &RouterParams { n_experts: e, n_used: e + 1, renormalize: true }).is_err());
+        assert!(moe_route(&logits, None, &mut ids.clone(), &mut ids, 1, &RouterParams { n_experts: e, n_used: e + 1, renormalize: true }).is_err());
     }
 
     #[test]
     fn ties_choose_the_lower_expert() {
         let (mut ids, mut weights) = (vec![0f32; 2], vec![0f32; 2]);
-        moe_route(&[1.0, 2.0, 2.0, 2.0], &mut ids, &mut weights, 1, &RouterParams { n_experts: 4, n_used: 2, renormalize: true }).unwrap();
+        moe_route(&[1.0, 2.0, 2.0, 2.0], None, &mut ids, &mut weights, 1, &RouterParams { n_experts: 4, n_used: 2, renormalize: true }).unwrap();
         assert_eq!(ids, [1.0, 2.0]);
         assert_eq!(weights, [0.5, 0.5]);
     }

@@ -505,7 +505,15 @@ impl Backend for CudaBackend {
         self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
     }
 
-    fn moe_route(&self, _logits: &CudaSlice<f32>, _ids: &mut CudaSlice<f32>, _weights: &mut CudaSlice<f32>, _n: usize, _p: &RouterParams) -> Result<()> {
+    fn moe_route(
+        &self,
+        _logits: &CudaSlice<f32>,
+        _expert_scale: Option<&CudaSlice<f32>>,
+        _ids: &mut CudaSlice<f32>,
+        _weights: &mut CudaSlice<f32>,
+        _n: usize,
+        _p: &RouterParams,
+    ) -> Result<()> {
         Err(not_yet("moe_route (mixture-of-experts router)"))
     }
 
@@ -536,6 +544,10 @@ impl Backend for CudaBackend {
 
     fn softcap(&self, _x: &mut CudaSlice<f32>, _cap: f32, _len: usize) -> Result<()> {
         Err(not_yet("softcap"))
+    }
+
+    fn copy_cols(&self, _src: &CudaSlice<f32>, _src_width: usize, _col: usize, _dst: &mut CudaSlice<f32>, _width: usize, _n: usize) -> Result<()> {
+        Err(not_yet("copy_cols"))
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {

@@ -125,16 +125,7 @@ impl<B: Backend> Engine<B> {
         };
         let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
         let b = &*backend;
-        // One pool of equal rows for every layer.
-        let kv_width = |l: &crate::config::LayerConfig| l.attn.n_head_kv * l.attn.head_dim;
-        let width = c.layers.first().map_or(c.n_head_kv * c.head_dim, kv_width);
-        if let Some(l) = c.layers.iter().position(|l| kv_width(l) != width) {
-            return Err(ModelError::BadHparam {
-                key: format!("blk.{l} KV width"),
-                reason: format!("{} differs from layer 0's {width}", kv_width(&c.layers[l])),
-            });
-        }
-        let pool = KvPool::new(b, c.n_layer, width, options.k_type, options.v_type, budget)?;
+        let pool = KvPool::with_widths(b, &c.kv_widths(), options.k_type, options.v_type, budget)?;
         if let Some(first) = c.layers.first() {
             b.prepare(&weights.matrices(), &attention_params(&first.attn, options.max_seq_len), pool.spec())?;
         }

@@ -3,10 +3,10 @@
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
 use kiln_core::backend::{AttentionParams, Result};
-use kiln_core::{Backend, ExpertInput, RopeParams, RouterParams};
+use kiln_core::{Backend, BackendError, ExpertInput, RopeParams, RouterParams};
 
-use crate::config::{Activation, AttentionConfig, BlockStyle, FfnConfig, LayerConfig, ModelConfig};
-use crate::weights::{FfnWeights, LayerWeights, MoeWeights, Weights};
+use crate::config::{Activation, AttentionConfig, BlockStyle, FfnConfig, KvSource, LayerConfig, ModelConfig, MoeConfig};
+use crate::weights::{DenseFfn, FfnWeights, LayerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights};
 
 /// Activation buffers, allocated once for the largest step and the widest layer.
 pub(crate) struct Workspace<B: Backend> {
@@ -28,6 +28,14 @@ pub(crate) struct Workspace<B: Backend> {
     expert_weights: B::Buffer,
     /// Every chosen expert's output, `[tokens][n_used][n_embd]`.
     expert_out: B::Buffer,
+    v_normed: B::Buffer,
+    /// Gemma 4's sum of its dense and expert FFNs.
+    ffn_out: B::Buffer,
+    /// Gemma 4's per-layer inputs of every layer, `[tokens][n_layer][width]`, the scratch that
+    /// builds them, and one layer's slice, gate and activation.
+    ple: B::Buffer,
+    ple_scratch: [B::Buffer; 2],
+    ple_layer: [B::Buffer; 3],
     /// Hidden states of the rows that produce logits.
     rows: B::Buffer,
     pub(crate) logits: B::Buffer,
@@ -41,9 +49,11 @@ impl<B: Backend> Workspace<B> {
         // Gate/up/activation hold a dense FFN's `n_ff` or every chosen expert's.
         let ff = most(&|l| match &l.ffn {
             FfnConfig::Dense { n_ff } => *n_ff,
-            FfnConfig::Moe(m) => m.n_used * m.n_ff,
+            FfnConfig::Moe(m) => (m.n_used * m.n_ff).max(m.dense_ff.unwrap_or(0)),
         });
-        let moe = |f: &dyn Fn(&crate::config::MoeConfig) -> usize| most(&|l| if let FfnConfig::Moe(m) = &l.ffn { f(m) } else { 0 });
+        let moe = |f: &dyn Fn(&MoeConfig) -> usize| most(&|l| if let FfnConfig::Moe(m) = &l.ffn { f(m) } else { 0 });
+        let ple_dim = c.per_layer_embd.unwrap_or(0);
+        let ple_width = ple_dim * c.n_layer;
         Ok(Workspace {
             x: b.alloc(tokens * c.n_embd, "hidden state")?,
             h: b.alloc(tokens * c.n_embd.max(q_width), "normed state")?,
@@ -61,6 +71,15 @@ impl<B: Backend> Workspace<B> {
             expert_ids: b.alloc(tokens * moe(&|m| m.n_used), "expert ids")?,
             expert_weights: b.alloc(tokens * moe(&|m| m.n_used), "expert weights")?,
             expert_out: b.alloc(tokens * moe(&|m| m.n_used) * c.n_embd, "expert outputs")?,
+            v_normed: b.alloc(tokens * kv_width, "normed values")?,
+            ffn_out: b.alloc(if moe(&|m| m.dense_ff.unwrap_or(0)) > 0 { tokens * c.n_embd } else { 0 }, "ffn output")?,
+            ple: b.alloc(tokens * ple_width, "per-layer inputs")?,
+            ple_scratch: [b.alloc(tokens * ple_width, "per-layer input scratch")?, b.alloc(tokens * ple_width, "per-layer input scratch")?],
+            ple_layer: [
+                b.alloc(tokens * ple_dim, "per-layer input")?,
+                b.alloc(tokens * ple_dim, "per-layer gate")?,
+                b.alloc(tokens * ple_dim, "per-layer activation")?,
+            ],
             rows: b.alloc(logit_rows * c.n_embd, "logit rows")?,
             logits: b.alloc(logit_rows * c.n_vocab, "logits")?,
         })
@@ -94,56 +113,117 @@ pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mu
 fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
     b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
-    for ((lc, l), cache) in c.layers.iter().zip(&p.w.layers).zip(caches.iter_mut()) {
-        attention(p, lc, l, cache, a)?;
+    for (lc, l) in c.layers.iter().zip(&p.w.layers) {
+        attention(p, lc, l, caches, a)?;
         b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
         ffn(p, lc, l, a, Out::AddToResidual)?;
     }
     lm_head(p, a)
 }
 
-/// gemma3: scaled embeddings, every block's output normed before its residual add.
+/// gemma3, gemma4: scaled embeddings, every block's output normed before its residual add;
+/// Gemma 4's per-layer embeddings and output scales where the model has them.
 fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
     b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
     if let Some(s) = c.embd_scale {
         b.scale(&mut a.x, s, n * c.n_embd)?;
     }
-    for ((lc, l), cache) in c.layers.iter().zip(&p.w.layers).zip(caches.iter_mut()) {
-        attention(p, lc, l, cache, a)?;
+    if let Some(inputs) = &p.w.per_layer_inputs {
+        per_layer_inputs(p, inputs, a)?;
+    }
+    for (i, (lc, l)) in c.layers.iter().zip(&p.w.layers).enumerate() {
+        attention(p, lc, l, caches, a)?;
         b.matmul(&l.wo, &a.att, &mut a.tmp, n)?;
         norm_add(p, l.post_attn_norm.as_ref(), a)?;
         ffn(p, lc, l, a, Out::Scratch)?;
         norm_add(p, l.post_ffn_norm.as_ref(), a)?;
+        if let Some(pl) = &l.per_layer {
+            per_layer_block(p, pl, i, a)?;
+        }
+        if let Some(s) = l.output_scale {
+            b.scale(&mut a.x, s, n * c.n_embd)?;
+        }
     }
     lm_head(p, a)
+}
+
+/// Gemma 4's per-layer inputs from the (scaled) embeddings in `x`:
+/// `(norm(proj(x) / sqrt(n_embd)) + ple_embd(token) * sqrt(width)) / sqrt(2)`, per layer.
+fn per_layer_inputs<B: Backend>(p: &Pass<B>, inputs: &PerLayerInputs<B>, a: &mut Workspace<B>) -> Result<()> {
+    let (b, c, n) = (p.b, &p.w.config, p.n);
+    let d = c.per_layer_embd.unwrap_or(0);
+    let len = n * c.n_layer * d;
+    let [proj, normed] = &mut a.ple_scratch;
+    b.embed(&inputs.token_embd, p.step, &mut a.ple, n)?;
+    b.scale(&mut a.ple, (d as f32).sqrt(), len)?;
+    b.matmul(&inputs.model_proj, &a.x, proj, n)?;
+    b.scale(proj, 1.0 / (c.n_embd as f32).sqrt(), len)?;
+    b.rms_norm(proj, &inputs.proj_norm, normed, n * c.n_layer, d, c.rms_eps)?;
+    b.add(&mut a.ple, normed, len)?;
+    b.scale(&mut a.ple, std::f32::consts::FRAC_1_SQRT_2, len)
+}
+
+/// Layer `layer`'s per-layer embedding block: `x += norm(proj(gelu(gate(x)) * input))`.
+fn per_layer_block<B: Backend>(p: &Pass<B>, pl: &PerLayerWeights<B>, layer: usize, a: &mut Workspace<B>) -> Result<()> {
+    let (b, c, n) = (p.b, &p.w.config, p.n);
+    let d = c.per_layer_embd.unwrap_or(0);
+    let [input, gate, act] = &mut a.ple_layer;
+    b.copy_cols(&a.ple, c.n_layer * d, layer * d, input, d, n)?;
+    b.matmul(&pl.gate, &a.x, gate, n)?;
+    b.geglu(gate, input, act, n * d)?;
+    b.matmul(&pl.proj, act, &mut a.tmp, n)?;
+    norm_add(p, Some(&pl.norm), a)
 }
 
 /// `x += rms_norm(tmp)`.
 fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace<B>) -> Result<()> {
     let (c, len) = (&p.w.config, p.n * p.w.config.n_embd);
-    let norm = norm.ok_or_else(|| kiln_core::BackendError::BadPlan("a Gemma block without its post-norm".into()))?;
+    let norm = norm.ok_or_else(|| BackendError::BadPlan("a Gemma block without its post-norm".into()))?;
     p.b.rms_norm(&a.tmp, norm, &mut a.h, p.n, c.n_embd, c.rms_eps)?;
     p.b.add(&mut a.x, &a.h, len)
 }
 
-/// Self-attention of `norm(x)` into `a.att` (before the output projection): q/k/v, biases,
-/// q/k norms, rope with the layer's table, the step's K/V stored, then paged attention over
-/// the layer's window.
-fn attention<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, cache: &mut B::KvCache, a: &mut Workspace<B>) -> Result<()> {
+/// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
+/// the layer has its own), biases, q/k/v norms, rope with the layer's table, the step's K/V
+/// stored, then paged attention over the layer's cache and window.
+fn attention<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, at) = (p.b, &p.w.config, p.n, &lc.attn);
-    let (q_width, kv_width) = (at.n_head * at.head_dim, at.n_head_kv * at.head_dim);
-    b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, &l.wk, &l.wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
-    if let Some([bq, bk, bv]) = &l.bias {
-        b.add_bias(&mut a.q, bq, n, q_width)?;
-        b.add_bias(&mut a.k, bk, n, kv_width)?;
-        b.add_bias(&mut a.v, bv, n, kv_width)?;
-    }
-    let qk_norm = l.qk_norm.as_ref().map(|[qn, kn]| (qn, kn, c.rms_eps));
+    let (q_width, kv_width) = (at.n_head * at.head_dim, at.kv_width());
     let rope = &c.ropes[at.rope];
     let q_rope = RopeParams { kind: c.rope_kind, n_heads: at.n_head, head_dim: at.head_dim, n_rot: rope.n_rot };
     let table = &p.w.rope_tables[at.rope];
-    b.attention_prologue(&mut a.q, &mut a.k, &a.v, qk_norm, (&mut a.q_normed, &mut a.k_normed), table, cache, p.step, n, &q_rope, at.n_head_kv)?;
+    let cache = caches.get_mut(at.cache).ok_or_else(|| BackendError::BadPlan(format!("no KV cache {}", at.cache)))?;
+    match (at.kv, &l.wk) {
+        (KvSource::Own { v_from_k }, Some(wk)) => {
+            let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
+            b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, wk, wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
+            if let Some([bq, bk, bv]) = &l.bias {
+                b.add_bias(&mut a.q, bq, n, q_width)?;
+                b.add_bias(&mut a.k, bk, n, kv_width)?;
+                b.add_bias(&mut a.v, bv, n, kv_width)?;
+            }
+            let v = match &l.v_norm {
+                Some(ones) => {
+                    b.rms_norm(&a.v, ones, &mut a.v_normed, n * at.n_head_kv, at.head_dim, c.rms_eps)?;
+                    &a.v_normed
+                }
+                None => &a.v,
+            };
+            let qk_norm = l.q_norm.as_ref().zip(l.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps));
+            b.attention_prologue(&mut a.q, &mut a.k, v, qk_norm, (&mut a.q_normed, &mut a.k_normed), table, cache, p.step, n, &q_rope, at.n_head_kv)?;
+        }
+        (KvSource::Shared { .. }, None) => {
+            b.rms_norm(&a.x, &l.attn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+            b.matmul(&l.wq, &a.h, &mut a.q, n)?;
+            if let Some(qn) = &l.q_norm {
+                b.rms_norm(&a.q, qn, &mut a.q_normed, n * at.n_head, at.head_dim, c.rms_eps)?;
+                b.copy(&a.q_normed, &mut a.q, n * q_width)?;
+            }
+            b.rope(&mut a.q, table, p.step, n, &q_rope)?;
+        }
+        _ => return Err(BackendError::BadPlan("layer weights do not match the layer's KV source".into())),
+    }
     b.attention(&a.q, cache, &mut a.att, p.step, n, &attention_params(at, p.max_seq_len))
 }
 
@@ -156,49 +236,78 @@ enum Out {
     Scratch,
 }
 
-/// The layer's feed-forward of `norm(x)`: dense gated FFN or mixture of experts.
+/// The layer's feed-forward of `norm(x)`: dense gated FFN or mixture of experts (with Gemma 4's
+/// dense FFN beside it).
 fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
+    let len = n * c.n_embd;
     match (&l.ffn, &lc.ffn) {
-        (FfnWeights::Dense { gate, up, down }, FfnConfig::Dense { n_ff }) => {
-            match c.activation {
-                Activation::Silu => {
-                    b.norm_ffn_gate_up(&a.x, &l.ffn_norm, c.rms_eps, &mut a.h, gate, up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, *n_ff)?
-                }
-                Activation::GeluTanh => {
-                    b.rms_norm(&a.x, &l.ffn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-                    b.matmul(gate, &a.h, &mut a.gate, n)?;
-                    b.matmul(up, &a.h, &mut a.up, n)?;
-                    b.geglu(&a.gate, &a.up, &mut a.act, n * n_ff)?;
-                }
-            }
+        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
+            dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
             match out {
-                Out::AddToResidual => b.matmul_add(down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd),
-                Out::Scratch => b.matmul(down, &a.act, &mut a.tmp, n),
+                Out::AddToResidual => b.matmul_add(&d.down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd),
+                Out::Scratch => b.matmul(&d.down, &a.act, &mut a.tmp, n),
             }
         }
         (FfnWeights::Moe(m), FfnConfig::Moe(mc)) => {
-            b.rms_norm(&a.x, &l.ffn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            let router = RouterParams { n_experts: mc.n_expert, n_used: mc.n_used, renormalize: mc.renormalize };
-            moe(p, m, &router, mc.n_ff, a)?;
+            match (&m.beside, mc.dense_ff) {
+                (Some(side), Some(n_ff)) => {
+                    // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x)))
+                    dense_activation(p, &side.ffn, &l.ffn_norm, n_ff, a)?;
+                    b.matmul(&side.ffn.down, &a.act, &mut a.tmp, n)?;
+                    b.rms_norm(&a.tmp, &side.post_norm, &mut a.ffn_out, n, c.n_embd, c.rms_eps)?;
+                    moe(p, m, mc, &side.moe_norm, a)?;
+                    b.rms_norm(&a.tmp, &side.moe_post_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+                    b.add(&mut a.ffn_out, &a.h, len)?;
+                    b.copy(&a.ffn_out, &mut a.tmp, len)?;
+                }
+                (None, None) => moe(p, m, mc, &l.ffn_norm, a)?,
+                _ => return Err(BackendError::BadPlan("the dense FFN beside the experts is missing".into())),
+            }
             match out {
-                Out::AddToResidual => b.add(&mut a.x, &a.tmp, n * c.n_embd),
+                Out::AddToResidual => b.add(&mut a.x, &a.tmp, len),
                 Out::Scratch => Ok(()),
             }
         }
-        _ => Err(kiln_core::BackendError::BadPlan("layer weights do not match the layer's FFN kind".into())),
+        _ => Err(BackendError::BadPlan("layer weights do not match the layer's FFN kind".into())),
     }
 }
 
-/// Mixture of experts of the normed `h` into `tmp`: route, each chosen expert's SwiGLU FFN,
-/// and the weighted sum of their outputs.
-fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, router: &RouterParams, n_ff: usize, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n, k) = (p.b, &p.w.config, p.n, router.n_used);
-    b.matmul(&m.router, &a.h, &mut a.router, n)?;
-    b.moe_route(&a.router, &mut a.expert_ids, &mut a.expert_weights, n, router)?;
+/// `act = act(gate(norm(x))) * up(norm(x))`, ready for the down projection.
+fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, n_ff: usize, a: &mut Workspace<B>) -> Result<()> {
+    let (b, c, n) = (p.b, &p.w.config, p.n);
+    match c.activation {
+        Activation::Silu => b.norm_ffn_gate_up(&a.x, norm, c.rms_eps, &mut a.h, &d.gate, &d.up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, n_ff),
+        Activation::GeluTanh => {
+            b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+            b.matmul(&d.gate, &a.h, &mut a.gate, n)?;
+            b.matmul(&d.up, &a.h, &mut a.up, n)?;
+            b.geglu(&a.gate, &a.up, &mut a.act, n * n_ff)
+        }
+    }
+}
+
+/// Mixture of experts of `norm(x)` into `tmp`: route, each chosen expert's gated FFN, and the
+/// weighted sum of their outputs.
+fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
+    let (b, c, n, k) = (p.b, &p.w.config, p.n, mc.n_used);
+    let router = RouterParams { n_experts: mc.n_expert, n_used: k, renormalize: mc.renormalize };
+    if let Some(router_norm) = &m.router_norm {
+        b.rms_norm(&a.x, router_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+        b.matmul(&m.router, &a.h, &mut a.router, n)?;
+        b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+    } else {
+        b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+        b.matmul(&m.router, &a.h, &mut a.router, n)?;
+    }
+    b.moe_route(&a.router, m.expert_scale.as_ref(), &mut a.expert_ids, &mut a.expert_weights, n, &router)?;
     b.moe_matmul(&m.gate, &a.h, &a.expert_ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
     b.moe_matmul(&m.up, &a.h, &a.expert_ids, &mut a.up, n, k, ExpertInput::PerToken)?;
-    b.swiglu(&a.gate, &a.up, &mut a.act, n * k * n_ff)?;
+    let len = n * k * mc.n_ff;
+    match c.activation {
+        Activation::Silu => b.swiglu(&a.gate, &a.up, &mut a.act, len)?,
+        Activation::GeluTanh => b.geglu(&a.gate, &a.up, &mut a.act, len)?,
+    }
     b.moe_matmul(&m.down, &a.act, &a.expert_ids, &mut a.expert_out, n, k, ExpertInput::PerSlot)?;
     b.moe_combine(&a.expert_out, &a.expert_weights, &mut a.tmp, n, k, c.n_embd)
 }

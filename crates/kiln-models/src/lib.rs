@@ -8,13 +8,14 @@ pub mod error;
 mod forward;
 pub mod generate;
 pub mod kv_pool;
+mod layout;
 pub mod model;
 pub mod weights;
 
-pub use config::{Activation, Arch, AttentionConfig, BlockStyle, FfnConfig, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
+pub use config::{Activation, Arch, AttentionConfig, BlockStyle, FfnConfig, KvSource, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
 pub use engine::{Engine, EngineOptions, SeqWork, Sequence};
 pub use error::ModelError;
 pub use generate::{generate, GenerateParams, GenerationStats, StopReason};
 pub use kv_pool::{BlockAllocator, KvBudget, KvPool};
 pub use model::{Logits, Model, ModelOptions};
-pub use weights::{FfnWeights, LayerWeights, MoeWeights, Weights};
+pub use weights::{DenseBeside, DenseFfn, FfnWeights, LayerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights};
