@@ -3,7 +3,7 @@
 //!
 //! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
 //! operation order), and the quantizers reproduce ggml's reference quantizers
-//! (`quantize_row_*_ref`, and for IQ4_NL/IQ4_XS the scale search llama-quantize
+//! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS the scale search llama-quantize
 //! runs without an importance matrix) byte for byte.
 //!
 //! The row-level entry points work on whole rows of bytes and floats, block by
@@ -17,6 +17,7 @@ mod float;
 mod iq;
 mod kquants;
 mod legacy;
+mod mxfp4;
 pub mod synthetic;
 mod ternary;
 
@@ -24,6 +25,7 @@ pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
 pub use kiln_gguf::{GgmlType, ALL_TYPES};
 pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+pub use mxfp4::{BlockMXFP4, MXFP4_VALUES};
 pub use ternary::{BlockTQ1_0, BlockTQ2_0};
 
 use block::RowCodec;
@@ -62,7 +64,7 @@ macro_rules! with_codec {
             Q5_0 => BlockQ5_0, Q5_1 => BlockQ5_1, Q8_0 => BlockQ8_0, Q8_1 => BlockQ8_1,
             Q1_0 => BlockQ1_0, Q2_K => BlockQ2_K, Q3_K => BlockQ3_K, Q4_K => BlockQ4_K,
             Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K, IQ4_NL => BlockIQ4_NL,
-            IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0)
+            IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0, MXFP4 => BlockMXFP4)
     };
     (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),*) => {
         match $ty {

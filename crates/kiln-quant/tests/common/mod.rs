@@ -26,6 +26,7 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::IQ4_XS,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::MXFP4,
 ];
 
 pub fn fixtures_dir() -> PathBuf {
