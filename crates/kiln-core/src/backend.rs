@@ -211,6 +211,11 @@ pub trait Backend: Send + Sync + 'static {
         n_used: usize,
         input: ExpertInput,
     ) -> Result<()>;
+    /// `x[t][j] += bias[ids[t][j]]` for the `n_used` slots of `x` (`[n][n_used][dim]`); `bias` is
+    /// `[n_experts][dim]`.
+    fn moe_add_bias(&self, x: &mut Self::Buffer, bias: &Self::Buffer, ids: &Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    /// gpt-oss's clamped SwiGLU: `out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`, `g = min(gate, limit)`.
+    fn swiglu_oai(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize, alpha: f32, limit: f32) -> Result<()>;
     /// `out[t] = sum_j weights[t][j] * y[t][j]` over the `n_used` slots of `y` (`[n][n_used][dim]`).
     fn moe_combine(&self, y: &Self::Buffer, weights: &Self::Buffer, out: &mut Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
     /// `out[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU with the tanh approximation of GELU).
@@ -222,6 +227,19 @@ pub trait Backend: Send + Sync + 'static {
     /// `dst[t][0..width] = src[t][col..col + width]` for `n` rows of `src_width` values: one block
     /// of columns (one layer's slice of Gemma 4's per-layer inputs, say) as its own rows.
     fn copy_cols(&self, src: &Self::Buffer, src_width: usize, col: usize, dst: &mut Self::Buffer, width: usize, n: usize) -> Result<()>;
+    /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head, `sinks[h]`,
+    /// joins every softmax row (its max and its sum) and has no value.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_sinks(
+        &self,
+        q: &Self::Buffer,
+        cache: &Self::KvCache,
+        sinks: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()>;
     /// Copies `len` values of `src` into `dst`.
     fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
     /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.

@@ -110,6 +110,57 @@ pub(crate) fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) 
     buf
 }
 
+/// Paged attention; `sinks` adds one logit per head to every softmax row, without a value.
+fn attention(q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f32], step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+    let q_width = p.n_heads * hd;
+    check_len("attention query", q.len(), n * q_width)?;
+    check_len("attention output", out.len(), n * q_width)?;
+    check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
+    check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
+    step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
+    let plan = &step.plan;
+    let dst = SharedOut(out.as_mut_ptr());
+    (0..n * p.n_heads).into_par_iter().for_each(|job| {
+        let (t, h) = (job / p.n_heads, job % p.n_heads);
+        let col = h / group * hd;
+        let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+        // Positions before the sliding window are masked out.
+        let start = p.window.map_or(0, |w| end.saturating_sub(w));
+        let visible = end - start;
+        let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
+        let sink = sinks.map(|s| s[h]);
+        // Sized for the longest sequence so a growing sequence never regrows it.
+        with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
+            let (scores, rest) = scratch.split_at_mut(visible);
+            let (acc, row) = rest[..2 * hd].split_at_mut(hd);
+            let mut max = sink.unwrap_or(f32::NEG_INFINITY);
+            for (j, s) in scores.iter_mut().enumerate() {
+                cache.load_k(plan.row_of(seq, start + j), col, row);
+                *s = dot_f32(qv, row) * p.scale;
+                max = max.max(*s);
+            }
+            let mut total = sink.map_or(0.0, |s| (s - max).exp());
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            acc.fill(0.0);
+            for (j, s) in scores.iter().enumerate() {
+                cache.load_v(plan.row_of(seq, start + j), col, row);
+                for (a, v) in acc.iter_mut().zip(row.iter()) {
+                    *a += s * v;
+                }
+            }
+            for (d, a) in acc.iter().enumerate() {
+                // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
+                unsafe { dst.write(t * q_width + h * hd + d, a / total) };
+            }
+        })
+    });
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Weight = WeightSource;
@@ -291,52 +342,21 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-        let q_width = p.n_heads * hd;
-        check_len("attention query", q.len(), n * q_width)?;
-        check_len("attention output", out.len(), n * q_width)?;
-        check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
-        check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
-        step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
-        let plan = &step.plan;
-        let dst = SharedOut(out.as_mut_ptr());
-        (0..n * p.n_heads).into_par_iter().for_each(|job| {
-            let (t, h) = (job / p.n_heads, job % p.n_heads);
-            let col = h / group * hd;
-            let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
-            // Positions before the sliding window are masked out.
-            let start = p.window.map_or(0, |w| end.saturating_sub(w));
-            let visible = end - start;
-            let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
-            // Sized for the longest sequence so a growing sequence never regrows it.
-            with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
-                let (scores, rest) = scratch.split_at_mut(visible);
-                let (acc, row) = rest[..2 * hd].split_at_mut(hd);
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    cache.load_k(plan.row_of(seq, start + j), col, row);
-                    *s = dot_f32(qv, row) * p.scale;
-                    max = max.max(*s);
-                }
-                let mut total = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                acc.fill(0.0);
-                for (j, s) in scores.iter().enumerate() {
-                    cache.load_v(plan.row_of(seq, start + j), col, row);
-                    for (a, v) in acc.iter_mut().zip(row.iter()) {
-                        *a += s * v;
-                    }
-                }
-                for (d, a) in acc.iter().enumerate() {
-                    // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
-                    unsafe { dst.write(t * q_width + h * hd + d, a / total) };
-                }
-            })
-        });
-        Ok(())
+        attention(q, cache, None, out, step, n, p)
+    }
+
+    fn attention_sinks(
+        &self,
+        q: &Vec<f32>,
+        cache: &CpuKvCache,
+        sinks: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        check_len("attention sinks", sinks.len(), p.n_heads)?;
+        attention(q, cache, Some(sinks), out, step, n, p)
     }
 
     fn moe_route(
@@ -362,6 +382,18 @@ impl Backend for CpuBackend {
         input: ExpertInput,
     ) -> Result<()> {
         cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input)
+    }
+
+    fn moe_add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, ids: &Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        cpu_ops::moe_add_bias(x, bias, ids, n, n_used, dim)
+    }
+
+    fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize, alpha: f32, limit: f32) -> Result<()> {
+        check_len("swiglu_oai", gate.len().min(up.len()).min(out.len()), len)?;
+        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = cpu_ops::swiglu_oai(*g, *u, alpha, limit);
+        }
+        Ok(())
     }
 
     fn moe_combine(&self, y: &Vec<f32>, weights: &Vec<f32>, out: &mut Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {

@@ -112,6 +112,27 @@ pub(crate) fn moe_combine(y: &[f32], weights: &[f32], out: &mut [f32], n: usize,
     Ok(())
 }
 
+pub(crate) fn moe_add_bias(x: &mut [f32], bias: &[f32], ids: &[f32], n: usize, n_used: usize, dim: usize) -> Result<()> {
+    let slots = n * n_used;
+    check_len("expert bias input", x.len(), slots * dim)?;
+    check_len("expert bias ids", ids.len(), slots)?;
+    let n_experts = bias.len() / dim.max(1);
+    for (row, &id) in x[..slots * dim].chunks_exact_mut(dim).zip(&ids[..slots]) {
+        let e = expert_id(id, n_experts)?;
+        for (v, b) in row.iter_mut().zip(&bias[e * dim..(e + 1) * dim]) {
+            *v += b;
+        }
+    }
+    Ok(())
+}
+
+/// gpt-oss's clamped SwiGLU: `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with
+/// `g = min(gate, limit)`.
+pub(crate) fn swiglu_oai(gate: f32, up: f32, alpha: f32, limit: f32) -> f32 {
+    let g = gate.min(limit);
+    (up.clamp(-limit, limit) + 1.0) * g / (1.0 + (-alpha * g).exp())
+}
+
 /// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`).
 pub(crate) fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -233,6 +254,34 @@ mod tests {
                 let want = dot_f32(&deq[(e as usize * rows + r) * cols..][..cols], &x);
                 assert_eq!(out[s * rows + r], want);
             }
+        }
+    }
+
+    #[test]
+    fn expert_biases_follow_the_chosen_experts() {
+        let (n, k, dim, e) = (3, 2, 5, 4);
+        let bias = values(e * dim, 21);
+        let ids = [3.0, 0.0, 1.0, 1.0, 2.0, 3.0];
+        let mut x = values(n * k * dim, 22);
+        let before = x.clone();
+        moe_add_bias(&mut x, &bias, &ids, n, k, dim).unwrap();
+        for s in 0..n * k {
+            for d in 0..dim {
+                assert_eq!(x[s * dim + d], before[s * dim + d] + bias[ids[s] as usize * dim + d]);
+            }
+        }
+        assert!(moe_add_bias(&mut x, &bias, &[4.0; 6], n, k, dim).is_err());
+    }
+
+    #[test]
+    fn clamped_swiglu_matches_its_float64_formula() {
+        let (alpha, limit) = (1.702, 7.0);
+        let gates = values(64, 31).into_iter().map(|v| v * 12.0);
+        for (g, u) in gates.zip(values(64, 32).into_iter().map(|v| v * 12.0)) {
+            let gd = (g as f64).min(limit);
+            let want = ((u as f64).clamp(-limit, limit) + 1.0) * gd / (1.0 + (-alpha * gd).exp());
+            let got = swiglu_oai(g, u, alpha as f32, limit as f32) as f64;
+            assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "gate {g} up {u}: {got} vs {want}");
         }
     }
 

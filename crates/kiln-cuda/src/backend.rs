@@ -530,6 +530,27 @@ impl Backend for CudaBackend {
         Err(not_yet("moe_matmul (expert-indexed product)"))
     }
 
+    fn moe_add_bias(&self, _x: &mut CudaSlice<f32>, _bias: &CudaSlice<f32>, _ids: &CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
+        Err(not_yet("moe_add_bias (per-expert biases)"))
+    }
+
+    fn swiglu_oai(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize, _alpha: f32, _limit: f32) -> Result<()> {
+        Err(not_yet("swiglu_oai (clamped SwiGLU)"))
+    }
+
+    fn attention_sinks(
+        &self,
+        _q: &CudaSlice<f32>,
+        _cache: &CudaKvCache,
+        _sinks: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &AttentionParams,
+    ) -> Result<()> {
+        Err(not_yet("attention with sinks"))
+    }
+
     fn moe_combine(&self, _y: &CudaSlice<f32>, _weights: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
         Err(not_yet("moe_combine (weighted sum of expert outputs)"))
     }

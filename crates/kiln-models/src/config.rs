@@ -18,6 +18,7 @@ pub enum Arch {
     Gemma3,
     /// Dense (per-layer embeddings, KV sharing) and MoE (experts beside a dense FFN, K=V layers).
     Gemma4,
+    GptOss,
 }
 
 impl Arch {
@@ -29,6 +30,7 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "gemma3" => Ok(Arch::Gemma3),
             "gemma4" => Ok(Arch::Gemma4),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -41,13 +43,14 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Gemma3 => "gemma3",
             Arch::Gemma4 => "gemma4",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
     /// The decoder block the architecture's forward assembles.
     pub fn block_style(self) -> BlockStyle {
         match self {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => BlockStyle::PreNorm,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => BlockStyle::PreNorm,
             Arch::Gemma3 | Arch::Gemma4 => BlockStyle::Gemma,
         }
     }
@@ -82,6 +85,26 @@ pub enum RopeScaling {
     },
     /// Llama 3.1: per-frequency divisors (from `rope_freqs.weight` or computed).
     PerFrequency(Vec<f32>),
+    /// YaRN (gpt-oss): frequencies blended between interpolated (÷ factor) and original over
+    /// the ramp between the correction dims of `beta_fast` and `beta_slow` rotations, not
+    /// truncated to whole dims (the HF/OpenAI definition); cos and sin scaled by
+    /// [`RopeScaling::attention_factor`].
+    Yarn {
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+    },
+}
+
+impl RopeScaling {
+    /// The factor YaRN puts on cos and sin (`0.1 ln(factor) + 1`); 1 for the others.
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            RopeScaling::Yarn { factor, .. } if *factor > 1.0 => (0.1 * (*factor as f64).ln() + 1.0) as f32,
+            _ => 1.0,
+        }
+    }
 }
 
 /// Model-wide hyper-parameters, and each layer's own settings in `layers`. The model-wide
@@ -163,7 +186,12 @@ impl ModelConfig {
             rope_kind: if arch == Arch::Llama { RopeKind::Normal } else { RopeKind::Neox },
             rope_scaling,
             tied_embeddings: file.tensor("output.weight").is_none(),
-            activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+            activation: match arch {
+                _ if gemma => Activation::GeluTanh,
+                // No GGUF key holds them: the values of every gpt-oss checkpoint (and llama.cpp).
+                Arch::GptOss => Activation::SwiGluOai { alpha: 1.702, limit: 7.0 },
+                _ => Activation::Silu,
+            },
             embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
             final_softcap,
             per_layer_embd: if arch == Arch::Gemma4 { Self::per_layer_embd(file, &key("embedding_length_per_layer_input"))? } else { None },
@@ -207,9 +235,16 @@ impl ModelConfig {
                 Err(ModelError::BadHparam { key: factor_key.clone(), reason: format!("{f} is not a positive factor") })
             }
         };
+        let beta = |name: &str, default: f32| optional_f32(file, &format!("{a}.rope.scaling.yarn_beta_{name}")).map(|b| b.unwrap_or(default));
         match kind {
             "none" => Ok(RopeScaling::None),
             "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+            "yarn" => Ok(RopeScaling::Yarn {
+                factor: factor()?,
+                original_context: positive(file, &format!("{a}.rope.scaling.original_context_length"))?,
+                beta_fast: beta("fast", 32.0)?,
+                beta_slow: beta("slow", 1.0)?,
+            }),
             other => Err(ModelError::BadHparam { key: type_key, reason: format!("rope scaling '{other}' is not supported") }),
         }
     }

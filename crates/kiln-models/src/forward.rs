@@ -109,13 +109,20 @@ pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mu
     }
 }
 
-/// llama, qwen2, qwen3, qwen3moe, Mixtral.
+/// llama, qwen2, qwen3, qwen3moe, Mixtral, gpt-oss.
 fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
     b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
     for (lc, l) in c.layers.iter().zip(&p.w.layers) {
         attention(p, lc, l, caches, a)?;
-        b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
+        match &l.wo_bias {
+            None => b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
+            Some(bias) => {
+                b.matmul(&l.wo, &a.att, &mut a.tmp, n)?;
+                b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
+                b.add(&mut a.x, &a.tmp, n * c.n_embd)?;
+            }
+        }
         ffn(p, lc, l, a, Out::AddToResidual)?;
     }
     lm_head(p, a)
@@ -224,7 +231,11 @@ fn attention<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, cac
         }
         _ => return Err(BackendError::BadPlan("layer weights do not match the layer's KV source".into())),
     }
-    b.attention(&a.q, cache, &mut a.att, p.step, n, &attention_params(at, p.max_seq_len))
+    let params = attention_params(at, p.max_seq_len);
+    match &l.sinks {
+        Some(sinks) => b.attention_sinks(&a.q, cache, sinks, &mut a.att, p.step, n, &params),
+        None => b.attention(&a.q, cache, &mut a.att, p.step, n, &params),
+    }
 }
 
 /// Where an FFN block leaves its output.
@@ -278,11 +289,11 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
     let (b, c, n) = (p.b, &p.w.config, p.n);
     match c.activation {
         Activation::Silu => b.norm_ffn_gate_up(&a.x, norm, c.rms_eps, &mut a.h, &d.gate, &d.up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, n_ff),
-        Activation::GeluTanh => {
+        act => {
             b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
             b.matmul(&d.gate, &a.h, &mut a.gate, n)?;
             b.matmul(&d.up, &a.h, &mut a.up, n)?;
-            b.geglu(&a.gate, &a.up, &mut a.act, n * n_ff)
+            gated_activation(b, act, a, n * n_ff)
         }
     }
 }
@@ -300,16 +311,32 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
         b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
         b.matmul(&m.router, &a.h, &mut a.router, n)?;
     }
-    b.moe_route(&a.router, m.expert_scale.as_ref(), &mut a.expert_ids, &mut a.expert_weights, n, &router)?;
-    b.moe_matmul(&m.gate, &a.h, &a.expert_ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
-    b.moe_matmul(&m.up, &a.h, &a.expert_ids, &mut a.up, n, k, ExpertInput::PerToken)?;
-    let len = n * k * mc.n_ff;
-    match c.activation {
-        Activation::Silu => b.swiglu(&a.gate, &a.up, &mut a.act, len)?,
-        Activation::GeluTanh => b.geglu(&a.gate, &a.up, &mut a.act, len)?,
+    if let Some(bias) = &m.router_bias {
+        b.add_bias(&mut a.router, bias, n, mc.n_expert)?;
     }
+    b.moe_route(&a.router, m.expert_scale.as_ref(), &mut a.expert_ids, &mut a.expert_weights, n, &router)?;
+    let ids = &a.expert_ids;
+    b.moe_matmul(&m.gate, &a.h, ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
+    b.moe_matmul(&m.up, &a.h, ids, &mut a.up, n, k, ExpertInput::PerToken)?;
+    if let Some([gate, up, _]) = &m.expert_bias {
+        b.moe_add_bias(&mut a.gate, gate, ids, n, k, mc.n_ff)?;
+        b.moe_add_bias(&mut a.up, up, ids, n, k, mc.n_ff)?;
+    }
+    gated_activation(b, c.activation, a, n * k * mc.n_ff)?;
     b.moe_matmul(&m.down, &a.act, &a.expert_ids, &mut a.expert_out, n, k, ExpertInput::PerSlot)?;
+    if let Some([_, _, down]) = &m.expert_bias {
+        b.moe_add_bias(&mut a.expert_out, down, &a.expert_ids, n, k, c.n_embd)?;
+    }
     b.moe_combine(&a.expert_out, &a.expert_weights, &mut a.tmp, n, k, c.n_embd)
+}
+
+/// `act = act(gate) * up` over `len` values.
+fn gated_activation<B: Backend>(b: &B, act: Activation, a: &mut Workspace<B>, len: usize) -> Result<()> {
+    match act {
+        Activation::Silu => b.swiglu(&a.gate, &a.up, &mut a.act, len),
+        Activation::GeluTanh => b.geglu(&a.gate, &a.up, &mut a.act, len),
+        Activation::SwiGluOai { alpha, limit } => b.swiglu_oai(&a.gate, &a.up, &mut a.act, len, alpha, limit),
+    }
 }
 
 /// Final norm and output projection of the rows that produce logits, soft-capped where the

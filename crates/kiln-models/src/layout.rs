@@ -7,12 +7,14 @@ use crate::config::{Arch, RopeScaling};
 use crate::error::{ModelError, Result};
 
 /// The gate activation of a gated FFN.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// SwiGLU.
     Silu,
     /// GeGLU with tanh-approximated GELU.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU (see [`kiln_core::Backend::swiglu_oai`]).
+    SwiGluOai { alpha: f32, limit: f32 },
 }
 
 /// One rotary table: layers that share base, rotated dims and scaling share it.
@@ -33,6 +35,21 @@ impl RopeConfig {
                     RopeScaling::None => f,
                     RopeScaling::Linear { factor } => f / *factor as f64,
                     RopeScaling::PerFrequency(div) => f / div[i] as f64,
+                    RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow } => {
+                        let dims = self.n_rot as f64;
+                        let correction_dim = |rotations: f32| {
+                            dims * (*original_context as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (self.base as f64).ln())
+                        };
+                        let low = correction_dim(*beta_fast).max(0.0);
+                        let mut high = correction_dim(*beta_slow).min(dims - 1.0);
+                        if high == low {
+                            high += 0.001;
+                        }
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        // Below the ramp the original frequency, above it the interpolated one.
+                        let extrapolate = 1.0 - ramp;
+                        f / *factor as f64 * (1.0 - extrapolate) + f * extrapolate
+                    }
                 };
                 scaled as f32
             })
@@ -202,8 +219,13 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
             }
             KvSource::Shared { layer } => layers[layer].attn.cache,
         };
-        // Gemma 4 normalizes q and k per head and scales scores by 1.
-        let scale = if arch == Arch::Gemma4 { 1.0 } else { 1.0 / (head_dim as f32).sqrt() };
+        // Gemma 4 normalizes q and k per head and scales scores by 1. YaRN's factor on cos and
+        // sin scales q and k, so it is the scores' scale squared where every dim rotates.
+        let yarn = ropes[rope].scaling.attention_factor();
+        if yarn != 1.0 && ropes[rope].n_rot != head_dim {
+            return Err(ModelError::BadHparam { key: key("rope.dimension_count"), reason: "YaRN on part of the head dims is not supported".into() });
+        }
+        let scale = if arch == Arch::Gemma4 { 1.0 } else { yarn * yarn / (head_dim as f32).sqrt() };
         let attn = AttentionConfig { n_head: base.n_head, n_head_kv: n_head_kv[l], head_dim, rope, window, scale, kv, cache };
         if let KvSource::Shared { layer } = kv {
             let src = &layers[layer].attn;
@@ -218,10 +240,10 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
 
 /// Each layer's sliding window. Gemma 4 gives a per-layer bool pattern; Gemma 3's converter
 /// writes none, and llama.cpp's period of 6 (five sliding layers, then a global one) is the
-/// default. The other supported architectures attend globally.
+/// default; gpt-oss alternates. The other supported architectures attend globally.
 fn sliding_windows(file: &GgufFile, arch: Arch, n_layer: usize) -> Result<Vec<Option<usize>>> {
     let a = arch.name();
-    let window = if arch.is_gemma() { optional(file, &format!("{a}.attention.sliding_window"))? } else { None };
+    let window = if arch.is_gemma() || arch == Arch::GptOss { optional(file, &format!("{a}.attention.sliding_window"))? } else { None };
     let Some(window) = window else { return Ok(vec![None; n_layer]) };
     let pattern_key = format!("{a}.attention.sliding_window_pattern");
     match file.get(&pattern_key).and_then(|v| v.as_array()) {
@@ -235,6 +257,8 @@ fn sliding_windows(file: &GgufFile, arch: Arch, n_layer: usize) -> Result<Vec<Op
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| ModelError::BadHparam { key: pattern_key, reason: "not an array of bools".into() })
         }
+        // gpt-oss writes no pattern: even layers slide (HF's default layer_types, llama.cpp's).
+        None if arch == Arch::GptOss => Ok((0..n_layer).map(|l| (l % 2 == 0).then_some(window)).collect()),
         None => {
             let period = optional(file, &pattern_key)?.unwrap_or(6);
             Ok((0..n_layer).map(|l| ((l + 1) % period != 0).then_some(window)).collect())
@@ -253,4 +277,30 @@ fn moe(file: &GgufFile, a: &str, n_ff: usize) -> Result<Option<MoeConfig>> {
     let n_ff = optional(file, &format!("{a}.expert_feed_forward_length"))?.unwrap_or(n_ff);
     // llama.cpp renormalizes the chosen weights for both (Mixtral; Qwen3-MoE's norm_topk_prob).
     Ok(Some(MoeConfig { n_expert, n_used, n_ff, renormalize: true, dense_ff: None }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gpt-oss's YaRN: pairs below the correction dim of beta_fast (8.09 here) keep their
+    /// frequency, pairs above that of beta_slow (17.40) are divided by the factor, and the pairs
+    /// between blend linearly, without rounding the dims to integers.
+    #[test]
+    fn yarn_blends_between_untruncated_correction_dims() {
+        let scaling = RopeScaling::Yarn { factor: 32.0, original_context: 4096, beta_fast: 32.0, beta_slow: 1.0 };
+        let rope = RopeConfig { base: 150000.0, n_rot: 64, scaling };
+        let plain = RopeConfig { scaling: RopeScaling::None, ..rope.clone() }.inv_freq();
+        let yarn = rope.inv_freq();
+        let (low, high) = (8.0933, 17.3980);
+        for i in 0..32 {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let want = plain[i] as f64 * (1.0 - ramp + ramp / 32.0);
+            assert!((yarn[i] as f64 - want).abs() <= 2e-4 * want, "pair {i}: {} vs {want}", yarn[i]);
+        }
+        assert_eq!(yarn[8], plain[8]);
+        assert!(yarn[9] < plain[9] && yarn[17] > plain[17] / 32.0);
+        assert_eq!(yarn[18], plain[18] / 32.0);
+        assert!((rope.scaling.attention_factor() - 1.3466).abs() < 1e-4);
+    }
 }

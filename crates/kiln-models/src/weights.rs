@@ -18,8 +18,12 @@ pub struct LayerWeights<B: Backend> {
     /// `None` where the layer reads another's cache or its values are its keys' projection.
     pub wv: Option<B::Weight>,
     pub wo: B::Weight,
-    /// qwen2's q/k/v biases.
+    /// q/k/v biases (qwen2, gpt-oss).
     pub bias: Option<[B::Buffer; 3]>,
+    /// gpt-oss's output projection bias.
+    pub wo_bias: Option<B::Buffer>,
+    /// gpt-oss's attention sinks, one logit per head.
+    pub sinks: Option<B::Buffer>,
     /// Per-head RMSNorm weights of q and k (qwen3, Gemma).
     pub q_norm: Option<B::Buffer>,
     pub k_norm: Option<B::Buffer>,
@@ -73,6 +77,10 @@ pub struct MoeWeights<B: Backend> {
     pub down: Vec<B::Weight>,
     /// Gemma 4's per-expert factor on the routing weights.
     pub expert_scale: Option<B::Buffer>,
+    /// gpt-oss's router bias and per-expert biases of the gate, up and down products
+    /// (`[n_expert][rows]` each).
+    pub router_bias: Option<B::Buffer>,
+    pub expert_bias: Option<[B::Buffer; 3]>,
     pub beside: Option<DenseBeside<B>>,
 }
 
@@ -167,10 +175,21 @@ impl<B: Backend> Loader<'_, B> {
 
     /// A vector times `scale`.
     fn vector_scaled(&self, name: &str, len: usize, scale: f32) -> Result<B::Buffer> {
+        self.values(name, &[len], scale)
+    }
+
+    /// A 2-D tensor of `rows` rows of `cols` as one buffer (gpt-oss's per-expert biases).
+    fn table(&self, name: &str, cols: usize, rows: usize) -> Result<B::Buffer> {
+        self.values(name, &[cols, rows], 1.0)
+    }
+
+    fn values(&self, name: &str, dims: &[usize], scale: f32) -> Result<B::Buffer> {
         let t = &self.file.tensors()[self.find(name)?];
-        if t.dims != [len as u64] {
-            return Err(ModelError::WrongShape { name: name.into(), expected: vec![len as u64], found: t.dims.clone() });
+        let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        if t.dims != want {
+            return Err(ModelError::WrongShape { name: name.into(), expected: want, found: t.dims.clone() });
         }
+        let len = dims.iter().product();
         let mut host = vec![0f32; len];
         kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
             name: name.into(),
@@ -273,6 +292,16 @@ impl<B: Backend> Loader<'_, B> {
                     up,
                     down: self.experts(&n("ffn_down_exps.weight"), m.n_ff, c.n_embd, m.n_expert)?,
                     expert_scale: optional("ffn_down_exps.scale", m.n_expert, 1.0)?,
+                    router_bias: optional("ffn_gate_inp.bias", m.n_expert, 1.0)?,
+                    expert_bias: if self.has(&n("ffn_gate_exps.bias")) {
+                        Some([
+                            self.table(&n("ffn_gate_exps.bias"), m.n_ff, m.n_expert)?,
+                            self.table(&n("ffn_up_exps.bias"), m.n_ff, m.n_expert)?,
+                            self.table(&n("ffn_down_exps.bias"), c.n_embd, m.n_expert)?,
+                        ])
+                    } else {
+                        None
+                    },
                     beside,
                 })
             }
@@ -284,11 +313,14 @@ impl<B: Backend> Loader<'_, B> {
             wv,
             wo: self.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
             bias,
+            wo_bias: if self.has(&n("attn_output.bias")) { Some(self.vector(&n("attn_output.bias"), c.n_embd)?) } else { None },
+            sinks: if self.has(&n("attn_sinks.weight")) { Some(self.vector(&n("attn_sinks.weight"), a.n_head)?) } else { None },
             q_norm,
             k_norm,
             v_norm,
             post_attn_norm: post_norm("post_attention_norm.weight")?,
-            ffn_norm: self.vector(&n("ffn_norm.weight"), c.n_embd)?,
+            // gpt-oss names its FFN input norm after the attention.
+            ffn_norm: self.vector(&n(if c.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" }), c.n_embd)?,
             ffn,
             post_ffn_norm: post_norm("post_ffw_norm.weight")?,
             per_layer,

@@ -18,7 +18,7 @@ use serde_json::Value;
 const REL_L2: f64 = 1e-5;
 
 /// The files of the architectures kiln runs; the others must be refused.
-const SUPPORTED: &[&str] = &["qwen3moe", "mixtral", "gemma3", "gemma4", "gemma4moe"];
+const SUPPORTED: &[&str] = &["qwen3moe", "mixtral", "gemma3", "gemma4", "gemma4moe", "gpt-oss"];
 
 fn files() -> Vec<PathBuf> {
     let dir = kiln_testdata::path("archs");
@@ -109,10 +109,12 @@ fn unsupported_architectures_are_refused_by_name() {
 
 /// Sequences of mixed lengths, shorter and longer than the sliding window and the KV block,
 /// batched together give exactly what each gives alone (the CPU computes every row alike): on
-/// sliding-window models (gemma4 also with KV sharing and per-layer cache widths) and MoE ones.
+/// sliding-window models (gemma4 also with KV sharing and per-layer cache widths, gpt-oss with
+/// sinks) and MoE ones.
 #[test]
 fn batched_equals_alone_on_sliding_window_and_moe_models() {
-    for name in ["tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q8_0.gguf", "tiny-gemma4moe-Q4_K.gguf", "tiny-qwen3moe-Q8_0.gguf"] {
+    let models = ["tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q8_0.gguf", "tiny-gemma4moe-Q4_K.gguf", "tiny-gpt-oss-MXFP4.gguf", "tiny-qwen3moe-Q8_0.gguf"];
+    for name in models {
         let path = kiln_testdata::path("archs").join(name);
         let backend = Arc::new(CpuBackend::new());
         let weights = Arc::new(Weights::load(&*backend, &Arc::new(GgufFile::open(&path).unwrap())).unwrap());

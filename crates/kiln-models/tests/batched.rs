@@ -109,7 +109,7 @@ fn f16_and_q8_0_kv_stay_close_to_f32_kv() {
 
 /// Reading keys and values through shuffled block tables gives exactly what contiguous blocks
 /// give, and both match a float64 softmax attention, for lengths around the block size, with
-/// and without sliding windows (shorter and longer than a block).
+/// and without sliding windows (shorter and longer than a block) and attention sinks.
 #[test]
 fn paged_attention_equals_contiguous_attention() {
     let backend = CpuBackend::new();
@@ -118,7 +118,9 @@ fn paged_attention_equals_contiguous_attention() {
     let width = n_kv_heads * head_dim;
     let lengths = [1, KV_BLOCK_SIZE - 1, KV_BLOCK_SIZE, KV_BLOCK_SIZE + 1, 300];
     let windows = [None, Some(1), Some(7), Some(KV_BLOCK_SIZE + 3)];
-    for (len, window) in lengths.into_iter().flat_map(|l| windows.map(|w| (l, w))) {
+    let sinks: Vec<f32> = (0..n_heads).map(|h| h as f32 * 0.7 - 1.0).collect();
+    let cases = lengths.into_iter().flat_map(|l| windows.map(|w| (l, w))).flat_map(|(l, w)| [(l, w, false), (l, w, true)]);
+    for (len, window, with_sinks) in cases {
         let n_blocks = len.div_ceil(KV_BLOCK_SIZE);
         let spec = KvCacheSpec { n_blocks: 2 * n_blocks + 3, width, k_type: KvType::F32, v_type: KvType::F32 };
         let cap = StepCapacity { tokens: len, seqs: 1, blocks: n_blocks, logit_rows: 1, history: 0 };
@@ -144,10 +146,14 @@ fn paged_attention_equals_contiguous_attention() {
             backend.write_step(&mut step, &plan).unwrap();
             backend.kv_store(&k, &v, &mut cache, &step, len).unwrap();
             let mut out = vec![f32::NAN; q.len()];
-            backend.attention(&q, &cache, &mut out, &step, len, &params).unwrap();
+            if with_sinks {
+                backend.attention_sinks(&q, &cache, &sinks, &mut out, &step, len, &params).unwrap();
+            } else {
+                backend.attention(&q, &cache, &mut out, &step, len, &params).unwrap();
+            }
             outs.push(out);
         }
-        assert_eq!(outs[0], outs[1], "length {len} window {window:?}: shuffled blocks change the result");
+        assert_eq!(outs[0], outs[1], "length {len} window {window:?} sinks {with_sinks}: shuffled blocks change the result");
         // float64 reference over the contiguous K/V.
         let group = n_heads / n_kv_heads;
         let mut worst = 0f64;
@@ -159,9 +165,11 @@ fn paged_attention_equals_contiguous_attention() {
                 let seen = |j: usize| window.is_none_or(|w| t - j < w);
                 let scores: Vec<f64> =
                     (0..=t).map(|j| qv.iter().zip(&k[j * width + col..][..head_dim]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * 0.25).collect();
-                let max = (0..=t).filter(|&j| seen(j)).map(|j| scores[j]).fold(f64::NEG_INFINITY, f64::max);
+                // A sink is one more logit in the softmax, without a value.
+                let sink = with_sinks.then(|| sinks[h] as f64);
+                let max = (0..=t).filter(|&j| seen(j)).map(|j| scores[j]).fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
                 let weights: Vec<f64> = (0..=t).map(|j| if seen(j) { (scores[j] - max).exp() } else { 0.0 }).collect();
-                let total: f64 = weights.iter().sum();
+                let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for d in 0..head_dim {
                     let want: f64 = (0..=t).map(|j| weights[j] * v[j * width + col + d] as f64).sum::<f64>() / total;
                     worst = worst.max((outs[0][(t * n_heads + h) * head_dim + d] as f64 - want).abs());
@@ -169,7 +177,7 @@ fn paged_attention_equals_contiguous_attention() {
             }
         }
         // f32 accumulation over at most 300 rows of values in [-1, 1]: well under 1e-5.
-        assert!(worst < 1e-5, "length {len} window {window:?}: {worst:e} from the float64 reference");
+        assert!(worst < 1e-5, "length {len} window {window:?} sinks {with_sinks}: {worst:e} from the float64 reference");
     }
 }
 
