@@ -514,7 +514,8 @@ mod tests {
     #[test]
     fn every_computable_type_has_a_gpu_layout() {
         for &ty in kiln_quant::ALL_TYPES {
-            if kiln_quant::can_dequantize(ty) && !matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+            // MXFP4 (gpt-oss's experts) has no GPU kernels yet: its upload is refused by name.
+            if kiln_quant::can_dequantize(ty) && !matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::MXFP4) {
                 assert!(quant_layout(ty).is_some() || FloatKind::of(ty).is_some(), "{ty} has no GPU layout");
             }
         }
