@@ -52,7 +52,7 @@ if [ -d "$testdata" ]; then
     cp -a "$testdata/README.md" "$testdata/models" .gpu/shared/testdata/
     # A few of the new architectures, for the typed "not yet supported on CUDA" errors.
     mkdir -p .gpu/shared/testdata/archs
-    for f in tiny-mixtral-Q8_0 tiny-gemma3-Q4_K tiny-gemma4-Q4_K tiny-gpt-oss-MXFP4; do
+    for f in tiny-mixtral-Q8_0 tiny-gemma3-Q4_K tiny-gemma4-Q4_K tiny-gpt-oss-MXFP4 tiny-qwen35-Q4_K; do
         [ -f "$testdata/archs/$f.gguf" ] && cp -a "$testdata/archs/$f.gguf" .gpu/shared/testdata/archs/
     done
 else

@@ -121,6 +121,31 @@ pub struct RouterParams {
     pub renormalize: bool,
 }
 
+/// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops. Its convolution runs over
+/// `conv_dim() = (2 * n_k_heads + n_v_heads) * head_dim` channels: q, k and v side by side.
+/// Value head `h` reads query/key head `h % n_k_heads` (the order the GGUF converter writes).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNetParams {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetParams {
+    pub fn conv_dim(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+    /// Values of one sequence's convolution state: the last `conv_kernel - 1` inputs.
+    pub fn conv_state(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+    /// Values of one sequence's delta-rule state: a `head_dim` x `head_dim` matrix per value head.
+    pub fn ssm_state(&self) -> usize {
+        self.n_v_heads * self.head_dim * self.head_dim
+    }
+}
+
 /// Which input rows an expert-indexed product reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertInput {
@@ -227,6 +252,54 @@ pub trait Backend: Send + Sync + 'static {
     /// `dst[t][0..width] = src[t][col..col + width]` for `n` rows of `src_width` values: one block
     /// of columns (one layer's slice of Gemma 4's per-layer inputs, say) as its own rows.
     fn copy_cols(&self, src: &Self::Buffer, src_width: usize, col: usize, dst: &mut Self::Buffer, width: usize, n: usize) -> Result<()>;
+    /// `x[t][i] *= sigmoid(gate[t][i * gate_dim / dim])` for `n` rows of `dim`: an elementwise
+    /// gate (`gate_dim == dim`, Qwen3.5's gated attention) or one per row (`gate_dim == 1`, its
+    /// shared expert).
+    fn sigmoid_gate(&self, x: &mut Self::Buffer, gate: &Self::Buffer, n: usize, dim: usize, gate_dim: usize) -> Result<()>;
+    /// The per-head gates of a Gated DeltaNet, in place for `n` tokens of `n_heads`:
+    /// `g = a_log_neg * softplus(g + dt_bias)` (the log of the state's decay) and `beta = sigmoid(beta)`.
+    fn delta_net_gates(
+        &self,
+        g: &mut Self::Buffer,
+        beta: &mut Self::Buffer,
+        a_log_neg: &Self::Buffer,
+        dt_bias: &Self::Buffer,
+        n: usize,
+        n_heads: usize,
+    ) -> Result<()>;
+    /// Causal depthwise convolution then SiLU of each sequence's tokens (`x`, `out`:
+    /// `[n][conv_dim]`; `weight`: `[conv_dim][conv_kernel]`), continuing from the sequence's
+    /// state and leaving its last inputs there. `slots[s]` (f32) is the state slot of the step's
+    /// sequence `s`; a sequence starting at position 0 starts from a zero state.
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_conv(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        state: &mut Self::Buffer,
+        slots: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()>;
+    /// The gated delta rule over each sequence's tokens, one token after the other: with q and
+    /// k L2-normalized (q also scaled by 1/sqrt(head_dim)) from the convolved `x`, per value head
+    /// `S = exp(g) S; S += k (beta (v - Sᵀk))ᵀ; out = Sᵀq`. States as in [`Backend::ssm_conv`];
+    /// `out` is `[n][n_v_heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        x: &Self::Buffer,
+        g: &Self::Buffer,
+        beta: &Self::Buffer,
+        state: &mut Self::Buffer,
+        slots: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()>;
     /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head, `sinks[h]`,
     /// joins every softmax row (its max and its sum) and has no value.
     #[allow(clippy::too_many_arguments)]

@@ -8,11 +8,11 @@ use std::cell::RefCell;
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, Backend, BackendError, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
+use crate::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 pub use crate::cpu_kv::CpuKvCache;
-use crate::cpu_ops;
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
+use crate::{cpu_ops, cpu_recurrent};
 
 #[derive(Default)]
 pub struct CpuBackend {
@@ -64,6 +64,12 @@ pub(crate) struct SharedOut(pub(crate) *mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
+    /// # Safety
+    /// No other task may touch `at..at + len` while the slice lives, and it must be in bounds.
+    pub(crate) unsafe fn slice_mut<'a>(self, at: usize, len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(at), len)
+    }
+
     /// # Safety
     /// No two tasks may write the same index, and `i` must be in bounds.
     pub(crate) unsafe fn write(self, i: usize, v: f32) {
@@ -343,6 +349,53 @@ impl Backend for CpuBackend {
 
     fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
         attention(q, cache, None, out, step, n, p)
+    }
+
+    fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
+        if gate_dim == 0 || !dim.is_multiple_of(gate_dim) {
+            return Err(BackendError::Device(format!("sigmoid_gate: {gate_dim} gates over rows of {dim}")));
+        }
+        check_len("sigmoid_gate input", x.len(), n * dim)?;
+        check_len("sigmoid_gate gates", gate.len(), n * gate_dim)?;
+        let per = dim / gate_dim;
+        for (i, v) in x[..n * dim].iter_mut().enumerate() {
+            let g = gate[i / per];
+            *v /= 1.0 + (-g).exp();
+        }
+        Ok(())
+    }
+
+    fn delta_net_gates(&self, g: &mut Vec<f32>, beta: &mut Vec<f32>, a_log_neg: &Vec<f32>, dt_bias: &Vec<f32>, n: usize, n_heads: usize) -> Result<()> {
+        cpu_recurrent::delta_net_gates(g, beta, a_log_neg, dt_bias, n, n_heads)
+    }
+
+    fn ssm_conv(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        state: &mut Vec<f32>,
+        slots: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        cpu_recurrent::ssm_conv(x, weight, state, slots, out, &step.plan, n, p)
+    }
+
+    fn delta_net(
+        &self,
+        x: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        state: &mut Vec<f32>,
+        slots: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        cpu_recurrent::delta_net(x, g, beta, state, slots, out, &step.plan, n, p)
     }
 
     fn attention_sinks(

@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{AttentionParams, Backend, BackendError, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::kv::{kv_type_code, CudaKvCache};
@@ -536,6 +536,51 @@ impl Backend for CudaBackend {
 
     fn swiglu_oai(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize, _alpha: f32, _limit: f32) -> Result<()> {
         Err(not_yet("swiglu_oai (clamped SwiGLU)"))
+    }
+
+    fn sigmoid_gate(&self, _x: &mut CudaSlice<f32>, _gate: &CudaSlice<f32>, _n: usize, _dim: usize, _gate_dim: usize) -> Result<()> {
+        Err(not_yet("sigmoid_gate"))
+    }
+
+    fn delta_net_gates(
+        &self,
+        _g: &mut CudaSlice<f32>,
+        _beta: &mut CudaSlice<f32>,
+        _a_log_neg: &CudaSlice<f32>,
+        _dt_bias: &CudaSlice<f32>,
+        _n: usize,
+        _n_heads: usize,
+    ) -> Result<()> {
+        Err(not_yet("delta_net_gates (Gated DeltaNet)"))
+    }
+
+    fn ssm_conv(
+        &self,
+        _x: &CudaSlice<f32>,
+        _weight: &CudaSlice<f32>,
+        _state: &mut CudaSlice<f32>,
+        _slots: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &DeltaNetParams,
+    ) -> Result<()> {
+        Err(not_yet("ssm_conv (Gated DeltaNet convolution)"))
+    }
+
+    fn delta_net(
+        &self,
+        _x: &CudaSlice<f32>,
+        _g: &CudaSlice<f32>,
+        _beta: &CudaSlice<f32>,
+        _state: &mut CudaSlice<f32>,
+        _slots: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &DeltaNetParams,
+    ) -> Result<()> {
+        Err(not_yet("delta_net (Gated DeltaNet recurrence)"))
     }
 
     fn attention_sinks(

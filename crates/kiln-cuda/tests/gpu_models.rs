@@ -261,7 +261,7 @@ fn batched_sequences_match_each_sequence_alone() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// The architectures the CPU runs and CUDA does not yet (mixture of experts, Gemma, gpt-oss)
+/// The architectures the CPU runs and CUDA does not yet (mixture of experts, Gemma, gpt-oss, Qwen3.5)
 /// fail on the GPU with a typed error that names the missing op (or the weight format it cannot
 /// upload), at load or at the first step; never a panic, never logits.
 #[test]
@@ -270,7 +270,7 @@ fn architectures_not_yet_on_cuda_fail_with_a_typed_error() {
     let _gpu_use = shared_gpu();
     let gpu = Arc::new(gpu());
     let archs = kiln_testdata::path("archs");
-    for name in ["tiny-mixtral-Q8_0.gguf", "tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q4_K.gguf", "tiny-gpt-oss-MXFP4.gguf"] {
+    for name in ["tiny-mixtral-Q8_0.gguf", "tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q4_K.gguf", "tiny-gpt-oss-MXFP4.gguf", "tiny-qwen35-Q4_K.gguf"] {
         let file = Arc::new(GgufFile::open(archs.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")));
         let options = ModelOptions { n_ctx: Some(64), ..ModelOptions::default() };
         let err = match Model::load(gpu.clone(), file, &options) {

@@ -6,7 +6,7 @@ use kiln_gguf::GgufFile;
 use crate::error::{ModelError, Result};
 use crate::layout;
 use crate::layout::{optional, optional_f32, positive, Base};
-pub use crate::layout::{Activation, AttentionConfig, FfnConfig, KvSource, LayerConfig, MoeConfig, RopeConfig};
+pub use crate::layout::{Activation, AttentionConfig, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, MoeConfig, RopeConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -19,6 +19,9 @@ pub enum Arch {
     /// Dense (per-layer embeddings, KV sharing) and MoE (experts beside a dense FFN, K=V layers).
     Gemma4,
     GptOss,
+    /// Qwen3.5 hybrids: Gated DeltaNet layers and gated attention, dense or MoE.
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -31,6 +34,8 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "gemma4" => Ok(Arch::Gemma4),
             "gpt-oss" => Ok(Arch::GptOss),
+            "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -44,20 +49,27 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Gemma4 => "gemma4",
             Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
     /// The decoder block the architecture's forward assembles.
     pub fn block_style(self) -> BlockStyle {
         match self {
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss => BlockStyle::PreNorm,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss | Arch::Qwen35 | Arch::Qwen35Moe => BlockStyle::PreNorm,
             Arch::Gemma3 | Arch::Gemma4 => BlockStyle::Gemma,
         }
     }
 
     /// Whether queries and keys get a per-head RMSNorm before rope.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    /// Whether some layers are recurrent (Gated DeltaNet) instead of attention.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     pub fn is_gemma(self) -> bool {
@@ -160,6 +172,10 @@ impl ModelConfig {
         let base = Base { n_layer, n_head, head_dim, n_rot, rope_base, rope_scaling: rope_scaling.clone() };
         let (ropes, layers) = layout::layers(file, arch, &base)?;
         let first = &layers[0];
+        let first_attn = layers
+            .iter()
+            .find_map(LayerConfig::attention)
+            .ok_or_else(|| ModelError::BadHparam { key: key("block_count"), reason: "no attention layer".into() })?;
         let n_ff = match &first.ffn {
             FfnConfig::Dense { n_ff } => *n_ff,
             FfnConfig::Moe(m) => m.n_ff,
@@ -175,9 +191,9 @@ impl ModelConfig {
             n_embd,
             n_layer,
             n_head,
-            n_head_kv: first.attn.n_head_kv,
-            head_dim: first.attn.head_dim,
-            n_rot: ropes[first.attn.rope].n_rot,
+            n_head_kv: first_attn.n_head_kv,
+            head_dim: first_attn.head_dim,
+            n_rot: ropes[first_attn.rope].n_rot,
             n_ff,
             n_vocab,
             n_ctx_train: optional(file, &key("context_length"))?.unwrap_or(2048),
@@ -211,7 +227,7 @@ impl ModelConfig {
 
     /// Row widths of the KV caches, one per layer that stores its own keys and values.
     pub fn kv_widths(&self) -> Vec<usize> {
-        self.layers.iter().filter(|l| matches!(l.attn.kv, KvSource::Own { .. })).map(|l| l.attn.kv_width()).collect()
+        self.layers.iter().filter_map(LayerConfig::attention).filter(|a| matches!(a.kv, KvSource::Own { .. })).map(AttentionConfig::kv_width).collect()
     }
 
     fn rope_scaling(file: &GgufFile, a: &str, n_rot: usize) -> Result<RopeScaling> {
@@ -261,12 +277,16 @@ impl ModelConfig {
             .layers
             .iter()
             .map(|l| {
-                let (q, kv) = ((l.attn.n_head * l.attn.head_dim) as u64, (l.attn.n_head_kv * l.attn.head_dim) as u64);
+                let mixer = match &l.mixer {
+                    Mixer::Attention(a) => e * (a.n_head * a.head_dim) as u64 * 2 + e * a.kv_width() as u64 * 2,
+                    // qkv, z and out projections, and the two per-head gates.
+                    Mixer::DeltaNet(d) => e * (d.conv_dim() + 2 * d.v_width() + 2 * d.n_v_heads) as u64,
+                };
                 let ffn = match &l.ffn {
                     FfnConfig::Dense { n_ff } => 3 * e * *n_ff as u64,
-                    FfnConfig::Moe(m) => m.n_expert as u64 * (3 * e * m.n_ff as u64 + e) + 3 * e * m.dense_ff.unwrap_or(0) as u64,
+                    FfnConfig::Moe(m) => m.n_expert as u64 * (3 * e * m.n_ff as u64 + e) + 3 * e * (m.dense_ff.unwrap_or(0) + m.shared_ff.unwrap_or(0)) as u64,
                 };
-                e * q * 2 + e * kv * 2 + ffn + 2 * e
+                mixer + ffn + 2 * e
             })
             .sum();
         let out = if self.tied_embeddings { 0 } else { e * self.n_vocab as u64 };

@@ -10,6 +10,7 @@ use kiln_core::{Backend, KvType, SamplingParams, KV_BLOCK_SIZE};
 use crate::error::{ModelError, Result};
 use crate::forward::{attention_params, forward, Pass, Workspace};
 use crate::kv_pool::{KvBudget, KvPool};
+use crate::recurrent::RecurrentStates;
 use crate::weights::Weights;
 
 /// One sequence: its tokens, its KV blocks and how many of its tokens they hold.
@@ -22,6 +23,9 @@ pub struct Sequence {
     pub sampling: SamplingParams,
     /// Tokens sampled so far (the sampler's draw counter).
     pub draws: u64,
+    /// Hybrid models: the sequence's recurrent state slot, and how many tokens that state holds.
+    state_slot: Option<u32>,
+    state_len: usize,
 }
 
 impl Sequence {
@@ -49,9 +53,14 @@ impl Sequence {
     }
 
     /// Forgets everything after the first `n` cached tokens (the blocks stay with the sequence).
+    /// A hybrid model's recurrent state cannot go back: there, truncating below the cached
+    /// tokens keeps the tokens but none of the cache, and the next step feeds them all again.
     pub fn truncate(&mut self, n: usize) {
         self.n_cached = self.n_cached.min(n);
         self.tokens.truncate(n);
+        if self.state_slot.is_some() && self.n_cached < self.state_len {
+            self.n_cached = 0;
+        }
     }
 }
 
@@ -108,6 +117,8 @@ pub struct Engine<B: Backend> {
     options: EngineOptions,
     sampled: Vec<u32>,
     host_logits: Vec<f32>,
+    /// Hybrid models' recurrent states, one slot per sequence.
+    states: Option<RecurrentStates<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -126,12 +137,13 @@ impl<B: Backend> Engine<B> {
         let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
         let b = &*backend;
         let pool = KvPool::with_widths(b, &c.kv_widths(), options.k_type, options.v_type, budget)?;
-        if let Some(first) = c.layers.first() {
-            b.prepare(&weights.matrices(), &attention_params(&first.attn, options.max_seq_len), pool.spec())?;
+        if let Some(first) = c.layers.iter().find_map(crate::config::LayerConfig::attention) {
+            b.prepare(&weights.matrices(), &attention_params(first, options.max_seq_len), pool.spec())?;
         }
         let ws = Workspace::new(b, c, options.max_batch_tokens, logit_rows)?;
         let step = b.alloc_step(&capacity, pool.spec().n_blocks)?;
         let host_logits = vec![0f32; logit_rows * c.n_vocab];
+        let states = RecurrentStates::new(b, c, options.max_seqs)?;
         Ok(Engine {
             backend,
             weights,
@@ -143,6 +155,7 @@ impl<B: Backend> Engine<B> {
             options,
             sampled: Vec::with_capacity(capacity.seqs),
             host_logits,
+            states,
         })
     }
 
@@ -163,6 +176,10 @@ impl<B: Backend> Engine<B> {
     pub fn release(&mut self, seq: &mut Sequence) {
         self.pool.release(&mut seq.blocks);
         seq.n_cached = 0;
+        if let (Some(states), Some(slot)) = (&mut self.states, seq.state_slot.take()) {
+            states.release(slot);
+        }
+        seq.state_len = 0;
     }
 
     /// Runs one step over `work` and returns the sampled tokens, one per work item that
@@ -190,6 +207,14 @@ impl<B: Backend> Engine<B> {
         if needed > self.pool.blocks.available() {
             return Err(ModelError::OutOfKvBlocks { needed, available: self.pool.blocks.available(), capacity: self.pool.blocks.capacity() });
         }
+        if let Some(states) = &mut self.states {
+            for w in work.iter_mut() {
+                if w.seq.state_slot.is_none() {
+                    w.seq.state_slot = Some(states.take()?);
+                }
+            }
+            states.write_slots(&self.backend, work.iter().map(|w| w.seq.state_slot.unwrap_or(0)))?;
+        }
         for w in work.iter_mut() {
             let end = w.seq.n_cached + w.n_tokens;
             self.pool.reserve(&self.backend, &mut w.seq.blocks, end)?;
@@ -211,9 +236,9 @@ impl<B: Backend> Engine<B> {
         let n_rows = self.plan.logit_rows.len();
         let n_samples = self.plan.samples.len();
         let (b, w, pool, ws, step) = (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step);
-        let max_seq_len = self.options.max_seq_len;
+        let (max_seq_len, states) = (self.options.max_seq_len, &mut self.states);
         let mut run = || -> kiln_core::backend::Result<()> {
-            forward(&Pass { b, w, step, n, n_rows, max_seq_len }, &mut pool.caches, ws)?;
+            forward(&Pass { b, w, step, n, n_rows, max_seq_len }, &mut pool.caches, states.as_mut(), ws)?;
             if n_samples > 0 {
                 b.sample(&ws.logits, w.config.n_vocab, step)?;
             }
@@ -232,6 +257,7 @@ impl<B: Backend> Engine<B> {
         for w in work.iter_mut() {
             w.seq.n_cached += w.n_tokens;
             w.seq.draws += u64::from(w.sample);
+            w.seq.state_len = w.seq.n_cached;
         }
         Ok(&self.sampled)
     }

@@ -5,8 +5,11 @@
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{Backend, BackendError, ExpertInput, RopeParams, RouterParams};
 
-use crate::config::{Activation, AttentionConfig, BlockStyle, FfnConfig, KvSource, LayerConfig, ModelConfig, MoeConfig};
-use crate::weights::{DenseFfn, FfnWeights, LayerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights};
+use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
+use crate::recurrent::{self, RecurrentStates};
+use crate::weights::{
+    AttentionWeights, DeltaNetWeights, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights,
+};
 
 /// Activation buffers, allocated once for the largest step and the widest layer.
 pub(crate) struct Workspace<B: Backend> {
@@ -36,20 +39,42 @@ pub(crate) struct Workspace<B: Backend> {
     ple: B::Buffer,
     ple_scratch: [B::Buffer; 2],
     ple_layer: [B::Buffer; 3],
+    /// Qwen3.5: the output gate of gated attention, and its shared expert's gate per token.
+    q_gate: B::Buffer,
+    shared_gate: B::Buffer,
+    dn: DeltaNetScratch<B>,
     /// Hidden states of the rows that produce logits.
     rows: B::Buffer,
     pub(crate) logits: B::Buffer,
 }
 
+/// A Gated DeltaNet layer's activations: q/k/v before and after the convolution, the output
+/// gate z, the per-head gates, and the output before and after its gated norm.
+struct DeltaNetScratch<B: Backend> {
+    qkv: B::Buffer,
+    conv: B::Buffer,
+    z: B::Buffer,
+    g: B::Buffer,
+    beta: B::Buffer,
+    out: B::Buffer,
+    normed: B::Buffer,
+}
+
 impl<B: Backend> Workspace<B> {
     pub(crate) fn new(b: &B, c: &ModelConfig, tokens: usize, logit_rows: usize) -> kiln_core::backend::Result<Workspace<B>> {
         let most = |f: &dyn Fn(&LayerConfig) -> usize| c.layers.iter().map(f).max().unwrap_or(0);
-        let q_width = most(&|l| l.attn.n_head * l.attn.head_dim);
-        let kv_width = most(&|l| l.attn.n_head_kv * l.attn.head_dim);
+        let attn = |f: &dyn Fn(&AttentionConfig) -> usize| most(&|l| l.attention().map_or(0, f));
+        let dn = |f: &dyn Fn(&DeltaNetConfig) -> usize| most(&|l| l.delta_net().map_or(0, f));
+        let q_width = attn(&|a| a.n_head * a.head_dim);
+        let kv_width = attn(&|a| a.kv_width());
+        // A gated attention's query projection also holds its gate.
+        let q_proj = attn(&|a| a.n_head * a.head_dim * if a.gated { 2 } else { 1 });
+        let gated = attn(&|a| if a.gated { a.n_head * a.head_dim } else { 0 });
+        let v_width = dn(&DeltaNetConfig::v_width);
         // Gate/up/activation hold a dense FFN's `n_ff` or every chosen expert's.
         let ff = most(&|l| match &l.ffn {
             FfnConfig::Dense { n_ff } => *n_ff,
-            FfnConfig::Moe(m) => (m.n_used * m.n_ff).max(m.dense_ff.unwrap_or(0)),
+            FfnConfig::Moe(m) => (m.n_used * m.n_ff).max(m.dense_ff.unwrap_or(0)).max(m.shared_ff.unwrap_or(0)),
         });
         let moe = |f: &dyn Fn(&MoeConfig) -> usize| most(&|l| if let FfnConfig::Moe(m) = &l.ffn { f(m) } else { 0 });
         let ple_dim = c.per_layer_embd.unwrap_or(0);
@@ -57,12 +82,12 @@ impl<B: Backend> Workspace<B> {
         Ok(Workspace {
             x: b.alloc(tokens * c.n_embd, "hidden state")?,
             h: b.alloc(tokens * c.n_embd.max(q_width), "normed state")?,
-            q: b.alloc(tokens * q_width, "queries")?,
+            q: b.alloc(tokens * q_proj, "queries")?,
             k: b.alloc(tokens * kv_width, "keys")?,
             v: b.alloc(tokens * kv_width, "values")?,
             q_normed: b.alloc(tokens * q_width, "normed queries")?,
             k_normed: b.alloc(tokens * kv_width, "normed keys")?,
-            att: b.alloc(tokens * q_width, "attention output")?,
+            att: b.alloc(tokens * q_width.max(v_width), "attention output")?,
             gate: b.alloc(tokens * ff, "ffn gate")?,
             up: b.alloc(tokens * ff, "ffn up")?,
             act: b.alloc(tokens * ff, "ffn activation")?,
@@ -72,7 +97,18 @@ impl<B: Backend> Workspace<B> {
             expert_weights: b.alloc(tokens * moe(&|m| m.n_used), "expert weights")?,
             expert_out: b.alloc(tokens * moe(&|m| m.n_used) * c.n_embd, "expert outputs")?,
             v_normed: b.alloc(tokens * kv_width, "normed values")?,
-            ffn_out: b.alloc(if moe(&|m| m.dense_ff.unwrap_or(0)) > 0 { tokens * c.n_embd } else { 0 }, "ffn output")?,
+            ffn_out: b.alloc(if moe(&|m| m.dense_ff.or(m.shared_ff).unwrap_or(0)) > 0 { tokens * c.n_embd } else { 0 }, "ffn output")?,
+            q_gate: b.alloc(tokens * gated, "attention gate")?,
+            shared_gate: b.alloc(if moe(&|m| m.shared_ff.unwrap_or(0)) > 0 { tokens } else { 0 }, "shared expert gate")?,
+            dn: DeltaNetScratch {
+                qkv: b.alloc(tokens * dn(&DeltaNetConfig::conv_dim), "DeltaNet qkv")?,
+                conv: b.alloc(tokens * dn(&DeltaNetConfig::conv_dim), "DeltaNet convolved qkv")?,
+                z: b.alloc(tokens * v_width, "DeltaNet output gate")?,
+                g: b.alloc(tokens * dn(&|d| d.n_v_heads), "DeltaNet decay")?,
+                beta: b.alloc(tokens * dn(&|d| d.n_v_heads), "DeltaNet beta")?,
+                out: b.alloc(tokens * v_width, "DeltaNet output")?,
+                normed: b.alloc(tokens * v_width, "DeltaNet normed output")?,
+            },
             ple: b.alloc(tokens * ple_width, "per-layer inputs")?,
             ple_scratch: [b.alloc(tokens * ple_width, "per-layer input scratch")?, b.alloc(tokens * ple_width, "per-layer input scratch")?],
             ple_layer: [
@@ -102,30 +138,65 @@ pub(crate) fn attention_params(a: &AttentionConfig, max_seq_len: usize) -> Atten
 
 /// The forward pass of the step's tokens: embeddings, the decoder blocks, then the LM head over
 /// the rows that produce logits.
-pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
+pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
     match p.w.config.arch.block_style() {
-        BlockStyle::PreNorm => pre_norm(p, caches, a),
+        BlockStyle::PreNorm => pre_norm(p, caches, states, a),
         BlockStyle::Gemma => gemma(p, caches, a),
     }
 }
 
-/// llama, qwen2, qwen3, qwen3moe, Mixtral, gpt-oss.
-fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
+/// llama, qwen2, qwen3, qwen3moe, Mixtral, gpt-oss, Qwen3.5 (attention or Gated DeltaNet).
+fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], mut states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
     b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
     for (lc, l) in c.layers.iter().zip(&p.w.layers) {
-        attention(p, lc, l, caches, a)?;
-        match &l.wo_bias {
-            None => b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
-            Some(bias) => {
-                b.matmul(&l.wo, &a.att, &mut a.tmp, n)?;
-                b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
-                b.add(&mut a.x, &a.tmp, n * c.n_embd)?;
+        match (&lc.mixer, &l.mixer) {
+            (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
+                attention(p, at, aw, &l.attn_norm, caches, a)?;
+                match &aw.wo_bias {
+                    None => b.matmul_add(&aw.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
+                    Some(bias) => {
+                        b.matmul(&aw.wo, &a.att, &mut a.tmp, n)?;
+                        b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
+                        b.add(&mut a.x, &a.tmp, n * c.n_embd)?;
+                    }
+                }
             }
+            (Mixer::DeltaNet(d), MixerWeights::DeltaNet(dw)) => {
+                let states = states.as_deref_mut().ok_or_else(|| BackendError::BadPlan("a DeltaNet layer without recurrent states".into()))?;
+                delta_net(p, d, dw, &l.attn_norm, states, a)?;
+                b.matmul_add(&dw.out, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
+            }
+            _ => return Err(BackendError::BadPlan("layer weights do not match the layer's mixer".into())),
         }
         ffn(p, lc, l, a, Out::AddToResidual)?;
     }
     lm_head(p, a)
+}
+
+/// A Gated DeltaNet of `norm(x)` into `a.att` (before its output projection): q/k/v through the
+/// causal convolution, the delta rule over the sequence's state, the norm gated by `silu(z)`.
+fn delta_net<B: Backend>(
+    p: &Pass<B>,
+    d: &DeltaNetConfig,
+    w: &DeltaNetWeights<B>,
+    norm: &B::Buffer,
+    states: &mut RecurrentStates<B>,
+    a: &mut Workspace<B>,
+) -> Result<()> {
+    let (b, c, n, s) = (p.b, &p.w.config, p.n, &mut a.dn);
+    let params = recurrent::params(d);
+    b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+    b.matmul(&w.qkv, &a.h, &mut s.qkv, n)?;
+    b.matmul(&w.z, &a.h, &mut s.z, n)?;
+    b.matmul(&w.alpha, &a.h, &mut s.g, n)?;
+    b.matmul(&w.beta, &a.h, &mut s.beta, n)?;
+    b.delta_net_gates(&mut s.g, &mut s.beta, &w.a, &w.dt_bias, n, d.n_v_heads)?;
+    let (conv, ssm) = (&mut states.conv[d.state], &mut states.ssm[d.state]);
+    b.ssm_conv(&s.qkv, &w.conv, conv, &states.slots, &mut s.conv, p.step, n, &params)?;
+    b.delta_net(&s.conv, &s.g, &s.beta, ssm, &states.slots, &mut s.out, p.step, n, &params)?;
+    b.rms_norm(&s.out, &w.norm, &mut s.normed, n * d.n_v_heads, d.head_dim, c.rms_eps)?;
+    b.swiglu(&s.z, &s.normed, &mut a.att, n * d.v_width())
 }
 
 /// gemma3, gemma4: scaled embeddings, every block's output normed before its residual add;
@@ -140,8 +211,11 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B
         per_layer_inputs(p, inputs, a)?;
     }
     for (i, (lc, l)) in c.layers.iter().zip(&p.w.layers).enumerate() {
-        attention(p, lc, l, caches, a)?;
-        b.matmul(&l.wo, &a.att, &mut a.tmp, n)?;
+        let (Mixer::Attention(at), MixerWeights::Attention(aw)) = (&lc.mixer, &l.mixer) else {
+            return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
+        };
+        attention(p, at, aw, &l.attn_norm, caches, a)?;
+        b.matmul(&aw.wo, &a.att, &mut a.tmp, n)?;
         norm_add(p, l.post_attn_norm.as_ref(), a)?;
         ffn(p, lc, l, a, Out::Scratch)?;
         norm_add(p, l.post_ffn_norm.as_ref(), a)?;
@@ -194,8 +268,15 @@ fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace
 /// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
 /// the layer has its own), biases, q/k/v norms, rope with the layer's table, the step's K/V
 /// stored, then paged attention over the layer's cache and window.
-fn attention<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n, at) = (p.b, &p.w.config, p.n, &lc.attn);
+fn attention<B: Backend>(
+    p: &Pass<B>,
+    at: &AttentionConfig,
+    l: &AttentionWeights<B>,
+    norm: &B::Buffer,
+    caches: &mut [B::KvCache],
+    a: &mut Workspace<B>,
+) -> Result<()> {
+    let (b, c, n) = (p.b, &p.w.config, p.n);
     let (q_width, kv_width) = (at.n_head * at.head_dim, at.kv_width());
     let rope = &c.ropes[at.rope];
     let q_rope = RopeParams { kind: c.rope_kind, n_heads: at.n_head, head_dim: at.head_dim, n_rot: rope.n_rot };
@@ -204,38 +285,52 @@ fn attention<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, cac
     match (at.kv, &l.wk) {
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
-            b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, wk, wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
-            if let Some([bq, bk, bv]) = &l.bias {
-                b.add_bias(&mut a.q, bq, n, q_width)?;
-                b.add_bias(&mut a.k, bk, n, kv_width)?;
-                b.add_bias(&mut a.v, bv, n, kv_width)?;
-            }
-            let v = match &l.v_norm {
-                Some(ones) => {
-                    b.rms_norm(&a.v, ones, &mut a.v_normed, n * at.n_head_kv, at.head_dim, c.rms_eps)?;
-                    &a.v_normed
-                }
-                None => &a.v,
-            };
-            let qk_norm = l.q_norm.as_ref().zip(l.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps));
-            b.attention_prologue(&mut a.q, &mut a.k, v, qk_norm, (&mut a.q_normed, &mut a.k_normed), table, cache, p.step, n, &q_rope, at.n_head_kv)?;
+            b.norm_matmul_qkv(&a.x, norm, c.rms_eps, &mut a.h, &l.wq, wk, wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
         }
         (KvSource::Shared { .. }, None) => {
-            b.rms_norm(&a.x, &l.attn_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+            b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
             b.matmul(&l.wq, &a.h, &mut a.q, n)?;
-            if let Some(qn) = &l.q_norm {
-                b.rms_norm(&a.q, qn, &mut a.q_normed, n * at.n_head, at.head_dim, c.rms_eps)?;
-                b.copy(&a.q_normed, &mut a.q, n * q_width)?;
-            }
-            b.rope(&mut a.q, table, p.step, n, &q_rope)?;
         }
         _ => return Err(BackendError::BadPlan("layer weights do not match the layer's KV source".into())),
     }
+    if at.gated {
+        // Each head's query is followed by its output gate.
+        let (hd, rows) = (at.head_dim, n * at.n_head);
+        b.copy_cols(&a.q, 2 * hd, hd, &mut a.q_gate, hd, rows)?;
+        b.copy_cols(&a.q, 2 * hd, 0, &mut a.q_normed, hd, rows)?;
+        b.copy(&a.q_normed, &mut a.q, n * q_width)?;
+    }
+    if l.wk.is_some() {
+        if let Some([bq, bk, bv]) = &l.bias {
+            b.add_bias(&mut a.q, bq, n, q_width)?;
+            b.add_bias(&mut a.k, bk, n, kv_width)?;
+            b.add_bias(&mut a.v, bv, n, kv_width)?;
+        }
+        let v = match &l.v_norm {
+            Some(ones) => {
+                b.rms_norm(&a.v, ones, &mut a.v_normed, n * at.n_head_kv, at.head_dim, c.rms_eps)?;
+                &a.v_normed
+            }
+            None => &a.v,
+        };
+        let qk_norm = l.q_norm.as_ref().zip(l.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps));
+        b.attention_prologue(&mut a.q, &mut a.k, v, qk_norm, (&mut a.q_normed, &mut a.k_normed), table, cache, p.step, n, &q_rope, at.n_head_kv)?;
+    } else {
+        if let Some(qn) = &l.q_norm {
+            b.rms_norm(&a.q, qn, &mut a.q_normed, n * at.n_head, at.head_dim, c.rms_eps)?;
+            b.copy(&a.q_normed, &mut a.q, n * q_width)?;
+        }
+        b.rope(&mut a.q, table, p.step, n, &q_rope)?;
+    }
     let params = attention_params(at, p.max_seq_len);
     match &l.sinks {
-        Some(sinks) => b.attention_sinks(&a.q, cache, sinks, &mut a.att, p.step, n, &params),
-        None => b.attention(&a.q, cache, &mut a.att, p.step, n, &params),
+        Some(sinks) => b.attention_sinks(&a.q, cache, sinks, &mut a.att, p.step, n, &params)?,
+        None => b.attention(&a.q, cache, &mut a.att, p.step, n, &params)?,
     }
+    if at.gated {
+        b.sigmoid_gate(&mut a.att, &a.q_gate, n, q_width, q_width)?;
+    }
+    Ok(())
 }
 
 /// Where an FFN block leaves its output.
@@ -272,7 +367,17 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
                     b.add(&mut a.ffn_out, &a.h, len)?;
                     b.copy(&a.ffn_out, &mut a.tmp, len)?;
                 }
-                (None, None) => moe(p, m, mc, &l.ffn_norm, a)?,
+                (None, None) => {
+                    moe(p, m, mc, &l.ffn_norm, a)?;
+                    if let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) {
+                        // tmp += sigmoid(norm(x) · gate) * shared(norm(x))
+                        dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
+                        b.matmul(&shared.ffn.down, &a.act, &mut a.ffn_out, n)?;
+                        b.matmul(&shared.gate, &a.h, &mut a.shared_gate, n)?;
+                        b.sigmoid_gate(&mut a.ffn_out, &a.shared_gate, n, c.n_embd, 1)?;
+                        b.add(&mut a.tmp, &a.ffn_out, len)?;
+                    }
+                }
                 _ => return Err(BackendError::BadPlan("the dense FFN beside the experts is missing".into())),
             }
             match out {

@@ -66,6 +66,36 @@ pub enum KvSource {
     Shared { layer: usize },
 }
 
+/// What mixes a layer's tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mixer {
+    Attention(AttentionConfig),
+    /// Qwen3.5's Gated DeltaNet: a recurrence over a per-sequence state instead of a KV cache.
+    DeltaNet(DeltaNetConfig),
+}
+
+/// A Gated DeltaNet layer: q and k heads of `head_dim` (`n_k_heads` each), `n_v_heads` value
+/// heads of `head_dim`, a causal convolution of `conv_kernel` taps over q, k and v.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNetConfig {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// Index of its recurrent state among the DeltaNet layers.
+    pub state: usize,
+}
+
+impl DeltaNetConfig {
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+    pub fn v_width(&self) -> usize {
+        self.n_v_heads * self.head_dim
+    }
+}
+
 /// One layer's attention.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionConfig {
@@ -80,6 +110,8 @@ pub struct AttentionConfig {
     pub kv: KvSource,
     /// Index of the KV cache it writes or reads, among the layers that own one.
     pub cache: usize,
+    /// Qwen3.5: the query projection also emits a per-value output gate, `out *= sigmoid(gate)`.
+    pub gated: bool,
 }
 
 impl AttentionConfig {
@@ -99,6 +131,8 @@ pub struct MoeConfig {
     pub renormalize: bool,
     /// Gemma 4: a dense FFN of this width runs beside the experts; their outputs are added.
     pub dense_ff: Option<usize>,
+    /// Qwen3.5: a shared expert of this width, its output gated by `sigmoid(x · w)`, is added.
+    pub shared_ff: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -110,8 +144,24 @@ pub enum FfnConfig {
 /// What one decoder layer computes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerConfig {
-    pub attn: AttentionConfig,
+    pub mixer: Mixer,
     pub ffn: FfnConfig,
+}
+
+impl LayerConfig {
+    pub fn attention(&self) -> Option<&AttentionConfig> {
+        match &self.mixer {
+            Mixer::Attention(a) => Some(a),
+            Mixer::DeltaNet(_) => None,
+        }
+    }
+
+    pub fn delta_net(&self) -> Option<&DeltaNetConfig> {
+        match &self.mixer {
+            Mixer::DeltaNet(d) => Some(d),
+            Mixer::Attention(_) => None,
+        }
+    }
 }
 
 pub(crate) fn positive(file: &GgufFile, key: &str) -> Result<usize> {
@@ -164,8 +214,11 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
     let key = |k: &str| format!("{a}.{k}");
     let n = base.n_layer;
     let n_head_kv = per_layer(file, &key("attention.head_count_kv"), n)?.unwrap_or(vec![base.n_head; n]);
-    let n_ff =
-        per_layer(file, &key("feed_forward_length"), n)?.ok_or_else(|| ModelError::Gguf(kiln_gguf::GgufError::MissingKey(key("feed_forward_length"))))?;
+    // Qwen3.5-MoE has no dense FFN and writes no dense width.
+    let n_ff = match per_layer(file, &key("feed_forward_length"), n)? {
+        Some(n_ff) => n_ff,
+        None => vec![positive(file, &key("expert_feed_forward_length")).map_err(|_| kiln_gguf::GgufError::MissingKey(key("feed_forward_length")))?; n],
+    };
     let windows = sliding_windows(file, arch, n)?;
     let mut ropes = vec![RopeConfig { base: base.rope_base, n_rot: base.n_rot, scaling: base.rope_scaling.clone() }];
     // Gemma's sliding layers have their own base (and head size, rotated dims), without scaling.
@@ -177,20 +230,35 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
         ropes.push(RopeConfig { base, n_rot, scaling: RopeScaling::None });
     }
     let moe = moe(file, a, n_ff[0])?;
-    if arch == Arch::Qwen3Moe && moe.is_none() {
-        return Err(ModelError::BadHparam { key: key("expert_count"), reason: "missing (qwen3moe has experts)".into() });
+    if matches!(arch, Arch::Qwen3Moe | Arch::Qwen35Moe) && moe.is_none() {
+        return Err(ModelError::BadHparam { key: key("expert_count"), reason: format!("missing ({a} has experts)") });
     }
+    let delta_net = delta_net(file, arch)?;
+    let shared_ff = optional(file, &key("expert_shared_feed_forward_length"))?;
     let shared_key = key("attention.shared_kv_layers");
     let n_shared = file.get(&shared_key).map(|_| file.get_u64(&shared_key)).transpose()?.unwrap_or(0).min(n as u64) as usize;
     let mut caches = Vec::new();
+    let mut states = 0;
     let mut layers: Vec<LayerConfig> = Vec::with_capacity(n);
     for (l, window) in windows.into_iter().enumerate() {
         let t = |name: &str| file.tensor(&format!("blk.{l}.{name}")).is_some();
         let ffn = match (&moe, t("ffn_gate_inp.weight")) {
-            (Some(m), true) => FfnConfig::Moe(MoeConfig { dense_ff: (arch == Arch::Gemma4).then_some(n_ff[l]), ..m.clone() }),
+            (Some(m), true) => FfnConfig::Moe(MoeConfig {
+                dense_ff: (arch == Arch::Gemma4).then_some(n_ff[l]),
+                shared_ff: shared_ff.filter(|_| t("ffn_gate_shexp.weight")),
+                ..m.clone()
+            }),
             (None, true) => return Err(ModelError::BadHparam { key: key("expert_count"), reason: format!("missing, but blk.{l} has a router") }),
             (_, false) => FfnConfig::Dense { n_ff: n_ff[l] },
         };
+        // Qwen3.5: every `interval`-th layer attends, the others are Gated DeltaNets.
+        if let Some((template, interval)) = &delta_net {
+            if (l + 1) % interval != 0 {
+                layers.push(LayerConfig { mixer: Mixer::DeltaNet(DeltaNetConfig { state: states, ..template.clone() }), ffn });
+                states += 1;
+                continue;
+            }
+        }
         let sliding = swa && window.is_some();
         let head_dim = if sliding { head_dim_swa } else { base.head_dim };
         let rope = usize::from(sliding);
@@ -205,7 +273,7 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
         }
         // KV sharing (transformers' rule): the last layer of the same kind before the shared ones.
         let kv = if l >= n - n_shared {
-            let source = (0..n - n_shared).rev().find(|&s| layers[s].attn.window.is_some() == window.is_some());
+            let source = (0..n - n_shared).rev().find(|&s| layers[s].attention().is_some_and(|a| a.window.is_some() == window.is_some()));
             let layer =
                 source.ok_or_else(|| ModelError::BadHparam { key: key("attention.shared_kv_layers"), reason: format!("blk.{l} has no layer to share") })?;
             KvSource::Shared { layer }
@@ -217,7 +285,7 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
                 caches.push(l);
                 caches.len() - 1
             }
-            KvSource::Shared { layer } => layers[layer].attn.cache,
+            KvSource::Shared { layer } => layers[layer].attention().map_or(0, |a| a.cache),
         };
         // Gemma 4 normalizes q and k per head and scales scores by 1. YaRN's factor on cos and
         // sin scales q and k, so it is the scores' scale squared where every dim rotates.
@@ -226,16 +294,38 @@ pub(crate) fn layers(file: &GgufFile, arch: Arch, base: &Base) -> Result<(Vec<Ro
             return Err(ModelError::BadHparam { key: key("rope.dimension_count"), reason: "YaRN on part of the head dims is not supported".into() });
         }
         let scale = if arch == Arch::Gemma4 { 1.0 } else { yarn * yarn / (head_dim as f32).sqrt() };
-        let attn = AttentionConfig { n_head: base.n_head, n_head_kv: n_head_kv[l], head_dim, rope, window, scale, kv, cache };
+        let gated = delta_net.is_some();
+        let attn = AttentionConfig { n_head: base.n_head, n_head_kv: n_head_kv[l], head_dim, rope, window, scale, kv, cache, gated };
         if let KvSource::Shared { layer } = kv {
-            let src = &layers[layer].attn;
-            if (src.n_head_kv, src.head_dim) != (attn.n_head_kv, attn.head_dim) {
+            let same = layers[layer].attention().is_some_and(|src| (src.n_head_kv, src.head_dim) == (attn.n_head_kv, attn.head_dim));
+            if !same {
                 return Err(ModelError::BadHparam { key: key("attention.shared_kv_layers"), reason: format!("blk.{l} cannot read blk.{layer}'s cache") });
             }
         }
-        layers.push(LayerConfig { attn, ffn });
+        layers.push(LayerConfig { mixer: Mixer::Attention(attn), ffn });
     }
     Ok((ropes, layers))
+}
+
+/// Qwen3.5's Gated DeltaNet geometry and the period of its full-attention layers.
+fn delta_net(file: &GgufFile, arch: Arch) -> Result<Option<(DeltaNetConfig, usize)>> {
+    if !arch.is_hybrid() {
+        return Ok(None);
+    }
+    let key = |k: &str| format!("{}.{k}", arch.name());
+    let head_dim = positive(file, &key("ssm.state_size"))?;
+    let (n_k_heads, n_v_heads) = (positive(file, &key("ssm.group_count"))?, positive(file, &key("ssm.time_step_rank"))?);
+    if !n_v_heads.is_multiple_of(n_k_heads) {
+        return Err(ModelError::BadHparam { key: key("ssm.time_step_rank"), reason: format!("{n_v_heads} value heads over {n_k_heads} key heads") });
+    }
+    if let Some(inner) = optional(file, &key("ssm.inner_size"))? {
+        if inner != n_v_heads * head_dim {
+            return Err(ModelError::BadHparam { key: key("ssm.inner_size"), reason: format!("{inner} is not {n_v_heads} heads of {head_dim}") });
+        }
+    }
+    let conv_kernel = positive(file, &key("ssm.conv_kernel"))?;
+    let interval = optional(file, &key("full_attention_interval"))?.unwrap_or(4);
+    Ok(Some((DeltaNetConfig { n_k_heads, n_v_heads, head_dim, conv_kernel, state: 0 }, interval)))
 }
 
 /// Each layer's sliding window. Gemma 4 gives a per-layer bool pattern; Gemma 3's converter
@@ -276,7 +366,7 @@ fn moe(file: &GgufFile, a: &str, n_ff: usize) -> Result<Option<MoeConfig>> {
     }
     let n_ff = optional(file, &format!("{a}.expert_feed_forward_length"))?.unwrap_or(n_ff);
     // llama.cpp renormalizes the chosen weights for both (Mixtral; Qwen3-MoE's norm_topk_prob).
-    Ok(Some(MoeConfig { n_expert, n_used, n_ff, renormalize: true, dense_ff: None }))
+    Ok(Some(MoeConfig { n_expert, n_used, n_ff, renormalize: true, dense_ff: None, shared_ff: None }))
 }
 
 #[cfg(test)]
