@@ -245,10 +245,15 @@ impl<B: Backend> Engine<B> {
             Ok(())
         };
         // Decode steps repeat with the same shapes: record them once and replay.
-        if self.plan.is_decode_only() && n_samples > 0 {
-            b.run_step(self.plan.shape_key(), &mut run)?;
-        } else {
-            run()?;
+        let ran = if self.plan.is_decode_only() && n_samples > 0 { b.run_step(self.plan.shape_key(), &mut run) } else { run() };
+        if let Err(e) = ran {
+            // A failed step may have advanced some layers' recurrent states: feed again from 0.
+            if self.states.is_some() {
+                for w in work.iter_mut() {
+                    (w.seq.n_cached, w.seq.state_len) = (0, 0);
+                }
+            }
+            return Err(e.into());
         }
         self.sampled.resize(n_samples, 0);
         if n_samples > 0 {
