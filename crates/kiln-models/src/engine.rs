@@ -202,6 +202,17 @@ impl<B: Backend> Engine<B> {
             if let Some(&id) = w.seq.tokens[w.seq.n_cached..end].iter().find(|&&t| t as usize >= vocab) {
                 return Err(ModelError::BadToken { id, n_vocab: vocab });
             }
+            // A recurrent state is only ever continued by the tokens it has absorbed (a cached
+            // prefix from elsewhere has no state to go with it) or restarted at position 0.
+            if self.states.is_some() && w.seq.n_cached != 0 && w.seq.n_cached != w.seq.state_len {
+                return Err(ModelError::BadHparam {
+                    key: "step".into(),
+                    reason: format!(
+                        "a hybrid model's sequence resumes at {} but its recurrent state holds {} tokens; feed it from its first token",
+                        w.seq.n_cached, w.seq.state_len
+                    ),
+                });
+            }
             needed += end.div_ceil(KV_BLOCK_SIZE).saturating_sub(w.seq.blocks.len());
         }
         if needed > self.pool.blocks.available() {
