@@ -76,7 +76,7 @@ impl KvArgs {
 
 /// One line on the KV cache a run may use: types, block budget and its bytes.
 pub fn describe(pool_blocks: usize, c: &kiln_models::ModelConfig, options: &EngineOptions) -> String {
-    let block = KvPool::<kiln_core::CpuBackend>::block_bytes(c.n_layer, c.n_head_kv * c.head_dim, options.k_type, options.v_type);
+    let block = KvPool::<kiln_core::CpuBackend>::block_bytes_of(&c.kv_widths(), options.k_type, options.v_type);
     format!(
         "KV cache K {} V {}, up to {pool_blocks} blocks of {} positions ({:.1} MiB), taken as sequences grow",
         options.k_type,

@@ -24,6 +24,9 @@ pub enum BackendError {
     OutOfMemory { device: String, what: String, requested_bytes: u64, free_bytes: Option<u64> },
     #[error("{backend} backend does not support {what}")]
     Unsupported { backend: String, what: String },
+    /// An op the backend will implement but does not yet (the CPU backend has every op).
+    #[error("not yet supported on {backend}: {op}")]
+    NotYetSupported { backend: String, op: String },
     #[error("weight {name}: {reason}")]
     BadWeight { name: String, reason: String },
     #[error("batch of {n_tokens} tokens exceeds the {capacity} this state was allocated for")]
@@ -104,6 +107,52 @@ pub struct AttentionParams {
     /// Longest sequence the cache holds (positions), which sizes a split decode attention.
     pub max_seq_len: usize,
     pub scale: f32,
+    /// Sliding-window attention: a query at position `p` sees only positions `p + 1 - window ..= p`.
+    pub window: Option<usize>,
+}
+
+/// How a mixture-of-experts router turns a token's expert logits into its chosen experts and
+/// their weights: softmax over all `n_experts`, the `n_used` most probable (ties: lower id).
+#[derive(Clone, Copy, Debug)]
+pub struct RouterParams {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Divide the chosen probabilities by their sum (then they equal a softmax over the chosen).
+    pub renormalize: bool,
+}
+
+/// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops. Its convolution runs over
+/// `conv_dim() = (2 * n_k_heads + n_v_heads) * head_dim` channels: q, k and v side by side.
+/// Value head `h` reads query/key head `h % n_k_heads` (the order the GGUF converter writes).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNetParams {
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetParams {
+    pub fn conv_dim(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+    /// Values of one sequence's convolution state: the last `conv_kernel - 1` inputs.
+    pub fn conv_state(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+    /// Values of one sequence's delta-rule state: a `head_dim` x `head_dim` matrix per value head.
+    pub fn ssm_state(&self) -> usize {
+        self.n_v_heads * self.head_dim * self.head_dim
+    }
+}
+
+/// Which input rows an expert-indexed product reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertInput {
+    /// One row per token, shared by its `n_used` slots (the gate and up products).
+    PerToken,
+    /// One row per slot, `[n_tokens][n_used][cols]` (the down product).
+    PerSlot,
 }
 
 pub trait Backend: Send + Sync + 'static {
@@ -159,6 +208,111 @@ pub trait Backend: Send + Sync + 'static {
     /// Causal grouped-query attention of `n` query tokens, each over positions `0..=its
     /// position` of its own sequence, read through that sequence's block table.
     fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
+    /// Chooses the experts of `n` tokens from their router logits (`[n][n_experts]`): expert ids
+    /// into `ids` and their weights into `weights`, both `[n][n_used]`, each weight times
+    /// `expert_scale[id]` where given (after any renormalization). Ids are stored as f32 (exact
+    /// for any expert count below 2^24), so they live in ordinary buffers on the device.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        logits: &Self::Buffer,
+        expert_scale: Option<&Self::Buffer>,
+        ids: &mut Self::Buffer,
+        weights: &mut Self::Buffer,
+        n: usize,
+        p: &RouterParams,
+    ) -> Result<()>;
+    /// Expert-indexed product: `out[t][j] = x_in · experts[ids[t][j]]` for each token `t` and slot
+    /// `j < n_used`, where `x_in` is `x[t]` or `x[t][j]` as `input` says; `out` is
+    /// `[n][n_used][rows]`. Only the chosen experts' weights are read.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_matmul(
+        &self,
+        experts: &[Self::Weight],
+        x: &Self::Buffer,
+        ids: &Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
+    ) -> Result<()>;
+    /// `x[t][j] += bias[ids[t][j]]` for the `n_used` slots of `x` (`[n][n_used][dim]`); `bias` is
+    /// `[n_experts][dim]`.
+    fn moe_add_bias(&self, x: &mut Self::Buffer, bias: &Self::Buffer, ids: &Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    /// gpt-oss's clamped SwiGLU: `out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`, `g = min(gate, limit)`.
+    fn swiglu_oai(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize, alpha: f32, limit: f32) -> Result<()>;
+    /// `out[t] = sum_j weights[t][j] * y[t][j]` over the `n_used` slots of `y` (`[n][n_used][dim]`).
+    fn moe_combine(&self, y: &Self::Buffer, weights: &Self::Buffer, out: &mut Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    /// `out[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU with the tanh approximation of GELU).
+    fn geglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
+    /// `x[i] *= s` for the first `len` values.
+    fn scale(&self, x: &mut Self::Buffer, s: f32, len: usize) -> Result<()>;
+    /// Soft-capping: `x[i] = cap * tanh(x[i] / cap)` for the first `len` values.
+    fn softcap(&self, x: &mut Self::Buffer, cap: f32, len: usize) -> Result<()>;
+    /// `dst[t][0..width] = src[t][col..col + width]` for `n` rows of `src_width` values: one block
+    /// of columns (one layer's slice of Gemma 4's per-layer inputs, say) as its own rows.
+    fn copy_cols(&self, src: &Self::Buffer, src_width: usize, col: usize, dst: &mut Self::Buffer, width: usize, n: usize) -> Result<()>;
+    /// `x[t][i] *= sigmoid(gate[t][i * gate_dim / dim])` for `n` rows of `dim`: an elementwise
+    /// gate (`gate_dim == dim`, Qwen3.5's gated attention) or one per row (`gate_dim == 1`, its
+    /// shared expert).
+    fn sigmoid_gate(&self, x: &mut Self::Buffer, gate: &Self::Buffer, n: usize, dim: usize, gate_dim: usize) -> Result<()>;
+    /// The per-head gates of a Gated DeltaNet, in place for `n` tokens of `n_heads`:
+    /// `g = a_log_neg * softplus(g + dt_bias)` (the log of the state's decay) and `beta = sigmoid(beta)`.
+    fn delta_net_gates(
+        &self,
+        g: &mut Self::Buffer,
+        beta: &mut Self::Buffer,
+        a_log_neg: &Self::Buffer,
+        dt_bias: &Self::Buffer,
+        n: usize,
+        n_heads: usize,
+    ) -> Result<()>;
+    /// Causal depthwise convolution then SiLU of each sequence's tokens (`x`, `out`:
+    /// `[n][conv_dim]`; `weight`: `[conv_dim][conv_kernel]`), continuing from the sequence's
+    /// state and leaving its last inputs there. `slots[s]` (f32) is the state slot of the step's
+    /// sequence `s`; a sequence starting at position 0 starts from a zero state.
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_conv(
+        &self,
+        x: &Self::Buffer,
+        weight: &Self::Buffer,
+        state: &mut Self::Buffer,
+        slots: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()>;
+    /// The gated delta rule over each sequence's tokens, one token after the other: with q and
+    /// k L2-normalized (q also scaled by 1/sqrt(head_dim)) from the convolved `x`, per value head
+    /// `S = exp(g) S; S += k (beta (v - Sᵀk))ᵀ; out = Sᵀq`. States as in [`Backend::ssm_conv`];
+    /// `out` is `[n][n_v_heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        x: &Self::Buffer,
+        g: &Self::Buffer,
+        beta: &Self::Buffer,
+        state: &mut Self::Buffer,
+        slots: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()>;
+    /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head, `sinks[h]`,
+    /// joins every softmax row (its max and its sum) and has no value.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_sinks(
+        &self,
+        q: &Self::Buffer,
+        cache: &Self::KvCache,
+        sinks: &Self::Buffer,
+        out: &mut Self::Buffer,
+        step: &Self::Step,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()>;
     /// Copies `len` values of `src` into `dst`.
     fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
     /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.

@@ -8,10 +8,11 @@ use std::cell::RefCell;
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+use crate::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 pub use crate::cpu_kv::CpuKvCache;
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
+use crate::{cpu_ops, cpu_recurrent};
 
 #[derive(Default)]
 pub struct CpuBackend {
@@ -45,7 +46,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's scratch vector, grown to at least `len`.
-fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < len {
@@ -59,13 +60,19 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 
 /// A raw output pointer that rayon tasks write disjoint elements through.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(crate) struct SharedOut(pub(crate) *mut f32);
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
     /// # Safety
+    /// No other task may touch `at..at + len` while the slice lives, and it must be in bounds.
+    pub(crate) unsafe fn slice_mut<'a>(self, at: usize, len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(at), len)
+    }
+
+    /// # Safety
     /// No two tasks may write the same index, and `i` must be in bounds.
-    unsafe fn write(self, i: usize, v: f32) {
+    pub(crate) unsafe fn write(self, i: usize, v: f32) {
         *self.0.add(i) = v;
     }
 }
@@ -88,7 +95,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+pub(crate) fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(BackendError::Device(format!("{what}: buffer of {have} values, op needs {need}")));
     }
@@ -97,7 +104,7 @@ fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
 
 /// Row `r` of a weight as f32: borrowed when already f32 and aligned,
 /// otherwise dequantized into `buf`.
-fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
+pub(crate) fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32] {
     let row_bytes = w.cols / w.ty.block_size() * w.ty.type_size();
     let bytes = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
     if w.ty == GgmlType::F32 && (bytes.as_ptr() as usize).is_multiple_of(4) {
@@ -107,6 +114,57 @@ fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) -> &'a [f32
     // Validated at upload: the row holds exactly `cols` values of a dequantizable type.
     kiln_quant::dequantize(w.ty, bytes, buf).expect("row validated at upload");
     buf
+}
+
+/// Paged attention; `sinks` adds one logit per head to every softmax row, without a value.
+fn attention(q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f32], step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+    let q_width = p.n_heads * hd;
+    check_len("attention query", q.len(), n * q_width)?;
+    check_len("attention output", out.len(), n * q_width)?;
+    check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
+    check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
+    step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
+    let plan = &step.plan;
+    let dst = SharedOut(out.as_mut_ptr());
+    (0..n * p.n_heads).into_par_iter().for_each(|job| {
+        let (t, h) = (job / p.n_heads, job % p.n_heads);
+        let col = h / group * hd;
+        let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+        // Positions before the sliding window are masked out.
+        let start = p.window.map_or(0, |w| end.saturating_sub(w));
+        let visible = end - start;
+        let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
+        let sink = sinks.map(|s| s[h]);
+        // Sized for the longest sequence so a growing sequence never regrows it.
+        with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
+            let (scores, rest) = scratch.split_at_mut(visible);
+            let (acc, row) = rest[..2 * hd].split_at_mut(hd);
+            let mut max = sink.unwrap_or(f32::NEG_INFINITY);
+            for (j, s) in scores.iter_mut().enumerate() {
+                cache.load_k(plan.row_of(seq, start + j), col, row);
+                *s = dot_f32(qv, row) * p.scale;
+                max = max.max(*s);
+            }
+            let mut total = sink.map_or(0.0, |s| (s - max).exp());
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            acc.fill(0.0);
+            for (j, s) in scores.iter().enumerate() {
+                cache.load_v(plan.row_of(seq, start + j), col, row);
+                for (a, v) in acc.iter_mut().zip(row.iter()) {
+                    *a += s * v;
+                }
+            }
+            for (d, a) in acc.iter().enumerate() {
+                // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
+                unsafe { dst.write(t * q_width + h * hd + d, a / total) };
+            }
+        })
+    });
+    Ok(())
 }
 
 impl Backend for CpuBackend {
@@ -290,48 +348,143 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-        let q_width = p.n_heads * hd;
-        check_len("attention query", q.len(), n * q_width)?;
-        check_len("attention output", out.len(), n * q_width)?;
-        check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
-        check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
-        step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
-        let plan = &step.plan;
-        let dst = SharedOut(out.as_mut_ptr());
-        (0..n * p.n_heads).into_par_iter().for_each(|job| {
-            let (t, h) = (job / p.n_heads, job % p.n_heads);
-            let col = h / group * hd;
-            let (seq, visible) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
-            let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
-            // Sized for the longest sequence so a growing sequence never regrows it.
-            with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
-                let (scores, rest) = scratch.split_at_mut(visible);
-                let (acc, row) = rest[..2 * hd].split_at_mut(hd);
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    cache.load_k(plan.row_of(seq, j), col, row);
-                    *s = dot_f32(qv, row) * p.scale;
-                    max = max.max(*s);
-                }
-                let mut total = 0.0;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                acc.fill(0.0);
-                for (j, s) in scores.iter().enumerate() {
-                    cache.load_v(plan.row_of(seq, j), col, row);
-                    for (a, v) in acc.iter_mut().zip(row.iter()) {
-                        *a += s * v;
-                    }
-                }
-                for (d, a) in acc.iter().enumerate() {
-                    // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
-                    unsafe { dst.write(t * q_width + h * hd + d, a / total) };
-                }
-            })
-        });
+        attention(q, cache, None, out, step, n, p)
+    }
+
+    fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
+        if gate_dim == 0 || !dim.is_multiple_of(gate_dim) {
+            return Err(BackendError::Device(format!("sigmoid_gate: {gate_dim} gates over rows of {dim}")));
+        }
+        check_len("sigmoid_gate input", x.len(), n * dim)?;
+        check_len("sigmoid_gate gates", gate.len(), n * gate_dim)?;
+        let per = dim / gate_dim;
+        for (i, v) in x[..n * dim].iter_mut().enumerate() {
+            let g = gate[i / per];
+            *v /= 1.0 + (-g).exp();
+        }
+        Ok(())
+    }
+
+    fn delta_net_gates(&self, g: &mut Vec<f32>, beta: &mut Vec<f32>, a_log_neg: &Vec<f32>, dt_bias: &Vec<f32>, n: usize, n_heads: usize) -> Result<()> {
+        cpu_recurrent::delta_net_gates(g, beta, a_log_neg, dt_bias, n, n_heads)
+    }
+
+    fn ssm_conv(
+        &self,
+        x: &Vec<f32>,
+        weight: &Vec<f32>,
+        state: &mut Vec<f32>,
+        slots: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        cpu_recurrent::ssm_conv(x, weight, state, slots, out, &step.plan, n, p)
+    }
+
+    fn delta_net(
+        &self,
+        x: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        state: &mut Vec<f32>,
+        slots: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        cpu_recurrent::delta_net(x, g, beta, state, slots, out, &step.plan, n, p)
+    }
+
+    fn attention_sinks(
+        &self,
+        q: &Vec<f32>,
+        cache: &CpuKvCache,
+        sinks: &Vec<f32>,
+        out: &mut Vec<f32>,
+        step: &CpuStep,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        check_len("attention sinks", sinks.len(), p.n_heads)?;
+        attention(q, cache, Some(sinks), out, step, n, p)
+    }
+
+    fn moe_route(
+        &self,
+        logits: &Vec<f32>,
+        expert_scale: Option<&Vec<f32>>,
+        ids: &mut Vec<f32>,
+        weights: &mut Vec<f32>,
+        n: usize,
+        p: &RouterParams,
+    ) -> Result<()> {
+        cpu_ops::moe_route(logits, expert_scale.map(|s| &s[..]), ids, weights, n, p)
+    }
+
+    fn moe_matmul(
+        &self,
+        experts: &[WeightSource],
+        x: &Vec<f32>,
+        ids: &Vec<f32>,
+        out: &mut Vec<f32>,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
+    ) -> Result<()> {
+        cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input)
+    }
+
+    fn moe_add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, ids: &Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        cpu_ops::moe_add_bias(x, bias, ids, n, n_used, dim)
+    }
+
+    fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize, alpha: f32, limit: f32) -> Result<()> {
+        check_len("swiglu_oai", gate.len().min(up.len()).min(out.len()), len)?;
+        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = cpu_ops::swiglu_oai(*g, *u, alpha, limit);
+        }
+        Ok(())
+    }
+
+    fn moe_combine(&self, y: &Vec<f32>, weights: &Vec<f32>, out: &mut Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        cpu_ops::moe_combine(y, weights, out, n, n_used, dim)
+    }
+
+    fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
+        check_len("geglu", gate.len().min(up.len()).min(out.len()), len)?;
+        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = cpu_ops::gelu_tanh(*g) * u;
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) -> Result<()> {
+        check_len("scale", x.len(), len)?;
+        x[..len].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, cap: f32, len: usize) -> Result<()> {
+        check_len("softcap", x.len(), len)?;
+        if !(cap > 0.0 && cap.is_finite()) {
+            return Err(BackendError::Device(format!("softcap: cap {cap} is not positive")));
+        }
+        x[..len].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        Ok(())
+    }
+
+    fn copy_cols(&self, src: &Vec<f32>, src_width: usize, col: usize, dst: &mut Vec<f32>, width: usize, n: usize) -> Result<()> {
+        if col + width > src_width {
+            return Err(BackendError::Device(format!("copy_cols: columns {col}..{} of rows of {src_width}", col + width)));
+        }
+        check_len("copy_cols source", src.len(), n * src_width)?;
+        check_len("copy_cols destination", dst.len(), n * width)?;
+        for (t, d) in dst[..n * width].chunks_exact_mut(width).enumerate() {
+            d.copy_from_slice(&src[t * src_width + col..t * src_width + col + width]);
+        }
         Ok(())
     }
 

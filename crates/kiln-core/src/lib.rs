@@ -4,10 +4,12 @@
 pub mod backend;
 pub mod cpu;
 mod cpu_kv;
+mod cpu_ops;
+mod cpu_recurrent;
 pub mod plan;
 pub mod sampling;
 
-pub use backend::{AttentionParams, Backend, BackendError, RopeKind, RopeParams, WeightSource};
+pub use backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, RopeKind, RopeParams, RouterParams, WeightSource};
 pub use cpu::CpuBackend;
 pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;

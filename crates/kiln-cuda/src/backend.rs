@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{AttentionParams, Backend, BackendError, Result, RopeKind, RopeParams, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::kv::{kv_type_code, CudaKvCache};
@@ -42,6 +42,11 @@ pub(crate) fn backend_error(error: CudaError) -> BackendError {
 
 fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
     move |error| BackendError::Device(format!("launching {kernel}: {error:?}"))
+}
+
+/// The error of an op the CPU backend has and this one does not have yet.
+fn not_yet(op: &str) -> BackendError {
+    BackendError::NotYetSupported { backend: "CUDA".into(), op: op.into() }
 }
 
 fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
@@ -294,8 +299,9 @@ fn takes_quantized_matvec(w: &GpuWeight, n: usize, dim: usize) -> bool {
     w.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS && w.cols == dim
 }
 
-/// The device's quantized input for `dim` when `ws` all take the quantized mat-vec with it.
-fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, dim: usize) -> Result<Option<std::sync::Arc<QuantizedActivations>>> {
+/// The device's quantized input for `dim` when `ws` all take the quantized mat-vec with it
+/// (lock it from its fill until its products are enqueued).
+fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, dim: usize) -> Result<Option<matvec::SharedInput>> {
     if ws.iter().all(|w| takes_quantized_matvec(w, n, dim)) {
         return matvec::shared_input(device, dim).map(Some).map_err(backend_error);
     }
@@ -490,11 +496,125 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
+        if p.window.is_some() {
+            return Err(not_yet("sliding-window attention"));
+        }
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
+    }
+
+    fn moe_route(
+        &self,
+        _logits: &CudaSlice<f32>,
+        _expert_scale: Option<&CudaSlice<f32>>,
+        _ids: &mut CudaSlice<f32>,
+        _weights: &mut CudaSlice<f32>,
+        _n: usize,
+        _p: &RouterParams,
+    ) -> Result<()> {
+        Err(not_yet("moe_route (mixture-of-experts router)"))
+    }
+
+    fn moe_matmul(
+        &self,
+        _experts: &[GpuWeight],
+        _x: &CudaSlice<f32>,
+        _ids: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _n: usize,
+        _n_used: usize,
+        _input: ExpertInput,
+    ) -> Result<()> {
+        Err(not_yet("moe_matmul (expert-indexed product)"))
+    }
+
+    fn moe_add_bias(&self, _x: &mut CudaSlice<f32>, _bias: &CudaSlice<f32>, _ids: &CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
+        Err(not_yet("moe_add_bias (per-expert biases)"))
+    }
+
+    fn swiglu_oai(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize, _alpha: f32, _limit: f32) -> Result<()> {
+        Err(not_yet("swiglu_oai (clamped SwiGLU)"))
+    }
+
+    fn sigmoid_gate(&self, _x: &mut CudaSlice<f32>, _gate: &CudaSlice<f32>, _n: usize, _dim: usize, _gate_dim: usize) -> Result<()> {
+        Err(not_yet("sigmoid_gate"))
+    }
+
+    fn delta_net_gates(
+        &self,
+        _g: &mut CudaSlice<f32>,
+        _beta: &mut CudaSlice<f32>,
+        _a_log_neg: &CudaSlice<f32>,
+        _dt_bias: &CudaSlice<f32>,
+        _n: usize,
+        _n_heads: usize,
+    ) -> Result<()> {
+        Err(not_yet("delta_net_gates (Gated DeltaNet)"))
+    }
+
+    fn ssm_conv(
+        &self,
+        _x: &CudaSlice<f32>,
+        _weight: &CudaSlice<f32>,
+        _state: &mut CudaSlice<f32>,
+        _slots: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &DeltaNetParams,
+    ) -> Result<()> {
+        Err(not_yet("ssm_conv (Gated DeltaNet convolution)"))
+    }
+
+    fn delta_net(
+        &self,
+        _x: &CudaSlice<f32>,
+        _g: &CudaSlice<f32>,
+        _beta: &CudaSlice<f32>,
+        _state: &mut CudaSlice<f32>,
+        _slots: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &DeltaNetParams,
+    ) -> Result<()> {
+        Err(not_yet("delta_net (Gated DeltaNet recurrence)"))
+    }
+
+    fn attention_sinks(
+        &self,
+        _q: &CudaSlice<f32>,
+        _cache: &CudaKvCache,
+        _sinks: &CudaSlice<f32>,
+        _out: &mut CudaSlice<f32>,
+        _step: &CudaStep,
+        _n: usize,
+        _p: &AttentionParams,
+    ) -> Result<()> {
+        Err(not_yet("attention with sinks"))
+    }
+
+    fn moe_combine(&self, _y: &CudaSlice<f32>, _weights: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
+        Err(not_yet("moe_combine (weighted sum of expert outputs)"))
+    }
+
+    fn geglu(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize) -> Result<()> {
+        Err(not_yet("geglu"))
+    }
+
+    fn scale(&self, _x: &mut CudaSlice<f32>, _s: f32, _len: usize) -> Result<()> {
+        Err(not_yet("scale"))
+    }
+
+    fn softcap(&self, _x: &mut CudaSlice<f32>, _cap: f32, _len: usize) -> Result<()> {
+        Err(not_yet("softcap"))
+    }
+
+    fn copy_cols(&self, _src: &CudaSlice<f32>, _src_width: usize, _col: usize, _dst: &mut CudaSlice<f32>, _width: usize, _n: usize) -> Result<()> {
+        Err(not_yet("copy_cols"))
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {
@@ -625,7 +745,8 @@ impl Backend for CudaBackend {
         n: usize,
     ) -> Result<()> {
         match quantized_input_for(&self.device, &[wq, wk, wv], n, wq.cols)? {
-            Some(qx) => {
+            Some(shared) => {
+                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 qx.fill(&self.device, x, n).map_err(backend_error)?;
                 self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
             }
@@ -653,7 +774,8 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<()> {
         match quantized_input_for(&self.device, &[wq, wk, wv], n, dim)? {
-            Some(qx) => {
+            Some(shared) => {
+                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
                 self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
             }
@@ -680,7 +802,8 @@ impl Backend for CudaBackend {
         n_ff: usize,
     ) -> Result<()> {
         match quantized_input_for(&self.device, &[w_gate, w_up], n, dim)? {
-            Some(qx) => {
+            Some(shared) => {
+                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
                 matvec::matmul_swiglu_quantized(&self.device, w_gate, w_up, &qx, out, n).map_err(backend_error)
             }

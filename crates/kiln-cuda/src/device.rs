@@ -123,7 +123,7 @@ pub struct CudaDevice {
     info: DeviceInfo,
     staging: Mutex<Option<Staging>>,
     /// The quantized mat-vec inputs, one per row length (see `matvec::shared_input`).
-    pub(crate) matvec_inputs: Mutex<std::collections::HashMap<usize, Arc<crate::matvec::QuantizedActivations>>>,
+    pub(crate) matvec_inputs: Mutex<std::collections::HashMap<usize, crate::matvec::SharedInput>>,
 }
 
 impl CudaDevice {

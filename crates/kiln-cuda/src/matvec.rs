@@ -22,8 +22,8 @@
 //!
 //! Weights are immutable once uploaded. [`matmul`] of a quantized weight quantizes its input
 //! into the device's buffer for that row length ([`shared_input`]: `cols` x 8 tokens, int8 plus
-//! two f32 per 16 values, made when the first weight of that length is uploaded), so products
-//! are issued from one host thread at a time, in stream order (as the backend does). Callers
+//! two f32 per 16 values, made when the first weight of that length is uploaded, locked from
+//! its fill until the products reading it are enqueued, so threads may share a device). Callers
 //! that multiply one input by several weights can quantize it once with
 //! [`quantize_activations`] (or normalize and quantize it in one launch with
 //! [`rms_norm_quantize`]) and call [`matmul_quantized`] / [`matmul_swiglu_quantized`].
@@ -36,7 +36,7 @@ mod matvec_shape;
 mod repack;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -249,15 +249,20 @@ impl GpuWeight {
     }
 }
 
+/// A device's quantized-input buffer for one row length. Whoever fills it holds the lock until
+/// the products reading it are enqueued: the device has one stream, so another thread's fill
+/// then lands after those reads.
+pub type SharedInput = Arc<Mutex<QuantizedActivations>>;
+
 /// The device's quantized-input buffer for rows of `cols` values, which [`matmul`] of a
 /// quantized weight with `cols` columns and `n <= 8` quantizes into; made on first request
 /// (every quantized upload asks, so none is first made inside a graph capture).
-pub fn shared_input(device: &CudaDevice, cols: usize) -> Result<Arc<QuantizedActivations>, CudaError> {
+pub fn shared_input(device: &CudaDevice, cols: usize) -> Result<SharedInput, CudaError> {
     let mut inputs = device.matvec_inputs.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(input) = inputs.get(&cols) {
         return Ok(input.clone());
     }
-    let input = Arc::new(QuantizedActivations::new(device, MAX_MATVEC_TOKENS, cols)?);
+    let input = Arc::new(Mutex::new(QuantizedActivations::new(device, MAX_MATVEC_TOKENS, cols)?));
     inputs.insert(cols, input.clone());
     Ok(input)
 }
@@ -591,7 +596,8 @@ fn product(
             check_len(op, "x", x.len(), n * w.cols)?;
             match &w.storage {
                 Storage::Quant { .. } if n <= MAX_MATVEC_TOKENS => {
-                    let buffer = shared_input(device, w.cols)?;
+                    let shared = shared_input(device, w.cols)?;
+                    let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
                     return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate }, out);
                 }

@@ -146,7 +146,7 @@ fn kv_store_writes_exactly_the_step_rows() {
     let mut pair = Pair::new(8, 0);
     let (n_heads, n_kv_heads, head_dim) = (6, 3, 32);
     let width = n_kv_heads * head_dim;
-    let p = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt() };
+    let p = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
     for k_type in KvType::ALL {
         for v_type in KvType::ALL {
             let mut caches = Caches::new(&pair, width, k_type, v_type);
@@ -180,7 +180,7 @@ fn attention_matches_cpu_for_every_group_size_and_partial_splits() {
     // (query heads, kv heads, head_dim): group sizes 1, 2, 4, 8 and an odd 7, head dims 4..256.
     for (n_heads, n_kv_heads, head_dim) in [(4, 4, 64), (8, 4, 8), (8, 2, 128), (32, 4, 128), (14, 2, 80), (8, 2, 256), (2, 1, 32), (6, 3, 16), (3, 3, 4)] {
         let width = n_kv_heads * head_dim;
-        let p = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt() };
+        let p = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
         for ty in KvType::ALL {
             if ty.check_width(width).is_err() {
                 // q8_0 rows are whole blocks of 32 values: both backends refuse other widths.
@@ -241,7 +241,7 @@ fn fused_prologue_matches_the_separate_cpu_ops() {
         for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32)] {
             let kv_width = n_kv_heads * head_dim;
             let rope = RopeParams { kind, n_heads, head_dim, n_rot };
-            let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt() };
+            let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
             let inv_freq: Vec<f32> = (0..n_rot / 2).map(|i| 1e6f32.powf(-2.0 * i as f32 / n_rot as f32)).collect();
             let gpu_freq = upload(&pair.gpu, &inv_freq);
             for ty in KvType::ALL {
@@ -448,7 +448,7 @@ fn captured_steps_replay_with_each_steps_values() {
     let (n_heads, n_kv_heads, head_dim, n_ctx) = (8, 2, 64, 512);
     let (q_width, kv_width) = (n_heads * head_dim, n_kv_heads * head_dim);
     let rope = RopeParams { kind: RopeKind::Neox, n_heads, head_dim, n_rot: head_dim };
-    let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: n_ctx, scale: 0.125 };
+    let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: n_ctx, scale: 0.125, window: None };
     let inv_freq: Vec<f32> = (0..head_dim / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / head_dim as f32)).collect();
     let gpu_freq = upload(&pair.gpu, &inv_freq);
     let mut caches = Caches::new(&pair, kv_width, KvType::F16, KvType::F16);

@@ -4,12 +4,24 @@ use kiln_core::RopeKind;
 use kiln_gguf::GgufFile;
 
 use crate::error::{ModelError, Result};
+use crate::layout;
+use crate::layout::{optional, optional_f32, positive, Base};
+pub use crate::layout::{Activation, AttentionConfig, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, MoeConfig, RopeConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
+    /// Also Mixtral (llama with experts).
     Llama,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
+    Gemma3,
+    /// Dense (per-layer embeddings, KV sharing) and MoE (experts beside a dense FFN, K=V layers).
+    Gemma4,
+    GptOss,
+    /// Qwen3.5 hybrids: Gated DeltaNet layers and gated attention, dense or MoE.
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -18,6 +30,12 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "gemma3" => Ok(Arch::Gemma3),
+            "gemma4" => Ok(Arch::Gemma4),
+            "gpt-oss" => Ok(Arch::GptOss),
+            "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -27,8 +45,46 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Gemma3 => "gemma3",
+            Arch::Gemma4 => "gemma4",
+            Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
+
+    /// The decoder block the architecture's forward assembles.
+    pub fn block_style(self) -> BlockStyle {
+        match self {
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::GptOss | Arch::Qwen35 | Arch::Qwen35Moe => BlockStyle::PreNorm,
+            Arch::Gemma3 | Arch::Gemma4 => BlockStyle::Gemma,
+        }
+    }
+
+    /// Whether queries and keys get a per-head RMSNorm before rope.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    /// Whether some layers are recurrent (Gated DeltaNet) instead of attention.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    pub fn is_gemma(self) -> bool {
+        self.block_style() == BlockStyle::Gemma
+    }
+}
+
+/// How the blocks of a decoder layer are wired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockStyle {
+    /// `x += attn(norm(x)); x += ffn(norm(x))` (llama, qwen).
+    PreNorm,
+    /// Gemma's sandwich: `x += norm(attn(norm(x))); x += norm(ffn(norm(x)))`, embeddings scaled;
+    /// Gemma 4 adds per-layer embeddings and a per-layer output scale.
+    Gemma,
 }
 
 /// How rotary frequencies are scaled beyond the plain `base^(-2i/n_rot)`.
@@ -41,8 +97,30 @@ pub enum RopeScaling {
     },
     /// Llama 3.1: per-frequency divisors (from `rope_freqs.weight` or computed).
     PerFrequency(Vec<f32>),
+    /// YaRN (gpt-oss): frequencies blended between interpolated (÷ factor) and original over
+    /// the ramp between the correction dims of `beta_fast` and `beta_slow` rotations, not
+    /// truncated to whole dims (the HF/OpenAI definition); cos and sin scaled by
+    /// [`RopeScaling::attention_factor`].
+    Yarn {
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+    },
 }
 
+impl RopeScaling {
+    /// The factor YaRN puts on cos and sin (`0.1 ln(factor) + 1`); 1 for the others.
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            RopeScaling::Yarn { factor, .. } if *factor > 1.0 => (0.1 * (*factor as f64).ln() + 1.0) as f32,
+            _ => 1.0,
+        }
+    }
+}
+
+/// Model-wide hyper-parameters, and each layer's own settings in `layers`. The model-wide
+/// head and FFN sizes are those of the first layer, for display.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub arch: Arch,
@@ -61,21 +139,16 @@ pub struct ModelConfig {
     pub rope_kind: RopeKind,
     pub rope_scaling: RopeScaling,
     pub tied_embeddings: bool,
-}
-
-fn positive(file: &GgufFile, key: &str) -> Result<usize> {
-    let v = file.get_u64(key)?;
-    if v == 0 || v > (1 << 24) {
-        return Err(ModelError::BadHparam { key: key.into(), reason: format!("{v} is out of range") });
-    }
-    Ok(v as usize)
-}
-
-fn optional(file: &GgufFile, key: &str) -> Result<Option<usize>> {
-    if file.get(key).is_none() {
-        return Ok(None);
-    }
-    positive(file, key).map(Some)
+    pub activation: Activation,
+    /// Embeddings are multiplied by this (Gemma: sqrt(n_embd)).
+    pub embd_scale: Option<f32>,
+    /// Final logits are soft-capped: `cap * tanh(logits / cap)`.
+    pub final_softcap: Option<f32>,
+    /// Width of Gemma 4's per-layer embedding of each token, per layer.
+    pub per_layer_embd: Option<usize>,
+    /// The distinct rotary tables; `ropes[0]` is the model-wide one.
+    pub ropes: Vec<RopeConfig>,
+    pub layers: Vec<LayerConfig>,
 }
 
 impl ModelConfig {
@@ -85,22 +158,9 @@ impl ModelConfig {
         let key = |k: &str| format!("{a}.{k}");
         let n_embd = positive(file, &key("embedding_length"))?;
         let n_head = positive(file, &key("attention.head_count"))?;
-        let n_head_kv = optional(file, &key("attention.head_count_kv"))?.unwrap_or(n_head);
-        if n_head % n_head_kv != 0 {
-            return Err(ModelError::BadHparam {
-                key: key("attention.head_count_kv"),
-                reason: format!("{n_head} query heads are not a multiple of {n_head_kv} kv heads"),
-            });
-        }
         let head_dim = optional(file, &key("attention.key_length"))?.unwrap_or(n_embd / n_head);
         let n_rot = optional(file, &key("rope.dimension_count"))?.unwrap_or(head_dim);
-        if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(ModelError::BadHparam { key: key("rope.dimension_count"), reason: format!("{n_rot} does not fit head_dim {head_dim}") });
-        }
-        let rope_base = match file.get(&key("rope.freq_base")) {
-            Some(_) => file.get_f32(&key("rope.freq_base"))?,
-            None => 10000.0,
-        };
+        let rope_base = optional_f32(file, &key("rope.freq_base"))?.unwrap_or(10000.0);
         let rms_eps = file.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         let embd = file.tensor("token_embd.weight").ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
         let n_vocab = match embd.dims.get(1) {
@@ -108,16 +168,33 @@ impl ModelConfig {
             _ => return Err(ModelError::WrongShape { name: embd.name.clone(), expected: vec![n_embd as u64, 0], found: embd.dims.clone() }),
         };
         let rope_scaling = Self::rope_scaling(file, a, n_rot)?;
+        let n_layer = positive(file, &key("block_count"))?;
+        let base = Base { n_layer, n_head, head_dim, n_rot, rope_base, rope_scaling: rope_scaling.clone() };
+        let (ropes, layers) = layout::layers(file, arch, &base)?;
+        let first = &layers[0];
+        let first_attn = layers
+            .iter()
+            .find_map(LayerConfig::attention)
+            .ok_or_else(|| ModelError::BadHparam { key: key("block_count"), reason: "no attention layer".into() })?;
+        let n_ff = match &first.ffn {
+            FfnConfig::Dense { n_ff } => *n_ff,
+            FfnConfig::Moe(m) => m.n_ff,
+        };
+        let final_softcap = optional_f32(file, &key("final_logit_softcapping"))?.filter(|c| *c != 0.0);
+        if let Some(cap) = final_softcap.filter(|c| !(*c > 0.0 && c.is_finite())) {
+            return Err(ModelError::BadHparam { key: key("final_logit_softcapping"), reason: format!("{cap} is not a positive cap") });
+        }
+        let gemma = arch.is_gemma();
         Ok(ModelConfig {
             arch,
             name: file.get("general.name").and_then(|v| v.as_str()).map(str::to_string),
             n_embd,
-            n_layer: positive(file, &key("block_count"))?,
+            n_layer,
             n_head,
-            n_head_kv,
-            head_dim,
-            n_rot,
-            n_ff: positive(file, &key("feed_forward_length"))?,
+            n_head_kv: first_attn.n_head_kv,
+            head_dim: first_attn.head_dim,
+            n_rot: ropes[first_attn.rope].n_rot,
+            n_ff,
             n_vocab,
             n_ctx_train: optional(file, &key("context_length"))?.unwrap_or(2048),
             rms_eps,
@@ -125,7 +202,32 @@ impl ModelConfig {
             rope_kind: if arch == Arch::Llama { RopeKind::Normal } else { RopeKind::Neox },
             rope_scaling,
             tied_embeddings: file.tensor("output.weight").is_none(),
+            activation: match arch {
+                _ if gemma => Activation::GeluTanh,
+                // No GGUF key holds them: the values of every gpt-oss checkpoint (and llama.cpp).
+                Arch::GptOss => Activation::SwiGluOai { alpha: 1.702, limit: 7.0 },
+                _ => Activation::Silu,
+            },
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            final_softcap,
+            per_layer_embd: if arch == Arch::Gemma4 { Self::per_layer_embd(file, &key("embedding_length_per_layer_input"))? } else { None },
+            ropes,
+            layers,
         })
+    }
+
+    /// Gemma 4's per-layer embedding width; 0 or absent: none.
+    fn per_layer_embd(file: &GgufFile, key: &str) -> Result<Option<usize>> {
+        match file.get(key) {
+            Some(_) if file.get_u64(key)? == 0 => Ok(None),
+            Some(_) => positive(file, key).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Row widths of the KV caches, one per layer that stores its own keys and values.
+    pub fn kv_widths(&self) -> Vec<usize> {
+        self.layers.iter().filter_map(LayerConfig::attention).filter(|a| matches!(a.kv, KvSource::Own { .. })).map(AttentionConfig::kv_width).collect()
     }
 
     fn rope_scaling(file: &GgufFile, a: &str, n_rot: usize) -> Result<RopeScaling> {
@@ -149,34 +251,45 @@ impl ModelConfig {
                 Err(ModelError::BadHparam { key: factor_key.clone(), reason: format!("{f} is not a positive factor") })
             }
         };
+        let beta = |name: &str, default: f32| optional_f32(file, &format!("{a}.rope.scaling.yarn_beta_{name}")).map(|b| b.unwrap_or(default));
         match kind {
             "none" => Ok(RopeScaling::None),
             "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+            "yarn" => Ok(RopeScaling::Yarn {
+                factor: factor()?,
+                original_context: positive(file, &format!("{a}.rope.scaling.original_context_length"))?,
+                beta_fast: beta("fast", 32.0)?,
+                beta_slow: beta("slow", 1.0)?,
+            }),
             other => Err(ModelError::BadHparam { key: type_key, reason: format!("rope scaling '{other}' is not supported") }),
         }
     }
 
-    /// Per-pair inverse frequencies with the scaling folded in.
+    /// The model-wide rotary inverse frequencies (`ropes[0]`).
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let half = self.n_rot / 2;
-        (0..half)
-            .map(|i| {
-                let f = (self.rope_base as f64).powf(-2.0 * i as f64 / self.n_rot as f64);
-                let scaled = match &self.rope_scaling {
-                    RopeScaling::None => f,
-                    RopeScaling::Linear { factor } => f / *factor as f64,
-                    RopeScaling::PerFrequency(div) => f / div[i] as f64,
-                };
-                scaled as f32
-            })
-            .collect()
+        self.ropes[0].inv_freq()
     }
 
-    /// Parameter count implied by the shapes.
+    /// Parameter count implied by the shapes (every expert counted).
     pub fn n_params(&self) -> u64 {
-        let (e, q, kv, ff) = (self.n_embd as u64, (self.n_head * self.head_dim) as u64, (self.n_head_kv * self.head_dim) as u64, self.n_ff as u64);
-        let per_layer = e * q * 2 + e * kv * 2 + 3 * e * ff + 2 * e;
+        let e = self.n_embd as u64;
+        let per_layer: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mixer = match &l.mixer {
+                    Mixer::Attention(a) => e * (a.n_head * a.head_dim) as u64 * 2 + e * a.kv_width() as u64 * 2,
+                    // qkv, z and out projections, and the two per-head gates.
+                    Mixer::DeltaNet(d) => e * (d.conv_dim() + 2 * d.v_width() + 2 * d.n_v_heads) as u64,
+                };
+                let ffn = match &l.ffn {
+                    FfnConfig::Dense { n_ff } => 3 * e * *n_ff as u64,
+                    FfnConfig::Moe(m) => m.n_expert as u64 * (3 * e * m.n_ff as u64 + e) + 3 * e * (m.dense_ff.unwrap_or(0) + m.shared_ff.unwrap_or(0)) as u64,
+                };
+                mixer + ffn + 2 * e
+            })
+            .sum();
         let out = if self.tied_embeddings { 0 } else { e * self.n_vocab as u64 };
-        self.n_layer as u64 * per_layer + e * self.n_vocab as u64 + out + e
+        per_layer + e * self.n_vocab as u64 + out + e
     }
 }

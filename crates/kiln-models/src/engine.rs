@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use kiln_core::backend::AttentionParams;
 use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
-use kiln_core::{Backend, KvType, RopeParams, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, KvType, SamplingParams, KV_BLOCK_SIZE};
 
 use crate::error::{ModelError, Result};
+use crate::forward::{attention_params, forward, Pass, Workspace};
 use crate::kv_pool::{KvBudget, KvPool};
+use crate::recurrent::RecurrentStates;
 use crate::weights::Weights;
 
 /// One sequence: its tokens, its KV blocks and how many of its tokens they hold.
@@ -22,6 +23,9 @@ pub struct Sequence {
     pub sampling: SamplingParams,
     /// Tokens sampled so far (the sampler's draw counter).
     pub draws: u64,
+    /// Hybrid models: the sequence's recurrent state slot, and how many tokens that state holds.
+    state_slot: Option<u32>,
+    state_len: usize,
 }
 
 impl Sequence {
@@ -54,9 +58,14 @@ impl Sequence {
     }
 
     /// Forgets everything after the first `n` cached tokens (the blocks stay with the sequence).
+    /// A hybrid model's recurrent state cannot go back: there, truncating below the cached
+    /// tokens keeps the tokens but none of the cache, and the next step feeds them all again.
     pub fn truncate(&mut self, n: usize) {
         self.n_cached = self.n_cached.min(n);
         self.tokens.truncate(n);
+        if self.state_slot.is_some() && self.n_cached < self.state_len {
+            self.n_cached = 0;
+        }
     }
 }
 
@@ -102,47 +111,6 @@ impl Default for EngineOptions {
     }
 }
 
-/// Activation buffers, allocated once for the largest step.
-struct Workspace<B: Backend> {
-    x: B::Buffer,
-    h: B::Buffer,
-    q: B::Buffer,
-    k: B::Buffer,
-    v: B::Buffer,
-    q_normed: B::Buffer,
-    k_normed: B::Buffer,
-    att: B::Buffer,
-    gate: B::Buffer,
-    up: B::Buffer,
-    act: B::Buffer,
-    tmp: B::Buffer,
-    /// Hidden states of the rows that produce logits.
-    rows: B::Buffer,
-    logits: B::Buffer,
-}
-
-impl<B: Backend> Workspace<B> {
-    fn new(b: &B, c: &crate::ModelConfig, tokens: usize, logit_rows: usize) -> Result<Workspace<B>> {
-        let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
-        Ok(Workspace {
-            x: b.alloc(tokens * c.n_embd, "hidden state")?,
-            h: b.alloc(tokens * c.n_embd.max(q_width), "normed state")?,
-            q: b.alloc(tokens * q_width, "queries")?,
-            k: b.alloc(tokens * kv_width, "keys")?,
-            v: b.alloc(tokens * kv_width, "values")?,
-            q_normed: b.alloc(tokens * q_width, "normed queries")?,
-            k_normed: b.alloc(tokens * kv_width, "normed keys")?,
-            att: b.alloc(tokens * q_width, "attention output")?,
-            gate: b.alloc(tokens * c.n_ff, "ffn gate")?,
-            up: b.alloc(tokens * c.n_ff, "ffn up")?,
-            act: b.alloc(tokens * c.n_ff, "ffn activation")?,
-            tmp: b.alloc(tokens * c.n_embd, "residual scratch")?,
-            rows: b.alloc(logit_rows * c.n_embd, "logit rows")?,
-            logits: b.alloc(logit_rows * c.n_vocab, "logits")?,
-        })
-    }
-}
-
 pub struct Engine<B: Backend> {
     backend: Arc<B>,
     weights: Arc<Weights<B>>,
@@ -154,6 +122,8 @@ pub struct Engine<B: Backend> {
     options: EngineOptions,
     sampled: Vec<u32>,
     host_logits: Vec<f32>,
+    /// Hybrid models' recurrent states, one slot per sequence.
+    states: Option<RecurrentStates<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -171,11 +141,14 @@ impl<B: Backend> Engine<B> {
         };
         let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
         let b = &*backend;
-        let pool = KvPool::new(b, c.n_layer, c.n_head_kv * c.head_dim, options.k_type, options.v_type, budget)?;
-        b.prepare(&weights.matrices(), &attention_params(c, options.max_seq_len), pool.spec())?;
+        let pool = KvPool::with_widths(b, &c.kv_widths(), options.k_type, options.v_type, budget)?;
+        if let Some(first) = c.layers.iter().find_map(crate::config::LayerConfig::attention) {
+            b.prepare(&weights.matrices(), &attention_params(first, options.max_seq_len), pool.spec())?;
+        }
         let ws = Workspace::new(b, c, options.max_batch_tokens, logit_rows)?;
         let step = b.alloc_step(&capacity, pool.spec().n_blocks)?;
         let host_logits = vec![0f32; logit_rows * c.n_vocab];
+        let states = RecurrentStates::new(b, c, options.max_seqs)?;
         Ok(Engine {
             backend,
             weights,
@@ -187,6 +160,7 @@ impl<B: Backend> Engine<B> {
             options,
             sampled: Vec::with_capacity(capacity.seqs),
             host_logits,
+            states,
         })
     }
 
@@ -207,6 +181,10 @@ impl<B: Backend> Engine<B> {
     pub fn release(&mut self, seq: &mut Sequence) {
         self.pool.release(&mut seq.blocks);
         seq.n_cached = 0;
+        if let (Some(states), Some(slot)) = (&mut self.states, seq.state_slot.take()) {
+            states.release(slot);
+        }
+        seq.state_len = 0;
     }
 
     /// Starts `seq` on full blocks that already hold the keys and values of its first
@@ -262,10 +240,29 @@ impl<B: Backend> Engine<B> {
             if let Some(&id) = w.seq.tokens[w.seq.n_cached..end].iter().find(|&&t| t as usize >= vocab) {
                 return Err(ModelError::BadToken { id, n_vocab: vocab });
             }
+            // A recurrent state is only ever continued by the tokens it has absorbed (a cached
+            // prefix from elsewhere has no state to go with it) or restarted at position 0.
+            if self.states.is_some() && w.seq.n_cached != 0 && w.seq.n_cached != w.seq.state_len {
+                return Err(ModelError::BadHparam {
+                    key: "step".into(),
+                    reason: format!(
+                        "a hybrid model's sequence resumes at {} but its recurrent state holds {} tokens; feed it from its first token",
+                        w.seq.n_cached, w.seq.state_len
+                    ),
+                });
+            }
             needed += w.seq.blocks_to_feed(w.n_tokens);
         }
         if needed > self.pool.blocks.available() {
             return Err(ModelError::OutOfKvBlocks { needed, available: self.pool.blocks.available(), capacity: self.pool.blocks.capacity() });
+        }
+        if let Some(states) = &mut self.states {
+            for w in work.iter_mut() {
+                if w.seq.state_slot.is_none() {
+                    w.seq.state_slot = Some(states.take()?);
+                }
+            }
+            states.write_slots(&self.backend, work.iter().map(|w| w.seq.state_slot.unwrap_or(0)))?;
         }
         for w in work.iter_mut() {
             let end = w.seq.n_cached + w.n_tokens;
@@ -288,19 +285,24 @@ impl<B: Backend> Engine<B> {
         let n_rows = self.plan.logit_rows.len();
         let n_samples = self.plan.samples.len();
         let (b, w, pool, ws, step) = (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step);
-        let max_seq_len = self.options.max_seq_len;
+        let (max_seq_len, states) = (self.options.max_seq_len, &mut self.states);
         let mut run = || -> kiln_core::backend::Result<()> {
-            forward(b, w, &mut pool.caches, ws, step, n, n_rows, max_seq_len)?;
+            forward(&Pass { b, w, step, n, n_rows, max_seq_len }, &mut pool.caches, states.as_mut(), ws)?;
             if n_samples > 0 {
                 b.sample(&ws.logits, w.config.n_vocab, step)?;
             }
             Ok(())
         };
         // Decode steps repeat with the same shapes: record them once and replay.
-        if self.plan.is_decode_only() && n_samples > 0 {
-            b.run_step(self.plan.shape_key(), &mut run)?;
-        } else {
-            run()?;
+        let ran = if self.plan.is_decode_only() && n_samples > 0 { b.run_step(self.plan.shape_key(), &mut run) } else { run() };
+        if let Err(e) = ran {
+            // A failed step may have advanced some layers' recurrent states: feed again from 0.
+            if self.states.is_some() {
+                for w in work.iter_mut() {
+                    (w.seq.n_cached, w.seq.state_len) = (0, 0);
+                }
+            }
+            return Err(e.into());
         }
         self.sampled.resize(n_samples, 0);
         if n_samples > 0 {
@@ -309,6 +311,7 @@ impl<B: Backend> Engine<B> {
         for w in work.iter_mut() {
             w.seq.n_cached += w.n_tokens;
             w.seq.draws += u64::from(w.sample);
+            w.seq.state_len = w.seq.n_cached;
         }
         Ok(&self.sampled)
     }
@@ -319,50 +322,4 @@ impl<B: Backend> Engine<B> {
         self.backend.read(&self.ws.logits, &mut self.host_logits[..len])?;
         Ok(&self.host_logits[..len])
     }
-}
-
-fn attention_params(c: &crate::ModelConfig, max_seq_len: usize) -> AttentionParams {
-    AttentionParams { n_heads: c.n_head, n_kv_heads: c.n_head_kv, head_dim: c.head_dim, max_seq_len, scale: 1.0 / (c.head_dim as f32).sqrt() }
-}
-
-/// The forward pass of the `n` tokens of the step, as one straight sequence of backend ops:
-/// embeddings, the decoder blocks, then the LM head over the `n_rows` rows that produce logits.
-#[allow(clippy::too_many_arguments)]
-fn forward<B: Backend>(
-    b: &B,
-    w: &Weights<B>,
-    caches: &mut [B::KvCache],
-    a: &mut Workspace<B>,
-    step: &B::Step,
-    n: usize,
-    n_rows: usize,
-    max_seq_len: usize,
-) -> kiln_core::backend::Result<()> {
-    let c = &w.config;
-    let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
-    let q_rope = RopeParams { kind: c.rope_kind, n_heads: c.n_head, head_dim: c.head_dim, n_rot: c.n_rot };
-    let attn = attention_params(c, max_seq_len);
-
-    b.embed(&w.token_embd, step, &mut a.x, n)?;
-    for (l, cache) in w.layers.iter().zip(caches.iter_mut()) {
-        b.norm_matmul_qkv(&a.x, &l.attn_norm, c.rms_eps, &mut a.h, &l.wq, &l.wk, &l.wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
-        if let Some([bq, bk, bv]) = &l.bias {
-            b.add_bias(&mut a.q, bq, n, q_width)?;
-            b.add_bias(&mut a.k, bk, n, kv_width)?;
-            b.add_bias(&mut a.v, bv, n, kv_width)?;
-        }
-        let qk_norm = l.qk_norm.as_ref().map(|[qn, kn]| (qn, kn, c.rms_eps));
-        b.attention_prologue(&mut a.q, &mut a.k, &a.v, qk_norm, (&mut a.q_normed, &mut a.k_normed), &w.inv_freq, cache, step, n, &q_rope, c.n_head_kv)?;
-        b.attention(&a.q, cache, &mut a.att, step, n, &attn)?;
-        b.matmul_add(&l.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
-
-        b.norm_ffn_gate_up(&a.x, &l.ffn_norm, c.rms_eps, &mut a.h, &l.w_gate, &l.w_up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, c.n_ff)?;
-        b.matmul_add(&l.w_down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd)?;
-    }
-    if n_rows > 0 {
-        b.gather_rows(&a.x, &mut a.rows, step, c.n_embd)?;
-        b.rms_norm(&a.rows, &w.output_norm, &mut a.h, n_rows, c.n_embd, c.rms_eps)?;
-        b.matmul(w.lm_head(), &a.h, &mut a.logits, n_rows)?;
-    }
-    Ok(())
 }

@@ -9,7 +9,7 @@ pub enum ModelError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Tokenizer(#[from] kiln_tokenizer::TokenizerError),
-    #[error("unsupported architecture '{0}' (kiln supports llama, qwen2, qwen3)")]
+    #[error("unsupported architecture '{0}' (kiln supports llama (also with experts, as Mixtral), qwen2, qwen3, qwen3moe, qwen35, qwen35moe, gemma3, gemma4, gpt-oss)")]
     UnsupportedArch(String),
     #[error("model has no tensor '{0}'")]
     MissingTensor(String),

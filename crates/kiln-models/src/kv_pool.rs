@@ -105,33 +105,49 @@ pub enum KvBudget {
     Bytes(u64),
 }
 
-/// The caches of every layer and the allocator of their shared block ids.
+/// The caches of every layer that stores keys and values, and the allocator of their shared
+/// block ids.
 pub struct KvPool<B: Backend> {
     pub(crate) caches: Vec<B::KvCache>,
     pub(crate) blocks: BlockAllocator,
+    /// The first cache's spec; the others differ only in their row width.
     spec: KvCacheSpec,
+    widths: Vec<usize>,
 }
 
 impl<B: Backend> KvPool<B> {
     /// Bytes one block takes over all `n_layers` layers.
     pub fn block_bytes(n_layers: usize, width: usize, k_type: KvType, v_type: KvType) -> u64 {
-        (n_layers * KV_BLOCK_SIZE * (k_type.row_bytes(width) + v_type.row_bytes(width))) as u64
+        Self::block_bytes_of(&vec![width; n_layers], k_type, v_type)
+    }
+
+    /// Bytes one block takes over caches of these row widths.
+    pub fn block_bytes_of(widths: &[usize], k_type: KvType, v_type: KvType) -> u64 {
+        widths.iter().map(|&w| (KV_BLOCK_SIZE * (k_type.row_bytes(w) + v_type.row_bytes(w))) as u64).sum()
     }
 
     pub fn new(backend: &B, n_layers: usize, width: usize, k_type: KvType, v_type: KvType, budget: KvBudget) -> Result<KvPool<B>> {
-        k_type.check_width(width)?;
-        v_type.check_width(width)?;
+        Self::with_widths(backend, &vec![width; n_layers], k_type, v_type, budget)
+    }
+
+    /// One cache per entry of `widths`, each of rows of that many values.
+    pub fn with_widths(backend: &B, widths: &[usize], k_type: KvType, v_type: KvType, budget: KvBudget) -> Result<KvPool<B>> {
+        for &width in widths {
+            k_type.check_width(width)?;
+            v_type.check_width(width)?;
+        }
+        let block = Self::block_bytes_of(widths, k_type, v_type);
         let n_blocks = match budget {
             KvBudget::Blocks(n) => n,
-            KvBudget::Bytes(bytes) => (bytes / Self::block_bytes(n_layers, width, k_type, v_type).max(1)) as usize,
+            KvBudget::Bytes(bytes) => (bytes / block.max(1)) as usize,
         };
         if n_blocks == 0 {
-            let block = Self::block_bytes(n_layers, width, k_type, v_type);
             return Err(ModelError::BadHparam { key: "kv-mem".into(), reason: format!("the KV budget holds no block (one block takes {block} bytes)") });
         }
-        let spec = KvCacheSpec { n_blocks, width, k_type, v_type };
-        let caches = (0..n_layers).map(|l| backend.alloc_kv(&spec, &format!("blk.{l} KV cache"))).collect::<kiln_core::backend::Result<Vec<_>>>()?;
-        Ok(KvPool { caches, blocks: BlockAllocator::new(n_blocks), spec })
+        let spec_of = |width| KvCacheSpec { n_blocks, width, k_type, v_type };
+        let caches =
+            widths.iter().enumerate().map(|(l, &w)| backend.alloc_kv(&spec_of(w), &format!("KV cache {l}"))).collect::<kiln_core::backend::Result<Vec<_>>>()?;
+        Ok(KvPool { caches, blocks: BlockAllocator::new(n_blocks), spec: spec_of(widths.first().copied().unwrap_or(0)), widths: widths.to_vec() })
     }
 
     pub fn spec(&self) -> &KvCacheSpec {
@@ -163,7 +179,7 @@ impl<B: Backend> KvPool<B> {
 
     /// Bytes of the blocks backed by memory now.
     pub fn usable_bytes(&self) -> u64 {
-        self.blocks.usable() as u64 * Self::block_bytes(self.caches.len(), self.spec.width, self.spec.k_type, self.spec.v_type)
+        self.blocks.usable() as u64 * Self::block_bytes_of(&self.widths, self.spec.k_type, self.spec.v_type)
     }
 }
 

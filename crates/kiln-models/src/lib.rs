@@ -5,15 +5,22 @@ pub mod checks;
 pub mod config;
 pub mod engine;
 pub mod error;
+mod forward;
 pub mod generate;
 pub mod kv_pool;
+mod layout;
+mod loader;
 pub mod model;
+mod recurrent;
 pub mod weights;
 
-pub use config::{Arch, ModelConfig};
+pub use config::{Activation, Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig, RopeConfig};
 pub use engine::{Engine, EngineOptions, SeqWork, Sequence};
 pub use error::ModelError;
 pub use generate::{generate, GenerateParams, GenerationStats, StopReason};
 pub use kv_pool::{BlockAllocator, KvBudget, KvPool};
 pub use model::{Logits, Model, ModelOptions};
-pub use weights::Weights;
+pub use weights::{
+    AttentionWeights, DeltaNetWeights, DenseBeside, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights,
+    SharedExpert, Weights,
+};

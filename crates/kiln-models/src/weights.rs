@@ -2,27 +2,132 @@
 
 use std::sync::Arc;
 
-use kiln_core::{Backend, WeightSource};
+use kiln_core::Backend;
 use kiln_gguf::GgufFile;
 
-use crate::config::{Arch, ModelConfig};
-use crate::error::{ModelError, Result};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::loader::Loader;
 
 /// One decoder block's weights.
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Buffer,
-    pub wq: B::Weight,
-    pub wk: B::Weight,
-    pub wv: B::Weight,
-    pub wo: B::Weight,
-    /// qwen2's q/k/v biases.
-    pub bias: Option<[B::Buffer; 3]>,
-    /// qwen3's per-head q/k RMSNorm weights.
-    pub qk_norm: Option<[B::Buffer; 2]>,
+    pub mixer: MixerWeights<B>,
+    /// Gemma's norm of the attention output, before the residual add.
+    pub post_attn_norm: Option<B::Buffer>,
     pub ffn_norm: B::Buffer,
-    pub w_gate: B::Weight,
-    pub w_up: B::Weight,
-    pub w_down: B::Weight,
+    pub ffn: FfnWeights<B>,
+    /// Gemma's norm of the FFN output, before the residual add.
+    pub post_ffn_norm: Option<B::Buffer>,
+    pub per_layer: Option<PerLayerWeights<B>>,
+    /// Gemma 4 scales the layer's output (the whole residual stream) by this.
+    pub output_scale: Option<f32>,
+}
+
+pub enum MixerWeights<B: Backend> {
+    Attention(AttentionWeights<B>),
+    DeltaNet(DeltaNetWeights<B>),
+}
+
+pub struct AttentionWeights<B: Backend> {
+    /// Qwen3.5's gated layers: each head's query followed by its output gate.
+    pub wq: B::Weight,
+    /// `None` on a layer that reads another layer's keys and values.
+    pub wk: Option<B::Weight>,
+    /// `None` where the layer reads another's cache or its values are its keys' projection.
+    pub wv: Option<B::Weight>,
+    pub wo: B::Weight,
+    /// q/k/v biases (qwen2, gpt-oss).
+    pub bias: Option<[B::Buffer; 3]>,
+    /// gpt-oss's output projection bias.
+    pub wo_bias: Option<B::Buffer>,
+    /// gpt-oss's attention sinks, one logit per head.
+    pub sinks: Option<B::Buffer>,
+    /// Per-head RMSNorm weights of q and k (qwen3, Gemma, Qwen3.5).
+    pub q_norm: Option<B::Buffer>,
+    pub k_norm: Option<B::Buffer>,
+    /// Gemma 4's per-head RMSNorm of v, without a learned weight (a vector of ones).
+    pub v_norm: Option<B::Buffer>,
+}
+
+/// A Gated DeltaNet layer (Qwen3.5).
+pub struct DeltaNetWeights<B: Backend> {
+    /// q, k and v projections side by side (`attn_qkv`), then their causal convolution
+    /// (`[conv_dim][kernel]`).
+    pub qkv: B::Weight,
+    pub conv: B::Buffer,
+    /// The output gate `z` (`attn_gate`).
+    pub z: B::Weight,
+    /// Per value head: the decay input `a` and the write strength `b` projections.
+    pub alpha: B::Weight,
+    pub beta: B::Weight,
+    /// `-exp(A_log)` and the `dt` bias, per value head.
+    pub a: B::Buffer,
+    pub dt_bias: B::Buffer,
+    /// The gated RMSNorm's weight, per head dim.
+    pub norm: B::Buffer,
+    pub out: B::Weight,
+}
+
+/// A layer's part of Gemma 4's per-layer embeddings: `x += norm(proj(gelu(gate(x)) * input))`.
+pub struct PerLayerWeights<B: Backend> {
+    pub gate: B::Weight,
+    pub proj: B::Weight,
+    pub norm: B::Buffer,
+}
+
+/// Gemma 4's per-layer input of each token: its per-layer embedding and a projection of its
+/// embedding, normed, for every layer at once.
+pub struct PerLayerInputs<B: Backend> {
+    pub token_embd: B::Weight,
+    pub model_proj: B::Weight,
+    pub proj_norm: B::Buffer,
+}
+
+pub enum FfnWeights<B: Backend> {
+    Dense(DenseFfn<B>),
+    Moe(MoeWeights<B>),
+}
+
+/// A gated FFN: `down(act(gate(x)) * up(x))`.
+pub struct DenseFfn<B: Backend> {
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+}
+
+/// A mixture of experts: the router and each expert's matrices (slices of the GGUF's 3-D tensors).
+pub struct MoeWeights<B: Backend> {
+    pub router: B::Weight,
+    /// Gemma 4 routes `rms_norm(x) * router_norm` (its `ffn_gate_inp.scale / sqrt(n_embd)`).
+    pub router_norm: Option<B::Buffer>,
+    pub gate: Vec<B::Weight>,
+    pub up: Vec<B::Weight>,
+    pub down: Vec<B::Weight>,
+    /// Gemma 4's per-expert factor on the routing weights.
+    pub expert_scale: Option<B::Buffer>,
+    /// gpt-oss's router bias and per-expert biases of the gate, up and down products
+    /// (`[n_expert][rows]` each).
+    pub router_bias: Option<B::Buffer>,
+    pub expert_bias: Option<[B::Buffer; 3]>,
+    pub beside: Option<DenseBeside<B>>,
+    pub shared: Option<SharedExpert<B>>,
+}
+
+/// Qwen3.5-MoE's shared expert: its FFN's output times `sigmoid(x · gate)`, one gate per token.
+pub struct SharedExpert<B: Backend> {
+    pub ffn: DenseFfn<B>,
+    pub gate: B::Weight,
+}
+
+/// Gemma 4's dense FFN beside the experts, and the norms that keep the two apart: the dense
+/// one's input is normed by the layer's `ffn_norm`, its output by `post_norm`; the experts'
+/// input by `moe_norm` and their output by `moe_post_norm`.
+pub struct DenseBeside<B: Backend> {
+    pub ffn: DenseFfn<B>,
+    pub post_norm: B::Buffer,
+    pub moe_norm: B::Buffer,
+    pub moe_post_norm: B::Buffer,
 }
 
 pub struct Weights<B: Backend> {
@@ -32,68 +137,9 @@ pub struct Weights<B: Backend> {
     pub output: Option<B::Weight>,
     pub output_norm: B::Buffer,
     pub layers: Vec<LayerWeights<B>>,
-    /// Rotary inverse frequencies (scaling included).
-    pub inv_freq: B::Buffer,
-}
-
-/// Bytes of one tensor of a shared GGUF file.
-struct TensorBytes {
-    file: Arc<GgufFile>,
-    index: usize,
-}
-
-impl AsRef<[u8]> for TensorBytes {
-    fn as_ref(&self) -> &[u8] {
-        self.file.tensor_data(&self.file.tensors()[self.index])
-    }
-}
-
-struct Loader<'a, B: Backend> {
-    file: &'a Arc<GgufFile>,
-    backend: &'a B,
-}
-
-impl<B: Backend> Loader<'_, B> {
-    fn find(&self, name: &str) -> Result<usize> {
-        self.file.tensors().iter().position(|t| t.name == name).ok_or_else(|| ModelError::MissingTensor(name.into()))
-    }
-
-    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
-        let index = self.find(name)?;
-        let t = &self.file.tensors()[index];
-        if t.dims != [cols as u64, rows as u64] {
-            return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
-        }
-        let src = WeightSource {
-            name: name.into(),
-            ty: t.ty,
-            rows,
-            cols,
-            owner: Arc::new(TensorBytes { file: self.file.clone(), index }),
-            range: 0..t.n_bytes as usize,
-        };
-        Ok(self.backend.upload_weight(src)?)
-    }
-
-    fn vector(&self, name: &str, len: usize) -> Result<B::Buffer> {
-        let t = &self.file.tensors()[self.find(name)?];
-        if t.dims != [len as u64] {
-            return Err(ModelError::WrongShape { name: name.into(), expected: vec![len as u64], found: t.dims.clone() });
-        }
-        let mut host = vec![0f32; len];
-        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
-            name: name.into(),
-            ty: t.ty,
-            role: "a norm or bias vector",
-        })?;
-        let mut buf = self.backend.alloc(len, name)?;
-        self.backend.write(&mut buf, &host)?;
-        Ok(buf)
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.file.tensor(name).is_some()
-    }
+    /// Rotary inverse frequencies (scaling included), one table per [`ModelConfig::ropes`].
+    pub rope_tables: Vec<B::Buffer>,
+    pub per_layer_inputs: Option<PerLayerInputs<B>>,
 }
 
 impl<B: Backend> Weights<B> {
@@ -101,49 +147,51 @@ impl<B: Backend> Weights<B> {
     pub fn load(backend: &B, file: &Arc<GgufFile>) -> Result<Weights<B>> {
         let config = ModelConfig::from_gguf(file)?;
         let c = &config;
-        let (q_width, kv_width) = (c.n_head * c.head_dim, c.n_head_kv * c.head_dim);
         let ld = Loader { file, backend };
         let token_embd = ld.matrix("token_embd.weight", c.n_embd, c.n_vocab)?;
         let output = if c.tied_embeddings { None } else { Some(ld.matrix("output.weight", c.n_embd, c.n_vocab)?) };
         let output_norm = ld.vector("output_norm.weight", c.n_embd)?;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for l in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{l}.{s}");
-            let bias = if ld.has(&n("attn_q.bias")) || c.arch == Arch::Qwen2 {
-                Some([ld.vector(&n("attn_q.bias"), q_width)?, ld.vector(&n("attn_k.bias"), kv_width)?, ld.vector(&n("attn_v.bias"), kv_width)?])
-            } else {
-                None
-            };
-            let qk_norm = if c.arch == Arch::Qwen3 {
-                Some([ld.vector(&n("attn_q_norm.weight"), c.head_dim)?, ld.vector(&n("attn_k_norm.weight"), c.head_dim)?])
-            } else {
-                None
-            };
-            layers.push(LayerWeights {
-                attn_norm: ld.vector(&n("attn_norm.weight"), c.n_embd)?,
-                wq: ld.matrix(&n("attn_q.weight"), c.n_embd, q_width)?,
-                wk: ld.matrix(&n("attn_k.weight"), c.n_embd, kv_width)?,
-                wv: ld.matrix(&n("attn_v.weight"), c.n_embd, kv_width)?,
-                wo: ld.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
-                bias,
-                qk_norm,
-                ffn_norm: ld.vector(&n("ffn_norm.weight"), c.n_embd)?,
-                w_gate: ld.matrix(&n("ffn_gate.weight"), c.n_embd, c.n_ff)?,
-                w_up: ld.matrix(&n("ffn_up.weight"), c.n_embd, c.n_ff)?,
-                w_down: ld.matrix(&n("ffn_down.weight"), c.n_ff, c.n_embd)?,
-            });
+        let layers = c.layers.iter().enumerate().map(|(l, lc)| ld.layer(c, l, lc)).collect::<Result<Vec<_>>>()?;
+        let per_layer_inputs = match c.per_layer_embd {
+            Some(d) => Some(PerLayerInputs {
+                token_embd: ld.matrix("per_layer_token_embd.weight", d * c.n_layer, c.n_vocab)?,
+                model_proj: ld.matrix("per_layer_model_proj.weight", c.n_embd, d * c.n_layer)?,
+                proj_norm: ld.vector("per_layer_proj_norm.weight", d)?,
+            }),
+            None => None,
+        };
+        let mut rope_tables = Vec::with_capacity(c.ropes.len());
+        for rope in &c.ropes {
+            let mut table = backend.alloc(rope.n_rot / 2, "rope frequencies")?;
+            backend.write(&mut table, &rope.inv_freq())?;
+            rope_tables.push(table);
         }
-        let mut inv_freq = backend.alloc(c.n_rot / 2, "rope frequencies")?;
-        backend.write(&mut inv_freq, &c.rope_inv_freq())?;
-        Ok(Weights { config, token_embd, output, output_norm, layers, inv_freq })
+        Ok(Weights { config, token_embd, output, output_norm, layers, rope_tables, per_layer_inputs })
     }
 
     /// Every weight matrix.
     pub fn matrices(&self) -> Vec<&B::Weight> {
         let mut all = vec![&self.token_embd];
         all.extend(&self.output);
+        all.extend(self.per_layer_inputs.iter().flat_map(|p| [&p.token_embd, &p.model_proj]));
         for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            match &l.mixer {
+                MixerWeights::Attention(a) => {
+                    all.extend([&a.wq, &a.wo]);
+                    all.extend(a.wk.iter().chain(&a.wv));
+                }
+                MixerWeights::DeltaNet(d) => all.extend([&d.qkv, &d.z, &d.alpha, &d.beta, &d.out]),
+            }
+            all.extend(l.per_layer.iter().flat_map(|p| [&p.gate, &p.proj]));
+            match &l.ffn {
+                FfnWeights::Dense(d) => all.extend([&d.gate, &d.up, &d.down]),
+                FfnWeights::Moe(m) => {
+                    all.push(&m.router);
+                    all.extend(m.beside.iter().flat_map(|b| [&b.ffn.gate, &b.ffn.up, &b.ffn.down]));
+                    all.extend(m.shared.iter().flat_map(|s| [&s.ffn.gate, &s.ffn.up, &s.ffn.down, &s.gate]));
+                    all.extend(m.gate.iter().chain(&m.up).chain(&m.down));
+                }
+            }
         }
         all
     }

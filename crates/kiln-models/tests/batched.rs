@@ -108,14 +108,19 @@ fn f16_and_q8_0_kv_stay_close_to_f32_kv() {
 }
 
 /// Reading keys and values through shuffled block tables gives exactly what contiguous blocks
-/// give, and both match a float64 softmax attention, for lengths around the block size.
+/// give, and both match a float64 softmax attention, for lengths around the block size, with
+/// and without sliding windows (shorter and longer than a block) and attention sinks.
 #[test]
 fn paged_attention_equals_contiguous_attention() {
     let backend = CpuBackend::new();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let (n_heads, n_kv_heads, head_dim) = (4, 2, 16);
     let width = n_kv_heads * head_dim;
-    for len in [1, KV_BLOCK_SIZE - 1, KV_BLOCK_SIZE, KV_BLOCK_SIZE + 1, 300] {
+    let lengths = [1, KV_BLOCK_SIZE - 1, KV_BLOCK_SIZE, KV_BLOCK_SIZE + 1, 300];
+    let windows = [None, Some(1), Some(7), Some(KV_BLOCK_SIZE + 3)];
+    let sinks: Vec<f32> = (0..n_heads).map(|h| h as f32 * 0.7 - 1.0).collect();
+    let cases = lengths.into_iter().flat_map(|l| windows.map(|w| (l, w))).flat_map(|(l, w)| [(l, w, false), (l, w, true)]);
+    for (len, window, with_sinks) in cases {
         let n_blocks = len.div_ceil(KV_BLOCK_SIZE);
         let spec = KvCacheSpec { n_blocks: 2 * n_blocks + 3, width, k_type: KvType::F32, v_type: KvType::F32 };
         let cap = StepCapacity { tokens: len, seqs: 1, blocks: n_blocks, logit_rows: 1, history: 0 };
@@ -128,7 +133,7 @@ fn paged_attention_equals_contiguous_attention() {
             shuffled.swap(i, rng.gen_range(0..=i));
         }
         shuffled.truncate(n_blocks);
-        let params = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: len, scale: 0.25 };
+        let params = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: len, scale: 0.25, window };
         let mut outs = Vec::new();
         for table in [&contiguous, &shuffled] {
             let mut cache = backend.alloc_kv(&spec, "test").unwrap();
@@ -141,10 +146,14 @@ fn paged_attention_equals_contiguous_attention() {
             backend.write_step(&mut step, &plan).unwrap();
             backend.kv_store(&k, &v, &mut cache, &step, len).unwrap();
             let mut out = vec![f32::NAN; q.len()];
-            backend.attention(&q, &cache, &mut out, &step, len, &params).unwrap();
+            if with_sinks {
+                backend.attention_sinks(&q, &cache, &sinks, &mut out, &step, len, &params).unwrap();
+            } else {
+                backend.attention(&q, &cache, &mut out, &step, len, &params).unwrap();
+            }
             outs.push(out);
         }
-        assert_eq!(outs[0], outs[1], "length {len}: shuffled blocks change the result");
+        assert_eq!(outs[0], outs[1], "length {len} window {window:?} sinks {with_sinks}: shuffled blocks change the result");
         // float64 reference over the contiguous K/V.
         let group = n_heads / n_kv_heads;
         let mut worst = 0f64;
@@ -152,11 +161,15 @@ fn paged_attention_equals_contiguous_attention() {
             for h in 0..n_heads {
                 let qv = &q[(t * n_heads + h) * head_dim..][..head_dim];
                 let col = h / group * head_dim;
+                // Masked positions get weight 0, as an -inf score would.
+                let seen = |j: usize| window.is_none_or(|w| t - j < w);
                 let scores: Vec<f64> =
                     (0..=t).map(|j| qv.iter().zip(&k[j * width + col..][..head_dim]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * 0.25).collect();
-                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f64 = weights.iter().sum();
+                // A sink is one more logit in the softmax, without a value.
+                let sink = with_sinks.then(|| sinks[h] as f64);
+                let max = (0..=t).filter(|&j| seen(j)).map(|j| scores[j]).fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+                let weights: Vec<f64> = (0..=t).map(|j| if seen(j) { (scores[j] - max).exp() } else { 0.0 }).collect();
+                let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
                 for d in 0..head_dim {
                     let want: f64 = (0..=t).map(|j| weights[j] * v[j * width + col + d] as f64).sum::<f64>() / total;
                     worst = worst.max((outs[0][(t * n_heads + h) * head_dim + d] as f64 - want).abs());
@@ -164,7 +177,7 @@ fn paged_attention_equals_contiguous_attention() {
             }
         }
         // f32 accumulation over at most 300 rows of values in [-1, 1]: well under 1e-5.
-        assert!(worst < 1e-5, "length {len}: {worst:e} from the float64 reference");
+        assert!(worst < 1e-5, "length {len} window {window:?} sinks {with_sinks}: {worst:e} from the float64 reference");
     }
 }
 
@@ -201,7 +214,7 @@ fn steps_over_blocks_without_memory_are_errors() {
     let kv = vec![0.5f32; 2 * 32];
     let err = backend.kv_store(&kv, &kv, &mut cache, &step, 2).unwrap_err().to_string();
     assert!(err.contains("block 5") && err.contains("only 2 blocks"), "{err}");
-    let params = AttentionParams { n_heads: 2, n_kv_heads: 2, head_dim: 16, max_seq_len: 256, scale: 0.25 };
+    let params = AttentionParams { n_heads: 2, n_kv_heads: 2, head_dim: 16, max_seq_len: 256, scale: 0.25, window: None };
     let q = vec![0.1f32; 2 * 32];
     let mut out = vec![0f32; 2 * 32];
     assert!(backend.attention(&q, &cache, &mut out, &step, 2, &params).is_err());

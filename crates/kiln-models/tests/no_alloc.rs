@@ -51,32 +51,45 @@ fn decode_steps_do_not_allocate() {
     // parallel loops use the worker's own job deque (work injected from a
     // foreign thread goes through rayon's global queue, which allocates a block
     // per 63 jobs). On one worker, every allocation would be kiln's own.
-    let allocations = measure(1, 1, 100);
+    let allocations = measure(1, 1, 100, &stories());
     assert_eq!(allocations, 0, "{allocations} allocations in 100 decode steps");
+}
+
+/// The same for the new layer kinds: experts, sliding windows with sinks (gpt-oss), per-layer
+/// embeddings and KV sharing (gemma4), Gated DeltaNet states and a shared expert (qwen35moe).
+#[test]
+fn decode_steps_of_the_new_architectures_do_not_allocate() {
+    for (id, name) in [(3, "tiny-gpt-oss-MXFP4.gguf"), (4, "tiny-gemma4-Q4_K.gguf"), (5, "tiny-qwen35moe-Q8_0.gguf")] {
+        let allocations = measure(id, 1, 60, &kiln_testdata::path("archs").join(name));
+        assert_eq!(allocations, 0, "{name}: {allocations} allocations in 60 decode steps");
+    }
+}
+
+fn stories() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf")
 }
 
 #[test]
 fn decode_steps_on_two_workers_allocate_almost_nothing() {
     // With work stealing, rayon's own bookkeeping allocates now and then
     // (seen: 0 to 4 times per 100 steps, never per step); kiln's code adds none.
-    let allocations = measure(2, 2, 100);
+    let allocations = measure(2, 2, 100, &stories());
     assert!(allocations <= 10, "{allocations} allocations in 100 decode steps");
 }
 
 /// Allocations on the workers of a fresh `threads`-thread pool (tagged `id`)
 /// during `steps` decode steps run on that pool.
-fn measure(id: u64, threads: usize, steps: u64) -> usize {
+fn measure(id: u64, threads: usize, steps: u64, path: &Path) -> usize {
     // The counter is process-wide: one measurement at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     pool.broadcast(|_| POOL.with(|p| p.set(id)));
-    pool.install(|| decode_loop(id, steps))
+    pool.install(|| decode_loop(id, steps, path))
 }
 
-fn decode_loop(id: u64, steps: u64) -> usize {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
-    let file = Arc::new(GgufFile::open(&path).unwrap());
+fn decode_loop(id: u64, steps: u64, path: &Path) -> usize {
+    let file = Arc::new(GgufFile::open(path).unwrap());
     let options = ModelOptions { n_ctx: Some(256), ..Default::default() };
     let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
     let sampling = SamplingParams {

@@ -3,7 +3,7 @@
 //!
 //! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
 //! operation order), and the quantizers reproduce ggml's reference quantizers
-//! (`quantize_row_*_ref`, and for IQ4_NL/IQ4_XS the scale search llama-quantize
+//! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS the scale search llama-quantize
 //! runs without an importance matrix) byte for byte.
 //!
 //! The row-level entry points work on whole rows of bytes and floats, block by

@@ -93,3 +93,22 @@ fn every_model_tensor_dequantizes_to_its_reference() {
     assert_eq!(types_seen.len(), 18, "types covered: {types_seen:?}");
     assert!(n_tensors > 400, "only {n_tensors} tensors checked");
 }
+
+/// gpt-oss's MXFP4 experts were written by ggml's reference quantizer from values that MXFP4
+/// holds exactly (testdata/archs README), so dequantizing and quantizing them again must give
+/// back every byte.
+#[test]
+fn mxfp4_expert_tensors_requantize_byte_for_byte() {
+    let file = GgufFile::open(kiln_testdata::path("archs/tiny-gpt-oss-MXFP4.gguf")).unwrap();
+    let mut checked = 0;
+    for t in file.tensors().iter().filter(|t| t.ty == kiln_quant::GgmlType::MXFP4) {
+        let bytes = file.tensor_data(t);
+        let mut values = vec![0f32; t.n_elements() as usize];
+        dequantize(t.ty, bytes, &mut values).unwrap();
+        let mut again = vec![0u8; bytes.len()];
+        kiln_quant::quantize(t.ty, &values, &mut again).unwrap();
+        assert!(again == bytes, "{}: requantized bytes differ", t.name);
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "expected gate/up/down experts of 2 layers");
+}

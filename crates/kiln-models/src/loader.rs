@@ -1,0 +1,279 @@
+//! Reading a GGUF file's tensors into the backend: shapes checked, 3-D expert tensors as
+//! per-expert matrices, each layer's weights as its settings ask.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kiln_core::{Backend, WeightSource};
+use kiln_gguf::GgufFile;
+
+use crate::config::{Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::weights::{
+    AttentionWeights, DeltaNetWeights, DenseBeside, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerWeights, SharedExpert,
+};
+
+/// Bytes of one tensor of a shared GGUF file.
+struct TensorBytes {
+    file: Arc<GgufFile>,
+    index: usize,
+}
+
+impl AsRef<[u8]> for TensorBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.file.tensor_data(&self.file.tensors()[self.index])
+    }
+}
+
+pub(crate) struct Loader<'a, B: Backend> {
+    pub file: &'a Arc<GgufFile>,
+    pub backend: &'a B,
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn find(&self, name: &str) -> Result<usize> {
+        self.file.tensors().iter().position(|t| t.name == name).ok_or_else(|| ModelError::MissingTensor(name.into()))
+    }
+
+    /// A one-row matrix from a tensor stored as `[cols, 1]` or as the vector `[cols]`.
+    fn row(&self, name: &str, cols: usize) -> Result<B::Weight> {
+        let t = &self.file.tensors()[self.find(name)?];
+        if t.dims == [cols as u64] {
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(TensorBytes { file: self.file.clone(), index: self.find(name)? });
+            let src = WeightSource { name: name.into(), ty: t.ty, rows: 1, cols, owner, range: 0..t.n_bytes as usize };
+            return Ok(self.backend.upload_weight(src)?);
+        }
+        self.matrix(name, cols, 1)
+    }
+
+    pub(crate) fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
+        Ok(self.matrices(name, cols, rows, None)?.pop().expect("one matrix"))
+    }
+
+    /// A 3-D tensor `[cols, rows, n]` (ne order) as its `n` matrices.
+    fn experts(&self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Vec<B::Weight>> {
+        self.matrices(name, cols, rows, Some(n))
+    }
+
+    /// Rows `part` of each of the `n` matrices of a 3-D tensor `[cols, rows, n]`.
+    fn expert_rows(&self, name: &str, cols: usize, rows: usize, n: usize, part: Range<usize>) -> Result<Vec<B::Weight>> {
+        self.slices(name, cols, rows, Some(n), part)
+    }
+
+    fn matrices(&self, name: &str, cols: usize, rows: usize, n: Option<usize>) -> Result<Vec<B::Weight>> {
+        self.slices(name, cols, rows, n, 0..rows)
+    }
+
+    fn slices(&self, name: &str, cols: usize, rows: usize, n: Option<usize>, part: Range<usize>) -> Result<Vec<B::Weight>> {
+        let index = self.find(name)?;
+        let t = &self.file.tensors()[index];
+        let mut want = vec![cols as u64, rows as u64];
+        want.extend(n.map(|n| n as u64));
+        if t.dims != want {
+            return Err(ModelError::WrongShape { name: name.into(), expected: want, found: t.dims.clone() });
+        }
+        let count = n.unwrap_or(1);
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(TensorBytes { file: self.file.clone(), index });
+        // Rows are whole blocks, so each matrix and row is an equal byte slice (checked by the upload).
+        let per = t.n_bytes as usize / count;
+        let row_bytes = per / rows.max(1);
+        (0..count)
+            .map(|e| {
+                let name = if n.is_some() { format!("{name}[{e}]") } else { name.to_string() };
+                let range = e * per + part.start * row_bytes..e * per + part.end * row_bytes;
+                let src = WeightSource { name, ty: t.ty, rows: part.len(), cols, owner: owner.clone(), range };
+                Ok(self.backend.upload_weight(src)?)
+            })
+            .collect()
+    }
+
+    pub(crate) fn vector(&self, name: &str, len: usize) -> Result<B::Buffer> {
+        self.vector_scaled(name, len, 1.0)
+    }
+
+    /// A vector times `scale`.
+    fn vector_scaled(&self, name: &str, len: usize, scale: f32) -> Result<B::Buffer> {
+        self.values(name, &[len], scale)
+    }
+
+    /// A 2-D tensor of `rows` rows of `cols` as one buffer (gpt-oss's per-expert biases).
+    fn table(&self, name: &str, cols: usize, rows: usize) -> Result<B::Buffer> {
+        self.values(name, &[cols, rows], 1.0)
+    }
+
+    fn values(&self, name: &str, dims: &[usize], scale: f32) -> Result<B::Buffer> {
+        let t = &self.file.tensors()[self.find(name)?];
+        let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        if t.dims != want {
+            return Err(ModelError::WrongShape { name: name.into(), expected: want, found: t.dims.clone() });
+        }
+        let len = dims.iter().product();
+        let mut host = vec![0f32; len];
+        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
+            name: name.into(),
+            ty: t.ty,
+            role: "a norm or bias vector",
+        })?;
+        host.iter_mut().for_each(|v| *v *= scale);
+        let mut buf = self.backend.alloc(len, name)?;
+        self.backend.write(&mut buf, &host)?;
+        Ok(buf)
+    }
+
+    /// A one-element tensor, read on the host.
+    fn scalar(&self, name: &str) -> Result<f32> {
+        let t = &self.file.tensors()[self.find(name)?];
+        let mut v = [0f32];
+        if t.n_elements() != 1 || kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut v).is_err() {
+            return Err(ModelError::WrongShape { name: name.into(), expected: vec![1], found: t.dims.clone() });
+        }
+        Ok(v[0])
+    }
+
+    fn ones(&self, len: usize) -> Result<B::Buffer> {
+        let mut buf = self.backend.alloc(len, "unit norm weights")?;
+        self.backend.write(&mut buf, &vec![1.0; len])?;
+        Ok(buf)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    pub(crate) fn layer(&self, c: &ModelConfig, l: usize, lc: &LayerConfig) -> Result<LayerWeights<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let mixer = match &lc.mixer {
+            Mixer::Attention(a) => MixerWeights::Attention(self.attention(c, l, a)?),
+            Mixer::DeltaNet(d) => MixerWeights::DeltaNet(self.delta_net(c, l, d)?),
+        };
+        let per_layer = match c.per_layer_embd {
+            Some(d) => Some(PerLayerWeights {
+                gate: self.matrix(&n("inp_gate.weight"), c.n_embd, d)?,
+                proj: self.matrix(&n("proj.weight"), d, c.n_embd)?,
+                norm: self.vector(&n("post_norm.weight"), c.n_embd)?,
+            }),
+            None => None,
+        };
+        let output_scale = if self.has(&n("layer_output_scale.weight")) { Some(self.scalar(&n("layer_output_scale.weight"))?) } else { None };
+        let gemma = c.arch.block_style() == BlockStyle::Gemma;
+        let post_norm = |name: &str| if gemma { self.vector(&n(name), c.n_embd).map(Some) } else { Ok(None) };
+        // gpt-oss and Qwen3.5 name their FFN input norm after the attention.
+        let ffn_norm = if matches!(c.arch, Arch::GptOss | Arch::Qwen35 | Arch::Qwen35Moe) { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        Ok(LayerWeights {
+            attn_norm: self.vector(&n("attn_norm.weight"), c.n_embd)?,
+            mixer,
+            post_attn_norm: post_norm("post_attention_norm.weight")?,
+            ffn_norm: self.vector(&n(ffn_norm), c.n_embd)?,
+            ffn: self.ffn(c, l, &lc.ffn)?,
+            post_ffn_norm: post_norm("post_ffw_norm.weight")?,
+            per_layer,
+            output_scale,
+        })
+    }
+
+    fn attention(&self, c: &ModelConfig, l: usize, a: &AttentionConfig) -> Result<AttentionWeights<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let (q_width, kv_width) = (a.n_head * a.head_dim, a.kv_width());
+        let bias = if self.has(&n("attn_q.bias")) || c.arch == Arch::Qwen2 {
+            Some([self.vector(&n("attn_q.bias"), q_width)?, self.vector(&n("attn_k.bias"), kv_width)?, self.vector(&n("attn_v.bias"), kv_width)?])
+        } else {
+            None
+        };
+        let own_kv = matches!(a.kv, KvSource::Own { .. });
+        let norm = |name: &str, len| if c.arch.has_qk_norm() { self.vector(&n(name), len).map(Some) } else { Ok(None) };
+        let wv = match a.kv {
+            KvSource::Own { v_from_k: false } => Some(self.matrix(&n("attn_v.weight"), c.n_embd, kv_width)?),
+            _ => None,
+        };
+        let gated = if a.gated { 2 } else { 1 };
+        Ok(AttentionWeights {
+            wq: self.matrix(&n("attn_q.weight"), c.n_embd, gated * q_width)?,
+            wk: if own_kv { Some(self.matrix(&n("attn_k.weight"), c.n_embd, kv_width)?) } else { None },
+            wv,
+            wo: self.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
+            bias,
+            wo_bias: if self.has(&n("attn_output.bias")) { Some(self.vector(&n("attn_output.bias"), c.n_embd)?) } else { None },
+            sinks: if self.has(&n("attn_sinks.weight")) { Some(self.vector(&n("attn_sinks.weight"), a.n_head)?) } else { None },
+            q_norm: norm("attn_q_norm.weight", a.head_dim)?,
+            k_norm: if own_kv { norm("attn_k_norm.weight", a.head_dim)? } else { None },
+            v_norm: if c.arch == Arch::Gemma4 && own_kv { Some(self.ones(a.head_dim)?) } else { None },
+        })
+    }
+
+    fn delta_net(&self, c: &ModelConfig, l: usize, d: &DeltaNetConfig) -> Result<DeltaNetWeights<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        Ok(DeltaNetWeights {
+            qkv: self.matrix(&n("attn_qkv.weight"), c.n_embd, d.conv_dim())?,
+            conv: self.table(&n("ssm_conv1d.weight"), d.conv_kernel, d.conv_dim())?,
+            z: self.matrix(&n("attn_gate.weight"), c.n_embd, d.v_width())?,
+            alpha: self.matrix(&n("ssm_alpha.weight"), c.n_embd, d.n_v_heads)?,
+            beta: self.matrix(&n("ssm_beta.weight"), c.n_embd, d.n_v_heads)?,
+            a: self.vector(&n("ssm_a"), d.n_v_heads)?,
+            dt_bias: self.vector(&n("ssm_dt.bias"), d.n_v_heads)?,
+            norm: self.vector(&n("ssm_norm.weight"), d.head_dim)?,
+            out: self.matrix(&n("ssm_out.weight"), d.v_width(), c.n_embd)?,
+        })
+    }
+
+    fn dense(&self, c: &ModelConfig, l: usize, suffix: &str, n_ff: usize) -> Result<DenseFfn<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}{suffix}.weight");
+        Ok(DenseFfn {
+            gate: self.matrix(&n("ffn_gate"), c.n_embd, n_ff)?,
+            up: self.matrix(&n("ffn_up"), c.n_embd, n_ff)?,
+            down: self.matrix(&n("ffn_down"), n_ff, c.n_embd)?,
+        })
+    }
+
+    fn ffn(&self, c: &ModelConfig, l: usize, ffn: &FfnConfig) -> Result<FfnWeights<B>> {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        let m = match ffn {
+            FfnConfig::Dense { n_ff } => return Ok(FfnWeights::Dense(self.dense(c, l, "", *n_ff)?)),
+            FfnConfig::Moe(m) => m,
+        };
+        // Gate and up stacked in one tensor (Gemma 4) are its first and second halves.
+        let (gate, up) = if self.has(&n("ffn_gate_up_exps.weight")) {
+            let name = n("ffn_gate_up_exps.weight");
+            (
+                self.expert_rows(&name, c.n_embd, 2 * m.n_ff, m.n_expert, 0..m.n_ff)?,
+                self.expert_rows(&name, c.n_embd, 2 * m.n_ff, m.n_expert, m.n_ff..2 * m.n_ff)?,
+            )
+        } else {
+            (self.experts(&n("ffn_gate_exps.weight"), c.n_embd, m.n_ff, m.n_expert)?, self.experts(&n("ffn_up_exps.weight"), c.n_embd, m.n_ff, m.n_expert)?)
+        };
+        let optional = |name: &str, len, scale| if self.has(&n(name)) { self.vector_scaled(&n(name), len, scale).map(Some) } else { Ok(None) };
+        let beside = match m.dense_ff {
+            Some(n_ff) => Some(DenseBeside {
+                ffn: self.dense(c, l, "", n_ff)?,
+                post_norm: self.vector(&n("post_ffw_norm_1.weight"), c.n_embd)?,
+                moe_norm: self.vector(&n("pre_ffw_norm_2.weight"), c.n_embd)?,
+                moe_post_norm: self.vector(&n("post_ffw_norm_2.weight"), c.n_embd)?,
+            }),
+            None => None,
+        };
+        let shared = match m.shared_ff {
+            Some(n_ff) => Some(SharedExpert { ffn: self.dense(c, l, "_shexp", n_ff)?, gate: self.row(&n("ffn_gate_inp_shexp.weight"), c.n_embd)? }),
+            None => None,
+        };
+        let expert_bias = if self.has(&n("ffn_gate_exps.bias")) {
+            Some([
+                self.table(&n("ffn_gate_exps.bias"), m.n_ff, m.n_expert)?,
+                self.table(&n("ffn_up_exps.bias"), m.n_ff, m.n_expert)?,
+                self.table(&n("ffn_down_exps.bias"), c.n_embd, m.n_expert)?,
+            ])
+        } else {
+            None
+        };
+        Ok(FfnWeights::Moe(MoeWeights {
+            router: self.matrix(&n("ffn_gate_inp.weight"), c.n_embd, m.n_expert)?,
+            router_norm: optional("ffn_gate_inp.scale", c.n_embd, 1.0 / (c.n_embd as f32).sqrt())?,
+            gate,
+            up,
+            down: self.experts(&n("ffn_down_exps.weight"), m.n_ff, c.n_embd, m.n_expert)?,
+            expert_scale: optional("ffn_down_exps.scale", m.n_expert, 1.0)?,
+            router_bias: optional("ffn_gate_inp.bias", m.n_expert, 1.0)?,
+            expert_bias,
+            beside,
+            shared,
+        }))
+    }
+}

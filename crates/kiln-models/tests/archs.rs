@@ -1,0 +1,176 @@
+//! The CPU engine on the new architectures of `testdata/archs` (mixture of experts, Gemma 3, ...)
+//! against float64 transformers references computed from each file's own weights.
+//!
+//! Tolerance (testdata/archs README, "Suggested use"): the CPU backend computes in f32 on
+//! exactly dequantized weights, so the logits must agree at the F32 level, rel_l2 <= 1e-5
+//! (llama.cpp on its own F32 dequantization lands at 2e-7..2e-6), and every one of the 32 greedy
+//! tokens must be the reference's (their margins, >= 0.0089, are far above that error).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_core::{CpuBackend, KvType, SamplingParams};
+use kiln_gguf::GgufFile;
+use kiln_models::checks::{compare, run_alone, run_staggered};
+use kiln_models::{EngineOptions, Logits, Model, ModelError, ModelOptions, Weights};
+use serde_json::Value;
+
+const REL_L2: f64 = 1e-5;
+
+/// The families of testdata/archs that kiln runs (all of them).
+const SUPPORTED: &[&str] = &["qwen3moe", "mixtral", "gemma3", "gemma4", "gemma4moe", "gpt-oss", "qwen35", "qwen35moe"];
+
+fn files() -> Vec<PathBuf> {
+    let dir = kiln_testdata::path("archs");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "gguf")).collect();
+    files.sort();
+    assert!(files.len() >= 16, "expected the 16 files of testdata/archs, found {}", files.len());
+    files
+}
+
+/// `tiny-<family>-<type>.gguf` → family.
+fn family(path: &Path) -> String {
+    let name = path.file_stem().unwrap().to_string_lossy();
+    let rest = name.strip_prefix("tiny-").unwrap();
+    rest[..rest.rfind('-').unwrap()].to_string()
+}
+
+fn supported() -> Vec<(PathBuf, Value)> {
+    files()
+        .into_iter()
+        .filter(|p| SUPPORTED.contains(&family(p).as_str()))
+        .map(|p| {
+            let json = PathBuf::from(format!("{}.ref.json", p.display()));
+            let r = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            (p, r)
+        })
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn load(path: &Path, all_logits: bool) -> Model<CpuBackend> {
+    let file = Arc::new(GgufFile::open(path).unwrap());
+    // f32 KV: the references are float64 and the tolerance is that of f32 compute.
+    let options = ModelOptions { n_ctx: Some(128), n_batch: 64, all_logits, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
+    Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn teacher_forced_logits_match_reference() {
+    let mut report = Vec::new();
+    for (path, r) in supported() {
+        let tokens = ids(&r["tokens"]);
+        let got = load(&path, true).forward(&tokens, Logits::All).unwrap().to_vec();
+        let want: Vec<f64> = r["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+        assert_eq!(got.len(), want.len());
+        let diff2: f64 = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+        let ref2: f64 = want.iter().map(|w| w * w).sum();
+        let max_abs = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max);
+        let rel = (diff2 / ref2).sqrt();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        report.push(format!("{name:28} rel_l2 {rel:.2e} max_abs {max_abs:.2e}"));
+        assert!(rel <= REL_L2, "{name}: rel_l2 {rel:.3e} max_abs {max_abs:.3e}");
+        let n_vocab = got.len() / tokens.len();
+        for (i, want_id) in ids(&r["argmax"]).into_iter().enumerate() {
+            assert_eq!(kiln_core::sampling::argmax(&got[i * n_vocab..(i + 1) * n_vocab]), want_id, "{name}: argmax at position {i}");
+        }
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn greedy_continuations_match_reference() {
+    for (path, r) in supported() {
+        let want = ids(&r["greedy"]["tokens"]);
+        let mut model = load(&path, false);
+        let greedy = SamplingParams::greedy();
+        let mut got = vec![model.prompt(&ids(&r["greedy"]["prompt_tokens"]), &greedy).unwrap()];
+        while got.len() < want.len() {
+            got.push(model.decode_sample(*got.last().unwrap(), &greedy).unwrap());
+        }
+        assert_eq!(got, want, "{}", path.display());
+    }
+}
+
+/// Every file of testdata/archs is supported; a file of an architecture kiln does not know
+/// (here qwen35's file with its architecture renamed in place) is refused at load by name.
+#[test]
+fn unknown_architectures_are_refused_by_name() {
+    assert_eq!(supported().len(), files().len(), "a file of testdata/archs is not in SUPPORTED");
+    let mut bytes = std::fs::read(kiln_testdata::path("archs/tiny-qwen35-Q8_0.gguf")).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4 + 8;
+    assert_eq!(&bytes[at..at + 6], b"qwen35");
+    bytes[at..at + 6].copy_from_slice(b"qwen99");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("renamed.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let err = Weights::load(&CpuBackend::new(), &file).err().expect("an unknown architecture loaded");
+    assert!(matches!(&err, ModelError::UnsupportedArch(a) if a == "qwen99"), "{err}");
+    assert!(err.to_string().contains("unsupported architecture 'qwen99'"), "{err}");
+}
+
+/// Sequences of mixed lengths, shorter and longer than the sliding window and the KV block,
+/// batched together give exactly what each gives alone (the CPU computes every row alike): on
+/// sliding-window models (gemma4 also with KV sharing and per-layer cache widths, gpt-oss with
+/// sinks), MoE ones and the hybrids, whose recurrent states live in per-sequence slots.
+#[test]
+fn batched_equals_alone_on_sliding_window_and_moe_models() {
+    let models = [
+        "tiny-gemma3-Q4_K.gguf",
+        "tiny-gemma4-Q8_0.gguf",
+        "tiny-gemma4moe-Q4_K.gguf",
+        "tiny-gpt-oss-MXFP4.gguf",
+        "tiny-qwen3moe-Q8_0.gguf",
+        "tiny-qwen35-Q4_K.gguf",
+        "tiny-qwen35moe-Q8_0.gguf",
+    ];
+    for name in models {
+        let path = kiln_testdata::path("archs").join(name);
+        let backend = Arc::new(CpuBackend::new());
+        let weights = Arc::new(Weights::load(&*backend, &Arc::new(GgufFile::open(&path).unwrap())).unwrap());
+        let prompts: Vec<Vec<u32>> = [1usize, 5, 9, 33, 47].iter().map(|&n| (0..n).map(|i| (i * 37 % 511 + 1) as u32).collect()).collect();
+        for kv in [KvType::F32, KvType::F16] {
+            let options = EngineOptions { max_seq_len: 96, max_batch_tokens: 128, k_type: kv, v_type: kv, ..EngineOptions::default() };
+            let batched = run_staggered(&backend, &weights, &options, &prompts, 12).unwrap();
+            for (prompt, b) in prompts.iter().zip(&batched) {
+                let alone = run_alone(&backend, &weights, &options, prompt, 12).unwrap();
+                let (max_abs, _) = compare(&alone, b, 0.0);
+                assert_eq!(max_abs, 0.0, "{name} {kv}: prompt of {}: logits differ by {max_abs}", prompt.len());
+                assert_eq!(alone.tokens, b.tokens, "{name} {kv}: prompt of {}", prompt.len());
+            }
+        }
+    }
+}
+
+/// A hybrid model's prompt fed in chunks of every size (the recurrent state carried from step to
+/// step) gives the logits of the prompt fed at once, and a sequence truncated to a prefix and
+/// continued (its recurrent state cannot rewind, so it is fed again) gives those of the whole
+/// sequence fed from scratch.
+#[test]
+fn hybrid_state_carries_across_chunks_and_truncation() {
+    let path = kiln_testdata::path("archs/tiny-qwen35-Q8_0.gguf");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(format!("{}.ref.json", path.display())).unwrap()).unwrap();
+    let tokens = ids(&r["tokens"]);
+    let model = |n_batch| {
+        let options = ModelOptions { n_ctx: Some(128), n_batch, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
+        Model::load(Arc::new(CpuBackend::new()), file.clone(), &options).unwrap()
+    };
+    let whole = model(64).forward(&tokens, Logits::Last).unwrap().to_vec();
+    for n_batch in [1, 3, 8, 33] {
+        let chunked = model(n_batch).forward(&tokens, Logits::Last).unwrap().to_vec();
+        assert_eq!(chunked, whole, "prefill in chunks of {n_batch}");
+    }
+    let mut reused = model(64);
+    reused.forward(&tokens[..20], Logits::Last).unwrap();
+    reused.forward(&[7, 8, 9], Logits::Last).unwrap();
+    reused.truncate(20);
+    let got = reused.forward(&tokens[20..], Logits::Last).unwrap().to_vec();
+    assert_eq!(got, whole, "continued after truncation");
+    assert_eq!(reused.cached_tokens(), &tokens[..]);
+}
