@@ -555,7 +555,9 @@ fn bad_arguments_are_typed_errors() {
     invalid(matvec::matmul(device(), &a, &x, &mut out, 3), "x shorter than n * cols");
     let mut short = device().alloc_poisoned::<f32>(2 * 8 - 1, "short output").expect("alloc");
     invalid(matvec::matmul(device(), &a, &x, &mut short, 2), "output shorter than n * rows");
-    let unsupported = WeightSource { name: "iq2".into(), ty: GgmlType::IQ2_XXS, rows: 1, cols: 256, range: 0..66, owner: Arc::new(vec![0u8; 66]) };
+    // Q8_K is ggml's activation format, never a weight: no GPU layout.
+    let bytes = GgmlType::Q8_K.type_size();
+    let unsupported = WeightSource { name: "q8_k".into(), ty: GgmlType::Q8_K, rows: 1, cols: 256, range: 0..bytes, owner: Arc::new(vec![0u8; bytes]) };
     assert!(matches!(matvec::upload_weight(device(), &unsupported), Err(CudaError::InvalidArgument { .. })));
 }
 
