@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// Do not print the prompt before the generated text.
     #[arg(long)]
     pub no_display_prompt: bool,
+    /// Print one JSON object (prompt and generated token ids, text, finish reason, timings)
+    /// instead of streaming the text.
+    #[arg(long)]
+    pub json: bool,
     /// Where to run: `cuda` (GPU 0) or `cpu`; by default the GPU when one is available.
     #[arg(long, value_enum)]
     pub device: Option<DeviceKind>,
@@ -163,15 +167,36 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
     eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, &engine_options));
     let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling, stop: args.stop.clone() };
     let mut out = std::io::stdout().lock();
-    if !args.no_display_prompt {
+    if !args.no_display_prompt && !args.json {
         write!(out, "{}", args.prompt)?;
         out.flush()?;
     }
-    let stats = generate(&mut model, tokenizer, &prompt, &params, |text| {
+    let mut text = String::new();
+    let stats = generate(&mut model, tokenizer, &prompt, &params, |piece| {
+        if args.json {
+            text.push_str(piece);
+            return true;
+        }
         // A closed stdout (e.g. piped into `head`) ends generation quietly.
-        write!(out, "{text}").and_then(|_| out.flush()).is_ok()
+        write!(out, "{piece}").and_then(|_| out.flush()).is_ok()
     })?;
-    writeln!(out)?;
+    if args.json {
+        let report = serde_json::json!({
+            "prompt_tokens": prompt,
+            "generated_tokens": stats.generated_ids,
+            "text": text,
+            "finish_reason": stats.stop_reason.finish_reason(),
+            "timings": {
+                "prompt_ms": stats.prompt_time.as_secs_f64() * 1e3,
+                "prompt_tokens_per_second": stats.prompt_tokens_per_second(),
+                "generation_ms": stats.generation_time.as_secs_f64() * 1e3,
+                "generation_tokens_per_second": stats.generation_tokens_per_second(),
+            },
+        });
+        writeln!(out, "{report}")?;
+    } else {
+        writeln!(out)?;
+    }
     eprintln!(
         "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | stop: {:?}",
         stats.prompt_tokens,

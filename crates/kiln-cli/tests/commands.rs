@@ -44,3 +44,25 @@ fn tokenize_matches_reference_ids() {
     let want: Vec<String> = r["tokens"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
     assert_eq!(ids.trim(), format!("[{}]", want.join(", ")));
 }
+
+/// `kiln run --json` prints one object with the token ids, the text, a finish reason that
+/// agrees with the count and `-n`, and timings; greedy runs agree with each other.
+#[test]
+fn run_json_reports_tokens_text_and_finish_reason() {
+    let model = stories();
+    let args = ["run", "-m", model.to_str().unwrap(), "--device", "cpu", "--temp", "0", "-n", "12", "-p", "Once upon a time", "--json"];
+    let out = kiln(&args);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let generated = v["generated_tokens"].as_array().unwrap();
+    assert!(generated.len() <= 12 && !generated.is_empty());
+    if generated.len() < 12 {
+        assert_eq!(v["finish_reason"], "stop");
+    } else {
+        assert_eq!(v["finish_reason"], "length");
+    }
+    assert!(v["prompt_tokens"].as_array().unwrap().len() > 1);
+    assert!(!v["text"].as_str().unwrap().is_empty());
+    assert!(v["timings"]["generation_tokens_per_second"].as_f64().unwrap() > 0.0);
+    let again: serde_json::Value = serde_json::from_str(kiln(&args).trim()).unwrap();
+    assert_eq!((&again["generated_tokens"], &again["text"]), (&v["generated_tokens"], &v["text"]), "greedy runs differ");
+}

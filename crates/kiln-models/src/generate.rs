@@ -33,8 +33,22 @@ pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub prompt_time: Duration,
     pub generated_tokens: usize,
+    /// The generated token ids, end-of-generation token excluded.
+    pub generated_ids: Vec<u32>,
     pub generation_time: Duration,
     pub stop_reason: StopReason,
+}
+
+impl StopReason {
+    /// The OpenAI-style name: `stop` (end of generation or a stop string), `length` (token
+    /// limit or full context) or `cancelled`.
+    pub fn finish_reason(self) -> &'static str {
+        match self {
+            StopReason::EndOfGeneration | StopReason::StopString => "stop",
+            StopReason::TokenLimit | StopReason::ContextFull => "length",
+            StopReason::Cancelled => "cancelled",
+        }
+    }
 }
 
 impl GenerationStats {
@@ -103,12 +117,12 @@ pub fn generate<B: Backend>(
     let t1 = Instant::now();
     let mut decoder = StreamDecoder::new(tokenizer);
     let mut filter = StopFilter { stops: &params.stop, pending: String::new() };
-    let mut generated = 0;
+    let mut generated_ids = Vec::new();
     let stop_reason = loop {
         if tokenizer.is_end_of_generation(token) {
             break StopReason::EndOfGeneration;
         }
-        generated += 1;
+        generated_ids.push(token);
         let (text, hit) = filter.push(&decoder.push(token));
         if !text.is_empty() && !on_text(&text) {
             break StopReason::Cancelled;
@@ -116,7 +130,7 @@ pub fn generate<B: Backend>(
         if hit {
             break StopReason::StopString;
         }
-        if generated >= limit {
+        if generated_ids.len() >= limit {
             break StopReason::TokenLimit;
         }
         if model.n_past() + 1 >= model.n_ctx() {
@@ -131,7 +145,14 @@ pub fn generate<B: Backend>(
             on_text(&rest);
         }
     }
-    Ok(GenerationStats { prompt_tokens: prompt.len(), prompt_time, generated_tokens: generated, generation_time: t1.elapsed(), stop_reason })
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        prompt_time,
+        generated_tokens: generated_ids.len(),
+        generated_ids,
+        generation_time: t1.elapsed(),
+        stop_reason,
+    })
 }
 
 #[cfg(test)]
