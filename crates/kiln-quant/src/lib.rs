@@ -15,6 +15,8 @@ mod block;
 pub mod file;
 mod float;
 mod fp4;
+pub mod int_rows;
+mod int_rows_x86;
 mod iq;
 mod iq1;
 mod iq2;

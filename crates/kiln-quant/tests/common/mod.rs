@@ -1,7 +1,7 @@
 //! Helpers shared by the kiln-quant integration tests.
 #![allow(dead_code)]
 
-use kiln_quant::GgmlType;
+use kiln_quant::{quantized_size, GgmlType};
 use std::path::{Path, PathBuf};
 
 /// Every type kiln-quant encodes and decodes.
@@ -91,5 +91,55 @@ impl Rng {
 
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// Byte offsets of the f16 scale fields in one block (the f32 scale of Q8_K is handled apart).
+pub fn f16_scale_offsets(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | Q1_0 | Q2_0 | IQ4_NL | IQ4_XS => &[0],
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ1_S => &[0],
+        Q4_1 | Q5_1 | Q8_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        TQ1_0 => &[52],
+        TQ2_0 => &[64],
+        _ => &[],
+    }
+}
+
+/// A row of random bytes made valid: every scale is a finite f16 (or f32) of moderate size.
+pub fn random_valid_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let finite = |rng: &mut Rng| (rng.gaussian() * 0.5) as f32;
+    match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| finite(rng).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| half::f16::from_f32(finite(rng)).to_le_bytes()).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| half::bf16::from_f32(finite(rng)).to_le_bytes()).collect(),
+        _ => {
+            let mut row = rng.bytes(quantized_size(ty, n).unwrap());
+            for block in row.chunks_exact_mut(ty.type_size()) {
+                match ty {
+                    GgmlType::Q8_K => block[..4].copy_from_slice(&(finite(rng) * 0.01).to_le_bytes()),
+                    // A power of two near 1, well inside f32 even times the largest code.
+                    GgmlType::MXFP4 => block[0] = 118 + (rng.next_u64() % 20) as u8,
+                    // The f16 scale lives in the top nibbles of the four scale words.
+                    GgmlType::IQ1_M => {
+                        let d = half::f16::from_f32(finite(rng)).to_bits();
+                        for k in 0..4 {
+                            let at = 48 + 2 * k;
+                            let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
+                            block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+                        }
+                    }
+                    _ => {}
+                }
+                for &off in f16_scale_offsets(ty) {
+                    block[off..off + 2].copy_from_slice(&half::f16::from_f32(finite(rng)).to_le_bytes());
+                }
+            }
+            row
+        }
     }
 }
