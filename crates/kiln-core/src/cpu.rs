@@ -4,24 +4,70 @@
 //! step allocates nothing once warmed up.
 
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
 use crate::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
+use crate::cpu_int::{self, QuantizedActs, SimdLevel, MATMAT_MIN_TOKENS};
 pub use crate::cpu_kv::CpuKvCache;
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
 use crate::{cpu_ops, cpu_recurrent};
 
+/// How the CPU backend multiplies by quantized weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuMatmul {
+    /// Activations quantized to 8 bits once per matmul, integer dot products on the
+    /// packed weights (as llama.cpp's CPU backend): the fast path.
+    Quantized,
+    /// Every weight row dequantized to f32 and dotted in f32: the numerical reference.
+    Exact,
+}
+
+/// The CPU backend's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    pub matmul: CpuMatmul,
+    /// The instruction set of the integer kernels (must be available on this CPU).
+    pub simd: SimdLevel,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions { matmul: CpuMatmul::Quantized, simd: SimdLevel::detect() }
+    }
+}
+
 #[derive(Default)]
 pub struct CpuBackend {
-    _private: (),
+    options: CpuOptions,
+    /// Quantized-activation buffers, taken for the length of one matmul and put back,
+    /// so that steps reuse them without allocating and concurrent callers never share one.
+    acts: Mutex<Vec<QuantizedActs>>,
 }
 
 impl CpuBackend {
+    /// The fast backend: quantized activations, the best SIMD level of this CPU.
     pub fn new() -> Self {
         CpuBackend::default()
+    }
+
+    /// The reference backend: exact f32 dot products on dequantized weights.
+    pub fn exact() -> Self {
+        CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Exact, ..CpuOptions::default() })
+    }
+
+    /// # Panics
+    /// If `options.simd` is not available on this CPU.
+    pub fn with_options(options: CpuOptions) -> Self {
+        assert!(options.simd.is_available(), "{:?} is not available on this CPU", options.simd);
+        CpuBackend { options, acts: Mutex::new(Vec::new()) }
+    }
+
+    pub fn options(&self) -> CpuOptions {
+        self.options
     }
 }
 
@@ -267,6 +313,13 @@ impl Backend for CpuBackend {
         check_len("matmul input", x.len(), n * cols)?;
         check_len("matmul output", out.len(), n * rows)?;
         let dst = SharedOut(out.as_mut_ptr());
+        if self.options.matmul == CpuMatmul::Quantized && cpu_int::supports(w) {
+            let mut acts = self.acts.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+            acts.quantize(&x[..n * cols], n, cols, n >= MATMAT_MIN_TOKENS);
+            cpu_int::matmul(self.options.simd, w, &acts, dst);
+            self.acts.lock().unwrap_or_else(|e| e.into_inner()).push(acts);
+            return Ok(());
+        }
         // Blocks of rows amortize rayon's scheduling over the small rows of tiny models.
         let rows_per_task = (16384 / cols.max(1)).clamp(1, 64);
         (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {

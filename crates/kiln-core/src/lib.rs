@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cpu_int;
 mod cpu_kv;
 mod cpu_ops;
 mod cpu_recurrent;
@@ -10,6 +11,7 @@ pub mod plan;
 pub mod sampling;
 
 pub use backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, RopeKind, RopeParams, RouterParams, WeightSource};
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};
+pub use cpu_int::SimdLevel;
 pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;

@@ -130,7 +130,7 @@ fn one_token_bounds(name: &str) -> (f64, f64) {
 fn models_match_the_float64_references() {
     let _gpu_use = shared_gpu();
     let gpu = Arc::new(gpu());
-    let cpu = Arc::new(CpuBackend::new());
+    let cpu = Arc::new(CpuBackend::exact());
     let mut failures = Vec::new();
     eprintln!(
         "{:<26} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>7} {:>9} {:>9}",

@@ -55,7 +55,7 @@ fn load(path: &Path, all_logits: bool) -> Model<CpuBackend> {
     let file = Arc::new(GgufFile::open(path).unwrap());
     // f32 KV: the references are float64 and the tolerance is that of f32 compute.
     let options = ModelOptions { n_ctx: Some(128), n_batch: 64, all_logits, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
-    Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    Model::load(Arc::new(CpuBackend::exact()), file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn unknown_architectures_are_refused_by_name() {
     let path = dir.path().join("renamed.gguf");
     std::fs::write(&path, bytes).unwrap();
     let file = Arc::new(GgufFile::open(&path).unwrap());
-    let err = Weights::load(&CpuBackend::new(), &file).err().expect("an unknown architecture loaded");
+    let err = Weights::load(&CpuBackend::exact(), &file).err().expect("an unknown architecture loaded");
     assert!(matches!(&err, ModelError::UnsupportedArch(a) if a == "qwen99"), "{err}");
     assert!(err.to_string().contains("unsupported architecture 'qwen99'"), "{err}");
 }
@@ -131,7 +131,7 @@ fn batched_equals_alone_on_sliding_window_and_moe_models() {
     ];
     for name in models {
         let path = kiln_testdata::path("archs").join(name);
-        let backend = Arc::new(CpuBackend::new());
+        let backend = Arc::new(CpuBackend::exact());
         let weights = Arc::new(Weights::load(&*backend, &Arc::new(GgufFile::open(&path).unwrap())).unwrap());
         let prompts: Vec<Vec<u32>> = [1usize, 5, 9, 33, 47].iter().map(|&n| (0..n).map(|i| (i * 37 % 511 + 1) as u32).collect()).collect();
         for kv in [KvType::F32, KvType::F16] {
@@ -159,7 +159,7 @@ fn hybrid_state_carries_across_chunks_and_truncation() {
     let tokens = ids(&r["tokens"]);
     let model = |n_batch| {
         let options = ModelOptions { n_ctx: Some(128), n_batch, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
-        Model::load(Arc::new(CpuBackend::new()), file.clone(), &options).unwrap()
+        Model::load(Arc::new(CpuBackend::exact()), file.clone(), &options).unwrap()
     };
     let whole = model(64).forward(&tokens, Logits::Last).unwrap().to_vec();
     for n_batch in [1, 3, 8, 33] {

@@ -23,7 +23,7 @@ fn stories() -> PathBuf {
 }
 
 fn weights(path: &Path) -> (Arc<CpuBackend>, Arc<Weights<CpuBackend>>) {
-    let backend = Arc::new(CpuBackend::new());
+    let backend = Arc::new(CpuBackend::exact());
     let file = Arc::new(GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
     let weights = Arc::new(Weights::load(&*backend, &file).unwrap());
     (backend, weights)
@@ -112,7 +112,7 @@ fn f16_and_q8_0_kv_stay_close_to_f32_kv() {
 /// and without sliding windows (shorter and longer than a block) and attention sinks.
 #[test]
 fn paged_attention_equals_contiguous_attention() {
-    let backend = CpuBackend::new();
+    let backend = CpuBackend::exact();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let (n_heads, n_kv_heads, head_dim) = (4, 2, 16);
     let width = n_kv_heads * head_dim;
@@ -202,7 +202,7 @@ fn running_out_of_kv_blocks_is_a_typed_error_and_nothing_changes() {
 /// or written (on a GPU such a read would fault and poison the context).
 #[test]
 fn steps_over_blocks_without_memory_are_errors() {
-    let backend = CpuBackend::new();
+    let backend = CpuBackend::exact();
     let spec = KvCacheSpec { n_blocks: 8, width: 32, k_type: KvType::F16, v_type: KvType::Q8_0 };
     let mut cache = backend.alloc_kv(&spec, "test").unwrap();
     backend.grow_kv(&mut cache, 2).unwrap();

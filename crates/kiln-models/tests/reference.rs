@@ -48,18 +48,33 @@ fn floats(v: &Value) -> Vec<f64> {
 }
 
 fn load(path: &Path, all_logits: bool) -> Model<CpuBackend> {
+    load_on(CpuBackend::exact(), path, all_logits)
+}
+
+fn load_on(backend: CpuBackend, path: &Path, all_logits: bool) -> Model<CpuBackend> {
     let file = Arc::new(GgufFile::open(path).unwrap());
     // f32 KV: the references are float64, and the tolerances below are those of f32 compute.
     let options = ModelOptions { n_ctx: Some(256), n_batch: 64, all_logits, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
-    Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap()
+    Model::load(Arc::new(backend), file, &options).unwrap()
 }
 
 #[test]
 fn teacher_forced_logits_match_reference() {
+    check_logits(CpuBackend::exact, REL_L2, MAX_ABS);
+}
+
+/// The fast backend (8-bit activations, integer dot products) against the README's row for
+/// "activations quantized to 8 bits", where llama.cpp's CPU backend measures 7.8e-3..3.4e-2.
+#[test]
+fn quantized_activations_stay_within_the_8_bit_tolerance() {
+    check_logits(CpuBackend::new, 6e-2, 2.0);
+}
+
+fn check_logits(backend: fn() -> CpuBackend, rel_l2: f64, max_abs_bound: f64) {
     let mut report = Vec::new();
     for (path, r) in cases() {
         let tokens = ids(&r["tokens"]);
-        let mut model = load(&path, true);
+        let mut model = load_on(backend(), &path, true);
         let got = model.forward(&tokens, Logits::All).unwrap().to_vec();
         let want: Vec<f64> = r["logits"].as_array().unwrap().iter().flat_map(floats).collect();
         assert_eq!(got.len(), want.len());
@@ -73,13 +88,13 @@ fn teacher_forced_logits_match_reference() {
         let rel = (diff2 / ref2).sqrt();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         report.push(format!("{name:28} rel_l2 {rel:.2e} max_abs {max_abs:.2e}"));
-        assert!(rel <= REL_L2 && max_abs <= MAX_ABS, "{name}: rel_l2 {rel:.3e} max_abs {max_abs:.3e}");
+        assert!(rel <= rel_l2 && max_abs <= max_abs_bound, "{name}: rel_l2 {rel:.3e} max_abs {max_abs:.3e}");
 
         // Argmax per position wherever the reference margin leaves room.
         let n_vocab = got.len() / tokens.len();
         let margins = floats(&r["argmax_margins"]);
         for (i, want_id) in ids(&r["argmax"]).into_iter().enumerate() {
-            if margins[i] > 2.0 * MAX_ABS {
+            if margins[i] > 2.0 * max_abs_bound {
                 let row = &got[i * n_vocab..(i + 1) * n_vocab];
                 assert_eq!(kiln_core::sampling::argmax(row), want_id, "{name}: argmax at position {i}");
             }
@@ -128,7 +143,7 @@ fn context_overflow_is_an_error() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
     let file = Arc::new(GgufFile::open(&path).unwrap());
     let options = ModelOptions { n_ctx: Some(8), n_batch: 8, ..Default::default() };
-    let mut model = Model::load(Arc::new(CpuBackend::new()), file, &options).unwrap();
+    let mut model = Model::load(Arc::new(CpuBackend::exact()), file, &options).unwrap();
     let err = model.forward(&[1; 9], Logits::Last).unwrap_err();
     assert!(matches!(err, kiln_models::ModelError::ContextOverflow { needed: 9, n_ctx: 8 }), "{err}");
     model.forward(&[1; 8], Logits::Last).unwrap();

@@ -45,11 +45,11 @@ fn decoded_rows_reproduce_dequantize_exactly() {
             dequantize(ty, &row, &mut want).unwrap();
             let layout = int_layout(ty).unwrap();
             let d = decode_with(ty, &row, n, true);
-            for i in 0..n {
+            for (i, want) in want.iter().enumerate() {
                 let g = i / layout.group;
                 let q = (d.codes[i] as i32 - CODE_BIAS) as f32;
                 let got = if layout.has_offset { d.scale[g] * q + d.offset[g] } else { d.scale[g] * q };
-                assert_eq!(got.to_bits(), want[i].to_bits(), "{ty} value {i} of {n}: {got} vs {}", want[i]);
+                assert_eq!(got.to_bits(), want.to_bits(), "{ty} value {i} of {n}: {got} vs {want}");
             }
         }
     }

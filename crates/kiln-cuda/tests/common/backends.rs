@@ -173,7 +173,7 @@ impl Pair {
     }
 
     pub fn with_use(gpu_use: GpuUse, max_tokens: usize, max_history: usize) -> Pair {
-        let (cpu, gpu) = (CpuBackend::new(), gpu());
+        let (cpu, gpu) = (CpuBackend::exact(), gpu());
         let tokens = max_tokens.max(1);
         let capacity = StepCapacity { tokens, seqs: tokens, blocks: tokens * CACHE_BLOCKS, logit_rows: tokens, history: tokens * max_history };
         let cpu_step = cpu.alloc_step(&capacity, CACHE_BLOCKS).expect("cpu step");

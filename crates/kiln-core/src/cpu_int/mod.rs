@@ -1,0 +1,188 @@
+//! Matmuls on 8-bit quantized activations with integer dot products, for every
+//! block format with an integer form (`kiln_quant::int_rows`).
+//!
+//! Each weight row is decoded once per matmul into biased u8 codes with per-group
+//! scales (SIMD decoders where the format has one), then multiplied with
+//! the activation codes in i32: one row at a time against each token for decode
+//! steps, and in register tiles of rows × 16 tokens for prompts and batches, so a
+//! decoded row is reused by every token. The scalar kernels are the reference.
+
+pub mod acts;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod scalar;
+
+use std::cell::RefCell;
+
+use kiln_quant::int_rows::{decode_int_row, int_layout, IntLayout};
+use rayon::prelude::*;
+
+use crate::backend::WeightSource;
+use crate::cpu::SharedOut;
+pub use acts::{QuantizedActs, TOKEN_TILE};
+
+/// The instruction set the integer kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    Scalar,
+    /// AVX2 + FMA, widening to i16.
+    Avx2,
+    /// AVX-512F/BW with VNNI `vpdpbusd`.
+    Avx512Vnni,
+}
+
+impl SimdLevel {
+    /// The best level this CPU runs.
+    pub fn detect() -> SimdLevel {
+        [SimdLevel::Avx512Vnni, SimdLevel::Avx2].into_iter().find(|l| l.is_available()).unwrap_or(SimdLevel::Scalar)
+    }
+
+    pub fn is_available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                SimdLevel::Scalar => true,
+                SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+                SimdLevel::Avx512Vnni => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == SimdLevel::Scalar
+        }
+    }
+}
+
+/// One decoded weight row: value i = `scale[g] * (codes[i] - 128) + offset[g]`, g = i / group.
+pub struct DecodedRow<'a> {
+    pub codes: &'a [u8],
+    pub scale: &'a [f32],
+    pub offset: &'a [f32],
+    pub group: usize,
+    pub has_offset: bool,
+}
+
+/// Rows × tokens at which the tiled mat-mat kernel takes over from row-by-row dot products.
+pub const MATMAT_MIN_TOKENS: usize = 4;
+/// Rows in one mat-mat register tile.
+const TILE_ROWS: usize = 8;
+
+/// `row · x[t]` at `level` (which must be available); `coef` is scratch of `cols / group + 16`.
+pub fn matvec_row(level: SimdLevel, row: &DecodedRow, acts: &QuantizedActs, t: usize, coef: &mut [f32]) -> f32 {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level was checked available when chosen; lengths match by construction.
+        SimdLevel::Avx512Vnni => unsafe { avx512::matvec_row(row, acts, t, coef) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { avx2::matvec_row(row, acts, t) },
+        _ => scalar::matvec_row(row, acts, t),
+    }
+}
+
+/// Up to [`TILE_ROWS`] rows × token tile `tile` (`acts` quantized with `tiled`).
+pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]], coef: &mut [f32]) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level was checked available when chosen; the tiled layout exists.
+        SimdLevel::Avx512Vnni => unsafe { avx512::matmat_tile(rows, acts, tile, out) },
+        SimdLevel::Scalar => scalar::matmat_tile(rows, acts, tile, out),
+        _ => {
+            // Without VNNI there is no cheap 4-way u8 x i8 product across token lanes; row-by-row it is.
+            for (row, out) in rows.iter().zip(out) {
+                for (lane, o) in out.iter_mut().enumerate() {
+                    let t = tile * TOKEN_TILE + lane;
+                    *o = if t < acts.n { matvec_row(level, row, acts, t, coef) } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// Whether `ty` goes through these kernels.
+pub fn supports(w: &WeightSource) -> bool {
+    int_layout(w.ty).is_some()
+}
+
+#[derive(Default)]
+struct Scratch {
+    codes: Vec<u8>,
+    scale: Vec<f32>,
+    offset: Vec<f32>,
+    coef: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// `out[t * rows + r] = W[r] · x[t]` for the `acts.n` tokens; `acts` tiled when
+/// `acts.n >= MATMAT_MIN_TOKENS`.
+pub(crate) fn matmul(level: SimdLevel, w: &WeightSource, acts: &QuantizedActs, out: SharedOut) {
+    let layout = int_layout(w.ty).expect("caller checked `supports`");
+    let (rows, cols, n) = (w.rows, w.cols, acts.n);
+    let rows_per_task = if n >= MATMAT_MIN_TOKENS { TILE_ROWS } else { (16384 / cols).clamp(1, 64) };
+    (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {
+        let first = task * rows_per_task;
+        let count = rows_per_task.min(rows - first);
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            decode_rows(w, layout, first, count, &mut s);
+            let Scratch { codes, scale, offset, coef } = &mut *s;
+            let groups = cols / layout.group;
+            let row = |i: usize| DecodedRow {
+                codes: &codes[i * cols..(i + 1) * cols],
+                scale: &scale[i * groups..(i + 1) * groups],
+                offset: &offset[i * groups..(i + 1) * groups],
+                group: layout.group,
+                has_offset: layout.has_offset,
+            };
+            if n >= MATMAT_MIN_TOKENS {
+                let tile_rows: [DecodedRow; TILE_ROWS] = std::array::from_fn(|i| row(i.min(count - 1)));
+                let mut tile_out = [[0f32; TOKEN_TILE]; TILE_ROWS];
+                for tile in 0..acts.n_tiles() {
+                    matmat_tile(level, &tile_rows[..count], acts, tile, &mut tile_out[..count], coef);
+                    for (i, lanes) in tile_out[..count].iter().enumerate() {
+                        for (lane, &v) in lanes.iter().enumerate().take(n - tile * TOKEN_TILE) {
+                            // SAFETY: row first + i belongs to this task alone; in bounds as checked by the caller.
+                            unsafe { out.write((tile * TOKEN_TILE + lane) * rows + first + i, v) };
+                        }
+                    }
+                }
+            } else {
+                for i in 0..count {
+                    for t in 0..n {
+                        let v = matvec_row(level, &row(i), acts, t, coef);
+                        // SAFETY: as above.
+                        unsafe { out.write(t * rows + first + i, v) };
+                    }
+                }
+            }
+        })
+    });
+}
+
+fn decode_rows(w: &WeightSource, layout: IntLayout, first: usize, count: usize, s: &mut Scratch) {
+    let cols = w.cols;
+    let groups = cols / layout.group;
+    let row_bytes = cols / w.ty.block_size() * w.ty.type_size();
+    for v in [&mut s.scale, &mut s.offset] {
+        if v.len() < count * groups {
+            v.resize(count * groups, 0.0);
+        }
+    }
+    if s.codes.len() < count * cols {
+        s.codes.resize(count * cols, 0);
+    }
+    if s.coef.len() < groups + 16 {
+        s.coef.resize(groups + 16, 0.0);
+    }
+    let bytes = &w.bytes()[first * row_bytes..(first + count) * row_bytes];
+    for i in 0..count {
+        let (scale, offset) = (&mut s.scale[i * groups..(i + 1) * groups], &mut s.offset[i * groups..(i + 1) * groups]);
+        decode_int_row(w.ty, &bytes[i * row_bytes..(i + 1) * row_bytes], &mut s.codes[i * cols..(i + 1) * cols], scale, offset)
+            .expect("rows validated at upload");
+    }
+}

@@ -1,0 +1,160 @@
+//! The integer matmul path against exact arithmetic, and every SIMD level against the
+//! scalar kernels, on random weights of every kernel shape (groups of 16 and 32, with
+//! and without offsets, groups larger than 32) and awkward sizes.
+
+use std::sync::Arc;
+
+use kiln_core::{Backend, CpuBackend, CpuMatmul, CpuOptions, SimdLevel, WeightSource};
+use kiln_quant::GgmlType;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Roughly normal: the sum of four uniforms, centred.
+    fn normal(&mut self) -> f32 {
+        (0..4).map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32).sum::<f32>() - 2.0
+    }
+}
+
+/// Formats covering every kernel shape: (group 32 | 16) x (offset | none), and groups above 32.
+const TYPES: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::TQ2_0,
+    GgmlType::Q1_0,
+];
+
+fn weight(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> (WeightSource, Vec<f32>) {
+    let values: Vec<f32> = (0..rows * cols).map(|_| rng.normal()).collect();
+    let mut bytes = vec![0u8; kiln_quant::quantized_size(ty, rows * cols).unwrap()];
+    kiln_quant::quantize(ty, &values, &mut bytes).unwrap();
+    let mut dequantized = vec![0f32; rows * cols];
+    kiln_quant::dequantize(ty, &bytes, &mut dequantized).unwrap();
+    let range = 0..bytes.len();
+    (WeightSource { name: format!("{ty} {rows}x{cols}"), ty, rows, cols, owner: Arc::new(bytes), range }, dequantized)
+}
+
+fn matmul(backend: &CpuBackend, w: &WeightSource, x: &[f32], n: usize) -> Vec<f32> {
+    let w = backend.upload_weight(w.clone()).unwrap();
+    let mut xb = backend.alloc(x.len(), "x").unwrap();
+    backend.write(&mut xb, x).unwrap();
+    let mut out = backend.alloc(n * w.rows, "out").unwrap();
+    // Poisoned, so that an output the kernel never writes fails the comparison.
+    backend.write(&mut out, &vec![f32::NAN; n * w.rows]).unwrap();
+    backend.matmul(&w, &xb, &mut out, n).unwrap();
+    let mut host = vec![0f32; n * w.rows];
+    backend.read(&out, &mut host).unwrap();
+    host
+}
+
+/// The error 8-bit activations may cause in `w · x`: each x is off by at most half its
+/// block's step `amax / 127`, so `|err| <= sum_i |w_i| * step_i / 2`.
+fn quantization_bound(w: &[f32], x: &[f32]) -> f64 {
+    let mut bound = 0f64;
+    for (wb, xb) in w.chunks(32).zip(x.chunks(32)) {
+        let step = f64::from(xb.iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0;
+        bound += wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * step / 2.0;
+    }
+    bound
+}
+
+fn levels() -> Vec<SimdLevel> {
+    let all = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni];
+    let available: Vec<SimdLevel> = all.into_iter().filter(|l| l.is_available()).collect();
+    if available.len() < all.len() {
+        eprintln!("SKIPPED on this CPU: {:?}", all.iter().filter(|l| !available.contains(l)).collect::<Vec<_>>());
+    }
+    available
+}
+
+#[test]
+fn integer_matmul_is_within_the_activation_rounding_bound_of_exact() {
+    let mut rng = Rng(11);
+    for &ty in TYPES {
+        for (rows, cols, n) in [(7, 256usize, 1), (9, 512, 3), (17, 768, 5), (33, 256, 20)] {
+            if !cols.is_multiple_of(ty.block_size()) {
+                continue;
+            }
+            let (w, dequantized) = weight(ty, rows, cols, &mut rng);
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+            for level in levels() {
+                let backend = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: level });
+                let got = matmul(&backend, &w, &x, n);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (wr, xt) = (&dequantized[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                        let exact: f64 = wr.iter().zip(xt).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                        let magnitude: f64 = wr.iter().zip(xt).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                        // Beyond rounding the activations: f32 sums of at most `cols` terms.
+                        let bound = quantization_bound(wr, xt) + 1e-5 * magnitude;
+                        let err = (f64::from(got[t * rows + r]) - exact).abs();
+                        assert!(
+                            err <= bound,
+                            "{ty} {level:?} {rows}x{cols} n={n} token {t} row {r}: {} vs {exact}, err {err:.3e} > {bound:.3e}",
+                            got[t * rows + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every level and both kernels (row by row, and tiles of rows x 16 tokens) compute the
+/// same integer sums; only the f32 order of the group terms differs (<= 1e-5 relative to
+/// the sum of their magnitudes, bounded here by the exact magnitudes plus the rounding bound).
+#[test]
+fn every_simd_level_and_tile_shape_matches_the_scalar_kernels() {
+    let mut rng = Rng(12);
+    let scalar = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: SimdLevel::Scalar });
+    for &ty in TYPES {
+        for (rows, cols) in [(1, 256), (8, 512), (13, 1024 + 256), (21, 256 * 3)] {
+            let (w, dequantized) = weight(ty, rows, cols, &mut rng);
+            for n in [1, 2, 3, 4, 5, 15, 16, 17, 33] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+                let want = matmul(&scalar, &w, &x, n);
+                for level in levels() {
+                    let backend = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: level });
+                    let got = matmul(&backend, &w, &x, n);
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let (wr, xt) = (&dequantized[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                            let magnitude: f64 = wr.iter().zip(xt).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                            let tol = 1e-5 * (magnitude + quantization_bound(wr, xt));
+                            let (g, e) = (got[t * rows + r], want[t * rows + r]);
+                            assert!((f64::from(g) - f64::from(e)).abs() <= tol, "{ty} {level:?} {rows}x{cols} n={n} token {t} row {r}: {g} vs scalar {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_weights_keep_the_exact_path() {
+    let mut rng = Rng(13);
+    let (rows, cols, n) = (5, 96, 3);
+    let values: Vec<f32> = (0..rows * cols).map(|_| rng.normal()).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+    let w = WeightSource { name: "f16".into(), ty: GgmlType::F16, rows, cols, owner: Arc::new(bytes.clone()), range: 0..bytes.len() };
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+    let (fast, exact) = (matmul(&CpuBackend::new(), &w, &x, n), matmul(&CpuBackend::exact(), &w, &x, n));
+    assert_eq!(fast, exact);
+}
