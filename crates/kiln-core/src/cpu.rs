@@ -487,7 +487,20 @@ impl Backend for CpuBackend {
         n_used: usize,
         input: ExpertInput,
     ) -> Result<()> {
-        cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input)
+        let quantized = self.options.matmul == CpuMatmul::Quantized && experts.first().is_some_and(cpu_int::supports);
+        if !quantized || experts.iter().any(|w| w.ty != experts[0].ty) {
+            return cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input);
+        }
+        let cols = experts[0].cols;
+        let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
+        cpu_ops::check_moe_args(experts, x, ids, out, n, n_used, input)?;
+        let mut acts = self.acts.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+        acts.quantize(&x[..in_rows * cols], in_rows, cols, false);
+        let per_slot = input == ExpertInput::PerSlot;
+        let input_row = move |slot: usize| if per_slot { slot } else { slot / n_used };
+        cpu_int::moe_matmul(self.options.simd, experts, &acts, &ids[..n * n_used], input_row, SharedOut(out.as_mut_ptr()));
+        self.acts.lock().unwrap_or_else(|e| e.into_inner()).push(acts);
+        Ok(())
     }
 
     fn moe_add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, ids: &Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {

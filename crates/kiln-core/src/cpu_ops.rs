@@ -53,7 +53,8 @@ pub(crate) fn moe_route(logits: &[f32], expert_scale: Option<&[f32]>, ids: &mut 
     Ok(())
 }
 
-pub(crate) fn moe_matmul(experts: &[WeightSource], x: &[f32], ids: &[f32], out: &mut [f32], n: usize, n_used: usize, input: ExpertInput) -> Result<()> {
+/// Checks the shapes, lengths and expert ids of an expert product.
+pub(crate) fn check_moe_args(experts: &[WeightSource], x: &[f32], ids: &[f32], out: &[f32], n: usize, n_used: usize, input: ExpertInput) -> Result<()> {
     let Some(first) = experts.first() else { return Err(BackendError::Device("expert product over no experts".into())) };
     let (rows, cols) = (first.rows, first.cols);
     if let Some(w) = experts.iter().find(|w| (w.rows, w.cols) != (rows, cols)) {
@@ -67,6 +68,13 @@ pub(crate) fn moe_matmul(experts: &[WeightSource], x: &[f32], ids: &[f32], out: 
     for &id in &ids[..slots] {
         expert_id(id, experts.len())?;
     }
+    Ok(())
+}
+
+pub(crate) fn moe_matmul(experts: &[WeightSource], x: &[f32], ids: &[f32], out: &mut [f32], n: usize, n_used: usize, input: ExpertInput) -> Result<()> {
+    check_moe_args(experts, x, ids, out, n, n_used, input)?;
+    let (rows, cols) = (experts[0].rows, experts[0].cols);
+    let slots = n * n_used;
     let ids = &ids[..slots];
     let input_of = |s: usize| {
         let r = if input == ExpertInput::PerSlot { s } else { s / n_used };

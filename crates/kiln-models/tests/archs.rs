@@ -52,10 +52,14 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn load(path: &Path, all_logits: bool) -> Model<CpuBackend> {
+    load_on(CpuBackend::exact(), path, all_logits)
+}
+
+fn load_on(backend: CpuBackend, path: &Path, all_logits: bool) -> Model<CpuBackend> {
     let file = Arc::new(GgufFile::open(path).unwrap());
     // f32 KV: the references are float64 and the tolerance is that of f32 compute.
     let options = ModelOptions { n_ctx: Some(128), n_batch: 64, all_logits, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
-    Model::load(Arc::new(CpuBackend::exact()), file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    Model::load(Arc::new(backend), file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
@@ -79,6 +83,47 @@ fn teacher_forced_logits_match_reference() {
         }
     }
     println!("{}", report.join("\n"));
+}
+
+/// The fast backend (8-bit activations; expert products included) against llama.cpp's CPU
+/// backend, which also rounds activations to 8 bits, on the same files (the figures in each
+/// ref.json). A few positions of the MoE files flip a routing decision under any such rounding
+/// and dominate rel_l2 (llama.cpp's own max_abs reaches 4.4 at one position), so rel_l2 may be
+/// up to 3x llama.cpp's; the typical position, the median of the per-position max_abs, which a
+/// systematic error would raise everywhere, must stay within 1.5x of llama.cpp's.
+#[test]
+fn quantized_activations_stay_within_llama_cpp_error() {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut report = Vec::new();
+    for (path, r) in supported() {
+        let tokens = ids(&r["tokens"]);
+        let got = load_on(CpuBackend::new(), &path, true).forward(&tokens, Logits::All).unwrap().to_vec();
+        let want: Vec<f64> = r["logits"].as_array().unwrap().iter().flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+        let diff2: f64 = got.iter().zip(&want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+        let ref2: f64 = want.iter().map(|w| w * w).sum();
+        let rel = (diff2 / ref2).sqrt();
+        let n_vocab = got.len() / tokens.len();
+        let per_position: Vec<f64> = (0..tokens.len())
+            .map(|i| {
+                got[i * n_vocab..(i + 1) * n_vocab].iter().zip(&want[i * n_vocab..(i + 1) * n_vocab]).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max)
+            })
+            .collect();
+        let theirs = &r["llamacpp"];
+        let their_rel = theirs["rel_l2"].as_f64().unwrap();
+        let their_median = median(theirs["max_abs_per_position"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect());
+        let ours_median = median(per_position);
+        let ok = rel <= 3.0 * their_rel && ours_median <= 1.5 * their_median;
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        report.push(format!(
+            "{name:28} rel_l2 {rel:.2e} (llama.cpp {their_rel:.2e})  median max_abs {ours_median:.2} (llama.cpp {their_median:.2}){}",
+            if ok { "" } else { "  OVER" }
+        ));
+    }
+    println!("{}", report.join("\n"));
+    assert!(!report.iter().any(|line| line.ends_with("OVER")), "{}", report.join("\n"));
 }
 
 #[test]

@@ -164,6 +164,53 @@ pub(crate) fn matmul(level: SimdLevel, w: &WeightSource, acts: &QuantizedActs, o
     });
 }
 
+/// The expert products of [`crate::Backend::moe_matmul`]: slot `s` (token `s / n_used`) times
+/// expert `ids[s]`, reading input row `input_row(s)` of `acts`. Each row of a chosen expert is
+/// decoded once for all slots that chose it; experts nobody chose are never read.
+pub(crate) fn moe_matmul(
+    level: SimdLevel,
+    experts: &[WeightSource],
+    acts: &QuantizedActs,
+    ids: &[f32],
+    input_row: impl Fn(usize) -> usize + Sync,
+    out: SharedOut,
+) {
+    let first = &experts[0];
+    let layout = int_layout(first.ty).expect("caller checked `supports`");
+    let (rows, cols) = (first.rows, first.cols);
+    let rows_per_task = (16384 / cols).clamp(1, 64);
+    let blocks = rows.div_ceil(rows_per_task);
+    (0..experts.len() * blocks).into_par_iter().for_each(|task| {
+        let (e, block) = (task / blocks, task % blocks);
+        let id = e as f32;
+        if !ids.contains(&id) {
+            return;
+        }
+        let first_row = block * rows_per_task;
+        let count = rows_per_task.min(rows - first_row);
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            decode_rows(&experts[e], layout, first_row, count, &mut s);
+            let Scratch { codes, scale, offset, coef } = &mut *s;
+            let groups = cols / layout.group;
+            for i in 0..count {
+                let row = DecodedRow {
+                    codes: &codes[i * cols..(i + 1) * cols],
+                    scale: &scale[i * groups..(i + 1) * groups],
+                    offset: &offset[i * groups..(i + 1) * groups],
+                    group: layout.group,
+                    has_offset: layout.has_offset,
+                };
+                for (slot, _) in ids.iter().enumerate().filter(|(_, &chosen)| chosen == id) {
+                    let v = matvec_row(level, &row, acts, input_row(slot), coef);
+                    // SAFETY: slot `slot` of expert e, row first_row + i is written by this task only; bounds checked by the caller.
+                    unsafe { out.write(slot * rows + first_row + i, v) };
+                }
+            }
+        })
+    });
+}
+
 fn decode_rows(w: &WeightSource, layout: IntLayout, first: usize, count: usize, s: &mut Scratch) {
     let cols = w.cols;
     let groups = cols / layout.group;
