@@ -107,18 +107,18 @@ fn iq2_s(src: &[u8], codes: &mut [u8], scale: &mut [f32]) {
     }
 }
 
-/// Eight 4-value grid entries of `table` (`idx` < its length, dword k = entry k).
+/// Eight 4-value grid entries of `table` (dword k = entry `idx[k] mod N`).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn gather8(table: &[u32], idx: __m256i) -> __m256i {
-    // SAFETY: every index is below `table.len()` (the callers mask them to 8 or 9 bits
-    // for tables of 256 and 512 entries).
+fn gather8<const N: usize>(table: &[u32; N], idx: __m256i) -> __m256i {
+    const { assert!(N.is_power_of_two() && N <= 1 << 16) };
+    let idx = _mm256_and_si256(idx, _mm256_set1_epi32(N as i32 - 1));
+    // SAFETY: every index is below N (masked above); the table is N readable u32s.
     unsafe { _mm256_i32gather_epi32::<4>(table.as_ptr().cast(), idx) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq3_xxs(src: &[u8], codes: &mut [u8], scale: &mut [f32]) {
-    const _: () = assert!(IQ3XXS_GRID.len() == 256);
     for ((b, out), s) in blocks::<98, _>(src).zip(blocks_mut::<256, _>(codes)).zip(blocks_mut::<8, _>(scale)) {
         let d = f16_at(b, 0);
         for (ib, s) in s.iter_mut().enumerate() {
@@ -132,7 +132,6 @@ fn iq3_xxs(src: &[u8], codes: &mut [u8], scale: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq3_s(src: &[u8], codes: &mut [u8], scale: &mut [f32]) {
-    const _: () = assert!(IQ3S_GRID.len() == 512);
     let (shifts, bit8) = (_mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), _mm256_set1_epi32(256));
     for ((b, out), s) in blocks::<110, _>(src).zip(blocks_mut::<256, _>(codes)).zip(blocks_mut::<8, _>(scale)) {
         let d = f16_at(b, 0);
