@@ -71,8 +71,9 @@ fn simd_decoders_match_the_scalar_decoder() {
     }
 }
 
-/// Every level this CPU has, not only the best one, so the AVX2 kernels are checked on
-/// AVX-512 machines too. Also rows of random bytes with any f16 scales (NaN, infinity, subnormal).
+/// Every SIMD level this CPU has, not only the one `decode_int_row` picks; 19 blocks mix
+/// the 8-block batches of scales with a remainder. Also rows of random bytes, whose f16
+/// scales take any value (NaN, infinity, subnormal).
 #[test]
 fn every_simd_level_matches_the_scalar_decoder() {
     let mut rng = Rng::new(73);
@@ -80,7 +81,7 @@ fn every_simd_level_matches_the_scalar_decoder() {
     for &level in simd_levels() {
         let mut covered = Vec::new();
         for ty in int_types() {
-            for blocks in [1, 2, 3, 7, 16] {
+            for blocks in [1, 2, 3, 7, 16, 19] {
                 let n = blocks * ty.block_size();
                 let valid = random_valid_row(ty, n, &mut rng);
                 let raw = rng.bytes(valid.len());
