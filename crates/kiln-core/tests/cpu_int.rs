@@ -158,3 +158,36 @@ fn float_weights_keep_the_exact_path() {
     let (fast, exact) = (matmul(&CpuBackend::new(), &w, &x, n), matmul(&CpuBackend::exact(), &w, &x, n));
     assert_eq!(fast, exact);
 }
+
+/// Throughput of the integer matmul on Qwen3-0.6B's FFN shape (run with --ignored --nocapture;
+/// one thread, best of several runs, so that other load on the machine matters less).
+#[test]
+#[ignore]
+fn matmul_throughput() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let mut rng = Rng(14);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
+        let (rows, cols) = (3072, 1024);
+        let (w, _) = weight(ty, rows, cols, &mut rng);
+        for n in [1, 2, 4, 8, 16, 64] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
+            let backend = CpuBackend::new();
+            let w = backend.upload_weight(w.clone()).unwrap();
+            let mut xb = backend.alloc(x.len(), "x").unwrap();
+            backend.write(&mut xb, &x).unwrap();
+            let mut out = backend.alloc(n * rows, "out").unwrap();
+            let best = pool.install(|| {
+                (0..7)
+                    .map(|_| {
+                        let start = std::time::Instant::now();
+                        backend.matmul(&w, &xb, &mut out, n).unwrap();
+                        start.elapsed().as_secs_f64()
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            });
+            let gmacs = (rows * cols * n) as f64 / best / 1e9;
+            let gbs = w.bytes().len() as f64 / best / 1e9;
+            println!("{ty:6} n={n:3}: {:8.3} ms  {gmacs:7.1} GMAC/s  {gbs:6.1} GB/s of weights", best * 1e3);
+        }
+    }
+}

@@ -8,8 +8,8 @@
 //! Formats whose groups are larger than 32 repeat their scale every 32 values.
 //!
 //! The scalar decoder is the reference; [`int_rows_x86`](crate::int_rows_x86)
-//! has SIMD decoders for the common formats that write exactly the same bytes
-//! and floats.
+//! has AVX2 decoders for every format here, chosen at run time, that write
+//! exactly the same bytes and floats.
 
 use crate::block::{DecodeBlock, Unpacked};
 use crate::{check_lengths, GgmlType, QuantError};
@@ -153,6 +153,23 @@ pub fn decode_int_row(ty: GgmlType, src: &[u8], codes: &mut [u8], scale: &mut [f
     }
     with_int_codec!(ty, C => decode_scalar::<C>(src, codes, scale, offset), unreachable!("int_layout covers the same types"));
     Ok(())
+}
+
+#[doc(hidden)]
+pub use crate::int_rows_x86::{available_levels as simd_levels, SimdLevel};
+
+/// Decodes with the SIMD kernels of `level` only (for tests and benchmarks): `Ok(false)`
+/// where this CPU lacks the level or the format has no kernel there, leaving the
+/// outputs untouched.
+#[doc(hidden)]
+pub fn decode_int_row_at(level: SimdLevel, ty: GgmlType, src: &[u8], codes: &mut [u8], scale: &mut [f32], offset: &mut [f32]) -> Result<bool, QuantError> {
+    let layout = int_layout(ty).ok_or(QuantError::Unsupported { ty, op: "integer decode" })?;
+    check_lengths(ty, codes.len(), src.len())?;
+    let groups = codes.len() / layout.group;
+    if scale.len() != groups || offset.len() != groups {
+        return Err(QuantError::BadLength { ty, n_elements: codes.len(), n_bytes: scale.len().min(offset.len()), expected: groups });
+    }
+    Ok(crate::int_rows_x86::decode_at(level, ty, src, codes, scale, offset))
 }
 
 /// The reference decoder, over the same `unpack` as dequantization.
