@@ -87,7 +87,7 @@ fn levels() -> Vec<SimdLevel> {
 fn integer_matmul_is_within_the_activation_rounding_bound_of_exact() {
     let mut rng = Rng(11);
     for &ty in TYPES {
-        for (rows, cols, n) in [(7, 256usize, 1), (9, 512, 3), (17, 768, 5), (33, 256, 20)] {
+        for (rows, cols, n) in [(7, 256usize, 1), (9, 512, 3), (17, 768, 5), (33, 256, 20), (3, 160, 2), (4, 352, 1), (6, 96, 17)] {
             if !cols.is_multiple_of(ty.block_size()) {
                 continue;
             }
@@ -124,7 +124,10 @@ fn every_simd_level_and_tile_shape_matches_the_scalar_kernels() {
     let mut rng = Rng(12);
     let scalar = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: SimdLevel::Scalar });
     for &ty in TYPES {
-        for (rows, cols) in [(1, 256), (8, 512), (13, 1024 + 256), (21, 256 * 3)] {
+        for (rows, cols) in [(1, 256usize), (8, 512), (13, 1024 + 256), (21, 256 * 3), (5, 160), (9, 352)] {
+            if !cols.is_multiple_of(ty.block_size()) {
+                continue;
+            }
             let (w, dequantized) = weight(ty, rows, cols, &mut rng);
             for n in [1, 2, 3, 4, 5, 15, 16, 17, 33] {
                 let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();

@@ -12,6 +12,8 @@ pub mod acts;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod fused_avx512;
 pub mod scalar;
 
 use std::cell::RefCell;
@@ -101,6 +103,32 @@ pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, 
     }
 }
 
+/// A kernel that dots packed rows of one format with a token's activations directly.
+#[derive(Clone, Copy)]
+struct FusedKernel {
+    #[cfg(target_arch = "x86_64")]
+    row: fused_avx512::FusedRow,
+}
+
+impl FusedKernel {
+    fn find(level: SimdLevel, ty: kiln_quant::GgmlType) -> Option<FusedKernel> {
+        #[cfg(target_arch = "x86_64")]
+        if level == SimdLevel::Avx512Vnni {
+            return fused_avx512::kernel(ty).map(|row| FusedKernel { row });
+        }
+        let _ = (level, ty);
+        None
+    }
+
+    fn dot(self, row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: found only for an available level; `row` holds exactly `acts.cols` values of its format.
+        return unsafe { (self.row)(row, acts, t) };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no fused kernels on this target: {row:?} {}", acts.n + t)
+    }
+}
+
 /// Whether `ty` goes through these kernels.
 pub fn supports(w: &WeightSource) -> bool {
     int_layout(w.ty).is_some()
@@ -124,9 +152,21 @@ pub(crate) fn matmul(level: SimdLevel, w: &WeightSource, acts: &QuantizedActs, o
     let layout = int_layout(w.ty).expect("caller checked `supports`");
     let (rows, cols, n) = (w.rows, w.cols, acts.n);
     let rows_per_task = if n >= MATMAT_MIN_TOKENS { TILE_ROWS } else { (16384 / cols).clamp(1, 64) };
+    let fused = if n < MATMAT_MIN_TOKENS { FusedKernel::find(level, w.ty) } else { None };
+    let row_bytes = cols / w.ty.block_size() * w.ty.type_size();
     (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {
         let first = task * rows_per_task;
         let count = rows_per_task.min(rows - first);
+        if let Some(kernel) = fused {
+            for r in first..first + count {
+                let bytes = &w.bytes()[r * row_bytes..(r + 1) * row_bytes];
+                for t in 0..n {
+                    // SAFETY: row r belongs to this task alone; in bounds as checked by the caller.
+                    unsafe { out.write(t * rows + r, kernel.dot(bytes, acts, t)) };
+                }
+            }
+            return;
+        }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             decode_rows(w, layout, first, count, &mut s);
@@ -180,6 +220,8 @@ pub(crate) fn moe_matmul(
     let (rows, cols) = (first.rows, first.cols);
     let rows_per_task = (16384 / cols).clamp(1, 64);
     let blocks = rows.div_ceil(rows_per_task);
+    let fused = FusedKernel::find(level, first.ty);
+    let row_bytes = cols / first.ty.block_size() * first.ty.type_size();
     (0..experts.len() * blocks).into_par_iter().for_each(|task| {
         let (e, block) = (task / blocks, task % blocks);
         let id = e as f32;
@@ -188,6 +230,16 @@ pub(crate) fn moe_matmul(
         }
         let first_row = block * rows_per_task;
         let count = rows_per_task.min(rows - first_row);
+        if let Some(kernel) = fused {
+            for r in first_row..first_row + count {
+                let bytes = &experts[e].bytes()[r * row_bytes..(r + 1) * row_bytes];
+                for (slot, _) in ids.iter().enumerate().filter(|(_, &chosen)| chosen == id) {
+                    // SAFETY: slot `slot` of expert e, row r is written by this task only; bounds checked by the caller.
+                    unsafe { out.write(slot * rows + r, kernel.dot(bytes, acts, input_row(slot))) };
+                }
+            }
+            return;
+        }
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             decode_rows(&experts[e], layout, first_row, count, &mut s);
