@@ -320,6 +320,10 @@ impl Backend for CpuBackend {
             self.acts.lock().unwrap_or_else(|e| e.into_inner()).push(acts);
             return Ok(());
         }
+        if self.options.matmul == CpuMatmul::Quantized && cpu_int::float::supports(self.options.simd, w) {
+            cpu_int::float::matmul(w, &x[..n * cols], n, dst);
+            return Ok(());
+        }
         // Blocks of rows amortize rayon's scheduling over the small rows of tiny models.
         let rows_per_task = (16384 / cols.max(1)).clamp(1, 64);
         (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {

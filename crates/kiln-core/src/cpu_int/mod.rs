@@ -12,6 +12,7 @@ pub mod acts;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod float;
 #[cfg(target_arch = "x86_64")]
 mod fused_avx512;
 pub mod scalar;
