@@ -15,7 +15,7 @@ pub fn supports(level: SimdLevel, w: &WeightSource) -> bool {
 }
 
 /// `out[t * rows + r] = W[r] · x[t]` for `n` tokens; `level` and `w.ty` as [`supports`] says.
-pub fn matmul(w: &WeightSource, x: &[f32], n: usize, out: SharedOut) {
+pub(crate) fn matmul(w: &WeightSource, x: &[f32], n: usize, out: SharedOut) {
     let (rows, cols) = (w.rows, w.cols);
     let elem = w.ty.type_size();
     let rows_per_task = (16384 / cols.max(1)).clamp(1, 64);
