@@ -1,9 +1,8 @@
 //! Activations quantized to 8 bits once per matmul, in the layouts the kernels read.
 //!
 //! Per token: codes `q = round(x / d)` with one scale `d = amax / 127` per 32 values
-//! (as ggml's Q8_0), the exact integer sum of every 16 codes, and for the mat-vec
-//! kernels `-128 * (sum of each 4 codes)`, which cancels the weights' code bias inside
-//! the integer accumulators. For prompts and batches, tiles of [`TOKEN_TILE`] tokens
+//! (as ggml's Q8_0, rounding half to even), the exact integer sum of every 16 codes,
+//! and those sums times their scale. For prompts and batches, tiles of [`TOKEN_TILE`] tokens
 //! are also interleaved so that one vector holds the same 4 values of 16 tokens.
 
 use kiln_quant::int_rows::CODE_BIAS;
@@ -22,7 +21,8 @@ pub struct QuantizedActs {
     pub scale: Vec<f32>,
     /// `[n][cols / 16]` integer sums of 16 codes.
     pub sum16: Vec<i32>,
-    /// `[n][cols / 4]`: `-CODE_BIAS * (sum of 4 codes)`.
+    /// `[n][cols / 4]`: `-CODE_BIAS * (sum of 4 codes)`, which cancels the weights' code
+    /// bias exactly inside the integer accumulators of the row-by-row kernels.
     pub neg_bias4: Vec<i32>,
     /// `[n][cols / 16]` and `[n][cols / 32]`: scale * code sum, for the weight offsets.
     pub scaled_sum16: Vec<f32>,
@@ -92,62 +92,110 @@ impl QuantizedActs {
     }
 }
 
-/// Picks the widest vector instructions for the same loops (the arithmetic is identical,
-/// so every level quantizes to the same codes).
+/// The AVX-512 quantizer where the CPU has it, else the scalar one; both round the same
+/// products the same way, so they write identical codes.
 fn quantize_rows(acts: &mut QuantizedActs, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the features were just detected.
-            return unsafe { quantize_rows_avx512(acts, x) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: as above.
-            return unsafe { quantize_rows_avx2(acts, x) };
-        }
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the features were just detected; `quantize` sized every buffer for n x cols.
+        return unsafe { quantize_rows_avx512(acts, x) };
     }
-    quantize_rows_body(acts, x)
+    quantize_rows_scalar(acts, x)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn quantize_rows_avx512(acts: &mut QuantizedActs, x: &[f32]) {
-    quantize_rows_body(acts, x)
+    use std::arch::x86_64::*;
+    let blocks = acts.n * acts.cols / 32;
+    let (xp, qs) = (x.as_ptr(), acts.qs.as_mut_ptr());
+    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+    for b in 0..blocks {
+        // SAFETY: block b of n x cols values, codes, scales and sums (buffers sized by `quantize`).
+        let (lo, hi) = (_mm512_loadu_ps(xp.add(32 * b)), _mm512_loadu_ps(xp.add(32 * b + 16)));
+        let abs = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs(lo), abs(hi)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        // The default rounding mode is to nearest, ties to even.
+        let (q_lo, q_hi) = (_mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), _mm512_cvtps_epi32(_mm512_mul_ps(hi, id)));
+        _mm_storeu_si128(qs.add(32 * b).cast(), _mm512_cvtsepi32_epi8(q_lo));
+        _mm_storeu_si128(qs.add(32 * b + 16).cast(), _mm512_cvtsepi32_epi8(q_hi));
+        let (s_lo, s_hi) = (_mm512_reduce_add_epi32(q_lo), _mm512_reduce_add_epi32(q_hi));
+        // Sums of each 4 lanes end up in lanes 0, 4, 8, 12, then packed together.
+        let fours = |q: __m512i| {
+            let pairs = _mm512_add_epi32(q, _mm512_shuffle_epi32::<0b10_11_00_01>(q));
+            let quads = _mm512_add_epi32(pairs, _mm512_shuffle_epi32::<0b01_00_11_10>(pairs));
+            _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, _mm512_mullo_epi32(quads, _mm512_set1_epi32(-CODE_BIAS))))
+        };
+        _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b).cast(), fours(q_lo));
+        _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b + 4).cast(), fours(q_hi));
+        acts.scale[b] = d;
+        acts.sum16[2 * b] = s_lo;
+        acts.sum16[2 * b + 1] = s_hi;
+        acts.scaled_sum16[2 * b] = d * s_lo as f32;
+        acts.scaled_sum16[2 * b + 1] = d * s_hi as f32;
+        acts.scaled_sum32[b] = d * (s_lo + s_hi) as f32;
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_rows_avx2(acts: &mut QuantizedActs, x: &[f32]) {
-    quantize_rows_body(acts, x)
+/// The reference quantizer.
+fn quantize_rows_scalar(acts: &mut QuantizedActs, x: &[f32]) {
+    let blocks = acts.n * acts.cols / 32;
+    for b in 0..blocks {
+        let xb = &x[32 * b..32 * b + 32];
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let qb = &mut acts.qs[32 * b..32 * b + 32];
+        for (q, &v) in qb.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even().clamp(-128.0, 127.0) as i8;
+        }
+        let sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>();
+        let (s_lo, s_hi) = (sum(&qb[..16]), sum(&qb[16..]));
+        for j in 0..8 {
+            acts.neg_bias4[8 * b + j] = -CODE_BIAS * sum(&qb[4 * j..4 * j + 4]);
+        }
+        acts.scale[b] = d;
+        acts.sum16[2 * b] = s_lo;
+        acts.sum16[2 * b + 1] = s_hi;
+        acts.scaled_sum16[2 * b] = d * s_lo as f32;
+        acts.scaled_sum16[2 * b + 1] = d * s_hi as f32;
+        acts.scaled_sum32[b] = d * (s_lo + s_hi) as f32;
+    }
 }
 
-#[inline(always)]
-fn quantize_rows_body(acts: &mut QuantizedActs, x: &[f32]) {
-    let (n, cols) = (acts.n, acts.cols);
-    for t in 0..n {
-        let row = &x[t * cols..(t + 1) * cols];
-        let qs = &mut acts.qs[t * cols..(t + 1) * cols];
-        for (b, (xb, qb)) in row.chunks_exact(32).zip(qs.chunks_exact_mut(32)).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (v * id).round_ties_even() as i8;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_simd_quantizer_writes_what_the_scalar_one_writes() {
+        let mut state = 5u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 8.0
+        };
+        for (n, cols) in [(1, 32), (3, 96), (17, 1024)] {
+            let mut x: Vec<f32> = (0..n * cols).map(|_| next()).collect();
+            x[5] = 0.0;
+            let last = x.len() - 1;
+            x[40.min(last)] = 2.5; // a tie
+            x[..32].fill(0.0); // an all-zero block
+            let (mut simd, mut scalar) = (QuantizedActs::default(), QuantizedActs::default());
+            simd.quantize(&x, n, cols, true);
+            scalar.quantize(&x, n, cols, true);
+            quantize_rows_scalar(&mut scalar, &x);
+            assert_eq!(simd.qs, scalar.qs, "{n}x{cols}");
+            assert_eq!(simd.sum16, scalar.sum16);
+            assert_eq!(simd.neg_bias4, scalar.neg_bias4);
+            assert_eq!(simd.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), scalar.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(simd.scaled_sum32.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), scalar.scaled_sum32.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            // Codes reproduce x within half a step.
+            for (i, (&q, &v)) in scalar.qs.iter().zip(&x).enumerate() {
+                let d = scalar.scale[i / 32];
+                assert!((f32::from(q) * d - v).abs() <= 0.5001 * d, "{i}: {q} * {d} vs {v}");
             }
-            acts.scale[t * cols / 32 + b] = d;
-        }
-        for (j, s) in acts.sum16[t * cols / 16..(t + 1) * cols / 16].iter_mut().enumerate() {
-            *s = qs[16 * j..16 * j + 16].iter().map(|&q| i32::from(q)).sum();
-        }
-        for j in 0..cols / 32 {
-            let (lo, hi) = (acts.sum16[t * cols / 16 + 2 * j], acts.sum16[t * cols / 16 + 2 * j + 1]);
-            let d = acts.scale[t * cols / 32 + j];
-            acts.scaled_sum16[t * cols / 16 + 2 * j] = d * lo as f32;
-            acts.scaled_sum16[t * cols / 16 + 2 * j + 1] = d * hi as f32;
-            acts.scaled_sum32[t * cols / 32 + j] = d * (lo + hi) as f32;
-        }
-        for (j, s) in acts.neg_bias4[t * cols / 4..(t + 1) * cols / 4].iter_mut().enumerate() {
-            *s = -CODE_BIAS * qs[4 * j..4 * j + 4].iter().map(|&q| i32::from(q)).sum::<i32>();
         }
     }
 }
