@@ -48,7 +48,13 @@ impl SimdLevel {
             match self {
                 SimdLevel::Scalar => true,
                 SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
-                SimdLevel::Avx512Vnni => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni"),
+                SimdLevel::Avx512Vnni => {
+                    is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                        && is_x86_feature_detected!("f16c")
+                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
