@@ -166,3 +166,102 @@ pub unsafe fn iq4_xs(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
         }
     })
 }
+
+/// The 2-bit codes of one 128-value half of a Q2_K/Q3_K block (32 bytes at `qs`, value
+/// 32k + l at bits 2k of byte l): values 0..64 and 64..128 of the half as two vectors.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn two_bit_half(qs: *const u8) -> (__m512i, __m512i) {
+    // SAFETY: the caller passes 32 readable bytes.
+    let b = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.cast()));
+    let three = _mm512_set1_epi8(3);
+    let lo = _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), three);
+    let hi = _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4)), three);
+    (lo, hi)
+}
+
+/// The shared body of Q2_K and Q3_K: 16 groups of 16 with scales `ws` (and offsets `wo`),
+/// codes from `codes(h)` for each 128-value half.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn groups16_block(acts: &QuantizedActs, t: usize, b: usize, ws: __m512, codes: [(__m512i, __m512i); 2], acc: &mut (__m512, __m512)) {
+    let cols = acts.cols;
+    let qs = acts.qs.as_ptr().add(t * cols + 256 * b);
+    // SAFETY: block b's 8 activation scales and 256 codes lie inside token t's activations.
+    let spread2 = lanes_of([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]);
+    let a_scale = _mm512_permutexvar_ps(spread2, _mm512_castps256_ps512(_mm256_loadu_ps(acts.scale.as_ptr().add(t * cols / 32 + 8 * b))));
+    let c = _mm512_mul_ps(ws, a_scale);
+    let groups = lanes_of(LANE_GROUP_16);
+    for (h, (lo, hi)) in codes.into_iter().enumerate() {
+        let dot_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qs.add(128 * h).cast()));
+        let dot_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(qs.add(128 * h + 64).cast()));
+        let first = _mm512_set1_epi32(8 * h as i32);
+        acc.0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_lo), _mm512_permutexvar_ps(_mm512_add_epi32(groups, first), c), acc.0);
+        let second = _mm512_set1_epi32(8 * h as i32 + 4);
+        acc.1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_hi), _mm512_permutexvar_ps(_mm512_add_epi32(groups, second), c), acc.1);
+    }
+}
+
+/// Q2_K: 84-byte blocks (16 scale bytes: scale low nibble, min high nibble; 64 bytes of 2-bit
+/// codes; f16 d, dmin), 16 groups of 16, value = d * sc * q - dmin * m: bias 0, offset -dmin * m.
+///
+/// # Safety
+/// As [`q4_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub unsafe fn q2_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let cols = acts.cols;
+    let sums = acts.scaled_sum16.as_ptr().add(t * cols / 16);
+    let (mut acc, mut offsets) = ((_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_setzero_ps());
+    for b in 0..cols / 256 {
+        let block = &row[84 * b..84 * (b + 1)];
+        let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+        // SAFETY: the block's 16 scale bytes and 64 code bytes; 16 scaled sums of token t.
+        let packed = _mm512_cvtepu8_epi32(_mm_loadu_si128(block.as_ptr().cast()));
+        let ws = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_and_si512(packed, _mm512_set1_epi32(15))));
+        let wo = _mm512_mul_ps(_mm512_set1_ps(-dmin), _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(packed)));
+        offsets = _mm512_fmadd_ps(wo, _mm512_loadu_ps(sums.add(16 * b)), offsets);
+        let codes = [two_bit_half(block.as_ptr().add(16)), two_bit_half(block.as_ptr().add(48))];
+        groups16_block(acts, t, b, ws, codes, &mut acc);
+    }
+    finish(_mm512_add_ps(acc.0, acc.1), _mm512_setzero_ps(), 0.0, offsets)
+}
+
+/// Q3_K: 110-byte blocks (32 bytes of high bits: bit g of hmask[l] for value 32g + l; 64 bytes
+/// of 2-bit codes; 12 bytes of 6-bit scales; f16 d), 16 groups of 16,
+/// value = d * (sc - 32) * (q + 4 * hbit - 4): u = q + 4 * hbit, bias 4.
+///
+/// # Safety
+/// As [`q4_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub unsafe fn q3_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let cols = acts.cols;
+    let sums = acts.scaled_sum16.as_ptr().add(t * cols / 16);
+    let (mut acc, mut bias_terms) = ((_mm512_setzero_ps(), _mm512_setzero_ps()), _mm512_setzero_ps());
+    let four = _mm512_set1_epi8(4);
+    for b in 0..cols / 256 {
+        let block = &row[110 * b..110 * (b + 1)];
+        let d = f16_at(block, 108);
+        let s = &block[96..108];
+        let low = u64::from_le_bytes(s[..8].try_into().expect("8 bytes"));
+        let high = u32::from_le_bytes(s[8..12].try_into().expect("4 bytes"));
+        let bits = |shift: u32| u64::from((high >> shift) & 0x0303_0303);
+        let first = (low & 0x0f0f_0f0f_0f0f_0f0f) | (bits(0) | bits(2) << 32) << 4;
+        let second = ((low >> 4) & 0x0f0f_0f0f_0f0f_0f0f) | (bits(4) | bits(6) << 32) << 4;
+        let sc = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi64x(second as i64, first as i64)), _mm512_set1_epi32(32));
+        let ws = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sc));
+        // SAFETY: the block's 32 high-bit bytes and 64 code bytes; 16 scaled sums of token t.
+        bias_terms = _mm512_fmadd_ps(ws, _mm512_loadu_ps(sums.add(16 * b)), bias_terms);
+        let hmask = _mm256_loadu_si256(block.as_ptr().cast());
+        let plane = |g: u32| u64::from(_mm256_test_epi8_mask(hmask, _mm256_set1_epi8(1 << g)));
+        let with_high = |h: usize| {
+            let (lo, hi) = two_bit_half(block.as_ptr().add(32 + 32 * h));
+            let g = 4 * h as u32;
+            (
+                _mm512_or_si512(lo, _mm512_maskz_mov_epi8(plane(g) | plane(g + 1) << 32, four)),
+                _mm512_or_si512(hi, _mm512_maskz_mov_epi8(plane(g + 2) | plane(g + 3) << 32, four)),
+            )
+        };
+        groups16_block(acts, t, b, ws, [with_high(0), with_high(1)], &mut acc);
+    }
+    finish(_mm512_add_ps(acc.0, acc.1), bias_terms, 4.0, _mm512_setzero_ps())
+}

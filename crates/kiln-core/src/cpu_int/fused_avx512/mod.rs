@@ -28,6 +28,8 @@ pub fn kernel(ty: GgmlType) -> Option<FusedRow> {
         GgmlType::Q8_0 => blocks32::q8_0,
         GgmlType::IQ4_NL => blocks32::iq4_nl,
         GgmlType::MXFP4 => blocks32::mxfp4,
+        GgmlType::Q2_K => kquants::q2_k,
+        GgmlType::Q3_K => kquants::q3_k,
         GgmlType::Q4_K => kquants::q4_k,
         GgmlType::Q5_K => kquants::q5_k,
         GgmlType::Q6_K => kquants::q6_k,
