@@ -220,7 +220,13 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
 
     fn name(&self) -> String {
-        format!("CPU ({} threads)", rayon::current_num_threads())
+        let kernels = match (self.options.matmul, self.options.simd) {
+            (CpuMatmul::Exact, _) => "exact f32",
+            (_, SimdLevel::Avx512Vnni) => "AVX-512 VNNI",
+            (_, SimdLevel::Avx2) => "AVX2",
+            (_, SimdLevel::Scalar) => "scalar",
+        };
+        format!("CPU ({} threads, {kernels})", rayon::current_num_threads())
     }
 
     fn upload_weight(&self, src: WeightSource) -> Result<WeightSource> {

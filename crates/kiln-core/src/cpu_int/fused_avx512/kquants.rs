@@ -265,3 +265,59 @@ pub unsafe fn q3_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     }
     finish(_mm512_add_ps(acc.0, acc.1), bias_terms, 4.0, _mm512_setzero_ps())
 }
+
+/// One scale for whole blocks of `values` (a multiple of 64) values: `dot` lanes 0-7 and 8-15
+/// of each 64-value vector take activation blocks 2v and 2v + 1.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+unsafe fn one_scale_block(acts: &QuantizedActs, t: usize, first_value: usize, d: f32, codes: &[__m512i], main: &mut __m512, bias_terms: &mut __m512) {
+    let cols = acts.cols;
+    let qs = acts.qs.as_ptr().add(t * cols + first_value);
+    let blocks = acts.scale.as_ptr().add((t * cols + first_value) / 32);
+    let sums = acts.scaled_sum32.as_ptr().add((t * cols + first_value) / 32);
+    let pair = lanes_of([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]);
+    let d = _mm512_set1_ps(d);
+    for (v, &u) in codes.iter().enumerate() {
+        // SAFETY: the caller's block covers 64 * codes.len() values from first_value.
+        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(qs.add(64 * v).cast()));
+        let scales = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(blocks.add(2 * v).cast())));
+        *main = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_permutexvar_ps(pair, scales)), *main);
+        let s = _mm512_zextps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(sums.add(2 * v).cast())));
+        *bias_terms = _mm512_fmadd_ps(d, s, *bias_terms);
+    }
+}
+
+/// Q1_0: 18-byte blocks of 128 (f16 d, 16 bytes of sign bits, LSB first): value = d * (2b - 1),
+/// u = 2b, bias 1.
+///
+/// # Safety
+/// As [`q4_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub unsafe fn q1_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let (mut main, mut bias_terms) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let two = _mm512_set1_epi8(2);
+    for b in 0..acts.cols / 128 {
+        let block = &row[18 * b..18 * (b + 1)];
+        let bits = |at: usize| u64::from_le_bytes(block[at..at + 8].try_into().expect("8 bytes"));
+        let codes = [_mm512_maskz_mov_epi8(bits(2), two), _mm512_maskz_mov_epi8(bits(10), two)];
+        one_scale_block(acts, t, 128 * b, f16_at(block, 0), &codes, &mut main, &mut bias_terms);
+    }
+    finish(main, bias_terms, 1.0, _mm512_setzero_ps())
+}
+
+/// TQ2_0: 66-byte blocks of 256 (64 bytes of 2-bit codes laid out as Q2_K's, f16 d):
+/// value = d * (q - 1), bias 1.
+///
+/// # Safety
+/// As [`q4_k`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+pub unsafe fn tq2_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let (mut main, mut bias_terms) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    for b in 0..acts.cols / 256 {
+        let block = &row[66 * b..66 * (b + 1)];
+        let (a, c) = two_bit_half(block.as_ptr());
+        let (e, f) = two_bit_half(block.as_ptr().add(32));
+        one_scale_block(acts, t, 256 * b, f16_at(block, 64), &[a, c, e, f], &mut main, &mut bias_terms);
+    }
+    finish(main, bias_terms, 1.0, _mm512_setzero_ps())
+}

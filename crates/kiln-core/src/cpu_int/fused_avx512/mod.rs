@@ -34,6 +34,8 @@ pub fn kernel(ty: GgmlType) -> Option<FusedRow> {
         GgmlType::Q5_K => kquants::q5_k,
         GgmlType::Q6_K => kquants::q6_k,
         GgmlType::IQ4_XS => kquants::iq4_xs,
+        GgmlType::Q1_0 => kquants::q1_0,
+        GgmlType::TQ2_0 => kquants::tq2_0,
         _ => return None,
     })
 }
