@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use crate::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 use crate::cpu_int::{self, QuantizedActs, SimdLevel, MATMAT_MIN_TOKENS};
 pub use crate::cpu_kv::CpuKvCache;
+use crate::cpu_simd::{Simd, SimdLevel as F32Level};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
 use crate::{cpu_ops, cpu_recurrent};
@@ -30,7 +31,8 @@ pub enum CpuMatmul {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
     pub matmul: CpuMatmul,
-    /// The instruction set of the integer kernels (must be available on this CPU).
+    /// The instruction set of the kernels (must be available on this CPU); the f32 kernels
+    /// (attention, norms) run at the matching level.
     pub simd: SimdLevel,
 }
 
@@ -40,12 +42,19 @@ impl Default for CpuOptions {
     }
 }
 
-#[derive(Default)]
 pub struct CpuBackend {
     options: CpuOptions,
     /// Quantized-activation buffers, taken for the length of one matmul and put back,
     /// so that steps reuse them without allocating and concurrent callers never share one.
     acts: Mutex<Vec<QuantizedActs>>,
+    /// The level of the f32 kernels.
+    simd: Simd,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::with_options(CpuOptions::default())
+    }
 }
 
 impl CpuBackend {
@@ -63,7 +72,18 @@ impl CpuBackend {
     /// If `options.simd` is not available on this CPU.
     pub fn with_options(options: CpuOptions) -> Self {
         assert!(options.simd.is_available(), "{:?} is not available on this CPU", options.simd);
-        CpuBackend { options, acts: Mutex::new(Vec::new()) }
+        let f32_level = match options.simd {
+            SimdLevel::Avx512Vnni => F32Level::Avx512,
+            SimdLevel::Avx2 => F32Level::Avx2,
+            SimdLevel::Scalar => F32Level::Scalar,
+        };
+        let simd = Simd::at(f32_level).or_else(|| Simd::at(F32Level::Scalar)).expect("the scalar level is always available");
+        CpuBackend { options, acts: Mutex::new(Vec::new()), simd }
+    }
+
+    /// A backend whose f32 kernels run at `simd`'s level, so tests can compare levels.
+    pub fn with_simd(simd: Simd) -> Self {
+        CpuBackend { simd, ..CpuBackend::default() }
     }
 
     pub fn options(&self) -> CpuOptions {
@@ -163,7 +183,13 @@ pub(crate) fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) 
 }
 
 /// Paged attention; `sinks` adds one logit per head to every softmax row, without a value.
-fn attention(q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f32], step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+/// A job is one token and the query heads of one KV head, so each cache row it reads serves
+/// them all.
+#[allow(clippy::too_many_arguments)]
+fn attention(simd: Simd, q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f32], step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
+    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
+        return Err(BackendError::Device(format!("attention: {} query heads over {} KV heads", p.n_heads, p.n_kv_heads)));
+    }
     let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
     let q_width = p.n_heads * hd;
     check_len("attention query", q.len(), n * q_width)?;
@@ -173,40 +199,49 @@ fn attention(q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f3
     step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
     let plan = &step.plan;
     let dst = SharedOut(out.as_mut_ptr());
-    (0..n * p.n_heads).into_par_iter().for_each(|job| {
-        let (t, h) = (job / p.n_heads, job % p.n_heads);
-        let col = h / group * hd;
+    // A job's heads share one KV head; fewer per job only when that is needed to keep every
+    // thread busy (a decode step with few KV heads).
+    let threads = rayon::current_num_threads();
+    let per_job = (1..=group).rev().find(|&d| group.is_multiple_of(d) && n * p.n_heads / d >= threads).unwrap_or(1);
+    // Jobs of one KV head are adjacent, so a thread's cache holds that head's rows.
+    (0..n * p.n_heads / per_job).into_par_iter().for_each(|job| {
+        let (h0, t) = (job / n * per_job, job % n);
+        let col = h0 / group * hd;
         let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
         // Positions before the sliding window are masked out.
         let start = p.window.map_or(0, |w| end.saturating_sub(w));
         let visible = end - start;
-        let qv = &q[t * q_width + h * hd..t * q_width + (h + 1) * hd];
-        let sink = sinks.map(|s| s[h]);
+        let qs = &q[t * q_width + h0 * hd..t * q_width + (h0 + per_job) * hd];
         // Sized for the longest sequence so a growing sequence never regrows it.
-        with_scratch(p.max_seq_len.max(visible) + 2 * hd, |scratch| {
-            let (scores, rest) = scratch.split_at_mut(visible);
-            let (acc, row) = rest[..2 * hd].split_at_mut(hd);
-            let mut max = sink.unwrap_or(f32::NEG_INFINITY);
-            for (j, s) in scores.iter_mut().enumerate() {
-                cache.load_k(plan.row_of(seq, start + j), col, row);
-                *s = dot_f32(qv, row) * p.scale;
-                max = max.max(*s);
-            }
-            let mut total = sink.map_or(0.0, |s| (s - max).exp());
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            acc.fill(0.0);
-            for (j, s) in scores.iter().enumerate() {
-                cache.load_v(plan.row_of(seq, start + j), col, row);
-                for (a, v) in acc.iter_mut().zip(row.iter()) {
-                    *a += s * v;
+        let per_head = p.max_seq_len.max(visible) + hd + 1;
+        with_scratch(per_job * per_head, |scratch| {
+            let (scores, rest) = scratch.split_at_mut(per_job * visible);
+            let (acc, totals) = rest[..per_job * (hd + 1)].split_at_mut(per_job * hd);
+            for j in 0..visible {
+                let k = cache.k_row(plan.row_of(seq, start + j), col, hd);
+                for (g, qv) in qs.chunks_exact(hd).enumerate() {
+                    scores[g * visible + j] = simd.dot_kv(qv, k) * p.scale;
                 }
             }
-            for (d, a) in acc.iter().enumerate() {
-                // SAFETY: job (t, h) owns out[t][h*hd..(h+1)*hd]; bounds checked above.
-                unsafe { dst.write(t * q_width + h * hd + d, a / total) };
+            for (g, total) in totals.iter_mut().enumerate() {
+                let s = &mut scores[g * visible..(g + 1) * visible];
+                let sink = sinks.map(|s| s[h0 + g]);
+                let max = simd.max(s).max(sink.unwrap_or(f32::NEG_INFINITY));
+                *total = simd.exp_sum(s, max) + sink.map_or(0.0, |s| (s - max).exp());
+            }
+            acc.fill(0.0);
+            for j in 0..visible {
+                let v = cache.v_row(plan.row_of(seq, start + j), col, hd);
+                for (g, a) in acc.chunks_exact_mut(hd).enumerate() {
+                    simd.axpy_kv(scores[g * visible + j], v, a);
+                }
+            }
+            for (g, (a, total)) in acc.chunks_exact(hd).zip(totals.iter()).enumerate() {
+                // SAFETY: the job owns out[t][h0*hd..(h0+per_job)*hd]; bounds checked above.
+                let o = unsafe { dst.slice_mut(t * q_width + (h0 + g) * hd, hd) };
+                for (o, a) in o.iter_mut().zip(a) {
+                    *o = a / total;
+                }
             }
         })
     });
@@ -305,11 +340,8 @@ impl Backend for CpuBackend {
         check_len("rms_norm", x.len().min(out.len()), rows * dim)?;
         check_len("rms_norm weight", weight.len(), dim)?;
         for (xr, or) in x[..rows * dim].chunks_exact(dim).zip(out[..rows * dim].chunks_exact_mut(dim)) {
-            let ms = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-            let s = 1.0 / (ms + eps).sqrt();
-            for ((o, v), w) in or.iter_mut().zip(xr).zip(&weight[..dim]) {
-                *o = v * s * w;
-            }
+            let ms = self.simd.sum_squares(xr) / dim as f32;
+            self.simd.rms_apply(xr, 1.0 / (ms + eps).sqrt(), &weight[..dim], or);
         }
         Ok(())
     }
@@ -368,9 +400,7 @@ impl Backend for CpuBackend {
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         check_len("swiglu", gate.len().min(up.len()).min(out.len()), len)?;
-        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
+        self.simd.swiglu(&gate[..len], &up[..len], &mut out[..len]);
         Ok(())
     }
 
@@ -380,22 +410,35 @@ impl Backend for CpuBackend {
         check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
         check_len("rope tokens in the step", step.plan.n_tokens(), n)?;
         let half = p.n_rot / 2;
-        for t in 0..n {
-            let pos = step.plan.positions[t] as f32;
-            for h in 0..p.n_heads {
-                let head = &mut x[t * width + h * p.head_dim..t * width + (h + 1) * p.head_dim];
-                for (i, f) in inv_freq[..half].iter().enumerate() {
-                    let (sin, cos) = (pos * f).sin_cos();
-                    let (a, b) = match p.kind {
-                        RopeKind::Normal => (2 * i, 2 * i + 1),
-                        RopeKind::Neox => (i, i + half),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * cos - x1 * sin;
-                    head[b] = x0 * sin + x1 * cos;
+        // One table of angles per token serves every head.
+        with_scratch(2 * half, |table| {
+            let (sins, coss) = table.split_at_mut(half);
+            for t in 0..n {
+                let pos = step.plan.positions[t] as f32;
+                for ((s, c), f) in sins.iter_mut().zip(coss.iter_mut()).zip(&inv_freq[..half]) {
+                    (*s, *c) = (pos * f).sin_cos();
+                }
+                for head in x[t * width..(t + 1) * width].chunks_exact_mut(p.head_dim) {
+                    match p.kind {
+                        RopeKind::Normal => {
+                            for ((pair, &sin), &cos) in head[..2 * half].chunks_exact_mut(2).zip(&*sins).zip(&*coss) {
+                                let (x0, x1) = (pair[0], pair[1]);
+                                pair[0] = x0 * cos - x1 * sin;
+                                pair[1] = x0 * sin + x1 * cos;
+                            }
+                        }
+                        RopeKind::Neox => {
+                            let (lo, hi) = head[..2 * half].split_at_mut(half);
+                            for (((a, b), &sin), &cos) in lo.iter_mut().zip(hi.iter_mut()).zip(&*sins).zip(&*coss) {
+                                let (x0, x1) = (*a, *b);
+                                *a = x0 * cos - x1 * sin;
+                                *b = x0 * sin + x1 * cos;
+                            }
+                        }
+                    }
                 }
             }
-        }
+        });
         Ok(())
     }
 
@@ -411,7 +454,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-        attention(q, cache, None, out, step, n, p)
+        attention(self.simd, q, cache, None, out, step, n, p)
     }
 
     fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
@@ -472,7 +515,7 @@ impl Backend for CpuBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         check_len("attention sinks", sinks.len(), p.n_heads)?;
-        attention(q, cache, Some(sinks), out, step, n, p)
+        attention(self.simd, q, cache, Some(sinks), out, step, n, p)
     }
 
     fn moe_route(
@@ -531,9 +574,7 @@ impl Backend for CpuBackend {
 
     fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         check_len("geglu", gate.len().min(up.len()).min(out.len()), len)?;
-        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-            *o = cpu_ops::gelu_tanh(*g) * u;
-        }
+        self.simd.geglu(&gate[..len], &up[..len], &mut out[..len]);
         Ok(())
     }
 
@@ -604,3 +645,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "cpu_tests.rs"]
+mod tests;

@@ -6,6 +6,7 @@ use half::f16;
 use kiln_quant::GgmlType;
 
 use crate::backend::{BackendError, Result};
+use crate::cpu_simd::KvRow;
 use crate::plan::{KvCacheSpec, KvType};
 
 /// Rows of one K or V cache.
@@ -63,7 +64,21 @@ impl KvRows {
         }
     }
 
+    /// Values `col..col + len` of row `row`, borrowed in their storage type.
+    fn row(&self, row: usize, width: usize, col: usize, len: usize) -> KvRow<'_> {
+        let at = row * width + col;
+        match self {
+            KvRows::F32(data) => KvRow::F32(&data[at..at + len]),
+            KvRows::F16(data) => KvRow::F16(&data[at..at + len]),
+            KvRows::Q8(data) => {
+                let row_bytes = KvType::Q8_0.row_bytes(width);
+                KvRow::Q8 { blocks: &data[row * row_bytes..(row + 1) * row_bytes], col }
+            }
+        }
+    }
+
     /// Values `col..col + out.len()` of row `row` into `out`.
+    #[cfg(test)]
     fn load(&self, row: usize, width: usize, col: usize, out: &mut [f32]) {
         match self {
             KvRows::F32(data) => out.copy_from_slice(&data[row * width + col..row * width + col + out.len()]),
@@ -125,11 +140,22 @@ impl CpuKvCache {
         self.v.store(row, width, v);
     }
 
-    /// `out.len()` K values of row `row` from column `col`.
+    /// `len` K values of row `row` from column `col`.
+    pub(crate) fn k_row(&self, row: usize, col: usize, len: usize) -> KvRow<'_> {
+        self.k.row(row, self.spec.width, col, len)
+    }
+
+    pub(crate) fn v_row(&self, row: usize, col: usize, len: usize) -> KvRow<'_> {
+        self.v.row(row, self.spec.width, col, len)
+    }
+
+    /// `out.len()` K values of row `row` from column `col`, as f32.
+    #[cfg(test)]
     pub(crate) fn load_k(&self, row: usize, col: usize, out: &mut [f32]) {
         self.k.load(row, self.spec.width, col, out)
     }
 
+    #[cfg(test)]
     pub(crate) fn load_v(&self, row: usize, col: usize, out: &mut [f32]) {
         self.v.load(row, self.spec.width, col, out)
     }

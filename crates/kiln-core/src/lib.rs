@@ -7,11 +7,15 @@ pub mod cpu_int;
 mod cpu_kv;
 mod cpu_ops;
 mod cpu_recurrent;
+mod cpu_simd;
+#[cfg(target_arch = "x86_64")]
+mod cpu_simd_x86;
 pub mod plan;
 pub mod sampling;
 
 pub use backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, RopeKind, RopeParams, RouterParams, WeightSource};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};
 pub use cpu_int::SimdLevel;
+pub use cpu_simd::Simd;
 pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;

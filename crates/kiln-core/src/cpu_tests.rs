@@ -1,0 +1,122 @@
+//! The CPU backend's attention at every SIMD level against a float64 reference.
+
+use super::CpuBackend;
+use crate::backend::{AttentionParams, Backend};
+use crate::cpu_simd::tests::values;
+use crate::cpu_simd::{Simd, SimdLevel};
+use crate::plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SeqStep, StepCapacity};
+
+/// Softmax-weighted sum of the cache's values (as the cache returns them), in float64.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    backend_cache: &crate::cpu_kv::CpuKvCache,
+    plan: &FlatPlan,
+    q: &[f32],
+    sinks: Option<&[f32]>,
+    p: &AttentionParams,
+    t: usize,
+    h: usize,
+    out: &mut [f64],
+) {
+    let hd = p.head_dim;
+    let col = h / (p.n_heads / p.n_kv_heads) * hd;
+    let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+    let start = p.window.map_or(0, |w| end.saturating_sub(w));
+    let qv = &q[(t * p.n_heads + h) * hd..][..hd];
+    let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
+    let scores: Vec<f64> = (start..end)
+        .map(|j| {
+            backend_cache.load_k(plan.row_of(seq, j), col, &mut k);
+            qv.iter().zip(&k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * p.scale as f64
+        })
+        .collect();
+    let sink = sinks.map(|s| s[h] as f64);
+    let max = scores.iter().copied().chain(sink).fold(f64::NEG_INFINITY, f64::max);
+    let total: f64 = scores.iter().chain(sink.as_ref()).map(|s| (s - max).exp()).sum();
+    out.fill(0.0);
+    for (j, s) in (start..end).zip(&scores) {
+        backend_cache.load_v(plan.row_of(seq, j), col, &mut v);
+        for (o, x) in out.iter_mut().zip(&v) {
+            *o += (s - max).exp() / total * *x as f64;
+        }
+    }
+}
+
+#[test]
+fn attention_matches_a_float64_reference_at_every_level() {
+    let backends: Vec<CpuBackend> =
+        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter_map(Simd::at).map(CpuBackend::with_simd).collect();
+    let cap = StepCapacity { tokens: 128, seqs: 2, blocks: 8, logit_rows: 0, history: 0 };
+    // Two sequences over scattered blocks, one of them three blocks long.
+    let (a_blocks, b_blocks) = ([4u32, 1, 6], [0u32, 3]);
+    let (a_tokens, b_tokens) = (vec![0u32; 70], vec![0u32; 33]);
+    let seqs = [
+        SeqStep { tokens: &a_tokens, pos0: 0, blocks: &a_blocks, logits: LogitRows::None, sample: None },
+        SeqStep { tokens: &b_tokens, pos0: 0, blocks: &b_blocks, logits: LogitRows::None, sample: None },
+    ];
+    let mut plan = FlatPlan::with_capacity(&cap);
+    plan.fill(&BatchPlan { seqs: &seqs }, &cap, 8).unwrap();
+    let n = plan.n_tokens();
+    // Head sizes 64 (q8_0 heads on block boundaries) and 48 (q8_0 heads across them).
+    for (hd, n_kv_heads, group) in [(64, 2, 3), (48, 2, 1)] {
+        let n_heads = n_kv_heads * group;
+        let width = n_kv_heads * hd;
+        let (k, v, q) = (values(n * width, 1), values(n * width, 2), values(n * n_heads * hd, 3));
+        let q: Vec<f32> = q.iter().map(|x| x * 4.0).collect();
+        let sink_values: Vec<f32> = values(n_heads, 4);
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            for window in [None, Some(5)] {
+                for sinks in [None, Some(&sink_values[..])] {
+                    let p = AttentionParams { n_heads, n_kv_heads, head_dim: hd, max_seq_len: 96, scale: 1.0 / (hd as f32).sqrt(), window };
+                    let mut want = vec![0f64; n * n_heads * hd];
+                    // The first backend is the scalar one, whose cache the reference reads.
+                    for backend in &backends {
+                        let spec = KvCacheSpec { n_blocks: 8, width, k_type: ty, v_type: ty };
+                        let mut cache = backend.alloc_kv(&spec, "test").unwrap();
+                        backend.grow_kv(&mut cache, 8).unwrap();
+                        let mut step = backend.alloc_step(&cap, 8).unwrap();
+                        backend.write_step(&mut step, &plan).unwrap();
+                        backend.kv_store(&k, &v, &mut cache, &step, n).unwrap();
+                        if backend.simd.level() == SimdLevel::Scalar {
+                            for t in 0..n {
+                                for h in 0..n_heads {
+                                    reference(&cache, &plan, &q, sinks, &p, t, h, &mut want[(t * n_heads + h) * hd..][..hd]);
+                                }
+                            }
+                        }
+                        let mut out = vec![f32::NAN; n * n_heads * hd];
+                        match sinks {
+                            Some(s) => backend.attention_sinks(&q, &cache, &s.to_vec(), &mut out, &step, n, &p).unwrap(),
+                            None => backend.attention(&q, &cache, &mut out, &step, n, &p).unwrap(),
+                        }
+                        // One decode token with more threads than heads: a job per head.
+                        let last = [0u32];
+                        let decode = [SeqStep { tokens: &last, pos0: 69, blocks: &a_blocks, logits: LogitRows::None, sample: None }];
+                        let mut decode_plan = FlatPlan::with_capacity(&cap);
+                        decode_plan.fill(&BatchPlan { seqs: &decode }, &cap, 8).unwrap();
+                        backend.write_step(&mut step, &decode_plan).unwrap();
+                        let row = n_heads * hd;
+                        let mut one = vec![f32::NAN; row];
+                        let pool = rayon::ThreadPoolBuilder::new().num_threads(4 * n_heads).build().unwrap();
+                        pool.install(|| match sinks {
+                            Some(s) => backend.attention_sinks(&q[69 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut one, &step, 1, &p).unwrap(),
+                            None => backend.attention(&q[69 * row..70 * row].to_vec(), &cache, &mut one, &step, 1, &p).unwrap(),
+                        });
+                        out.extend_from_slice(&one);
+                        let want: Vec<f64> = want.iter().copied().chain(want[69 * row..70 * row].iter().copied()).collect();
+                        // Outputs are averages of values in [-1, 1]: f32 sums of up to 70
+                        // terms and a vector exp within 1e-6 stay well inside 1e-5.
+                        for (i, (o, w)) in out.iter().zip(&want).enumerate() {
+                            assert!(
+                                (*o as f64 - w).abs() < 1e-5,
+                                "{:?} {ty} hd {hd} window {window:?} sinks {}: [{i}] {o} vs {w}",
+                                backend.simd.level(),
+                                sinks.is_some()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
