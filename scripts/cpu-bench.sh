@@ -159,14 +159,18 @@ for name, _path, pp_len, tg_len in runs:
     tg = (lc.get((0, tg_len)), kn.get((0, tg_len)))
     pp_r, tg_r = ratio(pp[1], pp[0]), ratio(tg[1], tg[0])
     fmt = name.split("-", 2)[-1]
+    tg_name = f"tg{tg_len}"
     if not pp_len:
-        label, bar, checks = f"{name} (tg{tg_len})", f"1.0x tg{tg_len}", [tg_r >= 1.0 if tg_r else None]
+        label, bar, checks = f"{name} ({tg_name})", f"1.0x {tg_name}", [(tg_name, tg_r, 1.0)]
     elif fmt in bar_formats:
-        label, bar = name, "1.0x pp64+tg32"
-        checks = [pp_r >= 1.0 if pp_r else None, tg_r >= 1.0 if tg_r else None]
+        label, bar, checks = name, f"1.0x pp{pp_len}+{tg_name}", [(f"pp{pp_len}", pp_r, 1.0), (tg_name, tg_r, 1.0)]
     else:
-        label, bar, checks = name, "0.8x tg32", [tg_r >= 0.8 if tg_r else None]
-    met = "?" if None in checks else ("met" if all(checks) else "not met")
+        label, bar, checks = name, f"0.8x {tg_name}", [(tg_name, tg_r, 0.8)]
+    short = [test for test, got, need in checks if got is not None and got < need]
+    if any(got is None for _, got, _ in checks):
+        met = "?"
+    else:
+        met = f"not met ({', '.join(short)})" if short else "met"
     r = lambda x: "-" if x is None else f"{x:.2f}x"
     print(f"| {label} | {cell(pp[0])} | {cell(pp[1])} | {r(pp_r)} | {cell(tg[0])} | {cell(tg[1])} | {r(tg_r)} | {bar} | {met} |")
 if failed:
