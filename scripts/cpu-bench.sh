@@ -66,8 +66,8 @@ if [ ! -x "$llama_bench" ]; then
     say "building llama.cpp's CPU llama-bench in $llama_build (several minutes; log: $llama_build/build.log)"
     mkdir -p "$llama_build"
     [ -f "$llama_build/lcpp/CMakeLists.txt" ] || tar -xJf "$tarball" -C "$llama_build"
-    # Without AMX: at 34af94c its tile kernels stop on an illegal instruction (the tile config
-    # is not loaded as written; llama.cpp PR 26954) on Sapphire Rapids; AVX-512 and VNNI stay.
+    # Without AMX: at 34af94c its tile kernels stop on an illegal instruction (SIGILL at the first
+    # tilezero, Sapphire Rapids, gcc 12; llama.cpp PR 26954 addresses it). AVX-512 and VNNI stay.
     no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     cmake -S "$llama_build/lcpp" -B "$llama_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
