@@ -15,7 +15,7 @@ pub use crate::cpu_kv::CpuKvCache;
 use crate::cpu_simd::{Simd, SimdLevel as F32Level};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
-use crate::{cpu_ops, cpu_recurrent};
+use crate::{cpu_attention, cpu_ops, cpu_recurrent};
 
 /// How the CPU backend multiplies by quantized weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,72 +180,6 @@ pub(crate) fn weight_row<'a>(w: &'a WeightSource, r: usize, buf: &'a mut [f32]) 
     // Validated at upload: the row holds exactly `cols` values of a dequantizable type.
     kiln_quant::dequantize(w.ty, bytes, buf).expect("row validated at upload");
     buf
-}
-
-/// Paged attention; `sinks` adds one logit per head to every softmax row, without a value.
-/// A job is one token and the query heads of one KV head, so each cache row it reads serves
-/// them all.
-#[allow(clippy::too_many_arguments)]
-fn attention(simd: Simd, q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, out: &mut [f32], step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
-        return Err(BackendError::Device(format!("attention: {} query heads over {} KV heads", p.n_heads, p.n_kv_heads)));
-    }
-    let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-    let q_width = p.n_heads * hd;
-    check_len("attention query", q.len(), n * q_width)?;
-    check_len("attention output", out.len(), n * q_width)?;
-    check_len("attention tokens in the step", step.plan.n_tokens(), n)?;
-    check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
-    step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
-    let plan = &step.plan;
-    let dst = SharedOut(out.as_mut_ptr());
-    // A job's heads share one KV head; fewer per job only when that is needed to keep every
-    // thread busy (a decode step with few KV heads).
-    let threads = rayon::current_num_threads();
-    let per_job = (1..=group).rev().find(|&d| group.is_multiple_of(d) && n * p.n_heads / d >= threads).unwrap_or(1);
-    // Jobs of one KV head are adjacent, so a thread's cache holds that head's rows.
-    (0..n * p.n_heads / per_job).into_par_iter().for_each(|job| {
-        let (h0, t) = (job / n * per_job, job % n);
-        let col = h0 / group * hd;
-        let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
-        // Positions before the sliding window are masked out.
-        let start = p.window.map_or(0, |w| end.saturating_sub(w));
-        let visible = end - start;
-        let qs = &q[t * q_width + h0 * hd..t * q_width + (h0 + per_job) * hd];
-        // Sized for the longest sequence so a growing sequence never regrows it.
-        let per_head = p.max_seq_len.max(visible) + hd + 1;
-        with_scratch(per_job * per_head, |scratch| {
-            let (scores, rest) = scratch.split_at_mut(per_job * visible);
-            let (acc, totals) = rest[..per_job * (hd + 1)].split_at_mut(per_job * hd);
-            for j in 0..visible {
-                let k = cache.k_row(plan.row_of(seq, start + j), col, hd);
-                for (g, qv) in qs.chunks_exact(hd).enumerate() {
-                    scores[g * visible + j] = simd.dot_kv(qv, k) * p.scale;
-                }
-            }
-            for (g, total) in totals.iter_mut().enumerate() {
-                let s = &mut scores[g * visible..(g + 1) * visible];
-                let sink = sinks.map(|s| s[h0 + g]);
-                let max = simd.max(s).max(sink.unwrap_or(f32::NEG_INFINITY));
-                *total = simd.exp_sum(s, max) + sink.map_or(0.0, |s| (s - max).exp());
-            }
-            acc.fill(0.0);
-            for j in 0..visible {
-                let v = cache.v_row(plan.row_of(seq, start + j), col, hd);
-                for (g, a) in acc.chunks_exact_mut(hd).enumerate() {
-                    simd.axpy_kv(scores[g * visible + j], v, a);
-                }
-            }
-            for (g, (a, total)) in acc.chunks_exact(hd).zip(totals.iter()).enumerate() {
-                // SAFETY: the job owns out[t][h0*hd..(h0+per_job)*hd]; bounds checked above.
-                let o = unsafe { dst.slice_mut(t * q_width + (h0 + g) * hd, hd) };
-                for (o, a) in o.iter_mut().zip(a) {
-                    *o = a / total;
-                }
-            }
-        })
-    });
-    Ok(())
 }
 
 impl Backend for CpuBackend {
@@ -454,7 +388,7 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-        attention(self.simd, q, cache, None, out, step, n, p)
+        cpu_attention::attention(self.simd, q, cache, None, out, step, n, p)
     }
 
     fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
@@ -515,7 +449,7 @@ impl Backend for CpuBackend {
         p: &AttentionParams,
     ) -> Result<()> {
         check_len("attention sinks", sinks.len(), p.n_heads)?;
-        attention(self.simd, q, cache, Some(sinks), out, step, n, p)
+        cpu_attention::attention(self.simd, q, cache, Some(sinks), out, step, n, p)
     }
 
     fn moe_route(

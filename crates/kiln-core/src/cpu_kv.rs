@@ -71,8 +71,8 @@ impl KvRows {
             KvRows::F32(data) => KvRow::F32(&data[at..at + len]),
             KvRows::F16(data) => KvRow::F16(&data[at..at + len]),
             KvRows::Q8(data) => {
-                let row_bytes = KvType::Q8_0.row_bytes(width);
-                KvRow::Q8 { blocks: &data[row * row_bytes..(row + 1) * row_bytes], col }
+                let at = row * KvType::Q8_0.row_bytes(width);
+                KvRow::Q8 { blocks: &data[at + col / 32 * 34..at + (col + len).div_ceil(32) * 34], col: col % 32 }
             }
         }
     }

@@ -24,6 +24,13 @@ fn dot_tail(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
 pub(crate) mod avx2 {
     use super::*;
 
+    /// A q8_0 block's f16 scale, converted in-line (`half` calls out for each one).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn scale(block: &[u8]) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([block[0], block[1]]) as i32)))
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn load(x: &[f32]) -> __m256 {
@@ -129,7 +136,7 @@ pub(crate) mod avx2 {
     pub(crate) fn dot_q8(a: &[f32], blocks: &[u8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (x, b) in a.chunks_exact(32).zip(blocks.chunks_exact(34)) {
-            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            let d = scale(b);
             let q = &b[2..];
             let s = _mm256_fmadd_ps(load(&x[8..]), load_i8(&q[8..]), _mm256_mul_ps(load(x), load_i8(q)));
             let s = _mm256_fmadd_ps(load(&x[16..]), load_i8(&q[16..]), s);
@@ -169,7 +176,7 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn axpy_q8(a: f32, blocks: &[u8], y: &mut [f32]) {
         for (yb, b) in y.chunks_exact_mut(32).zip(blocks.chunks_exact(34)) {
-            let ad = _mm256_set1_ps(a * f16::from_le_bytes([b[0], b[1]]).to_f32());
+            let ad = _mm256_set1_ps(a * scale(b));
             for i in (0..32).step_by(8) {
                 let r = _mm256_fmadd_ps(ad, load_i8(&b[2 + i..]), load(&yb[i..]));
                 store(&mut yb[i..], r);
@@ -263,10 +270,11 @@ pub(crate) mod avx2 {
 }
 
 pub(crate) mod avx512 {
+    use super::avx2::scale;
     use super::*;
 
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     fn load(x: &[f32]) -> __m512 {
         let x = &x[..16];
         // SAFETY: `x` holds 16 floats; the load is unaligned.
@@ -274,7 +282,7 @@ pub(crate) mod avx512 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     fn store(y: &mut [f32], v: __m512) {
         let y = &mut y[..16];
         // SAFETY: `y` holds 16 floats; the store is unaligned.
@@ -282,7 +290,7 @@ pub(crate) mod avx512 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     fn load_f16(x: &[f16]) -> __m512 {
         let x = &x[..16];
         // SAFETY: `x` holds 16 halves (32 bytes); `f16` is a plain u16.
@@ -291,7 +299,7 @@ pub(crate) mod avx512 {
 
     /// 16 signed bytes as floats.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     fn load_i8(x: &[u8]) -> __m512 {
         let x = &x[..16];
         // SAFETY: `x` holds 16 bytes.
@@ -299,7 +307,7 @@ pub(crate) mod avx512 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     fn exp(x: __m512) -> __m512 {
         let c = _mm512_min_ps(_mm512_set1_ps(EXP_HI), _mm512_max_ps(_mm512_set1_ps(EXP_LO), x));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(c, _mm512_set1_ps(std::f32::consts::LOG2_E)));
@@ -313,7 +321,7 @@ pub(crate) mod avx512 {
         _mm512_maskz_mul_ps(keep, p, scale)
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
@@ -330,7 +338,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + tail
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
         let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
@@ -347,18 +355,18 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + tail
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn dot_q8(a: &[f32], blocks: &[u8]) -> f32 {
         let mut acc = _mm512_setzero_ps();
         for (x, b) in a.chunks_exact(32).zip(blocks.chunks_exact(34)) {
-            let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            let d = scale(b);
             let s = _mm512_fmadd_ps(load(&x[16..]), load_i8(&b[18..]), _mm512_mul_ps(load(x), load_i8(&b[2..])));
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), s, acc);
         }
         _mm512_reduce_add_ps(acc)
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         let va = _mm512_set1_ps(a);
         let n = x.len().min(y.len()) / 16 * 16;
@@ -371,7 +379,7 @@ pub(crate) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
         let va = _mm512_set1_ps(a);
         let n = x.len().min(y.len()) / 16 * 16;
@@ -384,10 +392,10 @@ pub(crate) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn axpy_q8(a: f32, blocks: &[u8], y: &mut [f32]) {
         for (yb, b) in y.chunks_exact_mut(32).zip(blocks.chunks_exact(34)) {
-            let ad = _mm512_set1_ps(a * f16::from_le_bytes([b[0], b[1]]).to_f32());
+            let ad = _mm512_set1_ps(a * scale(b));
             let lo = _mm512_fmadd_ps(ad, load_i8(&b[2..]), load(yb));
             let hi = _mm512_fmadd_ps(ad, load_i8(&b[18..]), load(&yb[16..]));
             store(yb, lo);
@@ -395,7 +403,7 @@ pub(crate) mod avx512 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn max(x: &[f32]) -> f32 {
         let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
         let x16 = x.chunks_exact(16);
@@ -406,7 +414,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_max_ps(m).max(tail)
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn exp_sum(x: &mut [f32], sub: f32) -> f32 {
         let (vs, mut acc) = (_mm512_set1_ps(sub), _mm512_setzero_ps());
         let n = x.len() / 16 * 16;
@@ -423,7 +431,7 @@ pub(crate) mod avx512 {
         _mm512_reduce_add_ps(acc) + tail
     }
 
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn sum_squares(x: &[f32]) -> f32 {
         dot(x, x)
     }

@@ -120,3 +120,48 @@ fn attention_matches_a_float64_reference_at_every_level() {
         }
     }
 }
+
+/// One decode token's attention over 2048 cached positions in qwen3-0.6b's shape (16 query
+/// heads over 8 KV heads of 128) at every level, on one thread: `cargo test --release -p kiln-core -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_attention_timing() {
+    let (n_heads, n_kv_heads, hd, depth) = (16, 8, 128, 2048);
+    let blocks: Vec<u32> = (0..depth as u32 / 32).collect();
+    let cap = StepCapacity { tokens: 1, seqs: 1, blocks: blocks.len(), logit_rows: 0, history: 0 };
+    let tokens = [0u32];
+    let seqs = [SeqStep { tokens: &tokens, pos0: depth - 1, blocks: &blocks, logits: LogitRows::None, sample: None }];
+    let mut plan = FlatPlan::with_capacity(&cap);
+    plan.fill(&BatchPlan { seqs: &seqs }, &cap, blocks.len()).unwrap();
+    let width = n_kv_heads * hd;
+    let q = values(n_heads * hd, 1);
+    let p = AttentionParams { n_heads, n_kv_heads, head_dim: hd, max_seq_len: depth, scale: 0.088, window: None };
+    for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
+        for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+            let Some(simd) = Simd::at(level) else { continue };
+            let backend = CpuBackend::with_simd(simd);
+            let spec = KvCacheSpec { n_blocks: blocks.len(), width, k_type: ty, v_type: ty };
+            let mut cache = backend.alloc_kv(&spec, "timing").unwrap();
+            backend.grow_kv(&mut cache, blocks.len()).unwrap();
+            let rows = values(width, 2);
+            for r in 0..depth {
+                cache.store(r, &rows, &rows);
+            }
+            let mut step = backend.alloc_step(&cap, blocks.len()).unwrap();
+            backend.write_step(&mut step, &plan).unwrap();
+            let mut out = vec![0f32; n_heads * hd];
+            let reps = if level == SimdLevel::Scalar { 5 } else { 50 };
+            // CPU time of the one worker thread, so other load on the machine does not count.
+            let cpu_ns = || std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| s.split(' ').next()?.parse::<f64>().ok()).unwrap_or(0.0);
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            let ns = pool.install(|| {
+                let t0 = cpu_ns();
+                for _ in 0..reps {
+                    backend.attention(&q, &cache, &mut out, &step, 1, &p).unwrap();
+                }
+                cpu_ns() - t0
+            });
+            println!("{ty} {level:?}: {:.3} ms of one thread's CPU time a layer", ns / 1e6 / reps as f64);
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod cpu;
+mod cpu_attention;
 pub mod cpu_int;
 mod cpu_kv;
 mod cpu_ops;

@@ -1,0 +1,186 @@
+//! The CPU backend's paged attention.
+//!
+//! A job is one token over a run of its positions, for every head at once: the cache rows of
+//! a block are adjacent in memory, so a job streams whole rows instead of picking one head's
+//! few hundred bytes out of each (which left the kernels waiting on memory). Softmax is
+//! online, block by block, so a job's scratch does not grow with the context. Decode steps
+//! have too few tokens to keep every thread busy, so their positions are split into chunks
+//! whose partial softmaxes are merged afterwards.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::backend::{AttentionParams, BackendError, Result};
+use crate::cpu::{check_len, with_scratch, CpuKvCache, CpuStep, SharedOut};
+use crate::cpu_simd::Simd;
+use crate::plan::KV_BLOCK_SIZE;
+
+/// How many rows ahead, within a block, rows are prefetched.
+const PREFETCH_ROWS: usize = 2;
+/// Fewest positions worth a chunk of their own (few in tests, so short sequences split too).
+const MIN_CHUNK: usize = if cfg!(test) { 8 } else { 256 };
+/// Most chunks a token's positions are split into.
+const MAX_CHUNKS: usize = 64;
+
+thread_local! {
+    /// The chunks' partial results of a split attention, on the calling thread.
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `sinks` adds one logit per head to every softmax row, without a value.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    simd: Simd,
+    q: &[f32],
+    cache: &CpuKvCache,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    step: &CpuStep,
+    n: usize,
+    p: &AttentionParams,
+) -> Result<()> {
+    if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
+        return Err(BackendError::Device(format!("attention: {} query heads over {} KV heads", p.n_heads, p.n_kv_heads)));
+    }
+    let plan = step.plan();
+    let (hd, nh) = (p.head_dim, p.n_heads);
+    let q_width = nh * hd;
+    check_len("attention query", q.len(), n * q_width)?;
+    check_len("attention output", out.len(), n * q_width)?;
+    check_len("attention tokens in the step", plan.n_tokens(), n)?;
+    check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
+    if let Some(s) = sinks {
+        check_len("attention sinks", s.len(), nh)?;
+    }
+    plan.check_usable(cache.usable_rows() / KV_BLOCK_SIZE)?;
+    let threads = rayon::current_num_threads();
+    let longest = p.window.map_or(plan.max_kv_len as usize, |w| w.min(plan.max_kv_len as usize));
+    let chunks = if n >= 2 * threads { 1 } else { (2 * threads).div_ceil(n.max(1)).min(longest.div_ceil(MIN_CHUNK)).clamp(1, MAX_CHUNKS) };
+    // A head's partial result: its weighted sum of values, softmax max and sum.
+    let part = hd + 2;
+    let dst = SharedOut(out.as_mut_ptr());
+    let run = |partials: Option<SharedOut>| {
+        (0..n * chunks).into_par_iter().for_each(|job| {
+            let (t, c) = (job / chunks, job % chunks);
+            let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+            // Positions before the sliding window are masked out.
+            let start = p.window.map_or(0, |w| end.saturating_sub(w));
+            let len = (end - start).div_ceil(chunks);
+            let (a, b) = ((start + c * len).min(end), (start + (c + 1) * len).min(end));
+            with_scratch(nh * (KV_BLOCK_SIZE + part), |scratch| {
+                let (scores, rest) = scratch.split_at_mut(nh * KV_BLOCK_SIZE);
+                let acc = &mut rest[..nh * part];
+                for h in acc.chunks_exact_mut(part) {
+                    h.fill(0.0);
+                    h[hd] = f32::NEG_INFINITY;
+                }
+                let ctx = Ctx { simd, cache, p, q: &q[t * q_width..(t + 1) * q_width] };
+                let mut pos = a;
+                while pos < b {
+                    // Positions of one block sit in consecutive rows.
+                    let m = (KV_BLOCK_SIZE - pos % KV_BLOCK_SIZE).min(b - pos);
+                    ctx.block(plan.row_of(seq, pos), m, scores, acc);
+                    pos += m;
+                }
+                for (h, acc) in acc.chunks_exact(part).enumerate() {
+                    match partials {
+                        // SAFETY: the job owns its chunk's partials of token t; in bounds by construction.
+                        Some(parts) => unsafe { parts.slice_mut(((t * chunks + c) * nh + h) * part, part) }.copy_from_slice(acc),
+                        None => {
+                            // SAFETY: the job owns out[t]; bounds checked above.
+                            let o = unsafe { dst.slice_mut(t * q_width + h * hd, hd) };
+                            finish(&[acc], sinks.map(|s| s[h]), o);
+                        }
+                    }
+                }
+            })
+        });
+    };
+    if chunks == 1 {
+        run(None);
+        return Ok(());
+    }
+    PARTIALS.with(|cell| {
+        let mut parts = cell.borrow_mut();
+        if parts.len() < n * chunks * nh * part {
+            parts.resize(n * chunks * nh * part, 0.0);
+        }
+        run(Some(SharedOut(parts.as_mut_ptr())));
+        for t in 0..n {
+            for h in 0..nh {
+                let mut pieces = [&[][..]; MAX_CHUNKS];
+                for (c, piece) in pieces[..chunks].iter_mut().enumerate() {
+                    *piece = &parts[((t * chunks + c) * nh + h) * part..][..part];
+                }
+                finish(&pieces[..chunks], sinks.map(|s| s[h]), &mut out[t * q_width + h * hd..][..hd]);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// What every block of a job needs.
+struct Ctx<'a> {
+    simd: Simd,
+    cache: &'a CpuKvCache,
+    p: &'a AttentionParams,
+    /// The token's queries, all heads.
+    q: &'a [f32],
+}
+
+impl Ctx<'_> {
+    /// Rows `row..row + m` (one block's) into every head's running `[acc, max, sum]`.
+    fn block(&self, row: usize, m: usize, scores: &mut [f32], acc: &mut [f32]) {
+        let (simd, hd, p) = (self.simd, self.p.head_dim, self.p);
+        let (group, width, part) = (p.n_heads / p.n_kv_heads, self.cache.spec.width, hd + 2);
+        for i in 0..m {
+            if i + PREFETCH_ROWS < m {
+                self.cache.k_row(row + i + PREFETCH_ROWS, 0, width).prefetch();
+            }
+            for (kvh, qs) in self.q.chunks_exact(group * hd).enumerate() {
+                let k = self.cache.k_row(row + i, kvh * hd, hd);
+                for (g, qv) in qs.chunks_exact(hd).enumerate() {
+                    scores[(kvh * group + g) * KV_BLOCK_SIZE + i] = simd.dot_kv(qv, k) * p.scale;
+                }
+            }
+        }
+        for (s, a) in scores.chunks_exact_mut(KV_BLOCK_SIZE).zip(acc.chunks_exact_mut(part)) {
+            let s = &mut s[..m];
+            let (max, sum) = (a[hd], a[hd + 1]);
+            let new_max = simd.max(s).max(max);
+            if new_max > max {
+                // Rescale what came before to the new max (nothing, on the first block).
+                let f = (max - new_max).exp();
+                a[..hd].iter_mut().for_each(|v| *v *= f);
+                a[hd + 1] = sum * f;
+                a[hd] = new_max;
+            }
+            a[hd + 1] += simd.exp_sum(s, a[hd]);
+        }
+        for i in 0..m {
+            if i + PREFETCH_ROWS < m {
+                self.cache.v_row(row + i + PREFETCH_ROWS, 0, width).prefetch();
+            }
+            for kvh in 0..p.n_kv_heads {
+                let v = self.cache.v_row(row + i, kvh * hd, hd);
+                for h in kvh * group..(kvh + 1) * group {
+                    simd.axpy_kv(scores[h * KV_BLOCK_SIZE + i], v, &mut acc[h * part..h * part + hd]);
+                }
+            }
+        }
+    }
+}
+
+/// One head's output from the partial `[acc, max, sum]` of its chunks and its sink.
+fn finish(pieces: &[&[f32]], sink: Option<f32>, out: &mut [f32]) {
+    let hd = out.len();
+    let max = pieces.iter().map(|c| c[hd]).chain(sink).fold(f32::NEG_INFINITY, f32::max);
+    let weight = |c: &[f32]| if c[hd] == f32::NEG_INFINITY { 0.0 } else { (c[hd] - max).exp() };
+    let total: f32 = pieces.iter().map(|c| c[hd + 1] * weight(c)).sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
+    out.fill(0.0);
+    for c in pieces {
+        let w = weight(c) / total;
+        out.iter_mut().zip(&c[..hd]).for_each(|(o, a)| *o += a * w);
+    }
+}
