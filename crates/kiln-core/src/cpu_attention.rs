@@ -3,9 +3,10 @@
 //! A job is one token over a run of its positions, for every head at once: the cache rows of
 //! a block are adjacent in memory, so a job streams whole rows instead of picking one head's
 //! few hundred bytes out of each (which left the kernels waiting on memory). Softmax is
-//! online, block by block, so a job's scratch does not grow with the context. Decode steps
-//! have too few tokens to keep every thread busy, so their positions are split into chunks
-//! whose partial softmaxes are merged afterwards.
+//! online, block by block, so a job's scratch does not grow with the context. Long spans are
+//! split into chunks (by the token's own span, so results never depend on the rest of the
+//! step) whose partial softmaxes are merged afterwards: that keeps every thread busy in decode
+//! steps, which have few tokens.
 
 use std::cell::RefCell;
 
@@ -22,6 +23,8 @@ const PREFETCH_ROWS: usize = 2;
 const MIN_CHUNK: usize = if cfg!(test) { 8 } else { 256 };
 /// Most chunks a token's positions are split into.
 const MAX_CHUNKS: usize = 64;
+/// Tokens whose chunks are computed and merged together.
+const TOKENS_PER_PASS: usize = 64;
 
 thread_local! {
     /// The chunks' partial results of a split attention, on the calling thread.
@@ -54,66 +57,76 @@ pub(crate) fn attention(
         check_len("attention sinks", s.len(), nh)?;
     }
     plan.check_usable(cache.usable_rows() / KV_BLOCK_SIZE)?;
-    let threads = rayon::current_num_threads();
-    let longest = p.window.map_or(plan.max_kv_len as usize, |w| w.min(plan.max_kv_len as usize));
-    let chunks = if n >= 2 * threads { 1 } else { (2 * threads).div_ceil(n.max(1)).min(longest.div_ceil(MIN_CHUNK)).clamp(1, MAX_CHUNKS) };
+    // A token's positions are split by its own span alone, never by what else is in the step,
+    // so a sequence's result does not depend on the batch it runs in.
+    let span_of = |t: usize| {
+        let end = plan.positions[t] as usize + 1;
+        (end - p.window.map_or(0, |w| end.saturating_sub(w))).max(1)
+    };
+    let chunks_of = |t: usize| span_of(t).div_ceil(MIN_CHUNK).clamp(1, MAX_CHUNKS);
     // A head's partial result: its weighted sum of values, softmax max and sum.
     let part = hd + 2;
     let dst = SharedOut(out.as_mut_ptr());
-    let run = |partials: Option<SharedOut>| {
-        (0..n * chunks).into_par_iter().for_each(|job| {
-            let (t, c) = (job / chunks, job % chunks);
-            let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
-            // Positions before the sliding window are masked out.
-            let start = p.window.map_or(0, |w| end.saturating_sub(w));
-            let len = (end - start).div_ceil(chunks);
-            let (a, b) = ((start + c * len).min(end), (start + (c + 1) * len).min(end));
-            with_scratch(nh * (KV_BLOCK_SIZE + part), |scratch| {
-                let (scores, rest) = scratch.split_at_mut(nh * KV_BLOCK_SIZE);
-                let acc = &mut rest[..nh * part];
-                for h in acc.chunks_exact_mut(part) {
-                    h.fill(0.0);
-                    h[hd] = f32::NEG_INFINITY;
+    PARTIALS.with(|cell| {
+        let mut parts = cell.borrow_mut();
+        // Tokens go in passes so that the partials stay bounded however long the step.
+        for first in (0..n).step_by(TOKENS_PER_PASS) {
+            let count = TOKENS_PER_PASS.min(n - first);
+            let grid = (first..first + count).map(chunks_of).max().unwrap_or(1);
+            if grid > 1 && parts.len() < count * grid * nh * part {
+                parts.resize(count * grid * nh * part, 0.0);
+            }
+            let partials = SharedOut(parts.as_mut_ptr());
+            (0..count * grid).into_par_iter().for_each(|job| {
+                let (t, c) = (first + job / grid, job % grid);
+                let chunks = chunks_of(t);
+                if c >= chunks {
+                    return;
                 }
-                let ctx = Ctx { simd, cache, p, q: &q[t * q_width..(t + 1) * q_width] };
-                let mut pos = a;
-                while pos < b {
-                    // Positions of one block sit in consecutive rows.
-                    let m = (KV_BLOCK_SIZE - pos % KV_BLOCK_SIZE).min(b - pos);
-                    ctx.block(plan.row_of(seq, pos), m, scores, acc);
-                    pos += m;
-                }
-                for (h, acc) in acc.chunks_exact(part).enumerate() {
-                    match partials {
-                        // SAFETY: the job owns its chunk's partials of token t; in bounds by construction.
-                        Some(parts) => unsafe { parts.slice_mut(((t * chunks + c) * nh + h) * part, part) }.copy_from_slice(acc),
-                        None => {
+                let (seq, end) = (plan.token_seq[t] as usize, plan.positions[t] as usize + 1);
+                // Positions before the sliding window are masked out.
+                let start = end - span_of(t).min(end);
+                let len = (end - start).div_ceil(chunks);
+                let (a, b) = ((start + c * len).min(end), (start + (c + 1) * len).min(end));
+                with_scratch(nh * (KV_BLOCK_SIZE + part), |scratch| {
+                    let (scores, rest) = scratch.split_at_mut(nh * KV_BLOCK_SIZE);
+                    let acc = &mut rest[..nh * part];
+                    for h in acc.chunks_exact_mut(part) {
+                        h.fill(0.0);
+                        h[hd] = f32::NEG_INFINITY;
+                    }
+                    let ctx = Ctx { simd, cache, p, q: &q[t * q_width..(t + 1) * q_width] };
+                    let mut pos = a;
+                    while pos < b {
+                        // Positions of one block sit in consecutive rows.
+                        let m = (KV_BLOCK_SIZE - pos % KV_BLOCK_SIZE).min(b - pos);
+                        ctx.block(plan.row_of(seq, pos), m, scores, acc);
+                        pos += m;
+                    }
+                    for (h, acc) in acc.chunks_exact(part).enumerate() {
+                        if chunks == 1 {
                             // SAFETY: the job owns out[t]; bounds checked above.
                             let o = unsafe { dst.slice_mut(t * q_width + h * hd, hd) };
                             finish(&[acc], sinks.map(|s| s[h]), o);
+                        } else {
+                            // SAFETY: the job owns its chunk's partials of token t; sized above.
+                            unsafe { partials.slice_mut((((t - first) * grid + c) * nh + h) * part, part) }.copy_from_slice(acc);
                         }
                     }
+                })
+            });
+            for t in first..first + count {
+                let chunks = chunks_of(t);
+                if chunks == 1 {
+                    continue;
                 }
-            })
-        });
-    };
-    if chunks == 1 {
-        run(None);
-        return Ok(());
-    }
-    PARTIALS.with(|cell| {
-        let mut parts = cell.borrow_mut();
-        if parts.len() < n * chunks * nh * part {
-            parts.resize(n * chunks * nh * part, 0.0);
-        }
-        run(Some(SharedOut(parts.as_mut_ptr())));
-        for t in 0..n {
-            for h in 0..nh {
-                let mut pieces = [&[][..]; MAX_CHUNKS];
-                for (c, piece) in pieces[..chunks].iter_mut().enumerate() {
-                    *piece = &parts[((t * chunks + c) * nh + h) * part..][..part];
+                for h in 0..nh {
+                    let mut pieces = [&[][..]; MAX_CHUNKS];
+                    for (c, piece) in pieces[..chunks].iter_mut().enumerate() {
+                        *piece = &parts[(((t - first) * grid + c) * nh + h) * part..][..part];
+                    }
+                    finish(&pieces[..chunks], sinks.map(|s| s[h]), &mut out[t * q_width + h * hd..][..hd]);
                 }
-                finish(&pieces[..chunks], sinks.map(|s| s[h]), &mut out[t * q_width + h * hd..][..hd]);
             }
         }
     });

@@ -217,55 +217,48 @@ pub(crate) mod avx2 {
         dot(x, x)
     }
 
-    /// `out = f(a, b)` eight lanes at a time, `g` on the tail.
+    /// `out = f(a, b)` eight lanes at a time; the tail goes through `f` too, padded, so that a
+    /// value's result never depends on where it sits in the buffer (batches of other lengths).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn map2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(__m256, __m256) -> __m256, g: impl Fn(f32, f32) -> f32) {
+    fn map2(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(__m256, __m256) -> __m256) {
         let n = a.len().min(b.len()).min(out.len());
         let full = n / 8 * 8;
-        for ((o, x), y) in out[full..n].iter_mut().zip(&a[full..n]).zip(&b[full..n]) {
-            *o = g(*x, *y);
-        }
         for ((o, x), y) in out[..full].chunks_exact_mut(8).zip(a[..full].chunks_exact(8)).zip(b[..full].chunks_exact(8)) {
             store(o, f(load(x), load(y)));
+        }
+        if full < n {
+            let (mut x, mut y, mut o) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+            x[..n - full].copy_from_slice(&a[full..n]);
+            y[..n - full].copy_from_slice(&b[full..n]);
+            store(&mut o, f(load(&x), load(&y)));
+            out[full..n].copy_from_slice(&o[..n - full]);
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn rms_apply(x: &[f32], s: f32, w: &[f32], out: &mut [f32]) {
         let vs = _mm256_set1_ps(s);
-        map2(x, w, out, |v, w| _mm256_mul_ps(_mm256_mul_ps(v, vs), w), |v, w| v * s * w);
+        map2(x, w, out, |v, w| _mm256_mul_ps(_mm256_mul_ps(v, vs), w));
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let one = _mm256_set1_ps(1.0);
-        map2(
-            gate,
-            up,
-            out,
-            |g, u| _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(_mm256_setzero_ps(), g)))), u),
-            crate::cpu_simd::scalar::swiglu_one,
-        );
+        map2(gate, up, out, |g, u| _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(_mm256_setzero_ps(), g)))), u));
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let (half, one, two) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0), _mm256_set1_ps(2.0));
         let (k, c) = (_mm256_set1_ps(0.797_884_6), _mm256_set1_ps(0.044715));
-        map2(
-            gate,
-            up,
-            out,
-            |x, u| {
-                // tanh(z) = 1 - 2 / (exp(2z) + 1): exact limits at both ends, no cancellation
-                // that matters since gelu adds 1 to it.
-                let z = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, x), _mm256_mul_ps(x, x), x));
-                let t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp(_mm256_mul_ps(two, z)), one)));
-                _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t)), u)
-            },
-            |g, u| crate::cpu_ops::gelu_tanh(g) * u,
-        );
+        map2(gate, up, out, |x, u| {
+            // tanh(z) = 1 - 2 / (exp(2z) + 1): exact limits at both ends, no cancellation
+            // that matters since gelu adds 1 to it.
+            let z = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, x), _mm256_mul_ps(x, x), x));
+            let t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp(_mm256_mul_ps(two, z)), one)));
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t)), u)
+        });
     }
 }
 
