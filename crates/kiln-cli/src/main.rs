@@ -4,7 +4,9 @@ mod batched_bench;
 mod bench;
 mod chat;
 mod info;
+mod kld;
 mod kv_args;
+mod perplexity;
 mod quantize;
 mod random_model;
 mod run;
@@ -39,6 +41,8 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Measure prompt and generation speed (like llama-bench).
     Bench(bench::BenchArgs),
+    /// Perplexity over a text, and KL divergence against a base model (like llama-perplexity).
+    Perplexity(perplexity::PerplexityArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (like llama-server).
     Serve(serve::ServeArgs),
     /// Developer tools.
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Quantize(a) => quantize::quantize(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Perplexity(a) => perplexity::perplexity(a),
         Command::Serve(a) => serve::serve(a),
         Command::Dev { command } => random_model::dev(command),
     };

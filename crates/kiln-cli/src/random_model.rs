@@ -20,12 +20,16 @@ pub enum DevCommand {
 pub struct RandomModelArgs {
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Model shape: llama3-8b, qwen3-8b, qwen3-0.6b, tiny-llama, tiny-qwen3.
+    /// Model shape: llama3-8b, qwen3-8b, qwen3-0.6b, qwen3-30b-a3b, gemma4-26b-a4b,
+    /// qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3.
     #[arg(long)]
     pub shape: String,
-    /// File type, as for `kiln quantize`.
-    #[arg(long = "type", default_value = "Q4_K_M")]
-    pub file_type: String,
+    /// File type, as for `kiln quantize` [default: Q4_K_M; gpt-oss: MXFP4_MOE, as released].
+    #[arg(long = "type")]
+    pub file_type: Option<String>,
+    /// Print the tensor plan and the size the file would have, without writing it.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -57,8 +61,15 @@ fn random_model(args: RandomModelArgs) -> CliResult {
         Some(n) => shape.n_layer = n,
         None => {}
     }
-    let ftype = parse_file_type(&args.file_type)?;
+    let ftype = match &args.file_type {
+        Some(name) => parse_file_type(name)?,
+        None => shape.default_file_type(),
+    };
     let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: false };
+    let model = RandomModel::new(shape, args.seed);
+    if args.dry_run {
+        return dry_run(&model, &options);
+    }
     eprintln!(
         "random {} model ({} layers, seed {}) as {} -> {} ({} threads)",
         shape.name,
@@ -69,8 +80,25 @@ fn random_model(args: RandomModelArgs) -> CliResult {
         rayon::current_num_threads()
     );
     let progress = ProgressReport::stderr();
-    let result = RandomModel::new(shape, args.seed).write(&args.output, &options, &progress);
+    let result = model.write(&args.output, &options, &progress);
     progress.finish();
     print_summary(&args.output, &result?);
+    Ok(())
+}
+
+/// The plan of every tensor, then the totals (`tensor data: N bytes`, parsed by the tests).
+fn dry_run(model: &RandomModel, options: &QuantizeOptions) -> CliResult {
+    let plans = model.plan(options)?;
+    let mut counts = std::collections::BTreeMap::new();
+    for p in &plans {
+        println!("{:40} {:>6} {:?}", p.name, p.dst_type.to_string(), p.dims);
+        *counts.entry(p.dst_type.to_string()).or_insert(0usize) += 1;
+    }
+    let n_params: u64 = plans.iter().map(|p| p.n_elements()).sum();
+    let bytes = model.tensor_bytes(options)?;
+    let types: Vec<String> = counts.iter().map(|(t, n)| format!("{t}x{n}")).collect();
+    println!("tensors: {} ({})", plans.len(), types.join(", "));
+    println!("parameters: {n_params}");
+    println!("tensor data: {bytes} bytes ({:.2} GiB, {:.2} BPW)", bytes as f64 / (1u64 << 30) as f64, bytes as f64 * 8.0 / n_params as f64);
     Ok(())
 }

@@ -5,12 +5,30 @@
 //! Values are N(0, 1/fan_in) (norm weights about 1), generated per row from a
 //! seed, so any row can be recomputed independently and in parallel.
 
+mod archs;
+
 use std::path::Path;
 
 use kiln_gguf::{TensorInfo, Value, ValueType};
 
-use crate::file::{output_metadata, plan_tensors, write_planned, FileType, Progress, QuantHparams, QuantizeOptions, Result, TensorSource, WriteSummary};
+use crate::file::{
+    output_metadata, plan_tensors, write_planned, FileType, Progress, QuantHparams, QuantizeError, QuantizeOptions, Result, TensorPlan, TensorSource,
+    WriteSummary,
+};
 use crate::GgmlType;
+
+pub use archs::{Gemma4, GptOss, Moe, Qwen35};
+
+/// What a shape has beyond a dense llama/qwen3 stack.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ShapeKind {
+    Dense,
+    /// Qwen3-MoE: every FFN a mixture of experts.
+    Moe(Moe),
+    Gemma4(Gemma4),
+    Qwen35(Qwen35),
+    GptOss(GptOss),
+}
 
 /// Tokenizer families of the synthetic vocabularies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +60,17 @@ pub struct ModelShape {
     /// Per-head RMSNorm of q and k (qwen3).
     pub qk_norm: bool,
     pub tokenizer: TokenizerStyle,
+    pub kind: ShapeKind,
+}
+
+impl ModelShape {
+    /// The file type its real release is usually run in: MXFP4 experts for gpt-oss.
+    pub fn default_file_type(&self) -> FileType {
+        match self.kind {
+            ShapeKind::GptOss(_) => FileType::MXFP4_MOE,
+            _ => FileType::Q4_K_M,
+        }
+    }
 }
 
 const LLAMA3_8B: ModelShape = ModelShape {
@@ -61,6 +90,7 @@ const LLAMA3_8B: ModelShape = ModelShape {
     tied_embeddings: false,
     qk_norm: false,
     tokenizer: TokenizerStyle::Llama3,
+    kind: ShapeKind::Dense,
 };
 
 const QWEN3_8B: ModelShape = ModelShape {
@@ -80,6 +110,7 @@ const QWEN3_8B: ModelShape = ModelShape {
     tied_embeddings: false,
     qk_norm: true,
     tokenizer: TokenizerStyle::Qwen2,
+    kind: ShapeKind::Dense,
 };
 
 /// `base` scaled down to the sizes of shared/testdata's tiny models.
@@ -94,6 +125,10 @@ pub const SHAPES: &[ModelShape] = &[
     ModelShape { name: "qwen3-0.6b", n_embd: 1024, n_layer: 28, n_head: 16, n_ff: 3072, tied_embeddings: true, ..QWEN3_8B },
     ModelShape { rope_base: 10000.0, ..tiny("tiny-llama", LLAMA3_8B) },
     ModelShape { tied_embeddings: true, ..tiny("tiny-qwen3", QWEN3_8B) },
+    archs::QWEN3_30B_A3B,
+    archs::GEMMA4_26B_A4B,
+    archs::QWEN35_35B_A3B,
+    archs::GPT_OSS_20B,
 ];
 
 pub fn find_shape(name: &str) -> Option<ModelShape> {
@@ -157,6 +192,23 @@ fn string_array(items: Vec<String>) -> Value {
     Value::Array(ValueType::String, items.into_iter().map(Value::String).collect())
 }
 
+/// What a tensor holds, which decides its type in the F16 original and its values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Init {
+    /// A weight matrix, stored in F16: N(0, 1/fan_in).
+    Matrix,
+    /// A matrix the converter keeps in F32 (routers, conv kernels).
+    FloatMatrix,
+    /// Norm weights and scales: about 1.
+    Norm,
+    /// Biases: about 0.
+    Bias,
+    /// Negative values (Gated DeltaNet's `ssm_a` = -exp(A_log)), so the state decays.
+    Negative,
+    /// Gemma 4's proportional rope: factor 1 on the first pairs, 1e30 (no rotation) after.
+    RopeFreqs { rotated_pairs: u64 },
+}
+
 /// How the values of one tensor are drawn.
 #[derive(Clone, Copy, Debug)]
 struct Distribution {
@@ -164,6 +216,19 @@ struct Distribution {
     std: f32,
     /// Round to f16, as the F16 original stores them.
     f16: bool,
+}
+
+impl Init {
+    fn distribution(self, dims: &[u64]) -> Distribution {
+        let fan_in = 1.0 / (dims[0] as f32).sqrt();
+        match self {
+            Init::Matrix => Distribution { mean: 0.0, std: fan_in, f16: true },
+            Init::FloatMatrix => Distribution { mean: 0.0, std: fan_in, f16: false },
+            Init::Norm | Init::RopeFreqs { .. } => Distribution { mean: 1.0, std: 0.1, f16: false },
+            Init::Bias => Distribution { mean: 0.0, std: 0.1, f16: false },
+            Init::Negative => Distribution { mean: -2.0, std: 0.5, f16: false },
+        }
+    }
 }
 
 fn splitmix64(mut z: u64) -> u64 {
@@ -203,7 +268,7 @@ pub struct RandomModel {
     shape: ModelShape,
     seed: u64,
     tensors: Vec<TensorInfo>,
-    distributions: Vec<Distribution>,
+    inits: Vec<Init>,
 }
 
 impl RandomModel {
@@ -211,21 +276,23 @@ impl RandomModel {
         let s = &shape;
         let (q_width, kv_width) = (s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
         let mut tensors = Vec::new();
-        let mut distributions = Vec::new();
-        let mut add = |name: String, dims: Vec<u64>| {
-            let matrix = dims.len() == 2;
-            let ty = if matrix { GgmlType::F16 } else { GgmlType::F32 };
-            let dist = if matrix {
-                Distribution { mean: 0.0, std: 1.0 / (dims[0] as f32).sqrt(), f16: true }
-            } else {
-                Distribution { mean: 1.0, std: 0.1, f16: false }
-            };
+        let mut inits = Vec::new();
+        let mut add_init = |name: String, dims: Vec<u64>, init: Init| {
+            let ty = if init == Init::Matrix { GgmlType::F16 } else { GgmlType::F32 };
             tensors.push(TensorInfo { name, dims, ty, offset: 0, n_bytes: 0 });
-            distributions.push(dist);
+            inits.push(init);
         };
         // The order convert_hf_to_gguf.py writes a Hugging Face checkpoint in.
-        add("token_embd.weight".into(), vec![s.n_embd, s.n_vocab]);
+        add_init("token_embd.weight".into(), vec![s.n_embd, s.n_vocab], Init::Matrix);
+        archs::global_tensors(s, &mut add_init);
         for l in 0..s.n_layer {
+            if archs::layer_tensors(s, l, &mut add_init) {
+                continue;
+            }
+            let mut add = |name: String, dims: Vec<u64>| {
+                let init = if dims.len() == 2 { Init::Matrix } else { Init::Norm };
+                add_init(name, dims, init)
+            };
             let n = |suffix: &str| format!("blk.{l}.{suffix}");
             add(n("attn_norm.weight"), vec![s.n_embd]);
             add(n("ffn_down.weight"), vec![s.n_ff, s.n_embd]);
@@ -243,11 +310,11 @@ impl RandomModel {
             add(n("attn_q.weight"), vec![s.n_embd, q_width]);
             add(n("attn_v.weight"), vec![s.n_embd, kv_width]);
         }
-        add("output_norm.weight".into(), vec![s.n_embd]);
+        add_init("output_norm.weight".into(), vec![s.n_embd], Init::Norm);
         if !s.tied_embeddings {
-            add("output.weight".into(), vec![s.n_embd, s.n_vocab]);
+            add_init("output.weight".into(), vec![s.n_embd, s.n_vocab], Init::Matrix);
         }
-        RandomModel { shape, seed, tensors, distributions }
+        RandomModel { shape, seed, tensors, inits }
     }
 
     pub fn shape(&self) -> &ModelShape {
@@ -280,6 +347,7 @@ impl RandomModel {
             (format!("{a}.attention.key_length"), u32v(s.head_dim)),
             (format!("{a}.attention.value_length"), u32v(s.head_dim)),
         ];
+        archs::metadata(s, &mut m);
         if a == "llama" {
             m.push((format!("{a}.rope.dimension_count"), u32v(s.head_dim)));
             m.push((format!("{a}.vocab_size"), u32v(s.n_vocab)));
@@ -305,8 +373,29 @@ impl RandomModel {
     /// Row `row` of tensor `index` as the F16 original holds it.
     pub fn original_row(&self, index: usize, row: usize, out: &mut [f32]) {
         let t = &self.tensors[index];
+        if let Init::RopeFreqs { rotated_pairs } = self.inits[index] {
+            for (i, v) in out.iter_mut().enumerate() {
+                *v = if (i as u64) < rotated_pairs { 1.0 } else { 1e30 };
+            }
+            return;
+        }
         let seed = self.seed ^ splitmix64(name_hash(&t.name) ^ splitmix64(row as u64));
-        fill_normal(seed, self.distributions[index], out);
+        fill_normal(seed, self.inits[index].distribution(&t.dims), out);
+    }
+
+    /// Each tensor's name, shape and the type `write` would give it.
+    pub fn plan(&self, options: &QuantizeOptions) -> Result<Vec<TensorPlan>> {
+        let hparams = QuantHparams::from_metadata(&self.metadata())?;
+        plan_tensors(&hparams, &self.tensors, options)
+    }
+
+    /// Bytes of tensor data `write` would produce (the file adds metadata and alignment).
+    pub fn tensor_bytes(&self, options: &QuantizeOptions) -> Result<u64> {
+        let mut total = 0;
+        for p in self.plan(options)? {
+            total += crate::quantized_size(p.dst_type, p.n_elements() as usize).map_err(|e| QuantizeError::Quant { tensor: p.name.clone(), source: e })? as u64;
+        }
+        Ok(total)
     }
 
     /// Writes the model quantized as `options` asks, exactly as `kiln
