@@ -19,13 +19,18 @@ pub(crate) fn matmul(w: &WeightSource, x: &[f32], n: usize, out: SharedOut) {
     let (rows, cols) = (w.rows, w.cols);
     let elem = w.ty.type_size();
     let rows_per_task = (16384 / cols.max(1)).clamp(1, 64);
+    let all = w.bytes();
+    let row_bytes = cols * elem;
     (0..rows.div_ceil(rows_per_task)).into_par_iter().for_each(|task| {
         for r in task * rows_per_task..((task + 1) * rows_per_task).min(rows) {
-            let row = &w.bytes()[r * cols * elem..(r + 1) * cols * elem];
+            let ahead = (r + 1) * row_bytes + super::PREFETCH_BYTES.max(row_bytes);
+            super::prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
+            let packed = &all[r * row_bytes..(r + 1) * row_bytes];
+            let (ty, row) = (w.ty, packed);
             for t in 0..n {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `supports` checked the level is available; the row holds `cols` values of `w.ty`.
-                let v = unsafe { avx512::dot(w.ty, row, &x[t * cols..(t + 1) * cols]) };
+                // SAFETY: `supports` checked the level is available; the row holds `cols` values of `ty`.
+                let v = unsafe { avx512::dot(ty, row, &x[t * cols..(t + 1) * cols]) };
                 #[cfg(not(target_arch = "x86_64"))]
                 let v = unreachable!("no float kernels on this target: {row:?}");
                 // SAFETY: row r belongs to this task alone; in bounds as checked by the caller.

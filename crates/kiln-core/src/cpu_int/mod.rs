@@ -138,11 +138,11 @@ impl FusedKernel {
 
 /// How far ahead of the row being multiplied its task's weight bytes are requested from
 /// memory, so that a decode step's weight stream does not wait on each new row.
-const PREFETCH_BYTES: usize = 4096;
+pub(crate) const PREFETCH_BYTES: usize = 4096;
 
 /// Asks for `bytes` to be brought into the caches.
 #[inline]
-fn prefetch(bytes: &[u8]) {
+pub(crate) fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
         // SAFETY: a prefetch hint on a valid address; it never faults.
@@ -184,7 +184,7 @@ pub(crate) fn matmul(level: SimdLevel, w: &WeightSource, acts: &QuantizedActs, o
             let all = w.bytes();
             for r in first..first + count {
                 let bytes = &all[r * row_bytes..(r + 1) * row_bytes];
-                let ahead = (r + 1) * row_bytes + PREFETCH_BYTES;
+                let ahead = (r + 1) * row_bytes + PREFETCH_BYTES.max(row_bytes);
                 prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
                 for t in 0..n {
                     // SAFETY: row r belongs to this task alone; in bounds as checked by the caller.
