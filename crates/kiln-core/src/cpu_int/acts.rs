@@ -61,6 +61,16 @@ impl QuantizedActs {
         }
     }
 
+    /// Block `b`'s scale and the sums of its two halves' codes.
+    fn set_block(&mut self, b: usize, d: f32, s_lo: i32, s_hi: i32) {
+        self.scale[b] = d;
+        self.sum16[2 * b] = s_lo;
+        self.sum16[2 * b + 1] = s_hi;
+        self.scaled_sum16[2 * b] = d * s_lo as f32;
+        self.scaled_sum16[2 * b + 1] = d * s_hi as f32;
+        self.scaled_sum32[b] = d * (s_lo + s_hi) as f32;
+    }
+
     pub fn n_tiles(&self) -> usize {
         self.n.div_ceil(TOKEN_TILE)
     }
@@ -130,12 +140,7 @@ unsafe fn quantize_rows_avx512(acts: &mut QuantizedActs, x: &[f32]) {
         };
         _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b).cast(), fours(q_lo));
         _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b + 4).cast(), fours(q_hi));
-        acts.scale[b] = d;
-        acts.sum16[2 * b] = s_lo;
-        acts.sum16[2 * b + 1] = s_hi;
-        acts.scaled_sum16[2 * b] = d * s_lo as f32;
-        acts.scaled_sum16[2 * b + 1] = d * s_hi as f32;
-        acts.scaled_sum32[b] = d * (s_lo + s_hi) as f32;
+        acts.set_block(b, d, s_lo, s_hi);
     }
 }
 
@@ -156,12 +161,7 @@ fn quantize_rows_scalar(acts: &mut QuantizedActs, x: &[f32]) {
         for j in 0..8 {
             acts.neg_bias4[8 * b + j] = -CODE_BIAS * sum(&qb[4 * j..4 * j + 4]);
         }
-        acts.scale[b] = d;
-        acts.sum16[2 * b] = s_lo;
-        acts.sum16[2 * b + 1] = s_hi;
-        acts.scaled_sum16[2 * b] = d * s_lo as f32;
-        acts.scaled_sum16[2 * b + 1] = d * s_hi as f32;
-        acts.scaled_sum32[b] = d * (s_lo + s_hi) as f32;
+        acts.set_block(b, d, s_lo, s_hi);
     }
 }
 
