@@ -149,24 +149,12 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use crate::cpu_simd::tests::values;
     use std::sync::Arc;
 
     use kiln_quant::GgmlType;
 
     use super::*;
-
-    /// A small deterministic generator, so the tests need no dependency.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     fn f32_experts(n: usize, rows: usize, cols: usize, seed: u64) -> (Vec<WeightSource>, Vec<f32>) {
         let all = values(n * rows * cols, seed);

@@ -163,19 +163,8 @@ pub(crate) fn delta_net_gates(g: &mut [f32], beta: &mut [f32], a_log_neg: &[f32]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_simd::tests::values;
     use crate::plan::{BatchPlan, LogitRows, SeqStep, StepCapacity};
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// A plan of sequences with these (first position, token count), one block each.
     fn plan(seqs: &[(usize, usize)]) -> FlatPlan {
