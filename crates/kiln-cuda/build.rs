@@ -13,6 +13,7 @@ struct Source {
     path: PathBuf,
     kernels: Vec<String>,
     test_defines: Vec<Vec<(String, i64)>>,
+    waits_for_inputs: bool,
 }
 
 fn main() {
@@ -41,7 +42,11 @@ fn main() {
         if !stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             fail("a kernel file name may use only letters, digits and `_`".into());
         }
-        sources.push(Source { stem, path, kernels, test_defines });
+        let waits_for_inputs = scan::waits_for_inputs(&text);
+        if waits_for_inputs && !calls_wait_for_inputs(&text, &dir) {
+            fail(format!("is tagged `{}` but neither it nor a header it includes calls wait_for_inputs()", scan::WAITS_FOR_INPUTS_TAG));
+        }
+        sources.push(Source { stem, path, kernels, test_defines, waits_for_inputs });
     }
     for path in &headers {
         println!("cargo:rerun-if-changed={}", path.display());
@@ -62,11 +67,12 @@ fn main() {
             .collect();
         writeln!(
             out,
-            "    KernelSource {{ name: {:?}, code: include_str!({:?}), kernels: &{:?}, test_defines: &[{}] }},",
+            "    KernelSource {{ name: {:?}, code: include_str!({:?}), kernels: &{:?}, test_defines: &[{}], waits_for_inputs: {} }},",
             source.stem,
             source.path.display().to_string(),
             source.kernels,
-            defines.join(", ")
+            defines.join(", "),
+            source.waits_for_inputs
         )
         .expect("write to String");
     }
@@ -95,6 +101,12 @@ fn check_includes(text: &str, header_names: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Whether `text` or one of its local headers (one level deep) calls `wait_for_inputs();`.
+fn calls_wait_for_inputs(text: &str, dir: &Path) -> bool {
+    let calls = |code: &str| scan::code_only(code).contains("wait_for_inputs();");
+    calls(text) || scan::local_includes(text).unwrap_or_default().iter().any(|header| calls(&read(&dir.join(header))))
 }
 
 /// Kernel names are unique across files so a name in a profiler trace identifies one kernel.

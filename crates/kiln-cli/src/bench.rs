@@ -14,7 +14,7 @@ use kiln_quant::file::{describe_file_type, FileType, QuantHparams, FILE_TYPE_GUE
 use serde_json::json;
 
 use crate::kv_args::KvArgs;
-use crate::run::{on_cpu_workers, open_gpu, DeviceKind};
+use crate::run::{on_cpu_workers, open_gpu_with, DeviceKind};
 use crate::CliResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -57,11 +57,30 @@ pub struct BenchArgs {
     pub no_warmup: bool,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// How the kernels of a step graph follow each other: `overlapped` starts each kernel that
+    /// waits for its inputs while the one before it drains; `serial` waits for it to finish.
+    #[arg(long = "graph-edges", value_enum, default_value = "overlapped")]
+    pub graph_edges: GraphEdgesArg,
     /// llama-batched-bench instead: many sequences decoded together (`--npp`, `--ntg`, `--npl`).
     #[arg(long)]
     pub batched: bool,
     #[command(flatten)]
     pub batched_args: crate::batched_bench::BatchedArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphEdgesArg {
+    Overlapped,
+    Serial,
+}
+
+impl From<GraphEdgesArg> for kiln_cuda::GraphEdges {
+    fn from(arg: GraphEdgesArg) -> Self {
+        match arg {
+            GraphEdgesArg::Overlapped => kiln_cuda::GraphEdges::Overlapped,
+            GraphEdgesArg::Serial => kiln_cuda::GraphEdges::Serial,
+        }
+    }
 }
 
 /// One row of the table: a prompt test (`n_gen == 0`) or a generation test.
@@ -410,8 +429,8 @@ pub fn bench(args: BenchArgs) -> CliResult {
     let file = crate::run::open_model(&Some(path.clone()))?;
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
-        Some(DeviceKind::Cuda) => Some(open_gpu()?),
-        None => open_gpu().map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
+        Some(DeviceKind::Cuda) => Some(open_gpu_with(args.graph_edges.into())?),
+        None => open_gpu_with(args.graph_edges.into()).map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
     };
     match (gpu, args.batched) {
         (Some(gpu), false) => bench_with(Arc::new(gpu), file, &path, &args),

@@ -61,10 +61,14 @@ pub enum DeviceKind {
 
 /// GPU 0, when a driver, a device and NVRTC are all there.
 pub fn open_gpu() -> CliResult<CudaBackend> {
+    open_gpu_with(kiln_cuda::GraphEdges::default())
+}
+
+pub fn open_gpu_with(graph_edges: kiln_cuda::GraphEdges) -> CliResult<CudaBackend> {
     if kiln_cuda::device_count()? == 0 {
         return Err("the CUDA driver reports no GPU".into());
     }
-    Ok(CudaBackend::new(0)?)
+    Ok(CudaBackend::with_config(0, kiln_cuda::RegistryConfig { graph_edges, ..Default::default() })?)
 }
 
 /// The sampler's flags, as llama-cli's.

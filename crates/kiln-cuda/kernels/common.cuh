@@ -40,6 +40,19 @@ __device__ __forceinline__ u16 f32_to_bf16_bits(float value) {
     return (u16)((bits + rounding_bias) >> 16);
 }
 
+// ---- Overlapped launches (programmatic dependent launch, sm_90 and later) ----
+// In a step graph, a kernel of a source tagged `// kiln-waits-for-inputs` may start once every
+// block of the kernel before it has exited, before that kernel's results are flushed: until
+// wait_for_inputs() returns it may read only weights (never written during a step); after it,
+// everything earlier kernels wrote is visible. Outside a graph, or below sm_90, it does nothing.
+// (No kernel triggers its successor earlier: chains of early-started kernels crowd the SMs.)
+
+__device__ __forceinline__ void wait_for_inputs() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // ---- Indexing ----
 
 // 64-bit so that tensors with more than 2^32 elements index correctly.

@@ -112,6 +112,22 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
     }
 }
 
+// Loads tiles t0 .. t0 + MV_BATCH - 1 of every row; past the last tile a batch re-reads it (in
+// bounds, never used), so no load waits on a branch.
+template <class F, int NW, int RPW>
+__device__ __forceinline__ void fetch_tiles(typename F::Raw (&raw)[MV_BATCH][NW * RPW], const Planes (&w)[NW],
+                                            const u64 (&first_tile)[NW * RPW], u32 t0, u32 lane) {
+    const u32 tiles = w[0].tiles;
+#pragma unroll
+    for (int b = 0; b < MV_BATCH; ++b) {
+        const u32 tile = min(t0 + b, tiles - 1);
+#pragma unroll
+        for (int r = 0; r < NW * RPW; ++r) {
+            raw[b][r] = F::fetch(w[r / RPW], first_tile[r] + tile, lane);
+        }
+    }
+}
+
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __restrict__ xq,
@@ -140,16 +156,13 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
     }
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
+    // The first batch of weights is on its way while the kernel before this one finishes.
+    typename F::Raw raw[MV_BATCH][R];
+    fetch_tiles<F, NW, RPW>(raw, w, first_tile, 0, lane);
+    wait_for_inputs();
     for (u32 t0 = 0; t0 < tiles; t0 += MV_BATCH) {
-        // Past the last tile the batch re-reads it (in bounds, never used), so no load waits on a branch.
-        typename F::Raw raw[MV_BATCH][R];
-#pragma unroll
-        for (int b = 0; b < MV_BATCH; ++b) {
-            const u32 tile = min(t0 + b, tiles - 1);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                raw[b][r] = F::fetch(w[r / RPW], first_tile[r] + tile, lane);
-            }
+        if (t0 > 0) {
+            fetch_tiles<F, NW, RPW>(raw, w, first_tile, t0, lane);
         }
 #pragma unroll
         for (int b = 0; b < MV_BATCH; ++b) {
@@ -180,11 +193,26 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
     finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
 }
 
+// Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
+#define FV_BATCH (8 / ROWS_PER_WARP)
+
+// Weights of steps c0, c0 + 128, ... (FV_BATCH of them) of every row; zeros past `cols`.
+template <class W, int NW, int RPW>
+__device__ __forceinline__ void fetch_float_steps(float4 (&wv)[FV_BATCH][NW * RPW], const W (&w)[NW],
+                                                  const u32 (&row_of)[NW * RPW], u32 c0, u32 cols) {
+#pragma unroll
+    for (int b = 0; b < FV_BATCH; ++b) {
+        const u32 c = c0 + 128 * b;
+#pragma unroll
+        for (int r = 0; r < NW * RPW; ++r) {
+            wv[b][r] = c < cols ? w[r / RPW].load4(row_of[r], c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+}
+
 // Float weights (FloatRows) against f32 activations x [NTOK][cols], cols a multiple of 4 (the
 // host routes other widths to the mat-mat kernel). Lane l handles values 128 s + 4 l of step s,
 // so both the weight and the activation loads of a warp are contiguous.
-// Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
-#define FV_BATCH (8 / ROWS_PER_WARP)
 template <class W, int NW>
 __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
                                              u32 rows, u32 accumulate) {
@@ -208,15 +236,12 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
             acc[r][t] = 0.0f;
         }
     }
+    float4 wv[FV_BATCH][R];
+    fetch_float_steps<W, NW, RPW>(wv, w, row_of, 4 * lane, cols);
+    wait_for_inputs();
     for (u32 c0 = 4 * lane; c0 < cols; c0 += 128 * FV_BATCH) {
-        float4 wv[FV_BATCH][R];
-#pragma unroll
-        for (int b = 0; b < FV_BATCH; ++b) {
-            const u32 c = c0 + 128 * b;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                wv[b][r] = c < cols ? w[r / RPW].load4(row_of[r], c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+        if (c0 > 4 * lane) {
+            fetch_float_steps<W, NW, RPW>(wv, w, row_of, c0, cols);
         }
 #pragma unroll
         for (int b = 0; b < FV_BATCH; ++b) {

@@ -3,6 +3,7 @@
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
 // kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
 // kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
+// kiln-waits-for-inputs
 #include "matvec.cuh"
 
 template <class W>

@@ -1,6 +1,7 @@
 // Activations for the quantized mat-vec kernels: x [n][cols] f32 (cols a multiple of 16) to
 // the layout of quantize_chunk (quant.cuh). Values past `cols` (the padding up to whole tiles)
 // are zero, so the mat-vec kernels need no bounds checks.
+// kiln-waits-for-inputs
 #include "norm.cuh"
 #include "quant.cuh"
 
@@ -20,6 +21,7 @@ __device__ __forceinline__ void load_chunk(const float* p, float (&v)[CHUNK_VALU
 // Grid-stride over (token, chunk).
 extern "C" __global__ void quantize_activations_q8(const float* __restrict__ x, u32 cols, u32 n, u32 tiles,
                                                    i8* __restrict__ xq, float2* __restrict__ xds) {
+    wait_for_inputs();
     const u64 chunks_per_token = (u64)tiles * 32;
     for (u64 index = global_thread_index(); index < n * chunks_per_token; index += global_thread_count()) {
         const u64 token = index / chunks_per_token;
@@ -39,6 +41,7 @@ extern "C" __global__ void quantize_activations_q8(const float* __restrict__ x, 
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
     rms_norm_quantize_q8(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles, float eps,
                          i8* __restrict__ xq, float2* __restrict__ xds) {
+    wait_for_inputs();
     const u64 token = blockIdx.x;
     const float* xr = x + token * cols;
     // Every warp reduces short rows itself (so no block barrier is needed); all get one value.

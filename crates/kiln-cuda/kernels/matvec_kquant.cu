@@ -6,6 +6,7 @@
 // kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
 // kiln-test-defines: NTOK=8,ROWS_PER_WARP=4,MV_BATCH=2
 // kiln-test-defines: NTOK=2,ROWS_PER_WARP=1,MV_BATCH=8
+// kiln-waits-for-inputs
 #include "matvec.cuh"
 
 #define MV_ARGS const i8* xq, const float2* xds, float* out, u32 rows

@@ -18,6 +18,7 @@
 // kiln-test-defines: HEAD_DIM=4,GROUP=1,K_TYPE=0,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=256,GROUP=2,K_TYPE=0,V_TYPE=0
 // kiln-test-defines: HEAD_DIM=3,GROUP=1,K_TYPE=1,V_TYPE=2
+// kiln-waits-for-inputs
 
 #ifndef HEAD_DIM
 #error "paged_attention.cu needs -DHEAD_DIM=<values per head>"
@@ -113,6 +114,7 @@ __device__ __forceinline__ u32 split_chunk(u32 visible, u32 n_splits) {
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_split(
     float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
     u32 n_heads, u32 n_kv_heads, u32 rows, float scale) {
+    wait_for_inputs();
     const u32 split = blockIdx.x;
     const u32 n_splits = gridDim.x;
     const u32 kv_head = blockIdx.y;
@@ -394,6 +396,7 @@ constexpr int R_BATCH = 4;
 // Merges the live splits of each (token, head). Grid (n_heads, n_tokens), DEC_THREADS threads.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce(
     float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits) {
+    wait_for_inputs();
     const u32 head = blockIdx.x;
     const u32 token = blockIdx.y;
     if (token >= step[STEP_N_TOKENS]) {
@@ -595,6 +598,7 @@ __device__ __forceinline__ void fa_gather(
 extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill(
     float* out, const float* q, const u8* k_cache, const u8* v_cache, const u32* step, u32 n_heads, u32 n_kv_heads,
     u32 rows, float scale) {
+    wait_for_inputs();
     // Later tiles of a sequence see more positions; start them first.
     const u32 tile = gridDim.x - 1 - blockIdx.x;
     if (tile >= step[STEP_N_TILES]) {

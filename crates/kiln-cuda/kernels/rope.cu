@@ -6,6 +6,7 @@
 // kiln-test-defines: K_TYPE=1,V_TYPE=1
 // kiln-test-defines: K_TYPE=2,V_TYPE=2
 // kiln-test-defines: K_TYPE=1,V_TYPE=2
+// kiln-waits-for-inputs
 #include "common.cuh"
 #include "kv.cuh"
 #include "plan.cuh"
@@ -40,6 +41,7 @@ __device__ __forceinline__ void rotate_pair(float* dst, const float* src, u32 pa
 // Any 1-D grid (grid-stride over the pairs).
 extern "C" __global__ void rope_f32(float* x, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads,
                                     u32 head_dim, u32 n_rot, u32 neox) {
+    wait_for_inputs();
     const u32 half = n_rot / 2;
     const u64 pairs = (u64)n_tokens * n_heads * half;
     const u32* positions = step + step[STEP_POS_AT];
@@ -54,6 +56,7 @@ extern "C" __global__ void rope_f32(float* x, const float* inv_freq, const u32* 
 // warp per (token, 32-value group) of K or V; grid-stride over those units.
 extern "C" __global__ void kv_store(u8* k_cache, u8* v_cache, const float* k, const float* v, const u32* step, u32 n_tokens,
                                     u32 width, u32 rows) {
+    wait_for_inputs();
     const u32 lane = threadIdx.x & 31;
     const u32 groups = (width + 31) / 32;
     const u64 units = (u64)n_tokens * groups * 2;
@@ -92,6 +95,7 @@ extern "C" __global__ void __launch_bounds__(PROLOGUE_WARPS * 32) qk_norm_rope_s
     float* q_out, u8* k_cache, u8* v_cache, float* k_out, const float* q, const float* k, const float* v, const float* q_norm,
     const float* k_norm, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 head_dim,
     u32 n_rot, u32 neox, float eps) {
+    wait_for_inputs();
     __shared__ float rows_s[PROLOGUE_WARPS][PROLOGUE_MAX_HEAD_DIM];
     const u32 lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;

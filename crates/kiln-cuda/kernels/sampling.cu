@@ -8,6 +8,7 @@
 // list is a key threshold. Each cut is found by a radix descent that sums weights (counts for
 // top-k, probabilities for top-p, tempered weights for the draw) per digit, so the vocabulary
 // is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
+// kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
 
@@ -295,6 +296,7 @@ __device__ u32 gather_candidates(const VocabSource& vocab, SampleShared& sh, Kee
 // Launch: one block of SAMPLE_THREADS threads per sample, ceil(n_vocab / 32) * 4 bytes of
 // dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab) {
+    wait_for_inputs();
     __shared__ SampleShared sh;
     extern __shared__ u32 penalized[];
     const u32 tid = threadIdx.x;
@@ -413,6 +415,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f3
 
 // out[i] = uniform(seed, first_draw + i): lets tests pin the generator to the CPU's bit for bit.
 extern "C" __global__ void uniform_draws_f32(float* out, u64 seed, u64 first_draw, u32 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         out[i] = uniform_draw(seed, first_draw + i);
     }

@@ -6,18 +6,19 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
+use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, GpuWeight, QuantizedActivations};
 use crate::paged_attention::{PagedAttention, PagedAttentionParams, StepCounts};
-use crate::step::{CudaStep, SendGraph, StepGraph, StepGraphs};
+use crate::step::{CudaStep, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
 /// Threads per block of the grid-stride kernels.
@@ -87,6 +88,8 @@ pub struct CudaBackend {
     graphs: StepGraphs,
     /// Id of the step object written last: `run_step` records and replays for it.
     current_step: AtomicU64,
+    /// Kernel-to-kernel edges made programmatic in the graphs captured so far.
+    overlapped_edges: AtomicUsize,
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
     max_sample_shared_bytes: usize,
@@ -126,9 +129,16 @@ impl CudaBackend {
             attention: PagedAttention::new(),
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
+            overlapped_edges: AtomicUsize::new(0),
             busy_blocks,
             max_sample_shared_bytes,
         })
+    }
+
+    /// How many kernels of the step graphs captured so far start while the kernel before them
+    /// drains (`GraphEdges::Overlapped`); 0 under `GraphEdges::Serial`.
+    pub fn overlapped_graph_edges(&self) -> usize {
+        self.overlapped_edges.load(Ordering::Relaxed)
     }
 
     pub fn device(&self) -> &CudaDevice {
@@ -696,14 +706,17 @@ impl Backend for CudaBackend {
                 stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(graph_error("starting the capture of"))?;
                 let recorded = record();
                 // The capture always ends, so a failed record leaves the stream usable.
-                let captured = stream.end_capture(CUgraphInstantiate_flags(0));
+                let registry = self.device.registry();
+                let captured = StepGraphExec::end_capture(stream, &|function| registry.waits_for_inputs(function));
                 recorded?;
-                let graph =
+                let (graph, overlapped) =
                     captured.map_err(graph_error("capturing"))?.ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
+                self.overlapped_edges.fetch_add(overlapped, Ordering::Relaxed);
+                tracing::debug!(key, overlapped, "step graph captured");
                 graph.launch().map_err(graph_error("launching"))?;
-                graphs.insert(slot, StepGraph::Captured(SendGraph(graph)));
+                graphs.insert(slot, StepGraph::Captured(graph));
             }
-            Some(StepGraph::Captured(graph)) => graph.0.launch().map_err(graph_error("launching"))?,
+            Some(StepGraph::Captured(graph)) => graph.launch().map_err(graph_error("launching"))?,
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Kernel lookup by (source, kernel, defines): compiled once per distinct key, loaded once per
 //! context, and shared as `Arc<CudaModule>` by every caller.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::cache::{validate_arch, CacheDir, CubinCache, CubinKey, CubinOrigin};
 use crate::error::format_defines;
+use crate::graph::GraphEdges;
 use crate::nvrtc::ensure_nvrtc;
 use crate::sources::find_kernel;
 use crate::CudaError;
@@ -18,6 +19,8 @@ pub struct RegistryConfig {
     pub cache_dir: CacheDir,
     /// Target architecture such as `sm_90a`; by default the device's own (`sm_<major><minor>`).
     pub arch: Option<String>,
+    /// Whether step graphs overlap kernels that wait for their inputs with the kernel before.
+    pub graph_edges: GraphEdges,
 }
 
 pub struct KernelRegistry {
@@ -25,6 +28,9 @@ pub struct KernelRegistry {
     arch: String,
     cubins: CubinCache,
     modules: RwLock<HashMap<CubinKey, Arc<CudaModule>>>,
+    /// Handles (as addresses) of the functions from sources tagged `// kiln-waits-for-inputs`.
+    waiting_functions: RwLock<HashSet<usize>>,
+    graph_edges: GraphEdges,
 }
 
 impl KernelRegistry {
@@ -40,7 +46,14 @@ impl KernelRegistry {
         };
         // A malformed override fails here rather than at the first lookup.
         validate_arch(&arch)?;
-        Ok(KernelRegistry { ctx, arch, cubins: CubinCache::new(&config.cache_dir), modules: RwLock::new(HashMap::new()) })
+        Ok(KernelRegistry {
+            ctx,
+            arch,
+            cubins: CubinCache::new(&config.cache_dir),
+            modules: RwLock::new(HashMap::new()),
+            waiting_functions: RwLock::default(),
+            graph_edges: config.graph_edges,
+        })
     }
 
     /// The architecture every module is compiled for.
@@ -117,8 +130,20 @@ impl KernelRegistry {
 
     /// One kernel of a module. Callers on hot paths should keep the returned function.
     pub fn function(&self, source: &str, kernel: &str, defines: &[(&str, i64)]) -> Result<CudaFunction, CudaError> {
-        find_kernel(source, kernel)?;
-        self.module(source, defines)?.load_function(kernel).map_err(CudaError::driver(format!("looking up kernel `{kernel}` in {source}.cu")))
+        let declared = find_kernel(source, kernel)?;
+        let function =
+            self.module(source, defines)?.load_function(kernel).map_err(CudaError::driver(format!("looking up kernel `{kernel}` in {source}.cu")))?;
+        if declared.waits_for_inputs {
+            self.waiting_functions.write().unwrap_or_else(PoisonError::into_inner).insert(function.cu_function() as usize);
+        }
+        Ok(function)
+    }
+
+    /// Whether `function` came from a source whose kernels wait for their inputs (common.cuh's
+    /// wait_for_inputs), so a graph may launch it before the kernel it depends on has finished.
+    /// Always false under [`GraphEdges::Serial`].
+    pub fn waits_for_inputs(&self, function: cudarc::driver::sys::CUfunction) -> bool {
+        self.graph_edges == GraphEdges::Overlapped && self.waiting_functions.read().unwrap_or_else(PoisonError::into_inner).contains(&(function as usize))
     }
 }
 

@@ -151,6 +151,15 @@ pub fn test_defines(src: &str) -> Result<Vec<Vec<(String, i64)>>, String> {
     Ok(sets)
 }
 
+pub const WAITS_FOR_INPUTS_TAG: &str = "// kiln-waits-for-inputs";
+
+/// Whether the source declares, by a `// kiln-waits-for-inputs` line, that each of its kernels
+/// calls `wait_for_inputs()` (common.cuh) before it touches anything but weights, so that a step
+/// graph may start it while the kernel before it still runs.
+pub fn waits_for_inputs(src: &str) -> bool {
+    src.lines().any(|line| line.trim() == WAITS_FOR_INPUTS_TAG)
+}
+
 /// Targets of `#include` lines. Quoted includes name our own headers in `kernels/`; angle
 /// includes are rejected because kernels must build with libnvrtc alone, without toolkit headers.
 pub fn local_includes(src: &str) -> Result<Vec<String>, String> {
@@ -213,6 +222,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) bounded(float* out) {}
         assert_eq!(test_defines("int x;").unwrap(), vec![Vec::<(String, i64)>::new()]);
         assert!(test_defines("// kiln-test-defines: BLOCK").is_err());
         assert!(test_defines("// kiln-test-defines: BLOCK=big").is_err());
+    }
+
+    #[test]
+    fn the_wait_tag_is_a_whole_line() {
+        assert!(waits_for_inputs("// a kernel\n// kiln-waits-for-inputs\n#include \"common.cuh\""));
+        assert!(!waits_for_inputs("// kiln-waits-for-inputs: no\nint x;"));
+        assert!(!waits_for_inputs("int x;"));
     }
 
     #[test]

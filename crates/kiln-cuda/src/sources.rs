@@ -16,6 +16,8 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
     /// Specializations the compile test builds (from `// kiln-test-defines:` lines).
     pub test_defines: &'static [&'static [(&'static str, i64)]],
+    /// Tagged `// kiln-waits-for-inputs`: a step graph may start its kernels early (common.cuh).
+    pub waits_for_inputs: bool,
 }
 
 /// One `kernels/NAME.cuh` header, handed to NVRTC so `#include "NAME.cuh"` resolves in memory.

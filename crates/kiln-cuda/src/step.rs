@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use kiln_core::backend::{BackendError, Result};
 use kiln_core::plan::{FlatPlan, StepCapacity};
 
+use crate::graph::StepGraphExec;
 use crate::plan_words::PlanLayout;
 use crate::CudaDevice;
 
@@ -17,12 +18,8 @@ use crate::CudaDevice;
 pub(crate) enum StepGraph {
     /// Ran once uncaptured, so every lazily loaded kernel and scratch buffer now exists.
     WarmedUp,
-    Captured(SendGraph),
+    Captured(StepGraphExec),
 }
-
-pub(crate) struct SendGraph(pub CudaGraph);
-// SAFETY: a graph is only touched while its map's mutex is held, one thread at a time.
-unsafe impl Send for SendGraph {}
 
 /// The backend's recorded steps, keyed by (step object id, run_step key). A graph bakes in the
 /// addresses of the buffers its step used, so it belongs to the step object (and the model

@@ -100,8 +100,9 @@ const F16_SWIGLU_TOLERANCE: f64 = 4e-3;
 
 fn device() -> &'static CudaDevice {
     static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, arch: None }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}")))
+    DEVICE.get_or_init(|| {
+        CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, ..Default::default() }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
+    })
 }
 
 fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {

@@ -11,6 +11,7 @@ use kiln_core::backend::Backend;
 use kiln_core::plan::KvType;
 use kiln_core::sampling::{self, SamplingParams};
 use kiln_core::CpuBackend;
+use kiln_cuda::{CudaBackend, GraphEdges, RegistryConfig};
 use kiln_gguf::GgufFile;
 use kiln_models::checks::{compare, run_alone, run_staggered, Trace};
 use kiln_models::{EngineOptions, Logits, Model, ModelOptions, Weights};
@@ -197,6 +198,27 @@ fn models_match_the_float64_references() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn overlapped_graphs_decode_as_serial_ones() {
+    let _gpu_use = shared_gpu();
+    let overlapped = Arc::new(gpu());
+    let serial = Arc::new(
+        CudaBackend::with_config(0, RegistryConfig { graph_edges: GraphEdges::Serial, ..Default::default() }).unwrap_or_else(|e| panic!("opening GPU 0: {e}")),
+    );
+    for (path, reference) in reference_models().into_iter().step_by(3) {
+        let tokens = ids(&reference["tokens"]);
+        let want = run_model(serial.clone(), &path, &tokens, 24, KvType::F16).unwrap_or_else(|e| panic!("{e}"));
+        let got = run_model(overlapped.clone(), &path, &tokens, 24, KvType::F16).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got.greedy, want.greedy, "{}: overlapped graphs decode differently", path.display());
+        // Both backends share the GPU's measured launch shapes, so the sums run in one order.
+        let (rel, abs) = errors("one-token logits", &got.stepwise, &want.stepwise);
+        assert!(got.stepwise == want.stepwise, "{}: overlapped one-token logits differ (rel_l2 {rel:.2e}, max_abs {abs:.2e})", path.display());
+    }
+    assert_eq!(serial.overlapped_graph_edges(), 0, "serial graphs must keep every edge");
+    assert!(overlapped.overlapped_graph_edges() > 0, "no kernel of a decode graph was overlapped");
 }
 
 /// Relative L2 distance of `batched`'s logits from `alone`'s over the steps `compare` looks at

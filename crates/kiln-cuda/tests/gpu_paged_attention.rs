@@ -40,8 +40,9 @@ const FLASH_TOLERANCE: f64 = 2e-3;
 
 fn device() -> &'static CudaDevice {
     static DEVICE: OnceLock<CudaDevice> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, arch: None }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}")))
+    DEVICE.get_or_init(|| {
+        CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::Default, ..Default::default() }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
+    })
 }
 
 /// The tests share one device stream: correctness tests hold this lock shared, the benchmark

@@ -12,7 +12,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 fn open_device() -> CudaDevice {
-    CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::MemoryOnly, arch: None }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
+    CudaDevice::new(0, RegistryConfig { cache_dir: CacheDir::MemoryOnly, ..Default::default() }).unwrap_or_else(|e| panic!("opening GPU 0 failed: {e}"))
 }
 
 fn random_f32(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
@@ -179,7 +179,7 @@ fn modules_are_compiled_once_per_key_and_shared() {
 fn a_second_registry_loads_modules_from_the_disk_cache() {
     let device = open_device();
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = || RegistryConfig { cache_dir: CacheDir::At(dir.path().to_path_buf()), arch: None };
+    let config = || RegistryConfig { cache_dir: CacheDir::At(dir.path().to_path_buf()), ..Default::default() };
     let first = KernelRegistry::new(device.context().clone(), config()).expect("registry");
     first.function("convert", "f16_to_f32", &[]).expect("compile and load");
     let key = CubinKey::new("convert", &[], first.arch()).expect("key");
@@ -205,7 +205,8 @@ fn registry_errors_are_typed() {
     }
     // Code for another architecture does not load on this device.
     let foreign =
-        KernelRegistry::new(device.context().clone(), RegistryConfig { cache_dir: CacheDir::MemoryOnly, arch: Some("sm_75".into()) }).expect("registry");
+        KernelRegistry::new(device.context().clone(), RegistryConfig { cache_dir: CacheDir::MemoryOnly, arch: Some("sm_75".into()), ..Default::default() })
+            .expect("registry");
     assert!(matches!(foreign.module("elementwise", &[]), Err(CudaError::Load { .. })));
 }
 

@@ -198,8 +198,15 @@ fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
     SCRATCH.get_or_init(Default::default)
 }
 
+/// Scratch buffers belong to one stream.
 pub(super) fn device_key(device: &CudaDevice) -> usize {
     Arc::as_ptr(device.stream()) as usize
+}
+
+/// Measured launch choices hold for the GPU, so every backend opened on it shares them (and
+/// computes with the same summation order).
+pub(super) fn gpu_key(device: &CudaDevice) -> usize {
+    device.context().ordinal()
 }
 
 /// Grows `slot` to `len` values (to the next power of two), except inside a capture: false then.
@@ -284,7 +291,7 @@ pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -
 }
 
 fn tune_key(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, accumulate: bool) -> TuneKey {
-    TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, bucket: bucket(n) }
+    TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, bucket: bucket(n) }
 }
 
 /// `matmul`'s mat-mat path (`n` > 8): the remembered shape, else (uncaptured) measure them all.

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use super::matmat::{device_key, fastest, is_capturing};
+use super::matmat::{fastest, gpu_key, is_capturing};
 use super::{GpuWeight, MAX_MATVEC_TOKENS};
 use crate::{CudaDevice, CudaError};
 
@@ -74,7 +74,7 @@ pub(super) fn choose_shape(
     launch: impl FnMut(usize) -> Result<(), CudaError>,
 ) -> Result<usize, CudaError> {
     debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&n));
-    let key = TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+    let key = TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
     if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return Ok(shape);
     }
@@ -90,7 +90,7 @@ pub(super) fn choose_shape(
 /// The shape `matmul` uses for `n` tokens of `w`: the measured one once a product ran, else
 /// the default.
 pub fn matvec_shape(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> (u32, u32) {
-    let key = TuneKey { device: device_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+    let key = TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
     let index = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied().unwrap_or_else(|| default_shape(n));
     let s = MATVEC_SHAPES[index];
     (s.rows_per_warp, s.batch)
