@@ -16,7 +16,7 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// Output GGUF file.
     pub output: PathBuf,
-    /// File type: F32, F16, BF16, Q8_0, Q4_0, ..., Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, TQ2_0, Q1_0, Q2_0, MXFP4_MOE, NVFP4 (or its llama.cpp id).
+    /// File type: F32, F16, BF16, Q8_0, Q4_0, ..., Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, IQ3_S, IQ3_M, TQ2_0, Q1_0, Q2_0, MXFP4_MOE, NVFP4 (or its llama.cpp id).
     #[arg(value_name = "TYPE")]
     pub file_type: String,
     /// Put every quantizable tensor in TYPE, without the mix's per-tensor choices.

@@ -64,6 +64,11 @@ fn quantize_errors_are_clear() {
     let err = kiln_err(&["quantize", s(&q8), s(&out), "Q4_K_M"]);
     assert!(err.contains("already quantized (Q8_0)") && err.contains("--allow-requantize"), "{err}");
     kiln_ok(&["quantize", s(&q8), s(&out), "Q4_K_M", "--allow-requantize"]);
+    // IQ3_XS's mix wants IQ3_XXS, which llama-quantize refuses without an importance matrix.
+    let err = kiln_err(&["quantize", s(&q8), s(&out), "IQ3_XS", "--allow-requantize"]);
+    assert!(err.contains("blk.0.attn_k.weight") && err.contains("IQ3_XXS") && err.contains("importance matrix"), "{err}");
+    let err = kiln_err(&["quantize", s(&q8), s(&out), "IQ3_XXS", "--allow-requantize"]);
+    assert!(err.contains("IQ3_XXS") && err.contains("importance matrix"), "{err}");
     let err = kiln_err(&["quantize", s(&dir.path().join("missing.gguf")), s(&out), "Q8_0"]);
     assert!(err.contains("cannot read") && err.contains("missing.gguf"), "{err}");
     let err = kiln_err(&["quantize", s(&stories()), s(&dir.path().join("no/dir/x.gguf")), "F16"]);
@@ -89,12 +94,12 @@ fn random_model_loads_runs_and_benches() {
     assert!(err.contains("unknown shape 'gpt5'") && err.contains("llama3-8b"), "{err}");
 }
 
-/// The formats added for Ternary-Bonsai and gpt-oss, end to end on the CPU: made by
-/// random-model, reported by info, run greedily.
+/// The formats added for Ternary-Bonsai and gpt-oss, and IQ3_S, end to end on the CPU:
+/// made by random-model, reported by info, run greedily.
 #[test]
 fn random_models_in_the_fp4_and_q2_0_formats_run() {
     let dir = tempfile::tempdir().unwrap();
-    for (file_type, pure, weight_type) in [("Q2_0", false, "Q2_0"), ("NVFP4", false, "NVFP4"), ("MXFP4_MOE", true, "MXFP4")] {
+    for (file_type, pure, weight_type) in [("Q2_0", false, "Q2_0"), ("NVFP4", false, "NVFP4"), ("MXFP4_MOE", true, "MXFP4"), ("IQ3_M", false, "IQ3_S")] {
         let out = dir.path().join(format!("{file_type}.gguf"));
         let mut args = vec!["dev", "random-model", s(&out), "--shape", "tiny-qwen3", "--type", file_type, "--seed", "5", "--layers", "2"];
         if pure {

@@ -1,12 +1,10 @@
-//! The codebook formats IQ2_XXS, IQ2_XS, IQ2_S (8 values per grid entry, 3 levels) and
-//! IQ3_XXS, IQ3_S (4 values per entry, 8 levels), all with explicit or parity-coded
-//! signs and 256-value super-blocks. Codes are the signed grid values, so value =
-//! scale * code reproduces ggml's `db * grid[j] * sign` exactly. kiln only decodes
-//! them: llama-quantize needs an importance matrix for the IQ2 types, and its IQ3
-//! search is not reproduced here.
+//! The codebook formats IQ2_XXS, IQ2_XS, IQ2_S (8 values per grid entry, 3 levels),
+//! with explicit or parity-coded signs and 256-value super-blocks. Codes are the
+//! signed grid values, so value = scale * code reproduces ggml's `db * grid[j] * sign`
+//! exactly. kiln only decodes them: llama-quantize needs an importance matrix.
 
 use crate::block::{f32_of, DecodeBlock, Unpacked};
-use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
@@ -37,32 +35,9 @@ pub struct BlockIQ2_S {
     pub scales: [u8; 8],
 }
 
-/// Per 32 values: 8 grid bytes in `qs[..64]`, and in `qs[64..]` a word of four 7-bit
-/// sign indices and a 4-bit scale.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct BlockIQ3_XXS {
-    pub d: f16,
-    pub qs: [u8; 96],
-}
-
-/// Per 4 values a 9-bit grid index (a `qs` byte plus a `qh` bit); explicit sign bits;
-/// 4-bit odd scales per 32 values.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct BlockIQ3_S {
-    pub d: f16,
-    pub qs: [u8; 64],
-    pub qh: [u8; 8],
-    pub signs: [u8; 32],
-    pub scales: [u8; 4],
-}
-
 const _: () = assert!(size_of::<BlockIQ2_XXS>() == 66);
 const _: () = assert!(size_of::<BlockIQ2_XS>() == 74);
 const _: () = assert!(size_of::<BlockIQ2_S>() == 82);
-const _: () = assert!(size_of::<BlockIQ3_XXS>() == 98);
-const _: () = assert!(size_of::<BlockIQ3_S>() == 110);
 
 /// ggml's `ksigns_iq2xs`: 7 stored sign bits plus an eighth making the count of minus signs even.
 pub(crate) fn ksigns(i: u32) -> u8 {
@@ -70,19 +45,19 @@ pub(crate) fn ksigns(i: u32) -> u8 {
     i | ((i.count_ones() as u8 & 1) << 7)
 }
 
-fn word(b: &[u8], at: usize) -> u32 {
+pub(crate) fn word(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// Writes `grid` bytes (the first `out.len()`), negated where `signs` has bit `shift + j`.
-fn signed(grid: &[u8], signs: u8, shift: usize, out: &mut [i8]) {
+pub(crate) fn signed(grid: &[u8], signs: u8, shift: usize, out: &mut [i8]) {
     for (j, (o, &g)) in out.iter_mut().zip(grid).enumerate() {
         *o = if signs >> (shift + j) & 1 != 0 { -(g as i8) } else { g as i8 };
     }
 }
 
 /// ggml's IQ2 sub-scale: d * (0.5 + s) * 0.25 (IQ3_XXS: * 0.5), in that order.
-fn half_step_scale(d: f32, s: u32, mul: f32) -> f32 {
+pub(crate) fn half_step_scale(d: f32, s: u32, mul: f32) -> f32 {
     d * (0.5 + s as f32) * mul
 }
 
@@ -146,52 +121,6 @@ impl DecodeBlock for BlockIQ2_S {
     }
 }
 
-impl DecodeBlock for BlockIQ3_XXS {
-    const N: usize = 256;
-    const GROUP: usize = 32;
-    const HAS_OFFSET: bool = false;
-
-    fn unpack(&self, u: &mut Unpacked) {
-        let d = f32_of(self.d);
-        for ib in 0..8 {
-            let aux = word(&self.qs, 64 + 4 * ib);
-            u.scale[ib] = half_step_scale(d, aux >> 28, 0.5);
-            for l in 0..4 {
-                let signs = ksigns(aux >> (7 * l));
-                let out = &mut u.codes[32 * ib + 8 * l..][..8];
-                for (h, out_h) in out.chunks_exact_mut(4).enumerate() {
-                    let grid = IQ3XXS_GRID[usize::from(self.qs[8 * ib + 2 * l + h])].to_le_bytes();
-                    signed(&grid, signs, 4 * h, out_h);
-                }
-            }
-        }
-    }
-}
-
-impl DecodeBlock for BlockIQ3_S {
-    const N: usize = 256;
-    const GROUP: usize = 32;
-    const HAS_OFFSET: bool = false;
-
-    fn unpack(&self, u: &mut Unpacked) {
-        let d = f32_of(self.d);
-        for ib in 0..8 {
-            let sc = (self.scales[ib / 2] >> (4 * (ib % 2))) & 0xf;
-            u.scale[ib] = d * f32::from(1 + 2 * sc);
-            let qh = u32::from(self.qh[ib]);
-            for l in 0..4 {
-                let signs = self.signs[4 * ib + l];
-                let out = &mut u.codes[32 * ib + 8 * l..][..8];
-                for (h, out_h) in out.chunks_exact_mut(4).enumerate() {
-                    let high = (qh << (8 - 2 * l - h)) & 256;
-                    let idx = u32::from(self.qs[8 * ib + 2 * l + h]) | high;
-                    signed(&IQ3S_GRID[idx as usize].to_le_bytes(), signs, 4 * h, out_h);
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,7 +139,5 @@ mod tests {
         for grid in [&IQ2XXS_GRID[..], &IQ2XS_GRID[..], &IQ2S_GRID[..]] {
             assert!(grid.iter().flat_map(|w| w.to_le_bytes()).all(|b| levels2.contains(&b)));
         }
-        assert!(IQ3XXS_GRID.iter().flat_map(|w| w.to_le_bytes()).all(|b| [4u8, 12, 20, 28, 36, 44, 52, 62].contains(&b)));
-        assert!(IQ3S_GRID.iter().flat_map(|w| w.to_le_bytes()).all(|b| b % 2 == 1 && b <= 15));
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
 //! operation order), and the quantizers reproduce ggml's reference quantizers
-//! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS the scale search llama-quantize
-//! runs without an importance matrix) byte for byte.
+//! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS/IQ3_S the scale search
+//! llama-quantize runs without an importance matrix) byte for byte.
 //!
 //! The row-level entry points work on whole rows of bytes and floats, block by
 //! block, without allocating. Above them, [`file`] converts whole GGUF files
@@ -20,6 +20,8 @@ mod int_rows_x86;
 mod iq;
 mod iq1;
 mod iq2;
+mod iq3;
+mod iq3_search;
 mod iq_grids;
 mod kquants;
 mod legacy;
@@ -29,7 +31,8 @@ mod ternary;
 pub use fp4::{e8m0_half, ue4m3_half, BlockMXFP4, BlockNVFP4, E2M1_X2};
 pub use iq::{BlockIQ4_NL, BlockIQ4_XS, IQ4_NL_CODEBOOK};
 pub use iq1::{BlockIQ1_M, BlockIQ1_S};
-pub use iq2::{BlockIQ2_S, BlockIQ2_XS, BlockIQ2_XXS, BlockIQ3_S, BlockIQ3_XXS};
+pub use iq2::{BlockIQ2_S, BlockIQ2_XS, BlockIQ2_XXS};
+pub use iq3::{BlockIQ3_S, BlockIQ3_XXS};
 pub use kiln_gguf::{GgmlType, ALL_TYPES};
 pub use kquants::{BlockQ2_K, BlockQ3_K, BlockQ4_K, BlockQ5_K, BlockQ6_K, BlockQ8_K};
 pub use legacy::{BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
@@ -83,8 +86,7 @@ macro_rules! codec_table {
     ($ty:expr, $C:ident, $body:expr, $other:expr, all) => {
         codec_table!(@quant $ty, $C, $body, $other,
             IQ2_XXS => iq2::BlockIQ2_XXS, IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S,
-            IQ3_XXS => iq2::BlockIQ3_XXS, IQ3_S => iq2::BlockIQ3_S, IQ1_S => iq1::BlockIQ1_S,
-            IQ1_M => iq1::BlockIQ1_M)
+            IQ1_S => iq1::BlockIQ1_S, IQ1_M => iq1::BlockIQ1_M)
     };
     (@quant $ty:expr, $C:ident, $body:expr, $other:expr, $($extra:tt)*) => {
         codec_table!(@table $ty, $C, $body, $other,
@@ -94,7 +96,7 @@ macro_rules! codec_table {
             Q1_0 => BlockQ1_0, Q2_0 => BlockQ2_0, Q2_K => BlockQ2_K, Q3_K => BlockQ3_K,
             Q4_K => BlockQ4_K, Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K,
             IQ4_NL => BlockIQ4_NL, IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0,
-            MXFP4 => BlockMXFP4, NVFP4 => BlockNVFP4, $($extra)*)
+            MXFP4 => BlockMXFP4, NVFP4 => BlockNVFP4, IQ3_XXS => BlockIQ3_XXS, IQ3_S => BlockIQ3_S, $($extra)*)
     };
     (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),* $(,)?) => {
         match $ty {
@@ -112,8 +114,7 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     with_codec!(ty, _C => true, false)
 }
 
-/// Whether `quantize` handles this type: those llama-quantize encodes without an
-/// importance matrix, except IQ3_XXS/IQ3_S, whose grid search kiln does not reproduce.
+/// Whether `quantize` handles this type: those ggml encodes without an importance matrix.
 pub fn can_quantize(ty: GgmlType) -> bool {
     with_quantizer!(ty, _C => true, false)
 }

@@ -136,6 +136,24 @@ fn other_mixes_match_llama_quantize() {
     // TQ2_0: embeddings Q4_K, output Q6_K, everything else ternary.
     let e = Expect { n_layer: 32, base: TQ2_0, embd: Q4_K, out: Some(Q6_K), attn_v: &|_| TQ2_0, ffn_down: &|_| TQ2_0, attn_output: TQ2_0, qk_norm: false };
     assert_same_types(&planned(s, &options("TQ2_0")), &e.table(), "TQ2_0");
+    // IQ3_S: attn_v Q4_K (n_gqa >= 4). IQ3_M: attn_v and attn_output Q4_K, ffn_down Q4_K
+    // in the first eighth.
+    let e = Expect { n_layer: 32, base: IQ3_S, embd: IQ3_S, out: Some(Q6_K), attn_v: &|_| Q4_K, ffn_down: &|_| IQ3_S, attn_output: IQ3_S, qk_norm: false };
+    assert_same_types(&planned(s, &options("IQ3_S")), &e.table(), "IQ3_S");
+    let first4_iq3 = |l: u64| if l < 4 { Q4_K } else { IQ3_S };
+    let e = Expect { n_layer: 32, base: IQ3_S, embd: IQ3_S, out: Some(Q6_K), attn_v: &|_| Q4_K, ffn_down: &first4_iq3, attn_output: Q4_K, qk_norm: false };
+    assert_same_types(&planned(s, &options("IQ3_M")), &e.table(), "IQ3_M");
+    // IQ3_XS puts IQ3_XXS on attn_k (the first such tensor in llama.cpp's order), which
+    // llama-quantize refuses without an importance matrix; --pure is all IQ3_S.
+    let model = RandomModel::new(s, 0);
+    let hp = QuantHparams::from_metadata(&model.metadata()).unwrap();
+    match plan_tensors(&hp, model.tensors(), &options("IQ3_XS")) {
+        Err(QuantizeError::NeedsImatrix { tensor, ty: IQ3_XXS }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
+        other => panic!("expected NeedsImatrix, got {other:?}"),
+    }
+    let pure = QuantizeOptions { pure: true, ..options("IQ3_XS") };
+    let e = Expect { n_layer: 32, base: IQ3_S, embd: IQ3_S, out: Some(IQ3_S), attn_v: &|_| IQ3_S, ffn_down: &|_| IQ3_S, attn_output: IQ3_S, qk_norm: false };
+    assert_same_types(&planned(s, &pure), &e.table(), "--pure IQ3_XS");
     // Q2_0 / NVFP4: the generic rules only (output Q6_K).
     for (name, ty) in [("Q2_0", Q2_0), ("NVFP4", NVFP4)] {
         let e = Expect { n_layer: 32, base: ty, embd: ty, out: Some(Q6_K), attn_v: &|_| ty, ffn_down: &|_| ty, attn_output: ty, qk_norm: false };
@@ -169,6 +187,9 @@ fn seventy_b_llama_gets_q5_k_attn_v() {
     assert_eq!(types["blk.13.attn_v.weight"], Q5_K, "70B raises the other attn_v from Q4_K to Q5_K");
     assert_eq!(types["blk.13.ffn_down.weight"], Q4_K);
     assert_eq!(types["blk.13.attn_q.weight"], Q4_K);
+    let types = planned(s, &options("IQ3_M"));
+    assert_eq!(types["blk.13.attn_v.weight"], Q5_K, "70B raises IQ3_M's Q4_K attn_v too");
+    assert_eq!(types["blk.13.attn_q.weight"], IQ3_S);
 }
 
 #[test]
@@ -233,6 +254,8 @@ fn tolerance(ty: GgmlType) -> f64 {
         Q4_0 | Q4_1 | Q4_K | IQ4_NL | IQ4_XS => 0.15,
         MXFP4 | NVFP4 => 0.18,
         Q3_K => 0.22,
+        IQ3_S => 0.25,
+        IQ3_XXS => 0.32,
         Q2_K => 0.43,
         Q1_0 => 0.8,
         TQ1_0 | TQ2_0 | Q2_0 => 0.9,
@@ -280,7 +303,8 @@ fn stories_q4_k_m_has_llama_quantize_types_values_and_metadata() {
 fn many_file_types_on_stories_load_and_stay_close() {
     let dir = TempDir::new();
     let input = GgufFile::open(stories()).unwrap();
-    for name in ["F32", "F16", "BF16", "Q5_K_M", "Q6_K", "Q2_K", "Q3_K_L", "Q4_K_S", "IQ4_XS", "TQ1_0", "TQ2_0"] {
+    // IQ3_XS passes the importance-matrix check here: its IQ3_XXS tensors fall back to IQ4_NL first.
+    for name in ["F32", "F16", "BF16", "Q5_K_M", "Q6_K", "Q2_K", "Q3_K_L", "Q4_K_S", "IQ4_XS", "IQ3_XS", "IQ3_M", "TQ1_0", "TQ2_0"] {
         let out = dir.path(&format!("{name}.gguf"));
         quantize_file(&stories(), &out, &options(name), &()).unwrap_or_else(|e| panic!("{name}: {e}"));
         let output = GgufFile::open(&out).unwrap();
@@ -329,6 +353,8 @@ fn stories_errors_are_llama_quantize_errors() {
     let err = parse_file_type("Q7_K").unwrap_err().to_string();
     assert!(err.contains("'Q7_K'") && err.contains("Q4_K_M") && err.contains("IQ4_NL"), "{err}");
     assert!(matches!(parse_file_type("IQ2_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ2_XXS))));
+    // llama-quantize needs an importance matrix for IQ3_XXS tensors (and IQ2_S, which its mix uses).
+    assert!(matches!(parse_file_type("IQ3_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ3_XXS))));
     match quantize_file(&dir.path("missing.gguf"), &dir.path("x.gguf"), &options("Q8_0"), &()) {
         Err(e @ QuantizeError::Open { .. }) => assert!(e.to_string().contains("missing.gguf"), "{e}"),
         other => panic!("expected Open, got {other:?}"),
@@ -378,6 +404,8 @@ const RANDOM_MODEL_TYPES: &[&str] = &[
     "Q5_1",
     "IQ4_XS",
     "IQ4_NL",
+    "IQ3_S",
+    "IQ3_M",
     "TQ1_0",
     "TQ2_0",
     "Q1_0",

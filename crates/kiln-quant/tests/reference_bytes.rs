@@ -1,7 +1,8 @@
-//! Byte-exact agreement of the quantizers with the two reference implementations:
-//! gguf-py (fixtures written by tests/fixtures/gen_fixtures.py) and llama.cpp's
+//! Byte-exact agreement of the quantizers with the reference implementations:
+//! gguf-py (fixtures written by tests/fixtures/gen_fixtures.py), llama.cpp's
 //! llama-quantize (the model files in shared/testdata, quantized from weights the
-//! fixture script regenerates bit for bit).
+//! fixture script regenerates bit for bit) and, for IQ3_XXS/IQ3_S, ggml itself
+//! (fixtures written by the tests/fixtures/iq3_ref.c harness).
 
 mod common;
 
@@ -124,5 +125,143 @@ fn dequantize_matches_reference_values_bit_for_bit() {
             let dot = f64::from(vec_dot(ty, blocks, &x).unwrap());
             assert!((dot - reference).abs() <= 2e-5 * magnitude + 1e-30, "{name}: vec_dot {dot} vs reference {reference}");
         }
+    }
+}
+
+/// The input generator of tests/fixtures/iq3_ref.c, draw for draw and in the same f32
+/// operations (all exactly rounded), so the rows are bit-identical to the harness's.
+mod iq3_inputs {
+    use super::Rng;
+
+    /// `(n_per_row, n_rows, seed)`; block b of a set has kind b % 8.
+    pub type InputSet = (usize, usize, u64);
+    pub const SMALL: [InputSet; 3] = [(256, 8, 1), (512, 4, 2), (768, 3, 3)];
+    pub const LARGE: [InputSet; 4] = [(256, 512, 11), (1024, 256, 12), (2048, 64, 13), (4096, 64, 14)];
+
+    fn unit(s: &mut Rng) -> f32 {
+        (s.next_u64() >> 40) as f32 * pow2(-24)
+    }
+
+    fn bell(s: &mut Rng) -> f32 {
+        let mut a = unit(s);
+        a += unit(s);
+        a += unit(s);
+        a += unit(s);
+        a - 2.0
+    }
+
+    fn pow2(e: i32) -> f32 {
+        f32::from_bits(if e >= -126 { ((e + 127) as u32) << 23 } else { 1 << (e + 149) })
+    }
+
+    fn below(s: &mut Rng, n: u64) -> u64 {
+        s.next_u64() % n
+    }
+
+    fn special_group(y: &mut [f32], which: u64, s: &mut Rng) {
+        match which {
+            0 => y.fill(0.0),
+            1 => y.fill(0.37),
+            2 => {
+                y.iter_mut().for_each(|v| *v = bell(s) * 0.01);
+                let at = below(s, 32) as usize;
+                y[at] = if s.next_u64() & 1 != 0 { 1000.0 } else { -1000.0 };
+            }
+            3 => y.iter_mut().for_each(|v| {
+                let b = bell(s);
+                *v = if b > 0.0 { -b } else { b };
+            }),
+            4 => y.iter_mut().for_each(|v| *v = bell(s) * pow2(-30)),
+            5 => y.iter_mut().for_each(|v| *v = bell(s) * pow2(-140)),
+            6 => y.iter_mut().for_each(|v| *v = bell(s) * pow2(30)),
+            _ => y.iter_mut().for_each(|v| *v = (below(s, 9) as i32 - 4) as f32),
+        }
+    }
+
+    /// One 256-value block: plain, power-of-two group scales, heavy tails, special
+    /// groups (zeros, constant, outlier, all negative, tiny, subnormal, huge, integers),
+    /// zeros, tiny weights, LLM-like with outliers, sparse +-0.5 after a zero group.
+    fn fill_block(x: &mut [f32], kind: usize, s: &mut Rng) {
+        match kind {
+            0 => x.iter_mut().for_each(|v| *v = bell(s)),
+            1 => {
+                for g in x.chunks_exact_mut(32) {
+                    let scale = pow2(below(s, 21) as i32 - 10);
+                    g.iter_mut().for_each(|v| *v = bell(s) * scale);
+                }
+            }
+            2 => x.iter_mut().for_each(|v| {
+                let b = bell(s);
+                *v = b / (unit(s) + 0.015625);
+            }),
+            3 => {
+                let rot = below(s, 8);
+                for (g, y) in x.chunks_exact_mut(32).enumerate() {
+                    special_group(y, (g as u64 + rot) % 8, s);
+                }
+            }
+            4 => x.fill(0.0),
+            5 => x.iter_mut().for_each(|v| *v = bell(s) * pow2(-20)),
+            6 => x.iter_mut().for_each(|v| {
+                *v = bell(s) * 0.02;
+                if below(s, 64) == 0 {
+                    *v *= 40.0;
+                }
+            }),
+            _ => {
+                for (i, v) in x.iter_mut().enumerate() {
+                    let r = s.next_u64();
+                    *v = if i < 32 || r.is_multiple_of(3) {
+                        0.0
+                    } else if r & 8 != 0 {
+                        0.5
+                    } else {
+                        -0.5
+                    };
+                }
+            }
+        }
+    }
+
+    pub fn rows(&(n_per_row, n_rows, seed): &InputSet) -> Vec<f32> {
+        let mut x = vec![0f32; n_per_row * n_rows];
+        let mut s = Rng::new(seed);
+        for (b, block) in x.chunks_exact_mut(256).enumerate() {
+            fill_block(block, b % 8, &mut s);
+        }
+        x
+    }
+}
+
+fn fnv1a64(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// IQ3_XXS / IQ3_S against ggml_quantize_chunk without an importance matrix (the
+/// tests/fixtures/iq3_ref.c harness): a small set byte for byte, a larger one (3072
+/// blocks of four row widths) by digest.
+#[test]
+fn iq3_quantizers_match_ggml_byte_for_byte() {
+    let dir = fixtures_dir();
+    let digests = read_json(&dir.join("iq3_ref.json"));
+    for ty in [GgmlType::IQ3_XXS, GgmlType::IQ3_S] {
+        let name = ty.name();
+        let expected = read(&dir.join(format!("iq3_ref_{name}.bin")));
+        let got: Vec<u8> = iq3_inputs::SMALL.iter().flat_map(|set| quantize_to_vec(ty, &iq3_inputs::rows(set))).collect();
+        if let Some(at) = first_mismatch(&got, &expected) {
+            let (block, size) = (at / ty.type_size(), ty.type_size());
+            panic!(
+                "{name}: byte {at} (block {block}, kind {}) differs from ggml:\n got {:?}\nwant {:?}",
+                block % 8,
+                &got[block * size..][..size],
+                &expected[block * size..][..size]
+            );
+        }
+        let digest = iq3_inputs::LARGE.iter().fold(0xcbf2_9ce4_8422_2325, |h, set| fnv1a64(&quantize_to_vec(ty, &iq3_inputs::rows(set)), h));
+        let want = digests["fnv1a64_of_large_set"][name].as_str().unwrap();
+        assert_eq!(format!("{digest:016x}"), want, "{name}: the large set differs from ggml");
     }
 }

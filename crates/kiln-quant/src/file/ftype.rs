@@ -67,9 +67,9 @@ const fn entry(ftype: FileType, name: &'static str, description: &'static str, d
 use FileType as F;
 use GgmlType as G;
 
-/// Every file type llama.cpp defines. Low-bit IQ mixes
-/// need an importance matrix or types kiln-quant cannot encode, so they have
-/// no default type here and are refused.
+/// Every file type llama.cpp defines. The IQ1/IQ2 mixes, IQ3_XXS and Q2_K_S need an
+/// importance matrix for most tensors (llama-quantize refuses them without one) or
+/// types kiln-quant cannot encode, so they have no default type here and are refused.
 const ENTRIES: &[Entry] = &[
     entry(F::Q4_0, "Q4_0", "Q4_0", Some(G::Q4_0)),
     entry(F::Q4_1, "Q4_1", "Q4_1", Some(G::Q4_1)),
@@ -86,8 +86,8 @@ const ENTRIES: &[Entry] = &[
     entry(F::Q2_K, "Q2_K", "Q2_K - Medium", Some(G::Q2_K)),
     entry(F::Q2_K_S, "Q2_K_S", "Q2_K - Small", None),
     entry(F::IQ3_XXS, "IQ3_XXS", "IQ3_XXS - 3.0625 bpw", None),
-    entry(F::IQ3_S, "IQ3_S", "IQ3_S - 3.4375 bpw", None),
-    entry(F::IQ3_M, "IQ3_M", "IQ3_S mix - 3.66 bpw", None),
+    entry(F::IQ3_S, "IQ3_S", "IQ3_S - 3.4375 bpw", Some(G::IQ3_S)),
+    entry(F::IQ3_M, "IQ3_M", "IQ3_S mix - 3.66 bpw", Some(G::IQ3_S)),
     entry(F::Q3_K_S, "Q3_K_S", "Q3_K - Small", Some(G::Q3_K)),
     entry(F::Q3_K_M, "Q3_K_M", "Q3_K - Medium", Some(G::Q3_K)),
     entry(F::Q3_K_L, "Q3_K_L", "Q3_K - Large", Some(G::Q3_K)),
@@ -106,7 +106,9 @@ const ENTRIES: &[Entry] = &[
     entry(F::F16, "F16", "F16", Some(G::F16)),
     entry(F::BF16, "BF16", "BF16", Some(G::BF16)),
     entry(F::AllF32, "F32", "all F32", Some(G::F32)),
-    entry(F::IQ3_XS, "IQ3_XS", "IQ3_XS - 3.3 bpw", None),
+    // Its mix puts IQ3_XXS on attn_q/attn_k/ffn_gate/ffn_up, which needs an importance
+    // matrix: only --pure (all IQ3_S) gets past planning, as in llama-quantize.
+    entry(F::IQ3_XS, "IQ3_XS", "IQ3_XS - 3.3 bpw", Some(G::IQ3_S)),
 ];
 
 /// llama-quantize's short names for the medium K-quant mixes.

@@ -41,6 +41,8 @@ pub enum QuantizeError {
     RequantizeDisabled { tensor: String, from: GgmlType, to: GgmlType },
     #[error("tensor {tensor}: kiln cannot decode type {ty}")]
     CannotDequantize { tensor: String, ty: GgmlType },
+    #[error("tensor {tensor}: llama-quantize refuses type {ty} without an importance matrix, which kiln does not take")]
+    NeedsImatrix { tensor: String, ty: GgmlType },
     #[error("tensor {tensor}: kiln cannot encode type {ty}")]
     CannotQuantize { tensor: String, ty: GgmlType },
     #[error("tensor {tensor}: {source}")]

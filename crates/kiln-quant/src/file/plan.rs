@@ -319,6 +319,8 @@ impl MixRules<'_> {
                     F::Q2_K => ty = if gqa >= 4 { G::Q4_K } else { G::Q3_K },
                     F::Q3_K_M => ty = if i < 2 { G::Q5_K } else { G::Q4_K },
                     F::Q3_K_L => ty = G::Q5_K,
+                    F::IQ3_XS | F::IQ3_S if gqa >= 4 => ty = G::Q4_K,
+                    F::IQ3_M => ty = G::Q4_K,
                     F::IQ4_NL | F::IQ4_XS if gqa >= 4 => ty = G::Q5_K,
                     F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => ty = G::Q6_K,
                     F::Q4_K_S if i < 4 => ty = G::Q5_K,
@@ -336,6 +338,13 @@ impl MixRules<'_> {
             Category::AttnK => {
                 if n_expert == 8 {
                     ty = G::Q8_0;
+                } else if ftype == F::IQ3_XS {
+                    ty = G::IQ3_XXS;
+                }
+            }
+            Category::AttnQ => {
+                if ftype == F::IQ3_XS {
+                    ty = G::IQ3_XXS;
                 }
             }
             Category::FfnDown => {
@@ -352,6 +361,7 @@ impl MixRules<'_> {
                             G::Q3_K
                         }
                     }
+                    F::IQ3_M if i < n / 8 || (n_expert == 8 && more) => ty = G::Q4_K,
                     F::Q3_K_L => ty = if falcon { G::Q4_K } else { G::Q5_K },
                     F::Q4_K_M if falcon => {
                         ty = if i < n / 16 {
@@ -371,7 +381,7 @@ impl MixRules<'_> {
             }
             Category::AttnOutput => {
                 if !falcon && n_expert == 8 {
-                    if matches!(ftype, F::Q2_K | F::Q3_K_S | F::Q3_K_M | F::IQ4_NL | F::Q4_K_S | F::Q4_K_M | F::IQ4_XS) {
+                    if matches!(ftype, F::Q2_K | F::IQ3_XS | F::Q3_K_S | F::Q3_K_M | F::IQ4_NL | F::Q4_K_S | F::Q4_K_M | F::IQ3_S | F::IQ3_M | F::IQ4_XS) {
                         ty = G::Q5_K;
                     }
                 } else if !falcon {
@@ -379,23 +389,27 @@ impl MixRules<'_> {
                         F::Q2_K => ty = G::Q3_K,
                         F::Q3_K_M => ty = G::Q4_K,
                         F::Q3_K_L => ty = G::Q5_K,
+                        F::IQ3_M => ty = G::Q4_K,
                         _ => {}
                     }
                 } else if ftype == F::Q3_K_L {
                     ty = G::Q4_K;
                 }
             }
-            // Only the IQ3_XS mix changes these; the layer lookup still
-            // validates MoE tensor names the way llama.cpp does.
-            Category::FfnGate => {
-                self.layer_info(self.i_ffn_gate, &t.name)?;
-                self.i_ffn_gate += 1;
+            // Only the IQ3_XS mix changes these: IQ3_XXS outside the first and last eighth.
+            Category::FfnGate | Category::FfnUp => {
+                let gate = cat == Category::FfnGate;
+                let (i, n) = self.layer_info(if gate { self.i_ffn_gate } else { self.i_ffn_up }, &t.name)?;
+                if ftype == F::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
+                    ty = G::IQ3_XXS;
+                }
+                if gate {
+                    self.i_ffn_gate += 1;
+                } else {
+                    self.i_ffn_up += 1;
+                }
             }
-            Category::FfnUp => {
-                self.layer_info(self.i_ffn_up, &t.name)?;
-                self.i_ffn_up += 1;
-            }
-            Category::AttnQ | Category::Output | Category::Other => {}
+            Category::Output | Category::Other => {}
         }
         Ok(ty)
     }
@@ -420,6 +434,20 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> Result<(GgmlType, bool)> {
     // A row that is not even a multiple of 32 is kept in F16.
     let ty = if row_len.is_multiple_of(replacement.block_size() as u64) { replacement } else { G::F16 };
     Ok((ty, true))
+}
+
+/// llama-quantize's `tensor_requires_imatrix`: these targets need an importance matrix
+/// (except for the embeddings and the output), which kiln never has.
+fn needs_imatrix(name: &str, ty: GgmlType, ftype: FileType) -> bool {
+    use GgmlType as G;
+    if matches!(name, "token_embd.weight" | "per_layer_token_embd.weight" | "output.weight") {
+        return false;
+    }
+    match ty {
+        G::IQ3_XXS | G::IQ2_XXS | G::IQ2_XS | G::IQ2_S | G::IQ1_M | G::IQ1_S => true,
+        G::Q2_K => ftype == FileType::Q2_K_S,
+        _ => false,
+    }
 }
 
 /// Checks that kiln can produce `plan.dst_type` from `plan.src_type`.
@@ -457,7 +485,8 @@ pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &Quantiz
         i_ffn_up: 0,
     };
     let mut plans: Vec<Option<TensorPlan>> = vec![None; tensors.len()];
-    for i in llama_order(tensors) {
+    let order = llama_order(tensors);
+    for &i in &order {
         let t = &tensors[i];
         let (mut dst, mut fell_back) = (t.ty, false);
         if allows_quantization(&t.name, &t.dims) {
@@ -468,12 +497,18 @@ pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &Quantiz
                 }
                 (dst, fell_back) = fallback(t, dst)?;
             }
+            if needs_imatrix(&t.name, dst, ftype) {
+                // llama-quantize refuses in this pass, before converting anything.
+                return Err(QuantizeError::NeedsImatrix { tensor: t.name.clone(), ty: dst });
+            }
         }
-        let plan = TensorPlan { name: t.name.clone(), dims: t.dims.clone(), src_type: t.ty, dst_type: dst, fallback: fell_back };
-        check_conversion(&plan, options.allow_requantize)?;
-        plans[i] = Some(plan);
+        plans[i] = Some(TensorPlan { name: t.name.clone(), dims: t.dims.clone(), src_type: t.ty, dst_type: dst, fallback: fell_back });
     }
-    Ok(plans.into_iter().map(|p| p.expect("every tensor was planned")).collect())
+    let plans: Vec<TensorPlan> = plans.into_iter().map(|p| p.expect("every tensor was planned")).collect();
+    for &i in &order {
+        check_conversion(&plans[i], options.allow_requantize)?;
+    }
+    Ok(plans)
 }
 
 #[cfg(test)]
