@@ -286,7 +286,9 @@ pub trait Backend: Send + Sync + 'static {
     /// The gated delta rule over each sequence's tokens, one token after the other: with q and
     /// k L2-normalized (q also scaled by 1/sqrt(head_dim)) from the convolved `x`, per value head
     /// `S = exp(g) S; S += k (beta (v - Sᵀk))ᵀ; out = Sᵀq`. States as in [`Backend::ssm_conv`];
-    /// `out` is `[n][n_v_heads * head_dim]`.
+    /// `out` is `[n][n_v_heads * head_dim]`. A backend may compute a sequence's span of several
+    /// tokens in the chunked form, which equals the recurrence up to rounding (the CPU backend
+    /// does), so a prompt split over steps differently may round differently.
     #[allow(clippy::too_many_arguments)]
     fn delta_net(
         &self,

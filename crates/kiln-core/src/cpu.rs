@@ -435,7 +435,7 @@ impl Backend for CpuBackend {
         n: usize,
         p: &DeltaNetParams,
     ) -> Result<()> {
-        cpu_recurrent::delta_net(x, g, beta, state, slots, out, &step.plan, n, p)
+        cpu_recurrent::delta_net(self.simd, x, g, beta, state, slots, out, &step.plan, n, p)
     }
 
     fn attention_sinks(

@@ -168,6 +168,17 @@ impl Simd {
         }
     }
 
+    /// `c[r][j] += sum_i a[r][i] b[i][j]` for `r < m`, `j < n`, `i < depth`: row-major matrices
+    /// in slices, row r of `a` starting at `r * lda` (of `b` at `r * ldb`, of `c` at `r * ldc`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_add(self, m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        if m == 0 || n == 0 || depth == 0 {
+            return;
+        }
+        assert!(a.len() >= (m - 1) * lda + depth && b.len() >= (depth - 1) * ldb + n && c.len() >= (m - 1) * ldc + n);
+        dispatch!(self, avx512, avx2, matmul_add(m, n, depth, a, lda, b, ldb, c, ldc))
+    }
+
     /// The largest value (NaNs ignored), `-inf` for none.
     pub(crate) fn max(self, x: &[f32]) -> f32 {
         dispatch!(self, avx512, avx2, max(x))
@@ -233,6 +244,16 @@ pub(crate) mod scalar {
 
     pub(crate) fn axpy_q8(a: f32, blocks: &[u8], col: usize, y: &mut [f32]) {
         y.iter_mut().enumerate().for_each(|(i, y)| *y += a * q8_value(blocks, col + i));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_add(m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        for r in 0..m {
+            let c_row = &mut c[r * ldc..r * ldc + n];
+            for (i, &x) in a[r * lda..r * lda + depth].iter().enumerate() {
+                axpy(x, &b[i * ldb..i * ldb + n], c_row);
+            }
+        }
     }
 
     pub(crate) fn max(x: &[f32]) -> f32 {

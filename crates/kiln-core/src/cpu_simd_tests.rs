@@ -116,6 +116,32 @@ fn axpys_match_the_reference() {
 }
 
 #[test]
+fn matrix_products_match_the_reference() {
+    // Row tiles of 1 to 4 and many, column tails at both widths, strided rows.
+    for simd in levels() {
+        for (m, n, depth) in [(1, 1, 1), (3, 7, 5), (4, 32, 128), (5, 33, 17), (9, 64, 3), (2, 16, 1), (7, 47, 40), (32, 128, 128)] {
+            let (lda, ldb, ldc) = (depth + 3, n + 5, n + 2);
+            let (a, b, c0) = (values(m * lda, 12), values(depth * ldb, 13), values(m * ldc, 14));
+            let (mut got, mut want) = (c0.clone(), c0.clone());
+            simd.matmul_add(m, n, depth, &a, lda, &b, ldb, &mut got, ldc);
+            scalar::matmul_add(m, n, depth, &a, lda, &b, ldb, &mut want, ldc);
+            for r in 0..m {
+                for j in 0..ldc {
+                    let (g, w) = (got[r * ldc + j], want[r * ldc + j]);
+                    if j >= n {
+                        assert_eq!(g, c0[r * ldc + j], "{simd:?} {m}x{n}x{depth}: wrote past the row at ({r}, {j})");
+                        continue;
+                    }
+                    let terms = (0..depth).map(|i| b[i * ldb + j]);
+                    let bound = dot_bound(depth + 1, &a[r * lda..r * lda + depth], terms) + 2.0 * (depth + 3) as f32 * U * c0[r * ldc + j].abs();
+                    assert!((g - w).abs() <= bound, "{simd:?} {m}x{n}x{depth} ({r}, {j}): {g} vs {w}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn softmax_pieces_match_the_reference() {
     for simd in levels() {
         for n in LENGTHS {

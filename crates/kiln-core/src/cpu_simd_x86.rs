@@ -260,6 +260,52 @@ pub(crate) mod avx2 {
             _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t)), u)
         });
     }
+
+    /// Tiles of 4 rows x 16 columns summed in registers over the whole depth, column panels
+    /// outermost so that a panel of `b` stays in L1 for every row tile; columns past the last
+    /// whole tile by the scalar kernel.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn matmul_add(m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        let wide = n / 16 * 16;
+        for j in (0..wide).step_by(16) {
+            for r in (0..m).step_by(4) {
+                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
+                match m - r {
+                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
+                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
+                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
+                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
+                }
+            }
+        }
+        if wide < n {
+            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
+        }
+    }
+
+    /// `R` rows x 16 columns of [`matmul_add`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn tile<const R: usize>(depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        let rows: [&[f32]; R] = std::array::from_fn(|r| &a[r * lda..r * lda + depth]);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for i in 0..depth {
+            let panel = &b[i * ldb..i * ldb + 16];
+            let (b0, b1) = (load(panel), load(&panel[8..]));
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = _mm256_set1_ps(row[i]);
+                acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let out = &mut c[r * ldc..r * ldc + 16];
+            let (lo, hi) = (_mm256_add_ps(load(out), acc[0]), _mm256_add_ps(load(&out[8..]), acc[1]));
+            store(out, lo);
+            store(&mut out[8..], hi);
+        }
+    }
 }
 
 pub(crate) mod avx512 {
@@ -427,5 +473,51 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn sum_squares(x: &[f32]) -> f32 {
         dot(x, x)
+    }
+
+    /// Tiles of 4 rows x 32 columns summed in registers over the whole depth, column panels
+    /// outermost so that a panel of `b` stays in L1 for every row tile; columns past the last
+    /// whole tile by the scalar kernel.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) fn matmul_add(m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        let wide = n / 32 * 32;
+        for j in (0..wide).step_by(32) {
+            for r in (0..m).step_by(4) {
+                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
+                match m - r {
+                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
+                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
+                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
+                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
+                }
+            }
+        }
+        if wide < n {
+            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
+        }
+    }
+
+    /// `R` rows x 32 columns of [`matmul_add`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn tile<const R: usize>(depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+        let rows: [&[f32]; R] = std::array::from_fn(|r| &a[r * lda..r * lda + depth]);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for i in 0..depth {
+            let panel = &b[i * ldb..i * ldb + 32];
+            let (b0, b1) = (load(panel), load(&panel[16..]));
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = _mm512_set1_ps(row[i]);
+                acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let out = &mut c[r * ldc..r * ldc + 32];
+            let (lo, hi) = (_mm512_add_ps(load(out), acc[0]), _mm512_add_ps(load(&out[16..]), acc[1]));
+            store(out, lo);
+            store(&mut out[16..], hi);
+        }
     }
 }

@@ -193,9 +193,10 @@ fn batched_equals_alone_on_sliding_window_and_moe_models() {
 }
 
 /// A hybrid model's prompt fed in chunks of every size (the recurrent state carried from step to
-/// step) gives the logits of the prompt fed at once, and a sequence truncated to a prefix and
-/// continued (its recurrent state cannot rewind, so it is fed again) gives those of the whole
-/// sequence fed from scratch.
+/// step) gives the logits of the prompt fed at once, to f32 rounding (each step's span runs the
+/// delta rule in chunks of its own, one token at a time for spans of one: measured 5e-7 to
+/// 1.1e-6), and a sequence truncated to a prefix and continued (its recurrent state cannot
+/// rewind, so it is fed again) gives exactly those of the whole sequence fed from scratch.
 #[test]
 fn hybrid_state_carries_across_chunks_and_truncation() {
     let path = kiln_testdata::path("archs/tiny-qwen35-Q8_0.gguf");
@@ -209,7 +210,10 @@ fn hybrid_state_carries_across_chunks_and_truncation() {
     let whole = model(64).forward(&tokens, Logits::Last).unwrap().to_vec();
     for n_batch in [1, 3, 8, 33] {
         let chunked = model(n_batch).forward(&tokens, Logits::Last).unwrap().to_vec();
-        assert_eq!(chunked, whole, "prefill in chunks of {n_batch}");
+        let diff2: f64 = chunked.iter().zip(&whole).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+        let rel = (diff2 / whole.iter().map(|&w| w as f64 * w as f64).sum::<f64>()).sqrt();
+        println!("prefill in chunks of {n_batch}: rel_l2 {rel:.2e}");
+        assert!(rel <= REL_L2, "prefill in chunks of {n_batch}: rel_l2 {rel:.3e}");
     }
     let mut reused = model(64);
     reused.forward(&tokens[..20], Logits::Last).unwrap();
