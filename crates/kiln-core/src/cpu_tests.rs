@@ -102,6 +102,12 @@ fn attention_matches_a_float64_reference_at_every_level() {
                             Some(s) => backend.attention_sinks(&q[69 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut one, &step, 1, &p).unwrap(),
                             None => backend.attention(&q[69 * row..70 * row].to_vec(), &cache, &mut one, &step, 1, &p).unwrap(),
                         });
+                        // Token 69 among the step's other tokens and alone: the same bits.
+                        assert!(
+                            out[69 * row..70 * row].iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{:?} {ty} hd {hd} window {window:?}: token 69 depends on its neighbours in the step",
+                            backend.simd.level()
+                        );
                         out.extend_from_slice(&one);
                         let want: Vec<f64> = want.iter().copied().chain(want[69 * row..70 * row].iter().copied()).collect();
                         // Outputs are averages of values in [-1, 1]: f32 sums of up to 70
