@@ -155,15 +155,16 @@ pub(crate) fn recurrence(span: &HeadSpan, state: &mut [f32]) {
                 }
             }
             delta.iter_mut().for_each(|e| *e *= b);
-            for (i, ki) in k.iter().enumerate() {
-                for (sij, dj) in state[i * d..(i + 1) * d].iter_mut().zip(delta.iter()) {
-                    *sij += ki * dj;
-                }
-            }
             // SAFETY: as `out_row` asks; `o` is the only slice of token t's row here.
             let o = unsafe { span.out_row(t) };
-            for (j, oj) in o.iter_mut().enumerate() {
-                *oj = (0..d).map(|i| state[i * d + j] * q[i]).sum();
+            o.fill(0.0);
+            // Each row of S is updated, then read by q while it is at hand: out_j sums its
+            // terms in row order, S_ij q_i, the same as a column sum, without striding.
+            for ((ki, qi), row) in k.iter().zip(q.iter()).zip(state.chunks_exact_mut(d)) {
+                for ((sij, dj), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+                    *sij += ki * dj;
+                    *oj += *sij * qi;
+                }
             }
         }
     })
