@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # KL divergence of quantized files against a full-precision base (as llama-perplexity
 # --kl-divergence), printed as the markdown table of docs/formats.md.
-#     scripts/kld-table.sh BASE.gguf TEXT.txt QUANTIZED.gguf...
+#     scripts/kld-table.sh BASE.gguf TEXT.txt QUANTIZED.gguf...   (BASE in F16: bits per weight are
+# counted against its size)
 # Environment: KILN (default target/release/kiln), CTX (tokens per chunk, 512), CHUNKS (8),
 # DEVICE (cpu or cuda; default: kiln's choice), WORK (folder for the base's log-probabilities
 # and the logs, default /tmp/kiln-kld).

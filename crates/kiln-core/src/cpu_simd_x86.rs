@@ -21,6 +21,29 @@ fn dot_tail(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// The walk of `matmul_add` over tiles of 4 rows x `$cols` columns, shared by both levels: each
+/// level's `tile::<R>` does the arithmetic, the scalar kernel the columns past the last tile.
+macro_rules! matmul_add_by_tiles {
+    ($cols:expr, $m:expr, $n:expr, $depth:expr, $a:expr, $lda:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
+        let (m, n, depth, a, lda, b, ldb, c, ldc) = ($m, $n, $depth, $a, $lda, $b, $ldb, $c, $ldc);
+        let wide = n / $cols * $cols;
+        for j in (0..wide).step_by($cols) {
+            for r in (0..m).step_by(4) {
+                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
+                match m - r {
+                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
+                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
+                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
+                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
+                }
+            }
+        }
+        if wide < n {
+            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
+        }
+    }};
+}
+
 pub(crate) mod avx2 {
     use super::*;
 
@@ -267,21 +290,7 @@ pub(crate) mod avx2 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) fn matmul_add(m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
-        let wide = n / 16 * 16;
-        for j in (0..wide).step_by(16) {
-            for r in (0..m).step_by(4) {
-                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
-                match m - r {
-                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
-                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
-                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
-                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
-                }
-            }
-        }
-        if wide < n {
-            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
-        }
+        matmul_add_by_tiles!(16, m, n, depth, a, lda, b, ldb, c, ldc);
     }
 
     /// `R` rows x 16 columns of [`matmul_add`].
@@ -481,21 +490,7 @@ pub(crate) mod avx512 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(crate) fn matmul_add(m: usize, n: usize, depth: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
-        let wide = n / 32 * 32;
-        for j in (0..wide).step_by(32) {
-            for r in (0..m).step_by(4) {
-                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
-                match m - r {
-                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
-                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
-                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
-                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
-                }
-            }
-        }
-        if wide < n {
-            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
-        }
+        matmul_add_by_tiles!(32, m, n, depth, a, lda, b, ldb, c, ldc);
     }
 
     /// `R` rows x 32 columns of [`matmul_add`].
