@@ -1,7 +1,7 @@
 // Tensor-core mat-mat for every weight format: out[t][r] = sum_c W[r][c] * x[t][c] for x [n][cols]
 // and out [n][rows] f32 (+= with `accumulate`), or the fused SwiGLU silu(x.Wg) * (x.Wu).
 //
-// Two kernel bodies share the entry points below, the PTX wrappers and the f16 chunk decoders
+// Three kernel bodies share the entry points below, the PTX wrappers and the f16 chunk decoders
 // (mma.cuh); the host picks a body and its tile with the defines (MmaTile in src/matvec/matmat.rs).
 //
 // Tiles 0..3, mma_tile.cuh: a block of 8 warps computes MMA_BM weight slots x MMA_BN tokens
@@ -37,6 +37,11 @@
 // decoded through registers (the decoders read global memory); a cp.async of raw weight
 // bytes would need shared-memory decoders, the next lever if the decode shows up as the limit.
 //
+// Streaming tiles (MMA_PIPE=2), mma_stream.cuh, for up to 64 tokens: the weight chunks go from
+// global memory through registers straight into the MMAs' A operands (a permuted depth order
+// makes each thread's own chunk its operand), so no shared weight tile, no decode-store-load
+// round trip and no barrier holds the weight stream back.
+//
 // Needs sm_80 (mma.m16n8k16, cvt f16x2, cp.async).
 // kiln-test-defines: MMA_BM=128,MMA_BN=128,MMA_WN=2
 // kiln-test-defines: MMA_BM=128,MMA_BN=64,MMA_WN=2
@@ -48,6 +53,11 @@
 // kiln-test-defines: MMA_BM=64,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=1
 // kiln-test-defines: MMA_BM=64,MMA_BN=64,MMA_WN=2,MMA_BK=128,MMA_XS=2,MMA_PIPE=1,MMA_MIN_BLOCKS=3
+// kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2
+// kiln-test-defines: MMA_BM=128,MMA_BN=64,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2,MMA_MIN_BLOCKS=1
+// kiln-test-defines: MMA_BM=256,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=3,MMA_PIPE=2
+// kiln-test-defines: MMA_BM=128,MMA_BN=16,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2
+// kiln-test-defines: MMA_BM=256,MMA_BN=64,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=2,MMA_MIN_BLOCKS=1
 
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
@@ -59,7 +69,19 @@
 #define MMA_PIPE 0
 #endif
 #if MMA_PIPE
+#if MMA_PIPE == 2
+#include "mma_stream.cuh"
+#else
 #include "mma_pipe.cuh"
+#endif
+template <class W>
+__device__ __forceinline__ void matmat_one(const W& w, const u16* x, u32 ld, u32 n, float* out, u32 rows, float* partials, u32 accumulate) {
+    matmat_body<W, 1>(w, w, x, ld, n, out, rows, accumulate, partials);
+}
+template <class W>
+__device__ __forceinline__ void matmat_two(const W& gate, const W& up, const u16* x, u32 ld, u32 n, float* out, u32 rows, float* partials) {
+    matmat_body<W, 2>(gate, up, x, ld, n, out, rows, 0, partials);
+}
 // x: f16 activations [n][cols] with cols a multiple of 8; partials: the split-K sums.
 #define MM_ARGS const u16* x, u32 cols, u32 n, float* out, u32 rows, float* partials
 #define MM_PASS x, cols, n, out, rows, partials

@@ -1,4 +1,4 @@
-// Pieces both mat-mat kernel bodies (mma_tile.cuh, mma_pipe.cuh) share: PTX wrappers for
+// Pieces the mat-mat kernel bodies (mma_tile.cuh, mma_pipe.cuh, mma_stream.cuh) share: PTX wrappers for
 // ldmatrix / mma.sync / cp.async, and each weight format's chunks decoded to f16.
 #pragma once
 #include "quant.cuh"
@@ -122,6 +122,44 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
+// The activation ring of the pipelined and streaming bodies: stage s % XS holds the
+// activations of step begin + s. One group is committed per step (empty past the end), so
+// waiting for all but XS - 2 groups means "the next step is in".
+template <int XS, class Issue>
+__device__ __forceinline__ void ring_fill(const Issue& issue, u32 begin, u32 end) {
+#pragma unroll
+    for (int s = 0; s < XS - 1; ++s) {
+        if (begin + s < end) {
+            issue(begin + s, s);
+        }
+        cp_async_commit();
+    }
+}
+
+// At step `step` (`local` steps after the split's first): the stage refilled here was last
+// read in the previous step, before its barrier.
+template <int XS, class Issue>
+__device__ __forceinline__ void ring_refill(const Issue& issue, u32 step, u32 local, u32 end) {
+    if (step + XS - 1 < end) {
+        issue(step + XS - 1, (local + XS - 1) % XS);
+    }
+    cp_async_commit();
+}
+
+template <int TN>
+__device__ __forceinline__ void mma_zero(float (&acc)[2][TN / 8][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < TN / 8; ++j) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                acc[i][j][k] = 0.0f;
+            }
+        }
+    }
+}
+
 // Depth-split warps (WK > 1) hand their sums to warp wk == 0 of the same output tile, in a
 // fixed order (deterministic), lane-major so the shared accesses do not conflict. Returns
 // false for the warps that are done. Every thread of the block must call it.
@@ -214,4 +252,15 @@ __device__ __forceinline__ void mma_store(const float (&acc)[2][TN / 8][4], floa
             }
         }
     }
+}
+
+// The end of the pipelined and streaming bodies: depth-split warps merge, then the output (or,
+// with split-K over gridDim.z, this split's partial sums for mma_reduce_splits) is written.
+template <int NW, int WM, int WN, int WK, int TN>
+__device__ __forceinline__ void mma_finish(float (&acc)[2][TN / 8][4], u8* smem, float* out, float* partials, u32 n, u32 rows, u32 row_base,
+                                           u32 token_base, u32 wm, u32 wn, u32 wk, u32 lane, u32 accumulate) {
+    if (!mma_merge_depth_splits<WM, WN, WK, TN>(acc, smem, wm, wn, wk, lane)) {
+        return;
+    }
+    mma_store<NW, TN>(acc, out, gridDim.z > 1 ? partials : nullptr, (u64)blockIdx.z * n, n, rows, row_base, token_base, wm, wn, lane, accumulate);
 }

@@ -37,7 +37,7 @@ static_assert(MMA_XSEG >= 1 && MMA_BN * MMA_SPR % MMA_THREADS == 0, "activation 
 static_assert(MMA_XS == 2 || MMA_XS == 3, "two or three activation stages");
 
 template <class W, int NW>
-__device__ __forceinline__ void matmat_pipe(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n,
+__device__ __forceinline__ void matmat_body(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n,
                                             float* out, u32 rows, u32 accumulate, float* partials) {
     typedef HalfChunks<W> H;
     extern __shared__ __align__(16) u8 smem[];
@@ -116,27 +116,10 @@ __device__ __forceinline__ void matmat_pipe(const W& first, const W& second, con
     const u32 b_offset = ((wn * MMA_TN + (lane & 7) + 8 * (lane >> 4)) * MMA_LDS + wk * MMA_TK + 8 * ((lane >> 3) & 1)) * 2;
 
     float acc[2][MMA_TN / 8][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                acc[i][j][k] = 0.0f;
-            }
-        }
-    }
+    mma_zero<MMA_TN>(acc);
 
-    // Stage s % MMA_XS holds the activations of step begin + s; a group is committed per step
-    // (empty past the end) so that waiting for all but MMA_XS - 2 groups means "next step in".
     if (begin < end) {
-#pragma unroll
-        for (int s = 0; s < MMA_XS - 1; ++s) {
-            if (begin + s < end) {
-                issue_x(begin + s, s);
-            }
-            cp_async_commit();
-        }
+        ring_fill<MMA_XS>(issue_x, begin, end);
         fetch_w(begin);
         store_w(begin, 0);
         cp_async_wait<MMA_XS - 2>();
@@ -144,11 +127,7 @@ __device__ __forceinline__ void matmat_pipe(const W& first, const W& second, con
         for (u32 step = begin; step < end; ++step) {
             const u32 local = step - begin;
             const bool more = step + 1 < end;
-            // The stage refilled here was last read in the previous step, before its barrier.
-            if (step + MMA_XS - 1 < end) {
-                issue_x(step + MMA_XS - 1, (local + MMA_XS - 1) % MMA_XS);
-            }
-            cp_async_commit();
+            ring_refill<MMA_XS>(issue_x, step, local, end);
             if (more) {
                 fetch_w(step + 1);
             }
@@ -180,24 +159,5 @@ __device__ __forceinline__ void matmat_pipe(const W& first, const W& second, con
         }
     }
     cp_async_wait<0>();
-
-    if (!mma_merge_depth_splits<MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, wm, wn, wk, lane)) {
-        return;
-    }
-
-    // With split-K (gridDim.z > 1) each split writes its sums for the reduction kernel.
-    mma_store<NW, MMA_TN>(acc, out, gridDim.z > 1 ? partials : nullptr, (u64)blockIdx.z * n, n, rows, row_base, token_base, wm, wn, lane,
-                          accumulate);
-}
-
-template <class W>
-__device__ __forceinline__ void matmat_one(const W& w, const u16* x, u32 ld, u32 n, float* out, u32 rows, float* partials,
-                                           u32 accumulate) {
-    matmat_pipe<W, 1>(w, w, x, ld, n, out, rows, accumulate, partials);
-}
-
-template <class W>
-__device__ __forceinline__ void matmat_two(const W& gate, const W& up, const u16* x, u32 ld, u32 n, float* out, u32 rows,
-                                           float* partials) {
-    matmat_pipe<W, 2>(gate, up, x, ld, n, out, rows, 0, partials);
+    mma_finish<NW, MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, out, partials, n, rows, row_base, token_base, wm, wn, wk, lane, accumulate);
 }

@@ -116,16 +116,7 @@ __device__ __forceinline__ void matmat_mma(const W& first, const W& second, cons
     const u32 xs_base = shared_address(&xs[0][0][0]);
 
     float acc[2][MMA_TN / 8][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < MMA_TN / 8; ++j) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                acc[i][j][k] = 0.0f;
-            }
-        }
-    }
+    mma_zero<MMA_TN>(acc);
 
     fetch(0);
     store(0, 0);

@@ -173,6 +173,18 @@ pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>
         .collect()
 }
 
+/// Looks up every mat-mat kernel of `w` (its modules compiled, see [`module_keys`]) and raises
+/// the shared-memory limit of those that need it. Raising it is not allowed while a stream is
+/// being captured, so a backend does this when it loads a model, before any graph.
+pub fn resolve_matmat_kernels(device: &CudaDevice, w: &GpuWeight) -> Result<(), CudaError> {
+    for tile in 0..MATMAT_TILES {
+        for swiglu in [false, true] {
+            w.kernels.get(device, &w.storage, Kernel::Matmat { tile, swiglu })?;
+        }
+    }
+    Ok(())
+}
+
 /// The GGML type whose name is the kernel suffix `suffix` (`q4_k`, `f16`), as the `MMA_TYPE`
 /// that selects its kernels in matmat_mma.cu.
 fn kernel_type_id(suffix: &str) -> i64 {

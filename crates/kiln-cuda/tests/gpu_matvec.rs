@@ -563,6 +563,12 @@ fn bad_arguments_are_typed_errors() {
 }
 
 /// The product's kernel: `matmul`'s own pick (`None`) or the mat-mat with a given block shape.
+/// Compiles every kernel module of `w`'s format at once, on all cores, as a model load does,
+/// rather than one by one as the tiles are first launched.
+fn prepare_modules(w: &GpuWeight) {
+    device().registry().prepare(&matvec::module_keys(w)).expect("compiling the format's kernel modules");
+}
+
 fn tile_name(tile: Option<usize>) -> String {
     tile.map_or("auto".to_string(), |t| format!("tile {t}"))
 }
@@ -582,6 +588,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
     let tiles: Vec<Option<usize>> = std::iter::once(None).chain((0..matvec::MATMAT_TILES).map(Some)).collect();
     for &ty in FORMATS {
         let [small, mid, big] = column_choices(ty);
+        prepare_modules(&HostWeight::random(&mut rng, ty, 1, small).upload("module preparation"));
         let (mut plain_pool, mut add_pool, mut swiglu_pool) = (Pool::default(), Pool::default(), Pool::default());
         for &n in MATMAT_TOKEN_COUNTS {
             // Plain product and residual add.
@@ -715,6 +722,7 @@ fn matvec_bandwidth_on_8b_shapes() {
         for (rows, cols) in [(14336, 4096), (4096, 14336)] {
             let source = benchmark_weight(&mut rng, ty, rows, cols);
             let first = matvec::upload_weight(device(), &source).expect("upload");
+            prepare_modules(&first);
             let bytes = first.device_bytes();
             let copies = (5 * l2 / 2).div_ceil(bytes).clamp(2, 12);
             let mut weights = vec![first];
@@ -800,6 +808,7 @@ fn matmat_throughput_on_8b_shapes() {
         for (rows, cols) in [(14336, 4096), (4096, 14336)] {
             let source = benchmark_weight(&mut rng, ty, rows, cols);
             let first = matvec::upload_weight(device(), &source).expect("upload");
+            prepare_modules(&first);
             let bytes = first.device_bytes();
             // The SwiGLU runs read two weights per launch, so count copies in pairs.
             let copies = (5 * l2 / 2).div_ceil(bytes).clamp(2, 12).next_multiple_of(2);

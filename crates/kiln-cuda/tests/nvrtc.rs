@@ -93,19 +93,39 @@ fn every_source_compiles_for_sm90_and_exports_every_kernel() {
     if !nvrtc_ready("every_source_compiles_for_sm90_and_exports_every_kernel") {
         return;
     }
-    for source in kernel_sources() {
-        for defines in source.test_defines {
-            let cubin = compile_cubin(source.name, defines, ARCH).unwrap_or_else(|e| panic!("{} with {defines:?}: {e}", source.name));
-            let symbols = elf_function_symbols(&cubin);
-            for kernel in source.kernels {
-                assert!(
-                    symbols.iter().any(|symbol| symbol == kernel),
-                    "{}.cu {defines:?}: `{kernel}` missing from the cubin (functions: {symbols:?})",
-                    source.name
-                );
-            }
-        }
-    }
+    // Every specialization is its own NVRTC program: compile them on all cores.
+    let jobs: Vec<_> = kernel_sources().iter().flat_map(|source| source.test_defines.iter().map(move |defines| (source, defines))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(jobs.len());
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut failures = Vec::new();
+                    while let Some(&(source, defines)) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                        let cubin = match compile_cubin(source.name, defines, ARCH) {
+                            Ok(cubin) => cubin,
+                            Err(e) => {
+                                failures.push(format!("{} with {defines:?}: {e}", source.name));
+                                continue;
+                            }
+                        };
+                        let symbols = elf_function_symbols(&cubin);
+                        failures.extend(
+                            source
+                                .kernels
+                                .iter()
+                                .filter(|kernel| !symbols.iter().any(|symbol| symbol == *kernel))
+                                .map(|kernel| format!("{}.cu {defines:?}: `{kernel}` missing from the cubin (functions: {symbols:?})", source.name)),
+                        );
+                    }
+                    failures
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("compile worker panicked")).collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -34,27 +34,35 @@ pub(super) struct MmaTile {
     split: bool,
     /// Resident blocks per multiprocessor the registers are budgeted for (MMA_MIN_BLOCKS).
     min_blocks: u32,
+    /// Streaming body (mma_stream.cuh): weights straight from registers into the MMAs.
+    stream: bool,
 }
 
 const fn tile(slots: u32, tokens: u32, token_warps: u32) -> MmaTile {
-    MmaTile { slots, tokens, token_warps, depth: 0, x_stages: 0, split: false, min_blocks: 2 }
+    MmaTile { slots, tokens, token_warps, depth: 0, x_stages: 0, split: false, min_blocks: 2, stream: false }
 }
 
 const fn pipe(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages: u32, split: bool) -> MmaTile {
-    MmaTile { slots, tokens, token_warps, depth, x_stages, split, min_blocks: 2 }
+    MmaTile { slots, tokens, token_warps, depth, x_stages, split, min_blocks: 2, stream: false }
 }
 
 /// A pipelined split-K shape for small batches (two activation stages) with registers for
 /// `min_blocks` blocks per multiprocessor.
 const fn small(slots: u32, tokens: u32, token_warps: u32, depth: u32, min_blocks: u32) -> MmaTile {
-    MmaTile { slots, tokens, token_warps, depth, x_stages: 2, split: true, min_blocks }
+    MmaTile { slots, tokens, token_warps, depth, x_stages: 2, split: true, min_blocks, stream: false }
+}
+
+/// A streaming split-K shape (mma_stream.cuh) for up to 64 tokens.
+const fn stream(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages: u32, min_blocks: u32) -> MmaTile {
+    MmaTile { slots, tokens, token_warps, depth, x_stages, split: true, min_blocks, stream: true }
 }
 
 /// Each has a `// kiln-test-defines:` line in matmat_mma.cu. 0..3: the original body, from the
 /// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu), 9: tile 6
 /// with registers for three resident blocks (at n = 64 on the 8B shapes 3-10% faster; 64x32 and
-/// 32x32 shapes with four blocks were slower, measured).
-pub(super) const MMA_TILES: [MmaTile; 10] = [
+/// 32x32 shapes with four blocks were slower, measured); 10..: streaming, 64 tokens with one
+/// warp along them get registers for one block.
+pub(super) const MMA_TILES: [MmaTile; 15] = [
     tile(128, 128, 2),
     tile(128, 64, 2),
     tile(64, 64, 2),
@@ -65,23 +73,28 @@ pub(super) const MMA_TILES: [MmaTile; 10] = [
     pipe(64, 32, 1, 256, 2, true),
     pipe(128, 32, 1, 128, 2, true),
     small(64, 64, 2, 128, 3),
+    stream(128, 32, 1, 256, 2, 2),
+    stream(128, 64, 1, 256, 2, 1),
+    stream(256, 32, 1, 128, 3, 2),
+    stream(128, 16, 1, 256, 2, 2),
+    stream(256, 64, 1, 128, 2, 1),
 ];
 
 /// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
 pub const MATMAT_TILES: usize = MMA_TILES.len();
 
 /// Most depth splits of one product.
-const MAX_SPLITS: usize = 8;
+const MAX_SPLITS: usize = 16;
 /// Fewest steps of depth per split.
 const MIN_SPLIT_STEPS: usize = 4;
 /// Depth splits the tuner times for each split-K shape (besides the heuristic's own).
-const TIMED_SPLITS: [usize; 5] = [2, 3, 4, 6, MAX_SPLITS];
+const TIMED_SPLITS: [usize; 7] = [2, 3, 4, 6, 8, 12, MAX_SPLITS];
 
 impl MmaTile {
     pub(super) fn defines(self) -> Vec<(&'static str, i64)> {
         let mut defines = vec![("MMA_BM", i64::from(self.slots)), ("MMA_BN", i64::from(self.tokens)), ("MMA_WN", i64::from(self.token_warps))];
         if self.pipelined() {
-            defines.extend([("MMA_BK", i64::from(self.depth)), ("MMA_XS", i64::from(self.x_stages)), ("MMA_PIPE", 1)]);
+            defines.extend([("MMA_BK", i64::from(self.depth)), ("MMA_XS", i64::from(self.x_stages)), ("MMA_PIPE", if self.stream { 2 } else { 1 })]);
         }
         if self.min_blocks != 2 {
             defines.push(("MMA_MIN_BLOCKS", i64::from(self.min_blocks)));
@@ -93,14 +106,16 @@ impl MmaTile {
         self.depth > 0
     }
 
-    /// Dynamic shared memory of the pipelined body: max(MMA_W_BYTES + MMA_X_BYTES, the
-    /// depth-split reduction) of mma_pipe.cuh; 0 for the original body (static).
+    /// Dynamic shared memory of the pipelined and streaming bodies: max(MMA_W_BYTES (none when
+    /// streaming) + MMA_X_BYTES, the depth-split reduction) of mma_pipe.cuh / mma_stream.cuh;
+    /// 0 for the original body (static).
     pub(super) fn shared_bytes(self) -> u32 {
         if !self.pipelined() {
             return 0;
         }
         let row = (self.depth + 8) * 2;
-        let (weights, activations) = (2 * self.slots * row, self.x_stages * self.tokens * row);
+        let weights = if self.stream { 0 } else { 2 * self.slots * row };
+        let activations = self.x_stages * self.tokens * row;
         let depth_warps = 8 / (self.slots / 32 * self.token_warps);
         (weights + activations).max((depth_warps - 1) * self.slots * self.tokens * 4)
     }
@@ -343,7 +358,8 @@ fn tune(
     let mut candidates = Vec::new();
     for (tile, t) in MMA_TILES.iter().enumerate() {
         let (x_blocks, y_blocks) = t.grid(w.rows, n, swiglu);
-        if (if t.pipelined() { x_blocks } else { y_blocks }) > 65_535 {
+        // Streaming shapes are for decode batches; past 128 tokens they are never the fastest.
+        if (if t.pipelined() { x_blocks } else { y_blocks }) > 65_535 || (t.stream && n > 128) {
             continue;
         }
         candidates.push(Choice { tile, splits: 1 });
