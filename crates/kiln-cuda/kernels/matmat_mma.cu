@@ -58,6 +58,8 @@
 // kiln-test-defines: MMA_BM=256,MMA_BN=32,MMA_WN=1,MMA_BK=128,MMA_XS=3,MMA_PIPE=2
 // kiln-test-defines: MMA_BM=128,MMA_BN=16,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2
 // kiln-test-defines: MMA_BM=256,MMA_BN=64,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=2,MMA_MIN_BLOCKS=1
+// kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2,MMA_TYPE=12
+// kiln-test-defines: MMA_BM=256,MMA_BN=64,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=2,MMA_MIN_BLOCKS=1,MMA_TYPE=14
 
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
@@ -112,6 +114,15 @@ extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const flo
                 v[j] = column + j < cols ? __ldg(p + j) : 0.0f;
             }
         }
+#if MMA_PIPE == 2 && MMA_X_PERMUTED
+        // The fast Q4_K decode of mma_stream.cuh yields values (4k, 4k+2) and (4k+1, 4k+3) per pair.
+        {
+            float t = v[1];
+            v[1] = v[2], v[2] = t;
+            t = v[5];
+            v[5] = v[6], v[6] = t;
+        }
+#endif
         *reinterpret_cast<uint4*>(xh + (u64)token * ld + column) =
             make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]), pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
     }

@@ -19,12 +19,13 @@
 // one barrier per step; with the SwiGLU pair each m16 tile holds 8 gate rows then the same 8
 // up rows, as in the other bodies, so mma_store serves all three.
 //
-// What bounds it (H200, Q4_K 14336x4096, kernel alone): instructions. A step of 128 values per
-// thread is about 1,050 instructions per warp, 5.5 per weight value, nearly all the exact
-// decode (code to f32, scale and offset in f32, round to f16); at four per clock per
-// multiprocessor that caps it near 2.3 TB/s, and it reaches 0.8-1.0. With the decode stubbed
-// out the same loads stream at 1.3-1.7 TB/s; staging the raw weights through a per-thread
-// cp.async ring in shared memory (no registers held in flight, 2-3 steps ahead) was no faster.
+// What bounds it (H200, Q4_K 14336x4096, kernel alone, with the exact decode): instructions. A
+// step of 128 values per thread is about 1,050 instructions per warp, 5.5 per weight value,
+// nearly all the decode (code to f32, scale and offset in f32, round to f16); at four per clock
+// per multiprocessor that caps it near 2.3 TB/s, and it reaches 0.8-1.0. With the decode
+// stubbed out the same loads stream at 1.3-1.7 TB/s; staging the raw weights through a
+// per-thread cp.async ring in shared memory (no registers held in flight, 2-3 steps ahead) was
+// no faster. Hence the cheaper f16 decodes of Q4_K and Q6_K below.
 #pragma once
 #include "mma.cuh"
 
@@ -131,6 +132,96 @@ struct HalfPairs<QuantRows<F>> {
         HalfChunks<QuantRows<F>>::decode(ChunkPair<F>::half(raw, i), 2 * pair + i, h);
     }
 };
+
+// Q4_K and Q6_K in f16 arithmetic, for the streaming modules of those formats only (MMA_TYPE
+// 12, 14), whose activations mma_half_activations stores permuted (MMA_X_PERMUTED): the exact
+// decode above costs about 3.5 instructions per value (code to f32, scale and offset in f32,
+// round), these about 2 and 2.5. A pair of codes becomes f16 1024 + q by mask-and-or, the bias
+// is subtracted exactly, and one f16 fma (or multiply) applies the scale and offset rounded to
+// f16: each value is round16(round16(s) q + round16(o)) rather than round16(s q + o). The
+// pairs come out as values (4k, 4k+2) and (4k+1, 4k+3), the order the permuted activations
+// arrive in.
+#if MMA_TYPE == 12 || MMA_TYPE == 14
+#define MMA_X_PERMUTED 1
+__device__ __forceinline__ u32 f16x2_mul(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 f16x2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ u32 f16x2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+template <>
+struct HalfPairs<QuantRows<FmtQ4_K>> {
+    typedef ChunkPair<FmtQ4_K>::Raw Raw;
+    static __device__ __forceinline__ Raw fetch(const QuantRows<FmtQ4_K>& w, u32 row, u32 pair) {
+        const u32 chunk = 2 * pair;
+        return ChunkPair<FmtQ4_K>::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
+    }
+    static __device__ __forceinline__ void decode(const Raw& raw, u32 pair, int i, u32 (&h)[8]) {
+        // Both chunks of a pair lie in one 32-value sub-block.
+        float scale, offset;
+        k4_scale_min(raw.head, ((2 * pair) & 15) >> 1, scale, offset);
+        const u32 s2 = pack_f16x2(scale, scale), o2 = pack_f16x2(offset, offset);
+        constexpr u32 BIAS = 0x64006400u;  // f16 1024 in both halves
+        const uint2 codes = half_of(raw.codes, i);
+        const u32 words[2] = {codes.x, codes.y};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            // Byte b of a word holds value 8w + b (low nibble) and 8w + 4 + b (high nibble).
+            const u32 shifts[4] = {0, 8, 4, 12};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 biased = ((words[w] >> shifts[k]) & 0x000f000fu) | BIAS;
+                h[4 * w + k] = f16x2_fma(f16x2_sub(biased, BIAS), s2, o2);
+            }
+        }
+    }
+};
+
+// Q6_K: the low nibbles as Q4_K's, the top two bits of value 4k + b at bits 2k..2k+1 of byte b
+// of the extra word; value = round16(round16(d sc) (q - 32)).
+template <>
+struct HalfPairs<QuantRows<FmtQ6_K>> {
+    typedef ChunkPair<FmtQ6_K>::Raw Raw;
+    static __device__ __forceinline__ Raw fetch(const QuantRows<FmtQ6_K>& w, u32 row, u32 pair) {
+        const u32 chunk = 2 * pair;
+        return ChunkPair<FmtQ6_K>::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
+    }
+    static __device__ __forceinline__ void decode(const Raw& raw, u32, int i, u32 (&h)[8]) {
+        const FmtQ6_K::Raw c = ChunkPair<FmtQ6_K>::half(raw, i);
+        const float scale = f16_low(c.d) * (float)(int)(i8)(u8)c.sc;
+        const u32 s2 = pack_f16x2(scale, scale);
+        constexpr u32 BIAS = 0x64006400u, BIAS_32 = 0x64206420u;  // f16 1024, 1056
+        const u32 words[2] = {c.codes.x, c.codes.y};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            const u32 nibble_shifts[4] = {0, 8, 4, 12};
+            // The same values' top bits: value 8w + b + 4j (j = 0, 1) sits at bits 2 (2w + j)
+            // of byte b.
+            const u32 high_shifts[4] = {0, 8, 2, 10};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 top = ((c.high >> (high_shifts[k] + 4 * w)) & 0x00030003u) << 4;
+                const u32 biased = ((words[w] >> nibble_shifts[k]) & 0x000f000fu) | top | BIAS;
+                h[4 * w + k] = f16x2_mul(f16x2_sub(biased, BIAS_32), s2);
+            }
+        }
+    }
+};
+#endif
+#ifndef MMA_X_PERMUTED
+#define MMA_X_PERMUTED 0
+#endif
 
 template <int KIND>
 struct HalfPairs<FloatRows<KIND>> {

@@ -45,7 +45,7 @@ use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 use matmat::{launch_matmat, MMA_TILES};
-pub use matmat::{matmat_tile, matmul_with_tile, MATMAT_TILES};
+pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;
 use matvec_shape::{choose_shape, default_shape, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};

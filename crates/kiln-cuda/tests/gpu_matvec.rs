@@ -118,6 +118,9 @@ struct HostWeight {
     values: Vec<f32>,
     /// `values` rounded to f16, as the mat-mat kernel stores them.
     halves: Vec<f32>,
+    /// The f16 values of the streaming mat-mat tiles where they differ from `halves`
+    /// (`streaming_halves`).
+    streaming: Option<Vec<f32>>,
 }
 
 impl HostWeight {
@@ -131,8 +134,9 @@ impl HostWeight {
         }
         let mut values = vec![0f32; rows * cols];
         kiln_quant::dequantize(ty, &bytes, &mut values).expect("dequantize");
-        let halves = values.iter().map(|&v| round_f16(v)).collect();
-        HostWeight { ty, rows, cols, bytes: Arc::new(bytes), values, halves }
+        let halves: Vec<f32> = values.iter().map(|&v| round_f16(v)).collect();
+        let streaming = streaming_halves(ty, &bytes, &values);
+        HostWeight { ty, rows, cols, bytes: Arc::new(bytes), values, halves, streaming }
     }
 
     fn source(&self, name: &str) -> WeightSource {
@@ -188,14 +192,69 @@ impl HostWeight {
     fn products(&self, x: &[f32], n: usize) -> (Expected, Expected) {
         let exact = self.product(&self.values, &widen(x), n);
         if self.takes_matmat(n) {
-            let halves: Vec<f64> = x.iter().map(|&v| f64::from(round_f16(v))).collect();
-            return (self.product(&self.halves, &halves, n), exact);
+            return (self.product(&self.halves, &half_activations(x), n), exact);
         }
         if self.is_float() {
             return (exact.clone(), exact);
         }
         (self.product(&self.values, &dequantized_activations(x), n), exact)
     }
+}
+
+/// The mat-mat's reference under the streaming tiles' rounding of the weights: `classic`
+/// (`products`' first) for every format but Q4_K.
+fn streaming_product(w: &HostWeight, x: &[f32], n: usize, classic: &Expected) -> Expected {
+    match &w.streaming {
+        Some(halves) => w.product(halves, &half_activations(x), n),
+        None => classic.clone(),
+    }
+}
+
+fn half_activations(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(round_f16(v))).collect()
+}
+
+/// Q4_K and Q6_K as the streaming mat-mat tiles decode them (mma_stream.cuh): the f32 scale
+/// (and offset) of each sub-block is rounded to f16, then each value is round16(s16 q + o16)
+/// (one f16 fma). None for the formats they decode exactly. `values`: the exact dequantization.
+fn streaming_halves(ty: GgmlType, bytes: &[u8], values: &[f32]) -> Option<Vec<f32>> {
+    let f16_at = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    if ty == GgmlType::Q6_K {
+        // ql[128], qh[64], scales[16] (i8, one per 16 values in value order), d.
+        let mut out = Vec::with_capacity(values.len());
+        for (block, value) in bytes.chunks_exact(210).zip(values.chunks_exact(256)) {
+            let d = f16_at(block, 208);
+            for (j, &v) in value.iter().enumerate() {
+                let s = d * f32::from(block[192 + j / 16] as i8);
+                // d sc (q - 32) is exact in f32 (at most 24 significant bits), so q - 32 is too.
+                let code = if s == 0.0 { 0.0 } else { f64::from(v / s).round() };
+                out.push(half::f16::from_f64(f64::from(round_f16(s)) * code).to_f32());
+            }
+        }
+        return Some(out);
+    }
+    if ty != GgmlType::Q4_K {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 144 * 256);
+    for block in bytes.chunks_exact(144) {
+        let (d, dmin, scales, qs) = (f16_at(block, 0), f16_at(block, 2), &block[4..16], &block[16..]);
+        for sub in 0..8 {
+            // ggml's get_scale_min_k4.
+            let (sc, m) = if sub < 4 {
+                (scales[sub] & 63, scales[sub + 4] & 63)
+            } else {
+                ((scales[sub + 4] & 0xf) | ((scales[sub - 4] >> 6) << 4), (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4))
+            };
+            let (s, o) = (f64::from(round_f16(d * f32::from(sc))), f64::from(round_f16(-(dmin * f32::from(m)))));
+            for l in 0..32 {
+                let byte = qs[32 * (sub / 2) + l];
+                let q = if sub % 2 == 0 { byte & 0xf } else { byte >> 4 };
+                out.push(half::f16::from_f64(s * f64::from(q) + o).to_f32());
+            }
+        }
+    }
+    Some(out)
 }
 
 /// Reference outputs and the per-output scale their rounding error is measured against.
@@ -318,6 +377,24 @@ fn column_choices(ty: GgmlType) -> [usize; 3] {
 fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let [small, mid, big] = column_choices(ty);
     vec![(1, big), (7, mid), (33, big), (5, small), (4097, small)]
+}
+
+/// The mat-mat's references a tile's result must match: the streaming tiles round Q4_K's scales
+/// to f16 first; `matmul`'s own pick (None) may be either kind.
+fn references<'a>(tile: Option<usize>, classic: &'a Expected, streaming: &'a Expected) -> Vec<&'a Expected> {
+    match tile {
+        Some(t) if matvec::matmat_tile_is_streaming(t) => vec![streaming],
+        Some(_) => vec![classic],
+        None => vec![classic, streaming],
+    }
+}
+
+/// `check` against the closest of several references.
+fn check_any(failures: &mut Vec<String>, case: &str, got: &[f32], expected: &[&Expected]) {
+    let error = expected.iter().map(|e| e.error(got)).fold(f64::NAN, f64::min);
+    if error.is_nan() || error > ROUNDING_TOLERANCE {
+        failures.push(format!("{case}: error {error:.3e} > {ROUNDING_TOLERANCE:.0e} (relative to sum |w x|)"));
+    }
 }
 
 fn check(failures: &mut Vec<String>, case: &str, got: &[f32], expected: &Expected) {
@@ -599,8 +676,13 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
                 let x_gpu = upload_f32(&x);
                 let residual = random_f32(&mut rng, n * rows);
                 let (computed, exact) = host.products(&x, n);
-                let mut computed_sum = computed.clone();
-                computed_sum.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
+                let streamed = streaming_product(&host, &x, n, &computed);
+                let with_residual = |e: &Expected| {
+                    let mut sum = e.clone();
+                    sum.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
+                    sum
+                };
+                let (computed_sum, streamed_sum) = (with_residual(&computed), with_residual(&streamed));
                 let exact_sum: Vec<f64> = exact.values.iter().zip(&residual).map(|(w, &r)| w + f64::from(r)).collect();
                 for &tile in &tiles {
                     let case = format!("matmat {ty} {rows}x{cols} n={n} {}", tile_name(tile));
@@ -614,7 +696,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
                         continue;
                     }
                     let got = download(&out, n * rows, &mut failures, &case);
-                    check(&mut failures, &case, &got, &computed);
+                    check_any(&mut failures, &case, &got, &references(tile, &computed, &streamed));
                     plain_pool.add(&got, &exact.values);
 
                     let case = format!("matmat add {ty} {rows}x{cols} n={n} {}", tile_name(tile));
@@ -629,7 +711,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
                         continue;
                     }
                     let got = download(&out, n * rows, &mut failures, &case);
-                    check(&mut failures, &case, &got, &computed_sum);
+                    check_any(&mut failures, &case, &got, &references(tile, &computed_sum, &streamed_sum));
                     add_pool.add(&got, &exact_sum);
                 }
             }
@@ -642,6 +724,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
                 let (gate_computed, gate_exact) = gate_host.products(&x, n);
                 let (up_computed, up_exact) = up_host.products(&x, n);
                 let computed = Expected::swiglu(&gate_computed, &up_computed);
+                let streamed = Expected::swiglu(&streaming_product(&gate_host, &x, n, &gate_computed), &streaming_product(&up_host, &x, n, &up_computed));
                 let exact = Expected::swiglu(&gate_exact, &up_exact);
                 for &tile in &tiles {
                     let case = format!("matmat swiglu {ty} {rows}x{cols} n={n} {}", tile_name(tile));
@@ -655,7 +738,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
                         continue;
                     }
                     let got = download(&out, n * rows, &mut failures, &case);
-                    check(&mut failures, &case, &got, &computed);
+                    check_any(&mut failures, &case, &got, &references(tile, &computed, &streamed));
                     swiglu_pool.add(&got, &exact.values);
                 }
             }

@@ -294,6 +294,12 @@ fn default_splits(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, ti
     t.auto_splits(x * y, t.steps(chunks_per_row(&w.storage)), device.info().multiprocessor_count as usize)
 }
 
+/// Whether mat-mat tile `tile` is a streaming one (kernels/mma_stream.cuh), whose Q4_K decode
+/// rounds each sub-block's scale and offset to f16 before applying them.
+pub fn matmat_tile_is_streaming(tile: usize) -> bool {
+    MMA_TILES.get(tile).is_some_and(|t| t.stream)
+}
+
 /// The mat-mat block shape `matmul` uses for `n` tokens of `w` (index into the tiles of
 /// [`matmul_with_tile`]): the measured one once a product of this bucket ran, else the static
 /// rule.
