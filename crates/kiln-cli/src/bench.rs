@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use kiln_core::{Backend, CpuBackend, SamplingParams};
+use kiln_core::{Backend, CpuBackend, CpuOptions, SamplingParams, SimdLevel};
 use kiln_gguf::{GgufFile, Value};
 use kiln_models::{Logits, Model, ModelOptions};
 use kiln_quant::file::{describe_file_type, FileType, QuantHparams, FILE_TYPE_GUESSED};
@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// waits for its inputs while the one before it drains; `serial` waits for it to finish.
     #[arg(long = "graph-edges", value_enum, default_value = "overlapped")]
     pub graph_edges: GraphEdgesArg,
+    /// The CPU's integer kernels: `auto` takes the widest this CPU runs; a narrower level
+    /// measures what a CPU without the wider instructions would get.
+    #[arg(long = "cpu-kernels", value_enum, default_value = "auto")]
+    pub cpu_kernels: CpuKernelsArg,
     /// llama-batched-bench instead: many sequences decoded together (`--npp`, `--ntg`, `--npl`).
     #[arg(long)]
     pub batched: bool,
@@ -80,6 +84,32 @@ impl From<GraphEdgesArg> for kiln_cuda::GraphEdges {
             GraphEdgesArg::Overlapped => kiln_cuda::GraphEdges::Overlapped,
             GraphEdgesArg::Serial => kiln_cuda::GraphEdges::Serial,
         }
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuKernelsArg {
+    Auto,
+    Avx512Vnni,
+    AvxVnni,
+    Avx2,
+    Scalar,
+}
+
+impl CpuKernelsArg {
+    /// The CPU backend with these kernels, or why this CPU cannot run them.
+    fn backend(self) -> CliResult<CpuBackend> {
+        let simd = match self {
+            CpuKernelsArg::Auto => return Ok(CpuBackend::new()),
+            CpuKernelsArg::Avx512Vnni => SimdLevel::Avx512Vnni,
+            CpuKernelsArg::AvxVnni => SimdLevel::AvxVnni,
+            CpuKernelsArg::Avx2 => SimdLevel::Avx2,
+            CpuKernelsArg::Scalar => SimdLevel::Scalar,
+        };
+        if !simd.is_available() {
+            return Err(format!("--cpu-kernels {self:?}: this CPU does not have the instructions for {simd:?}").into());
+        }
+        Ok(CpuBackend::with_options(CpuOptions { simd, ..CpuOptions::default() }))
     }
 }
 
@@ -435,8 +465,14 @@ pub fn bench(args: BenchArgs) -> CliResult {
     match (gpu, args.batched) {
         (Some(gpu), false) => bench_with(Arc::new(gpu), file, &path, &args),
         (Some(gpu), true) => crate::batched_bench::run(Arc::new(gpu), file, &args),
-        (None, false) => on_cpu_workers(args.threads, || bench_with(Arc::new(CpuBackend::new()), file, &path, &args)),
-        (None, true) => on_cpu_workers(args.threads, || crate::batched_bench::run(Arc::new(CpuBackend::new()), file, &args)),
+        (None, false) => {
+            let cpu = args.cpu_kernels.backend()?;
+            on_cpu_workers(args.threads, || bench_with(Arc::new(cpu), file, &path, &args))
+        }
+        (None, true) => {
+            let cpu = args.cpu_kernels.backend()?;
+            on_cpu_workers(args.threads, || crate::batched_bench::run(Arc::new(cpu), file, &args))
+        }
     }
 }
 

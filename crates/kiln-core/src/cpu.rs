@@ -74,7 +74,7 @@ impl CpuBackend {
         assert!(options.simd.is_available(), "{:?} is not available on this CPU", options.simd);
         let f32_level = match options.simd {
             SimdLevel::Avx512Vnni => F32Level::Avx512,
-            SimdLevel::Avx2 => F32Level::Avx2,
+            SimdLevel::Avx2 | SimdLevel::AvxVnni => F32Level::Avx2,
             SimdLevel::Scalar => F32Level::Scalar,
         };
         let simd = Simd::at(f32_level).or_else(|| Simd::at(F32Level::Scalar)).expect("the scalar level is always available");
@@ -192,6 +192,7 @@ impl Backend for CpuBackend {
         let kernels = match (self.options.matmul, self.options.simd) {
             (CpuMatmul::Exact, _) => "exact f32",
             (_, SimdLevel::Avx512Vnni) => "AVX-512 VNNI",
+            (_, SimdLevel::AvxVnni) => "AVX-VNNI",
             (_, SimdLevel::Avx2) => "AVX2",
             (_, SimdLevel::Scalar) => "scalar",
         };

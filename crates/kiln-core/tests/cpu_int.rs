@@ -77,7 +77,7 @@ fn quantization_bound(w: &[f32], x: &[f32]) -> f64 {
 }
 
 fn levels() -> Vec<SimdLevel> {
-    let all = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512Vnni];
+    let all = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512Vnni];
     let available: Vec<SimdLevel> = all.into_iter().filter(|l| l.is_available()).collect();
     if available.len() < all.len() {
         eprintln!("SKIPPED on this CPU: {:?}", all.iter().filter(|l| !available.contains(l)).collect::<Vec<_>>());
@@ -181,7 +181,7 @@ fn float_weights_are_exact_up_to_summation_order() {
     }
 }
 
-/// Throughput of the integer matmul on Qwen3-0.6B's FFN shape (run with --ignored --nocapture;
+/// Throughput of the integer matmul on Qwen3-0.6B's FFN shape at every SIMD level of this CPU (run with --ignored --nocapture;
 /// one thread, best of several runs, so that other load on the machine matters less).
 #[test]
 #[ignore]
@@ -191,9 +191,9 @@ fn matmul_throughput() {
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
         let (rows, cols) = (3072, 1024);
         let (w, _) = weight(ty, rows, cols, &mut rng);
-        for n in [1, 2, 4, 8, 16, 64] {
+        for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| [1, 2, 4, 8, 16, 64].map(|n| (l, n))) {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
-            let backend = CpuBackend::new();
+            let backend = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: level });
             let w = backend.upload_weight(w.clone()).unwrap();
             let mut xb = backend.alloc(x.len(), "x").unwrap();
             backend.write(&mut xb, &x).unwrap();
@@ -209,7 +209,7 @@ fn matmul_throughput() {
             });
             let gmacs = (rows * cols * n) as f64 / best / 1e9;
             let gbs = w.bytes().len() as f64 / best / 1e9;
-            println!("{ty:6} n={n:3}: {:8.3} ms  {gmacs:7.1} GMAC/s  {gbs:6.1} GB/s of weights", best * 1e3);
+            println!("{ty:6} {level:10?} n={n:3}: {:8.3} ms  {gmacs:7.1} GMAC/s  {gbs:6.1} GB/s of weights", best * 1e3);
         }
     }
 }

@@ -12,6 +12,8 @@ pub mod acts;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx_vnni;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 mod fused_avx512;
@@ -32,6 +34,8 @@ pub enum SimdLevel {
     Scalar,
     /// AVX2 + FMA, widening to i16.
     Avx2,
+    /// AVX2 + FMA with the 256-bit VNNI `vpdpbusd` (AVX-VNNI: CPUs without AVX-512).
+    AvxVnni,
     /// AVX-512F/BW with VNNI `vpdpbusd`.
     Avx512Vnni,
 }
@@ -39,7 +43,7 @@ pub enum SimdLevel {
 impl SimdLevel {
     /// The best level this CPU runs.
     pub fn detect() -> SimdLevel {
-        [SimdLevel::Avx512Vnni, SimdLevel::Avx2].into_iter().find(|l| l.is_available()).unwrap_or(SimdLevel::Scalar)
+        [SimdLevel::Avx512Vnni, SimdLevel::AvxVnni, SimdLevel::Avx2].into_iter().find(|l| l.is_available()).unwrap_or(SimdLevel::Scalar)
     }
 
     pub fn is_available(self) -> bool {
@@ -48,6 +52,7 @@ impl SimdLevel {
             match self {
                 SimdLevel::Scalar => true,
                 SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+                SimdLevel::AvxVnni => SimdLevel::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
                 SimdLevel::Avx512Vnni => {
                     is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
@@ -86,6 +91,9 @@ pub fn matvec_row(level: SimdLevel, row: &DecodedRow, acts: &QuantizedActs, t: u
         SimdLevel::Avx512Vnni => unsafe { avx512::matvec_row(row, acts, t, coef) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
+        SimdLevel::AvxVnni => unsafe { avx_vnni::matvec_row(row, acts, t, coef) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
         SimdLevel::Avx2 => unsafe { avx2::matvec_row(row, acts, t) },
         _ => scalar::matvec_row(row, acts, t),
     }
@@ -97,6 +105,9 @@ pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level was checked available when chosen; the tiled layout exists.
         SimdLevel::Avx512Vnni => unsafe { avx512::matmat_tile(rows, acts, tile, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::AvxVnni => unsafe { avx_vnni::matmat_tile(rows, acts, tile, out) },
         SimdLevel::Scalar => scalar::matmat_tile(rows, acts, tile, out),
         _ => {
             // Without VNNI there is no cheap 4-way u8 x i8 product across token lanes; row-by-row it is.
