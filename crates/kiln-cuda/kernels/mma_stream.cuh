@@ -121,13 +121,19 @@ struct ChunkPair<FmtQ6_K> {
 template <class W>
 struct HalfPairs;
 
+// The fetch of pair `pair` (chunks 2 pair, 2 pair + 1) of a row of quantized weights.
 template <class F>
-struct HalfPairs<QuantRows<F>> {
+struct QuantPairFetch {
     typedef typename ChunkPair<F>::Raw Raw;
     static __device__ __forceinline__ Raw fetch(const QuantRows<F>& w, u32 row, u32 pair) {
         const u32 chunk = 2 * pair;
         return ChunkPair<F>::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
     }
+};
+
+template <class F>
+struct HalfPairs<QuantRows<F>> : QuantPairFetch<F> {
+    typedef typename QuantPairFetch<F>::Raw Raw;
     static __device__ __forceinline__ void decode(const Raw& raw, u32 pair, int i, u32 (&h)[8]) {
         HalfChunks<QuantRows<F>>::decode(ChunkPair<F>::half(raw, i), 2 * pair + i, h);
     }
@@ -161,12 +167,7 @@ __device__ __forceinline__ u32 f16x2_fma(u32 a, u32 b, u32 c) {
 }
 
 template <>
-struct HalfPairs<QuantRows<FmtQ4_K>> {
-    typedef ChunkPair<FmtQ4_K>::Raw Raw;
-    static __device__ __forceinline__ Raw fetch(const QuantRows<FmtQ4_K>& w, u32 row, u32 pair) {
-        const u32 chunk = 2 * pair;
-        return ChunkPair<FmtQ4_K>::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
-    }
+struct HalfPairs<QuantRows<FmtQ4_K>> : QuantPairFetch<FmtQ4_K> {
     static __device__ __forceinline__ void decode(const Raw& raw, u32 pair, int i, u32 (&h)[8]) {
         // Both chunks of a pair lie in one 32-value sub-block.
         float scale, offset;
@@ -191,12 +192,7 @@ struct HalfPairs<QuantRows<FmtQ4_K>> {
 // Q6_K: the low nibbles as Q4_K's, the top two bits of value 4k + b at bits 2k..2k+1 of byte b
 // of the extra word; value = round16(round16(d sc) (q - 32)).
 template <>
-struct HalfPairs<QuantRows<FmtQ6_K>> {
-    typedef ChunkPair<FmtQ6_K>::Raw Raw;
-    static __device__ __forceinline__ Raw fetch(const QuantRows<FmtQ6_K>& w, u32 row, u32 pair) {
-        const u32 chunk = 2 * pair;
-        return ChunkPair<FmtQ6_K>::fetch(w.p, (u64)row * w.p.tiles + (chunk >> 5), chunk & 31);
-    }
+struct HalfPairs<QuantRows<FmtQ6_K>> : QuantPairFetch<FmtQ6_K> {
     static __device__ __forceinline__ void decode(const Raw& raw, u32, int i, u32 (&h)[8]) {
         const FmtQ6_K::Raw c = ChunkPair<FmtQ6_K>::half(raw, i);
         const float scale = f16_low(c.d) * (float)(int)(i8)(u8)c.sc;
