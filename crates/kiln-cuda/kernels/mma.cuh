@@ -3,6 +3,18 @@
 #pragma once
 #include "quant.cuh"
 
+// ---- A block's warps, shared by the bodies (each defines MMA_BK, its depth per step) ----
+#define MMA_WARPS (MMA_THREADS / 32)
+// Warps along the slots (32 each) and along the depth.
+#define MMA_WM (MMA_BM / 32)
+#define MMA_WK (MMA_WARPS / (MMA_WM * MMA_WN))
+// Per warp: tokens and depth.
+#define MMA_TN (MMA_BN / MMA_WN)
+#define MMA_TK (MMA_BK / MMA_WK)
+// Shared rows padded by 16 bytes: the 8 row addresses of an ldmatrix (or the two tokens of a
+// quarter warp in mma_stream.cuh) hit distinct bank groups.
+#define MMA_LDS (MMA_BK + 8)
+
 // ---- PTX wrappers ----
 
 __device__ __forceinline__ u32 shared_address(const void* p) {

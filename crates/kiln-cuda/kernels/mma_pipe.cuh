@@ -10,12 +10,6 @@
 #error "pipelined matmat_mma kernels need -DMMA_BK=<depth per step> -DMMA_XS=<activation stages>"
 #endif
 
-#define MMA_WARPS (MMA_THREADS / 32)
-#define MMA_WM (MMA_BM / 32)
-#define MMA_WK (MMA_WARPS / (MMA_WM * MMA_WN))
-#define MMA_TN (MMA_BN / MMA_WN)
-#define MMA_TK (MMA_BK / MMA_WK)
-#define MMA_LDS (MMA_BK + 8)
 // Chunks of a row per step, weight chunks per thread per step, 16-byte activation segments
 // per token per step and per thread per step.
 #define MMA_CPR (MMA_BK / CHUNK_VALUES)

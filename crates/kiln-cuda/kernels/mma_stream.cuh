@@ -232,12 +232,6 @@ struct HalfPairs<FloatRows<KIND>> {
     static __device__ __forceinline__ void decode(const Raw& raw, u32 pair, int i, u32 (&h)[8]) { H::decode(raw.c[i], 2 * pair + i, h); }
 };
 
-#define MMA_WARPS (MMA_THREADS / 32)
-#define MMA_WM (MMA_BM / 32)
-#define MMA_WK (MMA_WARPS / (MMA_WM * MMA_WN))
-#define MMA_TN (MMA_BN / MMA_WN)
-#define MMA_TK (MMA_BK / MMA_WK)
-#define MMA_LDS (MMA_BK + 8)
 // Chunk pairs of a row per step, pairs per weight row per thread per step, 16-byte activation
 // segments per token per step.
 #define MMA_PPR (MMA_BK / 32)

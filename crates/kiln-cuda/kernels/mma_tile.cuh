@@ -3,15 +3,7 @@
 #pragma once
 #include "mma.cuh"
 
-#define MMA_WARPS (MMA_THREADS / 32)
 #define MMA_BK (MMA_THREADS * CHUNK_VALUES / MMA_BM)
-#define MMA_WM (MMA_BM / 32)
-#define MMA_WK (MMA_WARPS / (MMA_WM * MMA_WN))
-// Per warp: tokens and depth.
-#define MMA_TN (MMA_BN / MMA_WN)
-#define MMA_TK (MMA_BK / MMA_WK)
-// Shared rows padded by 16 bytes: the 8 row addresses of an ldmatrix hit distinct bank groups.
-#define MMA_LDS (MMA_BK + 8)
 // Chunks of a row per step, and float4 activation loads per thread per step.
 #define MMA_CPR (MMA_BK / CHUNK_VALUES)
 #define MMA_XV (MMA_BN * MMA_BK / 4 / MMA_THREADS)
