@@ -436,7 +436,7 @@ impl Backend for CpuBackend {
         n: usize,
         p: &DeltaNetParams,
     ) -> Result<()> {
-        cpu_recurrent::delta_net(self.simd, x, g, beta, state, slots, out, &step.plan, n, p)
+        cpu_recurrent::delta_net(self.simd, cpu_recurrent::DeltaNetIo { x, g, beta, state, slots, out }, &step.plan, n, p)
     }
 
     fn attention_sinks(

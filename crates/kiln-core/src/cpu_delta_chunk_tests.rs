@@ -2,7 +2,7 @@ use super::*;
 use crate::backend::DeltaNetParams;
 use crate::cpu::SharedOut;
 use crate::cpu_recurrent::tests::{plan, reference_from};
-use crate::cpu_recurrent::{delta_net_from, delta_net_gates, recurrence};
+use crate::cpu_recurrent::{delta_net_from, delta_net_gates, recurrence, DeltaNetIo};
 use crate::cpu_simd::tests::values;
 use crate::cpu_simd::SimdLevel;
 
@@ -53,7 +53,8 @@ fn chunked_vs_recurrence(simd: Simd, p: &DeltaNetParams, lens: &[usize], seed: u
     let init = values(lens.len() * p.ssm_state(), seed + 5);
     let run = |chunked_from| {
         let (mut state, mut out) = (init.clone(), vec![f32::NAN; n * nv * d]);
-        delta_net_from(simd, &x, &g, &beta, &mut state, &slots, &mut out, &step, n, p, chunked_from).unwrap();
+        let io = DeltaNetIo { x: &x, g: &g, beta: &beta, state: &mut state, slots: &slots, out: &mut out };
+        delta_net_from(simd, io, &step, n, p, chunked_from).unwrap();
         (state, out)
     };
     let (rec_state, rec_out) = run(usize::MAX);

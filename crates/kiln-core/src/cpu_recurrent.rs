@@ -170,38 +170,25 @@ pub(crate) fn recurrence(span: &HeadSpan, state: &mut [f32]) {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn delta_net(
-    simd: Simd,
-    x: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    slots: &[f32],
-    out: &mut [f32],
-    plan: &FlatPlan,
-    n: usize,
-    p: &DeltaNetParams,
-) -> Result<()> {
-    delta_net_from(simd, x, g, beta, state, slots, out, plan, n, p, CHUNKED_FROM)
+/// The tensors of one DeltaNet call: the step's convolved q/k/v rows `x`, its gates `g` and
+/// `beta`, the recurrent states (one block per slot) with the step's `slots`, and `out`.
+pub(crate) struct DeltaNetIo<'a> {
+    pub x: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+    pub state: &'a mut [f32],
+    pub slots: &'a [f32],
+    pub out: &'a mut [f32],
+}
+
+pub(crate) fn delta_net(simd: Simd, io: DeltaNetIo, plan: &FlatPlan, n: usize, p: &DeltaNetParams) -> Result<()> {
+    delta_net_from(simd, io, plan, n, p, CHUNKED_FROM)
 }
 
 /// [`delta_net`] with spans of at least `chunked_from` tokens in the chunked form, so tests can
 /// force either path.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn delta_net_from(
-    simd: Simd,
-    x: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
-    slots: &[f32],
-    out: &mut [f32],
-    plan: &FlatPlan,
-    n: usize,
-    p: &DeltaNetParams,
-    chunked_from: usize,
-) -> Result<()> {
+pub(crate) fn delta_net_from(simd: Simd, io: DeltaNetIo, plan: &FlatPlan, n: usize, p: &DeltaNetParams, chunked_from: usize) -> Result<()> {
+    let DeltaNetIo { x, g, beta, state, slots, out } = io;
     let (d, nk, nv, c) = (p.head_dim, p.n_k_heads, p.n_v_heads, p.conv_dim());
     if nk == 0 || !nv.is_multiple_of(nk) {
         return Err(BackendError::Device(format!("delta_net: {nv} value heads over {nk} key heads")));
@@ -333,7 +320,7 @@ pub(crate) mod tests {
         // Token by token (every span below the chunked threshold), then the backend's own path.
         for chunked_from in [usize::MAX, CHUNKED_FROM] {
             let run = |x: &[f32], g: &[f32], beta: &[f32], state: &mut [f32], slot: f32, out: &mut [f32], pos0: usize, len: usize| {
-                delta_net_from(simd, x, g, beta, state, &[slot], out, &plan(&[(pos0, len)]), len, &P, chunked_from)
+                delta_net_from(simd, DeltaNetIo { x, g, beta, state, slots: &[slot], out }, &plan(&[(pos0, len)]), len, &P, chunked_from)
             };
             // Whole sequence in one step (slot 1), then split 9 + 4 over two steps (slot 0).
             let mut state = vec![f32::NAN; 2 * P.ssm_state()];

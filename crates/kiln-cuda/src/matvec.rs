@@ -173,11 +173,12 @@ pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>
         .collect()
 }
 
-/// Looks up every mat-mat kernel of `w` (its modules compiled, see [`module_keys`]) and raises
-/// the shared-memory limit of those that need it. Raising it is not allowed while a stream is
-/// being captured, so a backend does this when it loads a model, before any graph.
+/// Looks up the mat-mat kernels of `w` that take dynamic shared memory (their modules compiled,
+/// see [`module_keys`]) and raises their limit. Raising it is not allowed while a stream is
+/// being captured, so a backend does this when it loads a model, before any graph; the other
+/// tiles are looked up on first use, which a capture allows.
 pub fn resolve_matmat_kernels(device: &CudaDevice, w: &GpuWeight) -> Result<(), CudaError> {
-    for tile in 0..MATMAT_TILES {
+    for tile in (0..MATMAT_TILES).filter(|&t| MMA_TILES[t].shared_bytes() > 0) {
         for swiglu in [false, true] {
             w.kernels.get(device, &w.storage, Kernel::Matmat { tile, swiglu })?;
         }
