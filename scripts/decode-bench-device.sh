@@ -3,7 +3,8 @@
 # shapes with `kiln dev random-model`, runs `kiln bench -p 512 -n 128` on each (and tg128 at
 # depth 8192 on the Q4_K_M file), and prints llama.cpp's tg128 on the same H200, the bar, kiln's
 # tg128 and its fraction of the roofline (4,233 GB/s measured copy bandwidth / file bytes).
-#     scripts/decode-bench-device.sh [quick]     quick: the Llama-3-8B Q4_K_M rows only
+#     scripts/decode-bench-device.sh [quick | NAME...]   quick: the Llama-3-8B Q4_K_M rows only;
+#                                                      NAME: only the rows named (e.g. qwen3-8b-Q1_0)
 # Models go to $BENCH_DIR (default /tmp/kiln-bench), JSON logs to $OUT/decode-bench when set.
 set -euo pipefail
 KILN=${KILN:-.gpu/kiln}
@@ -28,7 +29,14 @@ ROWS=(
     "qwen3-8b-IQ3_S-pure qwen3-8b IQ3_S 1"
     "qwen3-8b-MXFP4-pure qwen3-8b MXFP4_MOE 1"
 )
-[ "${1:-}" = quick ] && ROWS=("${ROWS[0]}")
+if [ "${1:-}" = quick ]; then
+    ROWS=("${ROWS[0]}")
+elif [ $# -gt 0 ]; then
+    wanted=" $* "
+    for row in "${ROWS[@]}"; do [[ $wanted == *" ${row%% *} "* ]] && picked+=("$row"); done
+    [ ${#picked[@]} -gt 0 ] || { echo "no row named: $*" >&2; exit 2; }
+    ROWS=("${picked[@]}")
+fi
 
 make_model() { # name shape type pure
     local path="$DIR/$1.gguf" pure=()
@@ -51,7 +59,7 @@ for row in "${ROWS[@]}"; do
     "$KILN" bench -o json -r "$REPS" -m "$DIR/$name.gguf" -p 512 -n 128 > "$LOG/$name.json" 2> "$LOG/$name.err" ||
         echo "FAILED: $name (see $LOG/$name.err)" >&2
 done
-if [ -f "$DIR/llama3-8b-Q4_K_M.gguf" ]; then
+if [[ "${ROWS[0]}" == llama3-8b-Q4_K_M* ]] && [ -f "$DIR/llama3-8b-Q4_K_M.gguf" ]; then
     "$KILN" bench -o json -r 2 -m "$DIR/llama3-8b-Q4_K_M.gguf" -p 0 -n 128 -d 8192 > "$LOG/llama3-8b-Q4_K_M-d8192.json" 2> "$LOG/d8192.err" || true
 fi
 

@@ -9,7 +9,7 @@
 //     sum_i (scale q_i + offset) * xd xq_i = scale * xd * isum + offset * xs,
 // with (xd, xs) = (activation scale, xd * sum_i xq_i). Float weights use f32 activations.
 #pragma once
-#include "quant.cuh"
+#include "chunk_pair.cuh"
 
 #ifndef NTOK
 #error "matvec kernels need -DNTOK=<tokens, 1..8>"
@@ -131,11 +131,12 @@ __device__ __forceinline__ void fetch_tiles(typename F::Raw (&raw)[MV_BATCH][NW 
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __restrict__ xq,
-                                             const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate) {
+                                             const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                             u32 block) {
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
     const u32 lane = threadIdx.x & 31;
-    const u32 row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
     if (row0 >= rows) {
         return;
     }
@@ -186,6 +187,228 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
                     dot = __dp4a(c[r].q[2], (int)xv.z, dot);
                     dot = __dp4a(c[r].q[3], (int)xv.w, dot);
                     acc[r][t] = fmaf(c[r].scale * ds.x, (float)dot, fmaf(c[r].offset, ds.y, acc[r][t]));
+                }
+            }
+        }
+    }
+    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+}
+
+// Loads the chunk pairs of steps s0 .. s0 + MV_BATCH - 1 of every row: lane l takes pair
+// l % 16 of tile 2 s + l / 16. Tiles past the row's end re-read its last tile (never used).
+template <class F, int NW, int RPW>
+__device__ __forceinline__ void fetch_pairs(typename ChunkPair<F>::Raw (&raw)[MV_BATCH][NW * RPW],
+                                            const Planes (&w)[NW], const u64 (&first_tile)[NW * RPW], u32 s0,
+                                            u32 lane) {
+    const u32 tiles = w[0].tiles;
+#pragma unroll
+    for (int b = 0; b < MV_BATCH; ++b) {
+        const u32 tile = min(2 * (s0 + b) + (lane >> 4), tiles - 1);
+#pragma unroll
+        for (int r = 0; r < NW * RPW; ++r) {
+            raw[b][r] = ChunkPair<F>::fetch(w[r / RPW], first_tile[r] + tile, 2 * (lane & 15));
+        }
+    }
+}
+
+// Mat-vec of the formats with wide chunk pairs (ChunkPair<F>::WIDE): as matvec_quant, but each
+// lane takes two neighbouring chunks per step, so every load carries 16 bytes per lane and the
+// pair's shared scale fields are fetched once. A step covers two tiles, one per half-warp.
+template <class F, int NW>
+__device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* __restrict__ xq,
+                                              const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                              u32 block) {
+    constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
+    constexpr int R = NW * RPW;
+    const u32 lane = threadIdx.x & 31;
+    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    if (row0 >= rows) {
+        return;
+    }
+    const u32 tiles = w[0].tiles;
+    const u32 steps = (tiles + 1) / 2;
+    const u32 pair_chunk = 2 * (lane & 15);
+    u64 first_tile[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
+    }
+    float acc[R][NTOK];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < NTOK; ++t) {
+            acc[r][t] = 0.0f;
+        }
+    }
+    const u64 x_stride = (u64)tiles * TILE_VALUES;
+    const u64 ds_stride = (u64)tiles * 32;
+    typename ChunkPair<F>::Raw raw[MV_BATCH][R];
+    fetch_pairs<F, NW, RPW>(raw, w, first_tile, 0, lane);
+    wait_for_inputs();
+    for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
+        if (s0 > 0) {
+            fetch_pairs<F, NW, RPW>(raw, w, first_tile, s0, lane);
+        }
+#pragma unroll
+        for (int b = 0; b < MV_BATCH; ++b) {
+            if (s0 + b >= steps) {
+                break;
+            }
+            const u32 tile = 2 * (s0 + b) + (lane >> 4);
+            if (tile >= tiles) {
+                continue;
+            }
+            Chunk c[R][2];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    c[r][i] = F::decode(ChunkPair<F>::half(raw[b][r], i), pair_chunk + i);
+                }
+            }
+            const u64 chunk = (u64)tile * 32 + pair_chunk;
+#pragma unroll
+            for (int t = 0; t < NTOK; ++t) {
+                const uint4* xv = reinterpret_cast<const uint4*>(xq + t * x_stride + chunk * CHUNK_VALUES);
+                const float4 ds = __ldg(reinterpret_cast<const float4*>(xds + t * ds_stride + chunk));
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const uint4 x = __ldg(xv + i);
+                    const float xd = i ? ds.z : ds.x;
+                    const float xs = i ? ds.w : ds.y;
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        int dot = __dp4a(c[r][i].q[0], (int)x.x, 0);
+                        dot = __dp4a(c[r][i].q[1], (int)x.y, dot);
+                        dot = __dp4a(c[r][i].q[2], (int)x.z, dot);
+                        dot = __dp4a(c[r][i].q[3], (int)x.w, dot);
+                        acc[r][t] = fmaf(c[r][i].scale * xd, (float)dot, fmaf(c[r][i].offset, xs, acc[r][t]));
+                    }
+                }
+            }
+        }
+    }
+    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+}
+
+// dp4a of unsigned weight bytes (the masked fields of a code group reach 0xc0) with signed
+// activation bytes.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// 1.5 * 2^23 as float bits: an int accumulated onto it, |i| < 2^22, reads back as float
+// 12582912 + i exactly, so subtracting the float replaces a (quarter-rate) int-to-float.
+#define EXACT_INT_BIAS 0x4b400000
+#define EXACT_INT_BIAS_F 12582912.0f
+
+// Loads the code groups of steps s0 .. s0 + MV_BATCH - 1 (lane l: group 32 s + l) of every
+// row; groups past the row's end re-read its last group (in bounds, never used).
+template <class F, int NW, int RPW>
+__device__ __forceinline__ void fetch_groups(typename F::Raw (&raw)[MV_BATCH][NW * RPW], const Planes (&w)[NW],
+                                             const u64 (&first_tile)[NW * RPW], u32 s0, u32 groups, u32 lane) {
+    constexpr u32 CHUNKS = F::Group::CHUNKS;
+#pragma unroll
+    for (int b = 0; b < MV_BATCH; ++b) {
+        const u32 g = min((s0 + b) * 32 + lane, groups - 1);
+#pragma unroll
+        for (int r = 0; r < NW * RPW; ++r) {
+            raw[b][r] = F::fetch(w[r / RPW], first_tile[r] + g * CHUNKS / 32, g * CHUNKS % 32);
+        }
+    }
+}
+
+// Mat-vec of the grouped formats (FmtGrouped): lane l takes the whole 16-byte group 32 s + l
+// of step s (CHUNKS chunks under one scale), so a warp's load is 512 contiguous bytes and the
+// scale is applied once per group. Chunk k's field, masked in place, is its codes times
+// 2^(BITS k); the activation scale absorbs that power of two, and the offset term needs only
+// the group's activation sum.
+template <class F, int NW>
+__device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* __restrict__ xq,
+                                               const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                               u32 block) {
+    typedef typename F::Group G;
+    constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
+    constexpr int R = NW * RPW;
+    constexpr u32 CHUNKS = G::CHUNKS;
+    const u32 lane = threadIdx.x & 31;
+    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    if (row0 >= rows) {
+        return;
+    }
+    const u32 tiles = w[0].tiles;
+    const u32 groups = tiles * (32 / CHUNKS);
+    const u32 steps = (groups + 31) / 32;
+    u64 first_tile[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
+    }
+    float acc[R][NTOK];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < NTOK; ++t) {
+            acc[r][t] = 0.0f;
+        }
+    }
+    const u64 x_stride = (u64)tiles * TILE_VALUES;
+    const u64 ds_stride = (u64)tiles * 32;
+    typename F::Raw raw[MV_BATCH][R];
+    fetch_groups<F, NW, RPW>(raw, w, first_tile, 0, groups, lane);
+    wait_for_inputs();
+    for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
+        if (s0 > 0) {
+            fetch_groups<F, NW, RPW>(raw, w, first_tile, s0, groups, lane);
+        }
+#pragma unroll
+        for (int b = 0; b < MV_BATCH; ++b) {
+            const u32 g = (s0 + b) * 32 + lane;
+            if (s0 + b >= steps) {
+                break;
+            }
+            if (g >= groups) {
+                continue;
+            }
+#pragma unroll
+            for (int t = 0; t < NTOK; ++t) {
+                const uint4* xv = reinterpret_cast<const uint4*>(xq + t * x_stride) + (u64)g * CHUNKS;
+                const float4* ds = reinterpret_cast<const float4*>(xds + t * ds_stride + (u64)g * CHUNKS);
+                float xd[CHUNKS];
+                float x_sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < (int)CHUNKS; k += 2) {
+                    const float4 pair = __ldg(ds + k / 2);
+                    xd[k] = pair.x * (1.0f / (float)(1u << (G::BITS * k)));
+                    xd[k + 1] = pair.z * (1.0f / (float)(1u << (G::BITS * (k + 1))));
+                    x_sum += pair.y + pair.w;
+                }
+                float partial[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    partial[r] = 0.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < (int)CHUNKS; ++k) {
+                    const uint4 x = __ldg(xv + k);
+                    const u32 mask = G::MASK << (G::BITS * k);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const uint4 c = raw[b][r].codes;
+                        int dot = dp4a_us(c.x & mask, (int)x.x, EXACT_INT_BIAS);
+                        dot = dp4a_us(c.y & mask, (int)x.y, dot);
+                        dot = dp4a_us(c.z & mask, (int)x.z, dot);
+                        dot = dp4a_us(c.w & mask, (int)x.w, dot);
+                        partial[r] = fmaf(xd[k], __int_as_float(dot) - EXACT_INT_BIAS_F, partial[r]);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float2 so = F::scale_offset(raw[b][r]);
+                    acc[r][t] = fmaf(so.x, partial[r], fmaf(so.y, x_sum, acc[r][t]));
                 }
             }
         }
@@ -266,17 +489,63 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
     finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
 }
 
-// Entry-point bodies, so each format's kernels are one line each.
+// Entry-point bodies, so each format's kernels are one line each. The grouped formats
+// (FmtGrouped) and those with wide chunk pairs take their own loops.
+template <class F, int NW>
+__device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq, const float2* xds, float* out,
+                                            u32 rows, u32 accumulate, u32 block) {
+    if constexpr (IsGrouped<F>::value) {
+        matvec_grouped<F, NW>(w, xq, xds, out, rows, accumulate, block);
+    } else if constexpr (ChunkPair<F>::WIDE) {
+        matvec_paired<F, NW>(w, xq, xds, out, rows, accumulate, block);
+    } else {
+        matvec_quant<F, NW>(w, xq, xds, out, rows, accumulate, block);
+    }
+}
+
 template <class F>
 __device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const float2* xds, float* out, u32 rows,
                                            u32 accumulate) {
     const Planes weights[1] = {w};
-    matvec_quant<F, 1>(weights, xq, xds, out, rows, accumulate);
+    matvec_rows<F, 1>(weights, xq, xds, out, rows, accumulate, blockIdx.x);
 }
 
 template <class F>
 __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up, const i8* xq, const float2* xds,
                                            float* out, u32 rows) {
     const Planes weights[2] = {gate, up};
-    matvec_quant<F, 2>(weights, xq, xds, out, rows, 0);
+    matvec_rows<F, 2>(weights, xq, xds, out, rows, 0, blockIdx.x);
+}
+
+// Up to three weights of one format on one input (attention's q, k and v) in one launch: the
+// first blocks compute a's rows, the next b's, the rest c's (rows_c = 0 for two), which saves
+// the fixed cost of the launches it replaces.
+#define MV_STACKED_PARAMS                                                                                          \
+    Planes a, Planes b, Planes c, const i8 *xq, const float2 *xds, float *out_a, float *out_b, float *out_c, u32 rows_a, \
+        u32 rows_b, u32 rows_c
+#define MV_STACKED_ARGS a, b, c, xq, xds, out_a, out_b, out_c, rows_a, rows_b, rows_c
+
+template <class F>
+__device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
+    constexpr u32 PER_BLOCK = MV_WARPS * ROWS_PER_WARP;
+    const u32 blocks_a = (rows_a + PER_BLOCK - 1) / PER_BLOCK;
+    const u32 blocks_b = (rows_b + PER_BLOCK - 1) / PER_BLOCK;
+    u32 block = blockIdx.x;
+    Planes w = a;
+    float* out = out_a;
+    u32 rows = rows_a;
+    if (block >= blocks_a) {
+        block -= blocks_a;
+        w = b;
+        out = out_b;
+        rows = rows_b;
+        if (block >= blocks_b) {
+            block -= blocks_b;
+            w = c;
+            out = out_c;
+            rows = rows_c;
+        }
+    }
+    const Planes weights[1] = {w};
+    matvec_rows<F, 1>(weights, xq, xds, out, rows, 0, block);
 }

@@ -24,6 +24,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ2_K>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_k(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ2_K>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(11)
@@ -32,6 +35,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ3_K>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q3_k(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ3_K>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -42,6 +48,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ4_K>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_k(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ4_K>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(13)
@@ -50,6 +59,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ5_K>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_k(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ5_K>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -60,6 +72,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ6_K>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q6_k(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ6_K>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(23)
@@ -68,6 +83,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w,
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ4_XS>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_xs(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ4_XS>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -78,6 +96,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtTQ2_0>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_tq2_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtTQ2_0>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(16)
@@ -86,6 +107,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xxs(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ2_XXS>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -96,6 +120,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w,
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ2_XS>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xs(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ2_XS>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(22)
@@ -104,6 +131,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, 
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ2_S>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_s(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ2_S>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -114,6 +144,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_xxs(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ3_XXS>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(21)
@@ -122,6 +155,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, 
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ3_S>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_s(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ3_S>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -132,6 +168,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ1_S>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_s(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ1_S>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(29)
@@ -140,5 +179,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, 
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ1_M>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_m(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ1_M>(MV_STACKED_ARGS);
 }
 #endif

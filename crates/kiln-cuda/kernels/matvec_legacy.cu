@@ -24,6 +24,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ8_0>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ8_0>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(2)
@@ -32,6 +35,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ4_0>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ4_0>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -42,6 +48,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ4_1>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ4_1>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(6)
@@ -50,6 +59,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ5_0>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ5_0>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -60,6 +72,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ5_1>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ5_1>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(20)
@@ -68,6 +83,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w,
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtIQ4_NL>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtIQ4_NL>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -78,6 +96,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ1_0>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ1_0>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(42)
@@ -86,6 +107,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtQ2_0>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtQ2_0>(MV_STACKED_ARGS);
 }
 #endif
 
@@ -96,6 +120,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtMXFP4>(gate, up, xq, xds, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtMXFP4>(MV_STACKED_ARGS);
+}
 #endif
 
 #if MV_WANTS(40)
@@ -104,5 +131,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, 
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS) {
     matvec_two<FmtNVFP4>(gate, up, xq, xds, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV_STACKED_PARAMS) {
+    matvec_stacked<FmtNVFP4>(MV_STACKED_ARGS);
 }
 #endif

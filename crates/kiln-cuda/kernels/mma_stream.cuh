@@ -27,95 +27,12 @@
 // per-thread cp.async ring in shared memory (no registers held in flight, 2-3 steps ahead) was
 // no faster. Hence the cheaper f16 decodes of Q4_K and Q6_K below.
 #pragma once
+#include "chunk_pair.cuh"
 #include "mma.cuh"
 
 #if !defined(MMA_BK) || !defined(MMA_XS)
 #error "streaming matmat_mma kernels need -DMMA_BK=<depth per step> -DMMA_XS=<activation stages>"
 #endif
-
-// ---- Two neighbouring chunks (2u, 2u + 1) of a row, fetched together ----
-// What bounds this body is the number of L1 requests per weight byte: a warp's load touches 8
-// rows (its thread groups), so each load instruction should carry as many bytes per row as it
-// can. Formats whose per-lane planes are 8 or 16 bytes load both lanes' bytes with 16-byte
-// accesses and their shared scales once; every other format fetches the two chunks apart.
-
-template <class F>
-struct ChunkPair {
-    struct Raw {
-        typename F::Raw c[2];
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        return {{F::fetch(p, tile, lane), F::fetch(p, tile, lane + 1)}};
-    }
-    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return r.c[i]; }
-};
-
-__device__ __forceinline__ uint2 half_of(const uint4& v, int i) {
-    return i ? make_uint2(v.z, v.w) : make_uint2(v.x, v.y);
-}
-
-template <int KIND>
-struct ChunkPair<FmtNibble32<KIND>> {
-    typedef FmtNibble32<KIND> F;
-    struct Raw {
-        uint4 codes;
-        u32 dm;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const typename F::Raw first = F::fetch(p, tile, lane);  // the pair shares its 32-value block's scale
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)), first.dm};
-    }
-    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.dm}; }
-};
-
-template <>
-struct ChunkPair<FmtQ8_0> {
-    struct Raw {
-        uint4 codes[2];
-        u32 d;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const FmtQ8_0::Raw first = FmtQ8_0::fetch(p, tile, lane);
-        return {{first.codes, ld_weight_u128(lane_bytes(p.codes, tile, lane + 1, FmtQ8_0::CODE_BYTES))}, first.d};
-    }
-    static __device__ __forceinline__ FmtQ8_0::Raw half(const Raw& r, int i) { return {r.codes[i], r.d}; }
-};
-
-template <bool FIVE_BITS>
-struct ChunkPair<FmtQ45_K<FIVE_BITS>> {
-    typedef FmtQ45_K<FIVE_BITS> F;
-    struct Raw {
-        uint4 codes;
-        u32 high;
-        uint4 head;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)), FIVE_BITS ? ld_weight_u32(lane_bytes(p.extra, tile, lane, 2)) : 0u,
-                ld_weight_u128(tile_scales<F>(p, tile) + 16 * (lane >> 4))};
-    }
-    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) {
-        return {half_of(r.codes, i), i ? r.high >> 16 : r.high & 0xffff, r.head};
-    }
-};
-
-template <>
-struct ChunkPair<FmtQ6_K> {
-    struct Raw {
-        uint4 codes;
-        uint2 high;
-        u32 sc;
-        u32 d;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const u8* scales = tile_scales<FmtQ6_K>(p, tile);
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, FmtQ6_K::CODE_BYTES)),
-                ld_weight_u64(lane_bytes(p.extra, tile, lane, FmtQ6_K::EXTRA_BYTES)), ld_weight_u16(scales + lane),
-                ld_weight_u16(scales + 32 + 2 * (lane >> 4))};
-    }
-    static __device__ __forceinline__ FmtQ6_K::Raw half(const Raw& r, int i) {
-        return {half_of(r.codes, i), i ? r.high.y : r.high.x, i ? r.sc >> 8 : r.sc & 0xff, r.d};
-    }
-};
 
 // Pair u of a row as f16: a fetch (global loads only) and a decode of either chunk.
 template <class W>

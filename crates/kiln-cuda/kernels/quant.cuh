@@ -242,29 +242,69 @@ struct FmtQ5 {
 typedef FmtQ5<false> FmtQ5_0;
 typedef FmtQ5<true> FmtQ5_1;
 
-// 1-bit signs, 128-value blocks (4 per tile, lane reads block lane/8): value = d * (2 bit - 1).
-struct FmtQ1_0 {
-    static constexpr u32 CODE_BYTES = 2, EXTRA_BYTES = 0, SCALE_BYTES = 8;
+// The grouped layouts (repack.rs): 16-byte groups of CHUNKS = 8 / BITS chunks under one scale;
+// byte j of a group holds code j of chunk k in bits BITS k .. BITS k + BITS - 1.
+template <int BITS_>
+struct CodeGroup {
+    static constexpr int BITS = BITS_;
+    static constexpr u32 CHUNKS = 8 / BITS;
+    static_assert(BITS == 1 || BITS == 2, "code groups hold 1- or 2-bit codes");
+    static constexpr u32 MASK = BITS == 1 ? 0x01010101u : 0x03030303u;
+    // The group holding chunk `lane` of `tile`.
+    static __device__ __forceinline__ uint4 fetch(const Planes& p, u64 tile, u32 lane) {
+        return ld_weight_u128(lane_bytes(p.codes, tile, lane - lane % CHUNKS, 2 * BITS));
+    }
+    // Chunk k's codes in dp4a order.
+    static __device__ __forceinline__ void codes(const uint4& g, u32 k, int (&q)[4]) {
+        q[0] = (g.x >> (BITS * k)) & MASK;
+        q[1] = (g.y >> (BITS * k)) & MASK;
+        q[2] = (g.z >> (BITS * k)) & MASK;
+        q[3] = (g.w >> (BITS * k)) & MASK;
+    }
+};
+
+// A grouped format: Raw is the group and its f16 scale word; value = d * (MUL code + BIAS).
+template <int BITS, int MUL, int BIAS, int SCALE_BYTES_, int LANES_PER_SCALE>
+struct FmtGrouped {
+    typedef CodeGroup<BITS> Group;
+    static constexpr u32 CODE_BYTES = 2 * BITS, EXTRA_BYTES = 0, SCALE_BYTES = SCALE_BYTES_;
     struct Raw {
-        u32 bits;
+        uint4 codes;
         u32 d;
     };
     static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        return {ld_weight_u16(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
-                ld_weight_u16(tile_scales<FmtQ1_0>(p, tile) + 2 * (lane >> 3))};
+        return {Group::fetch(p, tile, lane), ld_weight_u16(tile_scales<FmtGrouped>(p, tile) + 2 * (lane / LANES_PER_SCALE))};
     }
-    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
-        Chunk c;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            c.q[k] = spread_bits<0>((r.bits >> (4 * k)) & 0xf);
-        }
+    // (scale, offset) of every value of the group.
+    static __device__ __forceinline__ float2 scale_offset(const Raw& r) {
         const float d = f16_low(r.d);
-        c.scale = 2.0f * d;
-        c.offset = -d;
+        return make_float2((float)MUL * d, (float)BIAS * d);
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        Group::codes(r.codes, lane % Group::CHUNKS, c.q);
+        const float2 so = scale_offset(r);
+        c.scale = so.x;
+        c.offset = so.y;
         return c;
     }
 };
+
+template <class F>
+struct IsGrouped {
+    static constexpr bool value = false;
+};
+template <int BITS, int MUL, int BIAS, int SCALE_BYTES_, int LANES_PER_SCALE>
+struct IsGrouped<FmtGrouped<BITS, MUL, BIAS, SCALE_BYTES_, LANES_PER_SCALE>> {
+    static constexpr bool value = true;
+};
+
+// Q1_0: 1-bit signs, 128-value blocks (4 per tile): value = d * (2 bit - 1).
+typedef FmtGrouped<1, 2, -1, 8, 8> FmtQ1_0;
+// Ternary TQ2_0 (and TQ1_0, repacked to it): codes t + 1, 256-value super-blocks (2 per tile).
+typedef FmtGrouped<2, 1, -1, 4, 16> FmtTQ2_0;
+// Q2_0: codes q + 1, 64-value blocks (8 per tile): value = d * (code - 1).
+typedef FmtGrouped<2, 1, -1, 16, 4> FmtQ2_0;
 
 // The 256-value formats: two super-blocks per tile, lanes 0..15 in the first, 16..31 in the
 // second; lane l's chunk is 16-value sub-block l % 16 of super-block l / 16.
@@ -420,48 +460,6 @@ struct FmtIQ4_XS {
         const u32 ls = ((r.head.y >> (4 * g)) & 0xf) | (((r.head.x >> (16 + 2 * g)) & 3) << 4);
         c.scale = f16_low(r.head.x) * (float)((int)ls - 32);
         c.offset = 0.0f;
-        return c;
-    }
-};
-
-// Ternary TQ2_0 (and TQ1_0, repacked to it): codes t + 1 in the crumb layout; tile scales =
-// d of both super-blocks. value = d * (code - 1).
-struct FmtTQ2_0 {
-    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 0, SCALE_BYTES = 4;
-    struct Raw {
-        u32 codes;
-        u32 d;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
-                ld_weight_u16(tile_scales<FmtTQ2_0>(p, tile) + 2 * (lane >> 4))};
-    }
-    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
-        Chunk c;
-        crumb_codes(r.codes, c.q);
-        c.scale = f16_low(r.d);
-        c.offset = -c.scale;
-        return c;
-    }
-};
-
-// Q2_0: 64-value blocks (8 per tile, lane reads block lane/4), codes q in the crumb layout;
-// tile scales = d of the 8 blocks. value = d * (q - 1).
-struct FmtQ2_0 {
-    static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 0, SCALE_BYTES = 16;
-    struct Raw {
-        u32 codes;
-        u32 d;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        return {ld_weight_u32(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
-                ld_weight_u16(tile_scales<FmtQ2_0>(p, tile) + 2 * (lane >> 2))};
-    }
-    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
-        Chunk c;
-        crumb_codes(r.codes, c.q);
-        c.scale = f16_low(r.d);
-        c.offset = -c.scale;
         return c;
     }
 };

@@ -332,10 +332,7 @@ impl CudaBackend {
         v: &mut CudaSlice<f32>,
         n: usize,
     ) -> Result<()> {
-        for (w, out) in [(wq, q), (wk, k), (wv, v)] {
-            matvec::matmul_quantized(&self.device, w, qx, out, n, false).map_err(backend_error)?;
-        }
-        Ok(())
+        matvec::matmul_stacked_quantized(&self.device, &[wq, wk, wv], qx, &mut [q, k, v], n).map_err(backend_error)
     }
 }
 

@@ -34,6 +34,7 @@
 mod matmat;
 mod matvec_shape;
 mod repack;
+mod stacked;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -47,8 +48,9 @@ use crate::{CudaDevice, CudaError};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;
-use matvec_shape::{choose_shape, default_shape, MATVEC_SHAPES};
+use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
+pub use stacked::matmul_stacked_quantized;
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
 pub const MAX_MATVEC_TOKENS: usize = 8;
@@ -108,7 +110,7 @@ impl Default for KernelSlots {
 enum Kernel {
     Matvec {
         ntok: usize,
-        swiglu: bool,
+        kind: MatvecKind,
         /// Index into [`MATVEC_SHAPES`].
         shape: usize,
     },
@@ -125,12 +127,12 @@ enum Kernel {
 }
 
 impl KernelSlots {
-    const MATVECS: usize = 2 * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
+    const MATVECS: usize = MatvecKind::COUNT * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
     const COUNT: usize = Self::MATVECS + 4 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
-            Kernel::Matvec { ntok, swiglu, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * 2 + usize::from(swiglu),
+            Kernel::Matvec { ntok, kind, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * MatvecKind::COUNT + kind.index(),
             Kernel::Matmat { tile, swiglu } => Self::MATVECS + 2 * tile + usize::from(swiglu),
             Kernel::MatmatAux { tile, reduce } => Self::MATVECS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
             Kernel::Embed => Self::MATVECS + 4 * MATMAT_TILES,
@@ -161,7 +163,7 @@ pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>
     let mut kernels = vec![Kernel::Embed];
     for ntok in 1..=MAX_MATVEC_TOKENS {
         let float_shape = default_shape(ntok);
-        kernels.extend(shapes.clone().map(|shape| Kernel::Matvec { ntok, swiglu: false, shape: if w.is_quantized() { shape } else { float_shape } }));
+        kernels.extend(shapes.clone().map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: if w.is_quantized() { shape } else { float_shape } }));
     }
     kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
     kernels
@@ -200,7 +202,7 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
     };
     let fused = |swiglu: bool| if swiglu { "swiglu_" } else { "" };
     match kernel {
-        Kernel::Matvec { ntok, swiglu, shape } => {
+        Kernel::Matvec { ntok, kind, shape } => {
             let source = match storage {
                 Storage::Float { .. } => "matvec_float",
                 Storage::Quant { layout, .. } if layout.block_values() == 256 => "matvec_kquant",
@@ -211,7 +213,7 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             if matches!(storage, Storage::Quant { .. }) {
                 defines.extend([("MV_BATCH", i64::from(s.batch)), ("MV_TYPE", kernel_type_id(suffix))]);
             }
-            (source, format!("matvec_{}{suffix}", fused(swiglu)), defines)
+            (source, format!("matvec_{}{suffix}", kind.prefix()), defines)
         }
         Kernel::Matmat { tile, swiglu } => {
             let mut defines = MMA_TILES[tile].defines();
@@ -652,7 +654,8 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
     let shape = match w.storage {
         Storage::Quant { .. } => {
             let mut scratch: Option<CudaSlice<f32>> = None;
-            choose_shape(device, w, n, call.up.is_some(), |shape| {
+            let kind = if call.up.is_some() { MatvecKind::SwiGlu } else { MatvecKind::Plain };
+            choose_shape(device, TuneKey::new(device, w, n, kind), |shape| {
                 let out = match &mut scratch {
                     Some(out) => out,
                     None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),
@@ -669,8 +672,9 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
 fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
     let MatvecCall { op, w, up, input, n, accumulate } = call;
     let swiglu = up.is_some();
-    let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, swiglu, shape })?;
-    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(swiglu);
+    let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
+    let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
+    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(kind);
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
     let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
@@ -756,7 +760,13 @@ mod tests {
             }
             for ntok in 1..=MAX_MATVEC_TOKENS {
                 for shape in 0..MATVEC_SHAPES.len() {
-                    kernels.extend([Kernel::Matvec { ntok, swiglu: false, shape }, Kernel::Matvec { ntok, swiglu: true, shape }]);
+                    // Only quantized weights stack (stacked.rs); float ones take f32 activations.
+                    let kinds: &[MatvecKind] = if matches!(storage, Storage::Quant { .. }) {
+                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked]
+                    } else {
+                        &[MatvecKind::Plain, MatvecKind::SwiGlu]
+                    };
+                    kernels.extend(kinds.iter().map(|&kind| Kernel::Matvec { ntok, kind, shape }));
                 }
             }
             for kernel in kernels {

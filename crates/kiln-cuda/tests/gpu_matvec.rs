@@ -199,6 +199,17 @@ impl HostWeight {
         }
         (self.product(&self.values, &dequantized_activations(x), n), exact)
     }
+
+    /// `products`, with every result `matmul`'s own pick may compute exactly: in the mat-mat
+    /// also the streaming tiles' rounding (the tuner may pick either kind of tile).
+    fn computed(&self, x: &[f32], n: usize) -> (Vec<Expected>, Expected) {
+        let (computed, exact) = self.products(x, n);
+        if self.takes_matmat(n) && self.streaming.is_some() {
+            let streaming = streaming_product(self, x, n, &computed);
+            return (vec![computed, streaming], exact);
+        }
+        (vec![computed], exact)
+    }
 }
 
 /// The mat-mat's reference under the streaming tiles' rounding of the weights: `classic`
@@ -423,8 +434,8 @@ fn matmul_matches_the_cpu_reference_for_every_format() {
                     continue;
                 }
                 let got = download(&out, n * rows, &mut failures, &case);
-                let (computed, exact) = host.products(&x, n);
-                check(&mut failures, &case, &got, &computed);
+                let (computed, exact) = host.computed(&x, n);
+                check_any(&mut failures, &case, &got, &computed.iter().collect::<Vec<_>>());
                 pool.add(&got, &exact.values);
             }
         }
@@ -454,9 +465,11 @@ fn matmul_add_accumulates_into_the_output() {
                     continue;
                 }
                 let got = download(&out, n * rows, &mut failures, &case);
-                let (mut computed, _) = host.products(&x, n);
-                computed.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
-                check(&mut failures, &case, &got, &computed);
+                let (mut computed, _) = host.computed(&x, n);
+                for reference in &mut computed {
+                    reference.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
+                }
+                check_any(&mut failures, &case, &got, &computed.iter().collect::<Vec<_>>());
             }
         }
     }
@@ -484,9 +497,10 @@ fn matmul_swiglu_fuses_gate_and_up() {
                     continue;
                 }
                 let got = download(&out, n * rows, &mut failures, &case);
-                let (gate_computed, gate_exact) = gate_host.products(&x, n);
-                let (up_computed, up_exact) = up_host.products(&x, n);
-                check(&mut failures, &case, &got, &Expected::swiglu(&gate_computed, &up_computed));
+                // Gate and up share the tile, so their references pair up.
+                let ((gate_computed, gate_exact), (up_computed, up_exact)) = (gate_host.computed(&x, n), up_host.computed(&x, n));
+                let fused: Vec<Expected> = gate_computed.iter().zip(&up_computed).map(|(g, u)| Expected::swiglu(g, u)).collect();
+                check_any(&mut failures, &case, &got, &fused.iter().collect::<Vec<_>>());
                 pool.add(&got, &Expected::swiglu(&gate_exact, &up_exact).values);
             }
         }
@@ -578,6 +592,42 @@ fn every_matvec_shape_matches_the_reference() {
         }
     }
     report("matvec shapes", failures);
+}
+
+/// Stacked launches give each weight its own product: three weights of one format (q, k, v),
+/// and two of one format then one of another (two launches), for every quantized format.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn stacked_products_match_each_weight() {
+    let mut rng = rng("stacked");
+    let mut failures = Vec::new();
+    for &ty in FORMATS.iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) {
+        let other = if ty == GgmlType::Q8_0 { GgmlType::Q4_0 } else { GgmlType::Q8_0 };
+        let [small, _, big] = column_choices(ty);
+        for (cols, rows) in [(big, [33, 7, 130]), (small, [4097, 5, 64])] {
+            for types in [[ty, ty, ty], [ty, ty, other]] {
+                let hosts: Vec<HostWeight> = types.iter().zip(rows).map(|(&t, r)| HostWeight::random(&mut rng, t, r, cols)).collect();
+                let gpu: Vec<GpuWeight> = hosts.iter().map(|h| h.upload("stacked")).collect();
+                for n in [1, 3, 8] {
+                    let case = format!("{types:?} {rows:?}x{cols} n={n}");
+                    let x = random_f32(&mut rng, n * cols);
+                    let mut q = QuantizedActivations::new(device(), n, cols).expect("activations");
+                    matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
+                    let [mut a, mut b, mut c] = rows.map(|r| poisoned(n * r));
+                    let weights: Vec<&GpuWeight> = gpu.iter().collect();
+                    if let Err(e) = matvec::matmul_stacked_quantized(device(), &weights, &q, &mut [&mut a, &mut b, &mut c], n) {
+                        failures.push(format!("{case}: {e}"));
+                        continue;
+                    }
+                    for ((out, host), name) in [a, b, c].iter().zip(&hosts).zip(["a", "b", "c"]) {
+                        let got = download(out, n * host.rows, &mut failures, &case);
+                        check(&mut failures, &format!("{case} {name}"), &got, &host.products(&x, n).0);
+                    }
+                }
+            }
+        }
+    }
+    report("stacked", failures);
 }
 
 #[test]

@@ -37,25 +37,64 @@ pub(super) fn default_shape(ntok: usize) -> usize {
     }
 }
 
-impl MatvecShape {
-    /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
-    pub(super) fn rows(self, swiglu: bool) -> u32 {
-        if swiglu {
-            (self.rows_per_warp / 2).max(1)
-        } else {
-            self.rows_per_warp
+/// What one mat-vec launch computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum MatvecKind {
+    /// One weight's product (or its sum into the output).
+    Plain,
+    /// silu(x Wg) * (x Wu) of a gate and an up weight of one shape.
+    SwiGlu,
+    /// Up to three weights of one format and width on one input (`matvec_stacked`).
+    Stacked,
+}
+
+impl MatvecKind {
+    pub(super) const COUNT: usize = 3;
+
+    pub(super) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kernel name's part after `matvec_`.
+    pub(super) fn prefix(self) -> &'static str {
+        match self {
+            MatvecKind::Plain => "",
+            MatvecKind::SwiGlu => "swiglu_",
+            MatvecKind::Stacked => "stacked_",
         }
     }
 }
 
+impl MatvecShape {
+    /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
+    pub(super) fn rows(self, kind: MatvecKind) -> u32 {
+        match kind {
+            MatvecKind::SwiGlu => (self.rows_per_warp / 2).max(1),
+            MatvecKind::Plain | MatvecKind::Stacked => self.rows_per_warp,
+        }
+    }
+}
+
+/// What a measured shape is remembered by: a stacked launch by the sum of its weights' rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct TuneKey {
+pub(super) struct TuneKey {
     device: usize,
     rows: usize,
     cols: usize,
     ty: u32,
-    swiglu: bool,
+    kind: MatvecKind,
     ntok: usize,
+}
+
+impl TuneKey {
+    pub(super) fn new(device: &CudaDevice, w: &GpuWeight, ntok: usize, kind: MatvecKind) -> TuneKey {
+        TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), kind, ntok }
+    }
+
+    /// The key of `weights` stacked in one launch (same format and width).
+    pub(super) fn stacked(device: &CudaDevice, weights: &[&GpuWeight], ntok: usize) -> TuneKey {
+        TuneKey { rows: weights.iter().map(|w| w.rows).sum(), ..TuneKey::new(device, weights[0], ntok, MatvecKind::Stacked) }
+    }
 }
 
 fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
@@ -63,23 +102,16 @@ fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
     TUNED.get_or_init(Default::default)
 }
 
-/// The shape for `n` tokens of `w`: remembered, else (outside a capture) measured by timing
+/// The shape for `key`'s launch: remembered, else (outside a capture) measured by timing
 /// `launch(shape)` for each candidate, else the default. `launch` must be repeatable (it writes
 /// a scratch output, not the caller's accumulating one).
-pub(super) fn choose_shape(
-    device: &CudaDevice,
-    w: &GpuWeight,
-    n: usize,
-    swiglu: bool,
-    launch: impl FnMut(usize) -> Result<(), CudaError>,
-) -> Result<usize, CudaError> {
-    debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&n));
-    let key = TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, launch: impl FnMut(usize) -> Result<(), CudaError>) -> Result<usize, CudaError> {
+    debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&key.ntok));
     if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return Ok(shape);
     }
     if is_capturing(device) {
-        return Ok(default_shape(n));
+        return Ok(default_shape(key.ntok));
     }
     let candidates: Vec<usize> = (0..MATVEC_SHAPES.len()).collect();
     let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
@@ -90,7 +122,7 @@ pub(super) fn choose_shape(
 /// The shape `matmul` uses for `n` tokens of `w`: the measured one once a product ran, else
 /// the default.
 pub fn matvec_shape(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> (u32, u32) {
-    let key = TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, ntok: n };
+    let key = TuneKey::new(device, w, n, if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain });
     let index = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied().unwrap_or_else(|| default_shape(n));
     let s = MATVEC_SHAPES[index];
     (s.rows_per_warp, s.batch)
@@ -106,7 +138,8 @@ mod tests {
             assert!([1, 2, 4].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch), "{s:?}");
             for ntok in 1..=MAX_MATVEC_TOKENS as u32 {
                 // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
-                assert!(s.rows(false) * ntok <= 32 && 2 * (s.rows(true) * ntok).next_power_of_two() <= 32, "{s:?} ntok {ntok}");
+                let (plain, swiglu) = (s.rows(MatvecKind::Plain), s.rows(MatvecKind::SwiGlu));
+                assert!(plain * ntok <= 32 && 2 * (swiglu * ntok).next_power_of_two() <= 32, "{s:?} ntok {ntok}");
             }
         }
         assert_eq!([1, 2, 3, 4, 8].map(|n| MATVEC_SHAPES[default_shape(n)].rows_per_warp), [1, 2, 2, 4, 4]);

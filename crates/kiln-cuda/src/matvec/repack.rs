@@ -21,6 +21,12 @@
 //! - 2 bits: bits `2k..2k+2` of byte `b` (0..4) hold `c[4k + b]`;
 //! - 1 bit: bit `i` of a little-endian u16 holds `c[i]`.
 //!
+//! The 1- and 2-bit formats whose scale spans at least 64 values (Q1_0, Q2_0, TQ2_0, TQ1_0:
+//! "grouped") store instead 16-byte groups of `8 / bits` consecutive chunks: byte `j` of a
+//! group holds `c[j]` of chunk `k` in bits `bits k .. bits (k + 1)`. One mask per word then
+//! gives chunk `k`'s codes (times `2^(bits k)`) for `dp4a`, and a lane of the grouped mat-vec
+//! loads a whole group, all under one scale, with one 16-byte load.
+//!
 //! Codes and scales per format (value = scale * code + offset):
 //! | format | codes | scale fields per block (tile region bytes) | scale, offset |
 //! |--------|-------|------------------------------------|---------------|
@@ -138,7 +144,20 @@ impl QuantLayout {
     pub fn scale_bytes(&self) -> usize {
         self.scale_fields.iter().map(|&(_, len)| len).sum::<usize>() * self.blocks_per_tile()
     }
+
+    /// Codes stored in 16-byte groups (module docs); `CodeGroup` in quant.cuh decodes them.
+    pub fn grouped(&self) -> bool {
+        matches!(self.ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::TQ2_0 | GgmlType::TQ1_0)
+    }
+
+    /// Chunks per 16-byte group of a grouped layout.
+    fn group_chunks(&self) -> usize {
+        GROUP_BYTES / self.code_bytes()
+    }
 }
+
+/// Bytes of one code group of the grouped layouts.
+const GROUP_BYTES: usize = 16;
 
 /// f16 scale fields are 2 bytes; (d, m) or (d, dmin) pairs 4.
 const F16: usize = 2;
@@ -329,6 +348,13 @@ fn pack_row(layout: &QuantLayout, src: &[u8], tiles: usize, codes_out: &mut [u8]
             field_start += len * blocks_per_tile;
         }
     }
+    if layout.grouped() {
+        let group_values = layout.group_chunks() * CHUNK_VALUES;
+        for (values, out) in codes.chunks_exact(group_values).zip(codes_out.chunks_exact_mut(GROUP_BYTES)) {
+            pack_group(layout.code_bits, values, out);
+        }
+        return;
+    }
     let (code_bytes, extra_bytes) = (layout.code_bytes(), layout.extra_bytes());
     let low_mask = if layout.code_bits == 8 { 0xff } else { (1u8 << layout.code_bits) - 1 };
     for (chunk, values) in codes.chunks_exact(CHUNK_VALUES).enumerate() {
@@ -363,6 +389,20 @@ pub(crate) fn pack_bits(bits: usize, codes: &[u8; CHUNK_VALUES], out: &mut [u8])
         }
         _ => unreachable!("plane widths are 1, 2, 4 or 8 bits"),
     }
+}
+
+/// Packs the `8 / bits` chunks of one group: byte `j` holds code `j` of chunk `k` at bit `bits k`.
+fn pack_group(bits: usize, values: &[u8], out: &mut [u8]) {
+    let mask = (1u8 << bits) - 1;
+    for (j, byte) in out.iter_mut().enumerate() {
+        *byte = values.chunks_exact(CHUNK_VALUES).enumerate().fold(0, |acc, (k, chunk)| acc | (chunk[j] & mask) << (bits * k));
+    }
+}
+
+/// Chunk `k` of a packed group (the inverse of [`pack_group`]).
+#[cfg(test)]
+fn unpack_group_chunk(bits: usize, group: &[u8], k: usize) -> [u8; CHUNK_VALUES] {
+    std::array::from_fn(|j| (group[j] >> (bits * k)) & ((1u8 << bits) - 1))
 }
 
 /// Inverse of [`pack_bits`].
@@ -495,7 +535,12 @@ mod tests {
     fn decode_chunk(layout: &QuantLayout, packed: &Repacked, row: usize, chunk: usize) -> [f32; CHUNK_VALUES] {
         let (lane, tile) = (chunk % LANES, row * packed.tiles + chunk / LANES);
         let lane_bytes = |plane: &Range<usize>, bytes: usize| &packed.bytes[plane.start + (tile * LANES + lane) * bytes..][..bytes];
-        let low = unpack_bits(layout.code_bits, lane_bytes(&packed.codes, layout.code_bytes()));
+        let low = if layout.grouped() {
+            let (first, k) = (tile * LANES + lane - lane % layout.group_chunks(), lane % layout.group_chunks());
+            unpack_group_chunk(layout.code_bits, &packed.bytes[packed.codes.start + first * layout.code_bytes()..][..GROUP_BYTES], k)
+        } else {
+            unpack_bits(layout.code_bits, lane_bytes(&packed.codes, layout.code_bytes()))
+        };
         let codes: [u8; CHUNK_VALUES] = if layout.extra_bits > 0 {
             let high = unpack_bits(layout.extra_bits, lane_bytes(&packed.extra, layout.extra_bytes()));
             std::array::from_fn(|i| low[i] | high[i] << layout.code_bits)

@@ -1,0 +1,108 @@
+//! Several weights on one quantized input in one mat-vec launch (`matvec_stacked` in
+//! kernels/matvec.cuh): attention's q, k and v. A launch has a fixed cost (start, ramp-up,
+//! drain) that a small weight does not hide; a decode step of a 1-bit 8B model spends more
+//! time in those than in reading its weights.
+
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::matvec_shape::{choose_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
+use super::{check_len, invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
+use crate::{CudaDevice, CudaError};
+
+/// The most weights one launch takes (the kernel's parameters a, b, c).
+const MAX_STACKED: usize = 3;
+
+const OP: &str = "matmul_stacked_quantized";
+
+/// `outs[i] = x Wi^T` for `n` tokens of activations quantized once (as [`matmul_quantized`]
+/// computes each), with each run of consecutive weights of one quantized format and width in
+/// one launch.
+pub fn matmul_stacked_quantized(
+    device: &CudaDevice,
+    weights: &[&GpuWeight],
+    x: &QuantizedActivations,
+    outs: &mut [&mut CudaSlice<f32>],
+    n: usize,
+) -> Result<(), CudaError> {
+    if weights.len() != outs.len() {
+        return Err(invalid(OP, format!("{} weights but {} outputs", weights.len(), outs.len())));
+    }
+    let mut start = 0;
+    while start < weights.len() {
+        let mut end = start + 1;
+        while end < weights.len() && end - start < MAX_STACKED && stackable(weights[start], weights[end]) {
+            end += 1;
+        }
+        if end - start == 1 {
+            matmul_quantized(device, weights[start], x, outs[start], n, false)?;
+        } else {
+            launch_stacked(device, &weights[start..end], x, &mut outs[start..end], n)?;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+fn stackable(a: &GpuWeight, b: &GpuWeight) -> bool {
+    a.ty == b.ty && a.cols == b.cols && matches!((&a.storage, &b.storage), (Storage::Quant { .. }, Storage::Quant { .. }))
+}
+
+fn launch_stacked(device: &CudaDevice, weights: &[&GpuWeight], x: &QuantizedActivations, outs: &mut [&mut CudaSlice<f32>], n: usize) -> Result<(), CudaError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let first = weights[0];
+    let filled = x.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
+    if x.cols != first.cols || n > filled {
+        return Err(invalid(
+            OP,
+            format!("{n} tokens of {} quantized values ({filled} filled) for {} ({} {}x{})", x.cols, first.name, first.ty, first.rows, first.cols),
+        ));
+    }
+    for (w, out) in weights.iter().zip(outs.iter()) {
+        check_len(OP, &format!("the output of {}", w.name), out.len(), n * w.rows)?;
+    }
+    let key = TuneKey::stacked(device, weights, n);
+    let shape = choose_shape(device, key, |shape| launch_shape(device, weights, x, outs, n, shape))?;
+    launch_shape(device, weights, x, outs, n, shape)
+}
+
+/// One launch with `shape` (index into [`MATVEC_SHAPES`]); 2 or 3 weights, checked by the caller.
+fn launch_shape(
+    device: &CudaDevice,
+    weights: &[&GpuWeight],
+    x: &QuantizedActivations,
+    outs: &mut [&mut CudaSlice<f32>],
+    n: usize,
+    shape: usize,
+) -> Result<(), CudaError> {
+    let first = weights[0];
+    let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: n, kind: MatvecKind::Stacked, shape })?;
+    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::Stacked);
+    let mut rows = [0u32; MAX_STACKED];
+    for (r, w) in rows.iter_mut().zip(weights) {
+        *r = to_u32(OP, "rows", w.rows)?;
+    }
+    let blocks: u32 = rows.iter().map(|r| r.div_ceil(rows_per_block)).sum();
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = device.stream().launch_builder(function);
+    for i in 0..MAX_STACKED {
+        push_weight(&mut launch, &weights[i.min(weights.len() - 1)].storage);
+    }
+    launch.arg(&x.codes).arg(&x.scales);
+    for out in outs.iter_mut() {
+        launch.arg(&mut **out);
+    }
+    // A missing third weight has no rows, so no block reads its planes or writes its output.
+    let no_output = 0u64;
+    if weights.len() < MAX_STACKED {
+        launch.arg(&no_output);
+    }
+    launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
+    // SAFETY: the arguments match matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh): the weights
+    // share one quantized format and width (`stackable`), the activations hold n tokens of that
+    // width (checked) and each output n times its weight's rows (checked).
+    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token stacked mat-vec of {}", first.name)))
+}
