@@ -128,6 +128,33 @@ __device__ __forceinline__ void fetch_tiles(typename F::Raw (&raw)[MV_BATCH][NW 
     }
 }
 
+// A warp's rows of a quantized mat-vec: the first global tile of each of its R rows (rows past
+// the end re-read the last row, never written) and their sums per token.
+template <int R, int RPW>
+struct WarpRows {
+    u64 first_tile[R];
+    float acc[R][NTOK];
+    __device__ __forceinline__ WarpRows(u32 row0, u32 rows, u32 tiles) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
+#pragma unroll
+            for (int t = 0; t < NTOK; ++t) {
+                acc[r][t] = 0.0f;
+            }
+        }
+    }
+};
+
+// acc plus a chunk's 16 values dotted with the 16 int8 activations x (scale xd, scaled sum xs).
+__device__ __forceinline__ float chunk_dot(const Chunk& c, const uint4& x, float xd, float xs, float acc) {
+    int dot = __dp4a(c.q[0], (int)x.x, 0);
+    dot = __dp4a(c.q[1], (int)x.y, dot);
+    dot = __dp4a(c.q[2], (int)x.z, dot);
+    dot = __dp4a(c.q[3], (int)x.w, dot);
+    return fmaf(c.scale * xd, (float)dot, fmaf(c.offset, xs, acc));
+}
+
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __restrict__ xq,
@@ -141,29 +168,16 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
         return;
     }
     const u32 tiles = w[0].tiles;
-    // First global tile of each weight row; rows past the end re-read the last row (never written).
-    u64 first_tile[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
-    }
-    float acc[R][NTOK];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int t = 0; t < NTOK; ++t) {
-            acc[r][t] = 0.0f;
-        }
-    }
+    WarpRows<R, RPW> rows_of(row0, rows, tiles);
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
     // The first batch of weights is on its way while the kernel before this one finishes.
     typename F::Raw raw[MV_BATCH][R];
-    fetch_tiles<F, NW, RPW>(raw, w, first_tile, 0, lane);
+    fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, 0, lane);
     wait_for_inputs();
     for (u32 t0 = 0; t0 < tiles; t0 += MV_BATCH) {
         if (t0 > 0) {
-            fetch_tiles<F, NW, RPW>(raw, w, first_tile, t0, lane);
+            fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, t0, lane);
         }
 #pragma unroll
         for (int b = 0; b < MV_BATCH; ++b) {
@@ -182,16 +196,12 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
                 const float2 ds = __ldg(xds + t * ds_stride + tile * 32 + lane);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    int dot = __dp4a(c[r].q[0], (int)xv.x, 0);
-                    dot = __dp4a(c[r].q[1], (int)xv.y, dot);
-                    dot = __dp4a(c[r].q[2], (int)xv.z, dot);
-                    dot = __dp4a(c[r].q[3], (int)xv.w, dot);
-                    acc[r][t] = fmaf(c[r].scale * ds.x, (float)dot, fmaf(c[r].offset, ds.y, acc[r][t]));
+                    rows_of.acc[r][t] = chunk_dot(c[r], xv, ds.x, ds.y, rows_of.acc[r][t]);
                 }
             }
         }
     }
-    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
 }
 
 // Loads the chunk pairs of steps s0 .. s0 + MV_BATCH - 1 of every row: lane l takes pair
@@ -228,27 +238,15 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
     const u32 tiles = w[0].tiles;
     const u32 steps = (tiles + 1) / 2;
     const u32 pair_chunk = 2 * (lane & 15);
-    u64 first_tile[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
-    }
-    float acc[R][NTOK];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int t = 0; t < NTOK; ++t) {
-            acc[r][t] = 0.0f;
-        }
-    }
+    WarpRows<R, RPW> rows_of(row0, rows, tiles);
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
     typename ChunkPair<F>::Raw raw[MV_BATCH][R];
-    fetch_pairs<F, NW, RPW>(raw, w, first_tile, 0, lane);
+    fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, 0, lane);
     wait_for_inputs();
     for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
         if (s0 > 0) {
-            fetch_pairs<F, NW, RPW>(raw, w, first_tile, s0, lane);
+            fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, s0, lane);
         }
 #pragma unroll
         for (int b = 0; b < MV_BATCH; ++b) {
@@ -279,17 +277,13 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
                     const float xs = i ? ds.w : ds.y;
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
-                        int dot = __dp4a(c[r][i].q[0], (int)x.x, 0);
-                        dot = __dp4a(c[r][i].q[1], (int)x.y, dot);
-                        dot = __dp4a(c[r][i].q[2], (int)x.z, dot);
-                        dot = __dp4a(c[r][i].q[3], (int)x.w, dot);
-                        acc[r][t] = fmaf(c[r][i].scale * xd, (float)dot, fmaf(c[r][i].offset, xs, acc[r][t]));
+                        rows_of.acc[r][t] = chunk_dot(c[r][i], x, xd, xs, rows_of.acc[r][t]);
                     }
                 }
             }
         }
     }
-    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
 }
 
 // dp4a of unsigned weight bytes (the masked fields of a code group reach 0xc0) with signed
@@ -342,27 +336,15 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
     const u32 tiles = w[0].tiles;
     const u32 groups = tiles * (32 / CHUNKS);
     const u32 steps = (groups + 31) / 32;
-    u64 first_tile[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
-    }
-    float acc[R][NTOK];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int t = 0; t < NTOK; ++t) {
-            acc[r][t] = 0.0f;
-        }
-    }
+    WarpRows<R, RPW> rows_of(row0, rows, tiles);
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
     typename F::Raw raw[MV_BATCH][R];
-    fetch_groups<F, NW, RPW>(raw, w, first_tile, 0, groups, lane);
+    fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, 0, groups, lane);
     wait_for_inputs();
     for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
         if (s0 > 0) {
-            fetch_groups<F, NW, RPW>(raw, w, first_tile, s0, groups, lane);
+            fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, s0, groups, lane);
         }
 #pragma unroll
         for (int b = 0; b < MV_BATCH; ++b) {
@@ -408,12 +390,12 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     const float2 so = F::scale_offset(raw[b][r]);
-                    acc[r][t] = fmaf(so.x, partial[r], fmaf(so.y, x_sum, acc[r][t]));
+                    rows_of.acc[r][t] = fmaf(so.x, partial[r], fmaf(so.y, x_sum, rows_of.acc[r][t]));
                 }
             }
         }
     }
-    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
 }
 
 // Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
