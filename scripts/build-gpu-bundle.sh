@@ -50,10 +50,11 @@ if [ -d "$testdata" ]; then
     # The GPU tests read testdata/models only; the whole folder is over the device's carry limit.
     mkdir -p .gpu/shared/testdata
     cp -a "$testdata/README.md" "$testdata/models" .gpu/shared/testdata/
-    # A few of the new architectures, for the typed "not yet supported on CUDA" errors.
+    # One file of each new architecture (all of them exceed the carry limit), with references:
+    # the Q4_K files, and gpt-oss's MXFP4 experts and its Q8_0 file.
     mkdir -p .gpu/shared/testdata/archs
-    for f in tiny-mixtral-Q8_0 tiny-gemma3-Q4_K tiny-gemma4-Q4_K tiny-gpt-oss-MXFP4 tiny-qwen35-Q4_K; do
-        [ -f "$testdata/archs/$f.gguf" ] && cp -a "$testdata/archs/$f.gguf" .gpu/shared/testdata/archs/
+    for f in "$testdata"/archs/tiny-*-Q4_K.gguf "$testdata"/archs/tiny-gpt-oss-*.gguf; do
+        cp -a "$f" "$f.ref.json" .gpu/shared/testdata/archs/
     done
 else
     echo "warning: no test data at $testdata; tests that need it will fail on the device" >&2

@@ -24,9 +24,6 @@ pub enum BackendError {
     OutOfMemory { device: String, what: String, requested_bytes: u64, free_bytes: Option<u64> },
     #[error("{backend} backend does not support {what}")]
     Unsupported { backend: String, what: String },
-    /// An op the backend will implement but does not yet (the CPU backend has every op).
-    #[error("not yet supported on {backend}: {op}")]
-    NotYetSupported { backend: String, op: String },
     #[error("weight {name}: {reason}")]
     BadWeight { name: String, reason: String },
     #[error("batch of {n_tokens} tokens exceeds the {capacity} this state was allocated for")]

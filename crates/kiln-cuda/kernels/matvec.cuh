@@ -531,3 +531,45 @@ __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     const Planes weights[1] = {w};
     matvec_rows<F, 1>(weights, xq, xds, out, rows, 0, block);
 }
+
+// Expert-indexed mat-vec (mixture of experts): slot s = slot0 + blockIdx.y of the step's
+// tokens x chosen experts multiplies its input row (token s / n_used, or row s itself when
+// per_slot) by expert ids[s] of `table` (one Planes per expert, all of one format and shape)
+// into out[s - slot0][rows], so a token reads only its chosen experts' weights. The ids come
+// from the router kernel before this one. Built with NTOK = 1.
+#define MV_EXPERTS_PARAMS                                                                                           \
+    const Planes *table, const float *ids, u32 n_experts, u32 n_used, u32 per_slot, u32 slot0, const i8 *xq,          \
+        const float2 *xds, float *out, u32 rows
+#define MV_EXPERTS_ARGS table, ids, n_experts, n_used, per_slot, slot0, xq, xds, out, rows
+
+// The expert of slot `slot`, or n_experts when ids holds no valid id there (the output is then NaN).
+__device__ __forceinline__ u32 slot_expert(const float* ids, u32 slot, u32 n_experts) {
+    const float id = ids[slot];
+    return id >= 0.0f && id < (float)n_experts && id == floorf(id) ? (u32)id : n_experts;
+}
+
+// NaN into the rows of this block of an output row whose expert id was invalid.
+__device__ __forceinline__ void poison_rows(float* out, u32 rows, u32 rows_per_block) {
+    for (u32 r = blockIdx.x * rows_per_block + threadIdx.x; r < min(rows, (blockIdx.x + 1) * rows_per_block); r += blockDim.x) {
+        out[r] = __int_as_float(0x7fc00000);
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
+    if (NTOK != 1) {
+        return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
+    }
+    const u32 slot = slot0 + blockIdx.y;
+    wait_for_inputs();
+    const u32 e = slot_expert(ids, slot, n_experts);
+    out += (u64)blockIdx.y * rows;
+    if (e >= n_experts) {
+        poison_rows(out, rows, MV_WARPS * ROWS_PER_WARP);
+        return;
+    }
+    const Planes weights[1] = {table[e]};
+    const u64 row = per_slot ? slot : slot / n_used;
+    const u32 tiles = weights[0].tiles;
+    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out, rows, 0, blockIdx.x);
+}

@@ -22,11 +22,37 @@ __device__ __forceinline__ void matvec_float_two(const W& gate, const W& up, con
 
 #define FV_ARGS const float* x, u32 cols, float* out, u32 rows
 
+// The expert-indexed product of float experts (see matvec_experts in matvec.cuh).
+template <class W>
+__device__ __forceinline__ void matvec_float_experts(const W* table, const float* ids, u32 n_experts, u32 n_used,
+                                                     u32 per_slot, u32 slot0, FV_ARGS) {
+    if (NTOK != 1) {
+        return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
+    }
+    const u32 slot = slot0 + blockIdx.y;
+    wait_for_inputs();
+    const u32 e = slot_expert(ids, slot, n_experts);
+    out += (u64)blockIdx.y * rows;
+    if (e >= n_experts) {
+        poison_rows(out, rows, MV_WARPS * ROWS_PER_WARP);
+        return;
+    }
+    const W weights[1] = {table[e]};
+    const u64 row = per_slot ? slot : slot / n_used;
+    matvec_float<W, 1>(weights, x + row * cols, cols, out, rows, 0);
+}
+
+#define FV_EXPERTS_PARAMS(W) const W *table, const float *ids, u32 n_experts, u32 n_used, u32 per_slot, u32 slot0, FV_ARGS
+#define FV_EXPERTS_ARGS table, ids, n_experts, n_used, per_slot, slot0, x, cols, out, rows
+
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(FloatRows<0> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f32(FV_EXPERTS_PARAMS(FloatRows<0>)) {
+    matvec_float_experts(FV_EXPERTS_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(FloatRows<1> w, FV_ARGS, u32 accumulate) {
@@ -35,10 +61,16 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(FloatRows<1>
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f16(FV_EXPERTS_PARAMS(FloatRows<1>)) {
+    matvec_float_experts(FV_EXPERTS_ARGS);
+}
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_bf16(FloatRows<2> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_bf16(FV_EXPERTS_PARAMS(FloatRows<2>)) {
+    matvec_float_experts(FV_EXPERTS_ARGS);
 }

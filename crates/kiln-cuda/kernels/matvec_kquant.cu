@@ -27,6 +27,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_K>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q2_k(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ2_K>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(11)
@@ -38,6 +41,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Plan
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q3_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ3_K>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q3_k(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ3_K>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -51,6 +57,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_K>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_k(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ4_K>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(13)
@@ -62,6 +71,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Plan
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_K>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_k(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ5_K>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -75,6 +87,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q6_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ6_K>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q6_k(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ6_K>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(23)
@@ -86,6 +101,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Pl
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_XS>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq4_xs(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ4_XS>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -99,6 +117,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Pla
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_tq2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtTQ2_0>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_tq2_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtTQ2_0>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(16)
@@ -110,6 +131,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(P
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XXS>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_xxs(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ2_XXS>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -123,6 +147,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Pl
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XS>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_xs(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ2_XS>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(22)
@@ -134,6 +161,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Pla
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_S>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_s(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ2_S>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -147,6 +177,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(P
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_XXS>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq3_xxs(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ3_XXS>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(21)
@@ -158,6 +191,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Pla
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_S>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq3_s(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ3_S>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -171,6 +207,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Pla
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_S>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq1_s(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ1_S>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(29)
@@ -182,5 +221,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Pla
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_m(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_M>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq1_m(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ1_M>(MV_EXPERTS_ARGS);
 }
 #endif

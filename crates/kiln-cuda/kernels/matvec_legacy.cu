@@ -27,6 +27,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ8_0>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q8_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ8_0>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(2)
@@ -38,6 +41,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Plan
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_0>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ4_0>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -51,6 +57,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_1>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_1(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ4_1>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(6)
@@ -62,6 +71,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Plan
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_0>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ5_0>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -75,6 +87,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_1>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_1(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ5_1>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(20)
@@ -86,6 +101,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Pl
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_NL>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq4_nl(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtIQ4_NL>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -99,6 +117,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Plan
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ1_0>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q1_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ1_0>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(42)
@@ -110,6 +131,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Plan
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_0>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q2_0(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtQ2_0>(MV_EXPERTS_ARGS);
 }
 #endif
 
@@ -123,6 +147,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Pla
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtMXFP4>(MV_STACKED_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_mxfp4(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtMXFP4>(MV_EXPERTS_ARGS);
+}
 #endif
 
 #if MV_WANTS(40)
@@ -134,5 +161,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Pla
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtNVFP4>(MV_STACKED_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_nvfp4(MV_EXPERTS_PARAMS) {
+    matvec_experts<FmtNVFP4>(MV_EXPERTS_ARGS);
 }
 #endif

@@ -1,6 +1,8 @@
 // Causal grouped-query attention over the paged KV cache, for every token of a batched step.
 // Token t belongs to sequence step_token_seq(t) at position step_pos(t) and sees positions
-// 0..=pos of its own sequence, found through that sequence's block table (plan.cuh). The
+// 0..=pos of its own sequence (with `window` > 0 only the last `window` of them), found through
+// that sequence's block table (plan.cuh). `sinks`, when not null, holds one logit per query
+// head that joins every softmax row of that head without a value (gpt-oss). The
 // caches are typed buffers of `rows` rows of n_kv_heads * HEAD_DIM values (kv.cuh); q and out
 // are f32 [n_tokens][n_heads][HEAD_DIM]; query head h reads kv head h / GROUP.
 //
@@ -107,13 +109,41 @@ __device__ __forceinline__ u32 split_chunk(u32 visible, u32 n_splits) {
     return (rows + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
 }
 
+// The positions a token at `pos` attends to: first..pos, first = pos + 1 - window for a
+// sliding window (window > 0), else 0. The splits cut the span from the KV block holding
+// `first` on, so every split's tiles are whole blocks and its first tile has a visible row.
+struct DecodeSpan {
+    u32 first;
+    u32 start;
+    u32 end;
+};
+
+__device__ __forceinline__ DecodeSpan decode_span(u32 pos, u32 window) {
+    DecodeSpan span;
+    span.end = pos + 1;
+    span.first = window > 0 && span.end > window ? span.end - window : 0;
+    span.start = span.first / KV_BLOCK_SIZE * KV_BLOCK_SIZE;
+    return span;
+}
+
+// out * 1/sum of a softmax whose max is m (log2 units), with the sink logit (log2 units,
+// `has_sink`) joining the row: its max and its sum, without a value.
+__device__ __forceinline__ float softmax_norm(float m, float sum, float sink, bool has_sink) {
+    if (!has_sink) {
+        return 1.0f / sum;
+    }
+    const float top = fmaxf(m, sink);
+    const float keep = exp2f(m - top);
+    return keep / (sum * keep + exp2f(sink - top));
+}
+
 // Writes `out` directly when launched with one split, else unnormalized partials:
 // part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 +
 // {0: max (log2 units), 1: sum}], row = token * n_heads + head. Dynamic shared memory:
 // DEC_STAGES * DEC_STAGE_BYTES.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_split(
     float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
-    u32 n_heads, u32 n_kv_heads, u32 rows, float scale) {
+    u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks) {
     wait_for_inputs();
     const u32 split = blockIdx.x;
     const u32 n_splits = gridDim.x;
@@ -122,13 +152,13 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
     if (token >= step[STEP_N_TOKENS]) {
         return;
     }
-    const u32 visible = step_pos(step, token) + 1;
-    const u32 chunk = split_chunk(visible, n_splits);
-    const u32 begin = split * chunk;
-    if (begin >= visible) {
+    const DecodeSpan span = decode_span(step_pos(step, token), window);
+    const u32 chunk = split_chunk(span.end - span.start, n_splits);
+    const u32 begin = span.start + split * chunk;
+    if (begin >= span.end) {
         return;
     }
-    const u32 end = min(begin + chunk, visible);
+    const u32 end = min(begin + chunk, span.end);
     const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + begin / KV_BLOCK_SIZE;
     const u32 n_tiles = (end - begin + DEC_TILE - 1) / DEC_TILE;
     const u32 width = n_kv_heads * HEAD_DIM;
@@ -257,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
                         dot += __shfl_xor_sync(0xffffffffu, dot, offset);
                     }
                     if (team_lane == 0 && j < DEC_TILE) {
-                        p_s[g][j] = j < rows_here ? dot : NEG_INF;
+                        p_s[g][j] = j < rows_here && begin + t * DEC_TILE + j >= span.first ? dot : NEG_INF;
                     }
                 }
             }
@@ -362,7 +392,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
     for (int g = 0; g < GROUP; ++g) {
         const u64 row = (u64)token * n_heads + first_head + g;
         const u64 slot = row * n_splits + split;
-        const float inv_sum = 1.0f / sum_s[g];
+        const float inv_sum =
+            softmax_norm(max_s[g], sum_s[g], sinks ? sinks[first_head + g] * LOG2E : 0.0f, sinks != nullptr);
 #pragma unroll
         for (int k = 0; k < V_CHUNKS; ++k) {
 #pragma unroll
@@ -395,14 +426,16 @@ constexpr int R_BATCH = 4;
 
 // Merges the live splits of each (token, head). Grid (n_heads, n_tokens), DEC_THREADS threads.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce(
-    float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits) {
+    float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits, u32 window,
+    const float* sinks) {
     wait_for_inputs();
     const u32 head = blockIdx.x;
     const u32 token = blockIdx.y;
     if (token >= step[STEP_N_TOKENS]) {
         return;
     }
-    const u32 visible = step_pos(step, token) + 1;
+    const DecodeSpan span = decode_span(step_pos(step, token), window);
+    const u32 visible = span.end - span.start;
     const u32 chunk = split_chunk(visible, n_splits);
     const u32 live = min((visible + chunk - 1) / chunk, min(n_splits, (u32)DEC_MAX_SPLITS));
     const u64 row = (u64)token * n_heads + head;
@@ -424,7 +457,9 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce
         warp_max_s[threadIdx.x >> 5] = split_max;
     }
     __syncthreads();
-    float max_value = NEG_INF;
+    // A sink joins the max; its weight is added to the total below.
+    const float sink = sinks ? sinks[head] * LOG2E : NEG_INF;
+    float max_value = sink;
 #pragma unroll
     for (int w = 0; w < DEC_WARPS; ++w) {
         max_value = fmaxf(max_value, warp_max_s[w]);
@@ -434,7 +469,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce
         weight_s[s] = weight;
         split_sum += ml[s * 2 + 1] * weight;
     }
-    const float inv_total = 1.0f / block_sum<DEC_THREADS>(split_sum);
+    const float sink_weight = sinks && threadIdx.x == 0 ? exp2f(sink - max_value) : 0.0f;
+    const float inv_total = 1.0f / block_sum<DEC_THREADS>(split_sum + sink_weight);
 
     const u32 dim_lane = threadIdx.x % R_LANES;
     const u32 group = threadIdx.x / R_LANES;
@@ -597,7 +633,7 @@ __device__ __forceinline__ void fa_gather(
 // halves. Tiles at or past step[STEP_N_TILES] exit, so the host may launch more.
 extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill(
     float* out, const float* q, const u8* k_cache, const u8* v_cache, const u32* step, u32 n_heads, u32 n_kv_heads,
-    u32 rows, float scale) {
+    u32 rows, float scale, u32 window, const float* sinks) {
     wait_for_inputs();
     // Later tiles of a sequence see more positions; start them first.
     const u32 tile = gridDim.x - 1 - blockIdx.x;
@@ -664,7 +700,10 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const float s_scale = scale * LOG2E;
 
-    for (u32 kv0 = 0; kv0 < kv_end; kv0 += FA_KV) {
+    // With a sliding window, tiles wholly before the first row's window are skipped; each row
+    // masks the rest of what precedes its own window.
+    const u32 kv_first = window > 0 && pos0 + 1 > window ? (pos0 + 1 - window) / FA_KV * FA_KV : 0;
+    for (u32 kv0 = kv_first; kv0 < kv_end; kv0 += FA_KV) {
         // Gather K, then V: each thread's loads are issued together and packed to f16 at once,
         // which keeps only FA_GATHER chunks of one tensor in registers.
         __syncthreads();
@@ -697,8 +736,10 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const u32 col = kv0 + n * 8 + 2 * t + e;
-                s[n][e] = col <= qpos0 ? s[n][e] * s_scale : NEG_INF;
-                s[n][2 + e] = col <= qpos1 ? s[n][2 + e] * s_scale : NEG_INF;
+                const bool see0 = col <= qpos0 && (window == 0 || col + window > qpos0);
+                const bool see1 = col <= qpos1 && (window == 0 || col + window > qpos1);
+                s[n][e] = see0 ? s[n][e] * s_scale : NEG_INF;
+                s[n][2 + e] = see1 ? s[n][2 + e] * s_scale : NEG_INF;
                 mx0 = fmaxf(mx0, s[n][e]);
                 mx1 = fmaxf(mx1, s[n][2 + e]);
             }
@@ -708,21 +749,23 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, offset));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, offset));
         }
-        // Position 0 is in the first tile and visible to every row, so the maxima are finite
-        // from then on; a row masked out of a later tile keeps its max and gets zero weights.
+        // A row that has seen no visible position yet (before its sliding window) keeps a max
+        // of -inf; it is offset by 0 instead, so its weights and rescale come out 0, not NaN.
         const float new0 = fmaxf(m0, mx0);
         const float new1 = fmaxf(m1, mx1);
-        const float alpha0 = exp2f(m0 - new0);
-        const float alpha1 = exp2f(m1 - new1);
+        const float base0 = new0 == NEG_INF ? 0.0f : new0;
+        const float base1 = new1 == NEG_INF ? 0.0f : new1;
+        const float alpha0 = exp2f(m0 - base0);
+        const float alpha1 = exp2f(m1 - base1);
         m0 = new0;
         m1 = new1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int n = 0; n < FA_KV / 8; ++n) {
-            s[n][0] = exp2f(s[n][0] - new0);
-            s[n][1] = exp2f(s[n][1] - new0);
-            s[n][2] = exp2f(s[n][2] - new1);
-            s[n][3] = exp2f(s[n][3] - new1);
+            s[n][0] = exp2f(s[n][0] - base0);
+            s[n][1] = exp2f(s[n][1] - base0);
+            s[n][2] = exp2f(s[n][2] - base1);
+            s[n][3] = exp2f(s[n][3] - base1);
             sum0 += s[n][0] + s[n][1];
             sum1 += s[n][2] + s[n][3];
         }
@@ -761,8 +804,9 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill
         l0 += __shfl_xor_sync(0xffffffffu, l0, offset);
         l1 += __shfl_xor_sync(0xffffffffu, l1, offset);
     }
-    const float inv0 = 1.0f / l0;
-    const float inv1 = 1.0f / l1;
+    const float sink = sinks ? sinks[head] * LOG2E : 0.0f;
+    const float inv0 = softmax_norm(m0, l0, sink, sinks != nullptr);
+    const float inv1 = softmax_norm(m1, l1, sink, sinks != nullptr);
     float* out0 = out + ((u64)(first_token + row0) * n_heads + head) * HEAD_DIM;
     float* out1 = out + ((u64)(first_token + row1) * n_heads + head) * HEAD_DIM;
 #pragma unroll

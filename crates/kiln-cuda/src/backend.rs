@@ -16,8 +16,8 @@ use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, GpuWeight, QuantizedActivations};
-use crate::paged_attention::{PagedAttention, PagedAttentionParams, StepCounts};
+use crate::matvec::{self, ExpertInputRows, ExpertProducts, GpuWeight, QuantizedActivations};
+use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::step::{CudaStep, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
@@ -41,23 +41,18 @@ pub(crate) fn backend_error(error: CudaError) -> BackendError {
     }
 }
 
-fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
+pub(crate) fn launch_error(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> BackendError {
     move |error| BackendError::Device(format!("launching {kernel}: {error:?}"))
 }
 
-/// The error of an op the CPU backend has and this one does not have yet.
-fn not_yet(op: &str) -> BackendError {
-    BackendError::NotYetSupported { backend: "CUDA".into(), op: op.into() }
-}
-
-fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
+pub(crate) fn check_len(what: &str, have: usize, need: usize) -> Result<()> {
     if have < need {
         return Err(BackendError::Device(format!("{what}: buffer of {have} values, op needs {need}")));
     }
     Ok(())
 }
 
-fn to_u32(what: &str, value: usize) -> Result<u32> {
+pub(crate) fn to_u32(what: &str, value: usize) -> Result<u32> {
     u32::try_from(value).map_err(|_| BackendError::Device(format!("{what} = {value} does not fit the kernels' 32-bit indices")))
 }
 
@@ -85,6 +80,7 @@ pub struct CudaBackend {
     kernels: Kernels,
     store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
     attention: PagedAttention,
+    experts: ExpertProducts,
     graphs: StepGraphs,
     /// Id of the step object written last: `run_step` records and replays for it.
     current_step: AtomicU64,
@@ -127,6 +123,7 @@ impl CudaBackend {
             kernels,
             store_kernels: Mutex::new(HashMap::new()),
             attention: PagedAttention::new(),
+            experts: ExpertProducts::default(),
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
             overlapped_edges: AtomicUsize::new(0),
@@ -146,7 +143,7 @@ impl CudaBackend {
     }
 
     /// A 1-D grid-stride launch over `n` elements.
-    fn grid_stride(&self, n: usize) -> LaunchConfig {
+    pub(crate) fn grid_stride(&self, n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.busy_blocks * 4);
         LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
     }
@@ -300,6 +297,7 @@ fn paged_params(p: &AttentionParams, kv: &KvCacheSpec) -> PagedAttentionParams {
         scale: p.scale,
         k_type: kv.k_type,
         v_type: kv.v_type,
+        window: p.window,
     }
 }
 
@@ -319,6 +317,26 @@ fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, 
 }
 
 impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &self,
+        q: &CudaSlice<f32>,
+        cache: &CudaKvCache,
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        check_len("attention tokens in the step", step.n_tokens, n)?;
+        step.check_usable(cache)?;
+        let params = paged_params(p, cache.spec());
+        let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
+        let view = cache.view();
+        let inputs = AttentionInputs { q, kv: &view, step: &step.block, sinks };
+        self.attention.attention(&self.device, inputs, out, counts, &params).map_err(backend_error)
+    }
+
     /// q, k and v from activations already quantized into `qx` (wq's input buffer).
     #[allow(clippy::too_many_arguments)]
     fn matmul_qkv_quantized(
@@ -503,125 +521,122 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
-        if p.window.is_some() {
-            return Err(not_yet("sliding-window attention"));
-        }
-        check_len("attention tokens in the step", step.n_tokens, n)?;
-        step.check_usable(cache)?;
-        let params = paged_params(p, cache.spec());
-        let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
-        self.attention.attention(&self.device, q, &cache.view(), out, &step.block, counts, &params).map_err(backend_error)
+        self.paged_attention(q, cache, None, out, step, n, p)
     }
 
     fn moe_route(
         &self,
-        _logits: &CudaSlice<f32>,
-        _expert_scale: Option<&CudaSlice<f32>>,
-        _ids: &mut CudaSlice<f32>,
-        _weights: &mut CudaSlice<f32>,
-        _n: usize,
-        _p: &RouterParams,
+        logits: &CudaSlice<f32>,
+        expert_scale: Option<&CudaSlice<f32>>,
+        ids: &mut CudaSlice<f32>,
+        weights: &mut CudaSlice<f32>,
+        n: usize,
+        p: &RouterParams,
     ) -> Result<()> {
-        Err(not_yet("moe_route (mixture-of-experts router)"))
+        self.launch_moe_route(logits, expert_scale, ids, weights, n, p)
     }
 
     fn moe_matmul(
         &self,
-        _experts: &[GpuWeight],
-        _x: &CudaSlice<f32>,
-        _ids: &CudaSlice<f32>,
-        _out: &mut CudaSlice<f32>,
-        _n: usize,
-        _n_used: usize,
-        _input: ExpertInput,
+        experts: &[GpuWeight],
+        x: &CudaSlice<f32>,
+        ids: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
     ) -> Result<()> {
-        Err(not_yet("moe_matmul (expert-indexed product)"))
+        let rows = match input {
+            ExpertInput::PerToken => ExpertInputRows::PerToken,
+            ExpertInput::PerSlot => ExpertInputRows::PerSlot,
+        };
+        self.experts.matmul(&self.device, experts, x, ids, out, n, n_used, rows).map_err(backend_error)
     }
 
-    fn moe_add_bias(&self, _x: &mut CudaSlice<f32>, _bias: &CudaSlice<f32>, _ids: &CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
-        Err(not_yet("moe_add_bias (per-expert biases)"))
+    fn moe_add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, ids: &CudaSlice<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        self.launch_moe_add_bias(x, bias, ids, n, n_used, dim)
     }
 
-    fn swiglu_oai(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize, _alpha: f32, _limit: f32) -> Result<()> {
-        Err(not_yet("swiglu_oai (clamped SwiGLU)"))
+    fn swiglu_oai(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize, alpha: f32, limit: f32) -> Result<()> {
+        self.gated_pointwise("swiglu_oai_f32", gate, up, out, len, &[alpha, limit])
     }
 
-    fn sigmoid_gate(&self, _x: &mut CudaSlice<f32>, _gate: &CudaSlice<f32>, _n: usize, _dim: usize, _gate_dim: usize) -> Result<()> {
-        Err(not_yet("sigmoid_gate"))
+    fn sigmoid_gate(&self, x: &mut CudaSlice<f32>, gate: &CudaSlice<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
+        self.launch_sigmoid_gate(x, gate, n, dim, gate_dim)
     }
 
     fn delta_net_gates(
         &self,
-        _g: &mut CudaSlice<f32>,
-        _beta: &mut CudaSlice<f32>,
-        _a_log_neg: &CudaSlice<f32>,
-        _dt_bias: &CudaSlice<f32>,
-        _n: usize,
-        _n_heads: usize,
+        g: &mut CudaSlice<f32>,
+        beta: &mut CudaSlice<f32>,
+        a_log_neg: &CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        n: usize,
+        n_heads: usize,
     ) -> Result<()> {
-        Err(not_yet("delta_net_gates (Gated DeltaNet)"))
+        self.launch_delta_net_gates(g, beta, a_log_neg, dt_bias, n, n_heads)
     }
 
     fn ssm_conv(
         &self,
-        _x: &CudaSlice<f32>,
-        _weight: &CudaSlice<f32>,
-        _state: &mut CudaSlice<f32>,
-        _slots: &CudaSlice<f32>,
-        _out: &mut CudaSlice<f32>,
-        _step: &CudaStep,
-        _n: usize,
-        _p: &DeltaNetParams,
+        x: &CudaSlice<f32>,
+        weight: &CudaSlice<f32>,
+        state: &mut CudaSlice<f32>,
+        slots: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        p: &DeltaNetParams,
     ) -> Result<()> {
-        Err(not_yet("ssm_conv (Gated DeltaNet convolution)"))
+        self.launch_ssm_conv(x, weight, state, slots, out, step, n, p)
     }
 
     fn delta_net(
         &self,
-        _x: &CudaSlice<f32>,
-        _g: &CudaSlice<f32>,
-        _beta: &CudaSlice<f32>,
-        _state: &mut CudaSlice<f32>,
-        _slots: &CudaSlice<f32>,
-        _out: &mut CudaSlice<f32>,
-        _step: &CudaStep,
-        _n: usize,
-        _p: &DeltaNetParams,
+        x: &CudaSlice<f32>,
+        g: &CudaSlice<f32>,
+        beta: &CudaSlice<f32>,
+        state: &mut CudaSlice<f32>,
+        slots: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        p: &DeltaNetParams,
     ) -> Result<()> {
-        Err(not_yet("delta_net (Gated DeltaNet recurrence)"))
+        self.launch_delta_net(x, g, beta, state, slots, out, step, n, p)
     }
 
     fn attention_sinks(
         &self,
-        _q: &CudaSlice<f32>,
-        _cache: &CudaKvCache,
-        _sinks: &CudaSlice<f32>,
-        _out: &mut CudaSlice<f32>,
-        _step: &CudaStep,
-        _n: usize,
-        _p: &AttentionParams,
+        q: &CudaSlice<f32>,
+        cache: &CudaKvCache,
+        sinks: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        step: &CudaStep,
+        n: usize,
+        p: &AttentionParams,
     ) -> Result<()> {
-        Err(not_yet("attention with sinks"))
+        self.paged_attention(q, cache, Some(sinks), out, step, n, p)
     }
 
-    fn moe_combine(&self, _y: &CudaSlice<f32>, _weights: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _n: usize, _n_used: usize, _dim: usize) -> Result<()> {
-        Err(not_yet("moe_combine (weighted sum of expert outputs)"))
+    fn moe_combine(&self, y: &CudaSlice<f32>, weights: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
+        self.launch_moe_combine(y, weights, out, n, n_used, dim)
     }
 
-    fn geglu(&self, _gate: &CudaSlice<f32>, _up: &CudaSlice<f32>, _out: &mut CudaSlice<f32>, _len: usize) -> Result<()> {
-        Err(not_yet("geglu"))
+    fn geglu(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize) -> Result<()> {
+        self.gated_pointwise("geglu_f32", gate, up, out, len, &[])
     }
 
-    fn scale(&self, _x: &mut CudaSlice<f32>, _s: f32, _len: usize) -> Result<()> {
-        Err(not_yet("scale"))
+    fn scale(&self, x: &mut CudaSlice<f32>, s: f32, len: usize) -> Result<()> {
+        self.launch_scale(x, s, len)
     }
 
-    fn softcap(&self, _x: &mut CudaSlice<f32>, _cap: f32, _len: usize) -> Result<()> {
-        Err(not_yet("softcap"))
+    fn softcap(&self, x: &mut CudaSlice<f32>, cap: f32, len: usize) -> Result<()> {
+        self.launch_softcap(x, cap, len)
     }
 
-    fn copy_cols(&self, _src: &CudaSlice<f32>, _src_width: usize, _col: usize, _dst: &mut CudaSlice<f32>, _width: usize, _n: usize) -> Result<()> {
-        Err(not_yet("copy_cols"))
+    fn copy_cols(&self, src: &CudaSlice<f32>, src_width: usize, col: usize, dst: &mut CudaSlice<f32>, width: usize, n: usize) -> Result<()> {
+        self.launch_copy_cols(src, src_width, col, dst, width, n)
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {

@@ -23,6 +23,7 @@
 //! - Launch with cudarc: `device.stream().launch_builder(&function).arg(..).launch(cfg)`.
 //!   Keep the [`cudarc::driver::CudaFunction`] on hot paths rather than looking it up per launch.
 
+mod arch_ops;
 mod backend;
 mod cache;
 mod device;

@@ -31,6 +31,7 @@
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+mod experts;
 mod matmat;
 mod matvec_shape;
 mod repack;
@@ -45,6 +46,7 @@ use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
+pub use experts::{ExpertInputRows, ExpertProducts};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;
@@ -762,9 +764,9 @@ mod tests {
                 for shape in 0..MATVEC_SHAPES.len() {
                     // Only quantized weights stack (stacked.rs); float ones take f32 activations.
                     let kinds: &[MatvecKind] = if matches!(storage, Storage::Quant { .. }) {
-                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked]
+                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked, MatvecKind::Experts]
                     } else {
-                        &[MatvecKind::Plain, MatvecKind::SwiGlu]
+                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Experts]
                     };
                     kernels.extend(kinds.iter().map(|&kind| Kernel::Matvec { ntok, kind, shape }));
                 }

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute, CUstreamCaptureStatus};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 
 pub use crate::kv::cache_bytes;
@@ -59,6 +59,28 @@ pub struct PagedAttentionParams {
     pub scale: f32,
     pub k_type: KvType,
     pub v_type: KvType,
+    /// Sliding window: a token at position `p` sees only `p + 1 - window ..= p`.
+    pub window: Option<usize>,
+}
+
+/// What one attention call reads: the queries, the caches, the step block, and the sink logits
+/// of a model that has them (gpt-oss: one per query head, joining every softmax row).
+#[derive(Clone, Copy)]
+pub struct AttentionInputs<'a> {
+    pub q: &'a CudaSlice<f32>,
+    pub kv: &'a KvView,
+    pub step: &'a CudaSlice<u32>,
+    pub sinks: Option<&'a CudaSlice<f32>>,
+}
+
+impl AttentionInputs<'_> {
+    /// The sinks' device address, 0 (null) without them.
+    fn sinks_address(&self, device: &CudaDevice) -> u64 {
+        self.sinks.map_or(0, |s| {
+            let (address, _record) = s.device_ptr(device.stream());
+            address
+        })
+    }
 }
 
 /// What the host knows of the step without reading the device block.
@@ -86,7 +108,7 @@ struct GridKey {
     n_tokens: usize,
     n_heads: usize,
     n_kv_heads: usize,
-    max_seq_len: usize,
+    max_span: usize,
 }
 
 /// The split count of one decode grid and how it was chosen.
@@ -116,6 +138,7 @@ struct State {
     kernels: HashMap<Key, Kernels>,
     choices: HashMap<GridKey, SplitChoice>,
     workspace: Option<CudaSlice<f32>>,
+    retired_workspaces: Vec<CudaSlice<f32>>,
 }
 
 /// The paged attention kernels, loaded per specialization on first use, and the split
@@ -164,6 +187,30 @@ impl PagedAttentionParams {
         self.n_heads / self.n_kv_heads
     }
 
+    /// Most positions a token's decode attention walks: the whole sequence, or the KV blocks
+    /// its sliding window touches.
+    fn max_span(&self) -> usize {
+        self.window.map_or(self.max_seq_len, |w| self.max_seq_len.min(w + KV_BLOCK_SIZE))
+    }
+
+    fn window_arg(&self) -> Result<u32, CudaError> {
+        match self.window {
+            Some(0) => Err(invalid("a sliding window of 0 positions".into())),
+            Some(w) => to_u32("window", w),
+            None => Ok(0),
+        }
+    }
+
+    fn check_inputs(&self, counts: &StepCounts, inputs: &AttentionInputs, out: usize) -> Result<(), CudaError> {
+        if let Some(sinks) = inputs.sinks {
+            if sinks.len() < self.n_heads {
+                return Err(invalid(format!("{} sink logits for {} query heads", sinks.len(), self.n_heads)));
+            }
+        }
+        self.window_arg()?;
+        self.check(counts, inputs.q.len(), out, inputs.kv.k_bytes, inputs.kv.v_bytes, inputs.step.len())
+    }
+
     fn check(&self, counts: &StepCounts, q: usize, out: usize, k: usize, v: usize, step: usize) -> Result<(), CudaError> {
         if self.n_kv_heads == 0 || self.n_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return Err(invalid(format!("{} query heads cannot share {} kv heads evenly", self.n_heads, self.n_kv_heads)));
@@ -205,21 +252,18 @@ impl PagedAttention {
 
     /// The attention of every token of the step: the split kernels for a decode-only step, the
     /// flash-attention kernel over the prefill tiles otherwise.
-    #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         device: &CudaDevice,
-        q: &CudaSlice<f32>,
-        kv: &KvView,
+        inputs: AttentionInputs,
         out: &mut CudaSlice<f32>,
-        step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
     ) -> Result<(), CudaError> {
         if counts.decode_only || counts.n_tiles == 0 {
-            self.split(device, q, kv, out, step, counts, p, None)
+            self.split(device, inputs, out, counts, p, None)
         } else {
-            self.prefill(device, q, kv, out, step, counts, p)
+            self.prefill(device, inputs, out, counts, p)
         }
     }
 
@@ -248,7 +292,7 @@ impl PagedAttention {
     /// No more splits than the longest sequence can feed, and partials within the workspace cap.
     fn cap_splits(n_splits: usize, n_tokens: usize, p: &PagedAttentionParams) -> usize {
         let per_split_bytes = n_tokens * p.n_heads * (p.head_dim + 2) * 4;
-        n_splits.min(p.max_seq_len.div_ceil(DEC_MIN_CHUNK)).min(DEC_MAX_SPLITS).min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1)).max(1)
+        n_splits.min(p.max_span().div_ceil(DEC_MIN_CHUNK)).min(DEC_MAX_SPLITS).min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1)).max(1)
     }
 
     /// Split counts worth timing: half a wave to four waves (blocks beyond one wave overlap one
@@ -263,19 +307,16 @@ impl PagedAttention {
 
     /// Split (flash-decoding) attention for any mix of tokens; `n_splits` overrides the
     /// automatic count (at most 256).
-    #[allow(clippy::too_many_arguments)]
     pub fn split(
         &self,
         device: &CudaDevice,
-        q: &CudaSlice<f32>,
-        kv: &KvView,
+        inputs: AttentionInputs,
         out: &mut CudaSlice<f32>,
-        step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
         n_splits: Option<usize>,
     ) -> Result<(), CudaError> {
-        p.check(&counts, q.len(), out.len(), kv.k_bytes, kv.v_bytes, step.len())?;
+        p.check_inputs(&counts, &inputs, out.len())?;
         if counts.n_tokens == 0 {
             return Ok(());
         }
@@ -285,26 +326,23 @@ impl PagedAttention {
         let n_splits = match n_splits {
             Some(n) if n == 0 || n > DEC_MAX_SPLITS => return Err(invalid(format!("{n} splits (supported: 1 to {DEC_MAX_SPLITS})"))),
             Some(n) => n,
-            None => state.choose(device, &kernels, q, kv, out, counts.n_tokens, p, capturing)?,
+            None => state.choose(device, &kernels, inputs, out, counts.n_tokens, p, capturing)?,
         };
         let workspace = state.workspace(device, workspace_len(counts.n_tokens, p, n_splits), capturing)?;
-        launch_split(device, &kernels, workspace, q, kv, out, step, counts.n_tokens, p, n_splits)
+        launch_split(device, &kernels, workspace, inputs, out, counts.n_tokens, p, n_splits)
     }
 
     /// Flash attention over the step's `counts.n_tiles` prefill tiles (every token of the step
     /// belongs to one tile).
-    #[allow(clippy::too_many_arguments)]
     pub fn prefill(
         &self,
         device: &CudaDevice,
-        q: &CudaSlice<f32>,
-        kv: &KvView,
+        inputs: AttentionInputs,
         out: &mut CudaSlice<f32>,
-        step: &CudaSlice<u32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
     ) -> Result<(), CudaError> {
-        p.check(&counts, q.len(), out.len(), kv.k_bytes, kv.v_bytes, step.len())?;
+        p.check_inputs(&counts, &inputs, out.len())?;
         if counts.n_tokens == 0 {
             return Ok(());
         }
@@ -315,7 +353,8 @@ impl PagedAttention {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.kernels(device, p)?.clone()
         };
-        let (n_heads, n_kv_heads, rows) = (to_u32("heads", p.n_heads)?, p.n_kv_heads as u32, p.rows as u32);
+        let (n_heads, n_kv_heads, rows, window) = (to_u32("heads", p.n_heads)?, p.n_kv_heads as u32, p.rows as u32, p.window_arg()?);
+        let (AttentionInputs { q, kv, step, .. }, sinks) = (inputs, inputs.sinks_address(device));
         let cfg = LaunchConfig {
             grid_dim: (to_u32("tiles", counts.n_tiles)?, n_heads, 1),
             block_dim: (FA_THREADS, 1, 1),
@@ -336,6 +375,8 @@ impl PagedAttention {
                 .arg(&n_kv_heads)
                 .arg(&rows)
                 .arg(&p.scale)
+                .arg(&window)
+                .arg(&sinks)
                 .launch(cfg)
         }
         .map_err(launch_error("paged_attention_prefill"))?;
@@ -350,7 +391,7 @@ impl PagedAttention {
 
 impl GridKey {
     fn of(n_tokens: usize, p: &PagedAttentionParams) -> GridKey {
-        GridKey { key: Key::of(p), n_tokens, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, max_seq_len: p.max_seq_len }
+        GridKey { key: Key::of(p), n_tokens, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, max_span: p.max_span() }
     }
 }
 
@@ -375,14 +416,13 @@ fn launch_split(
     device: &CudaDevice,
     kernels: &Kernels,
     workspace: &mut CudaSlice<f32>,
-    q: &CudaSlice<f32>,
-    kv: &KvView,
+    inputs: AttentionInputs,
     out: &mut CudaSlice<f32>,
-    step: &CudaSlice<u32>,
     n_tokens: usize,
     p: &PagedAttentionParams,
     n_splits: usize,
 ) -> Result<(), CudaError> {
+    let (AttentionInputs { q, kv, step, .. }, sinks, window) = (inputs, inputs.sinks_address(device), p.window_arg()?);
     let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
     let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
     let (n_tokens, n_heads, n_kv_heads, rows) = (n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
@@ -405,6 +445,8 @@ fn launch_split(
             .arg(&n_kv_heads)
             .arg(&rows)
             .arg(&p.scale)
+            .arg(&window)
+            .arg(&sinks)
             .launch(cfg)
     }
     .map_err(launch_error("paged_attention_split"))?;
@@ -412,8 +454,20 @@ fn launch_split(
         let n_splits = n_splits as u32;
         let cfg = LaunchConfig { grid_dim: (n_heads, n_tokens, 1), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
-        unsafe { stream.launch_builder(&kernels.reduce).arg(out).arg(&mut part_acc).arg(&mut part_ml).arg(step).arg(&n_heads).arg(&n_splits).launch(cfg) }
-            .map_err(launch_error("paged_attention_reduce"))?;
+        unsafe {
+            stream
+                .launch_builder(&kernels.reduce)
+                .arg(out)
+                .arg(&mut part_acc)
+                .arg(&mut part_ml)
+                .arg(step)
+                .arg(&n_heads)
+                .arg(&n_splits)
+                .arg(&window)
+                .arg(&sinks)
+                .launch(cfg)
+        }
+        .map_err(launch_error("paged_attention_reduce"))?;
     }
     Ok(())
 }
@@ -491,8 +545,7 @@ impl State {
         &mut self,
         device: &CudaDevice,
         kernels: &Kernels,
-        q: &CudaSlice<f32>,
-        kv: &KvView,
+        inputs: AttentionInputs,
         out: &mut CudaSlice<f32>,
         n_tokens: usize,
         p: &PagedAttentionParams,
@@ -504,13 +557,14 @@ impl State {
         }
         let estimate = PagedAttention::splits_for(kernels.resident_blocks, n_tokens, p);
         // Only blocks with memory behind them: the synthetic step's tables wrap within those.
-        let cache_blocks = p.rows.min(kv.usable_rows) / KV_BLOCK_SIZE;
+        let cache_blocks = p.rows.min(inputs.kv.usable_rows) / KV_BLOCK_SIZE;
         let candidates = PagedAttention::candidates(kernels.resident_blocks, n_tokens, p);
         let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
             SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
         } else {
-            let positions = p.max_seq_len.min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(DEC_MIN_CHUNK * 16));
+            let positions = p.max_span().min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(DEC_MIN_CHUNK * 16));
             let step = device.upload(&tuning_step(n_tokens, positions, cache_blocks)?, "paged attention tuning step")?;
+            let timed = AttentionInputs { step: &step, ..inputs };
             let most = candidates.iter().map(|&n| workspace_len(n_tokens, p, n)).max().unwrap_or(2);
             let workspace = self.workspace(device, most, false)?;
             let ctx = device.context();
@@ -519,10 +573,10 @@ impl State {
             let mut timings = Vec::with_capacity(candidates.len());
             for &n in &candidates {
                 // One warm-up launch, then TUNE_ROUNDS timed ones.
-                launch_split(device, kernels, workspace, q, kv, out, &step, n_tokens, p, n)?;
+                launch_split(device, kernels, workspace, timed, out, n_tokens, p, n)?;
                 start.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
                 for _ in 0..TUNE_ROUNDS {
-                    launch_split(device, kernels, workspace, q, kv, out, &step, n_tokens, p, n)?;
+                    launch_split(device, kernels, workspace, timed, out, n_tokens, p, n)?;
                 }
                 end.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
                 end.synchronize().map_err(CudaError::driver("timing the split candidates"))?;
@@ -547,8 +601,9 @@ impl State {
                     "the split partials need {len} values inside a graph capture (allocated: {have}); run the step once uncaptured first"
                 )));
             }
-            self.workspace = None;
-            self.workspace = Some(device.alloc_zeros::<f32>(len, "paged attention split partials")?);
+            // The old partials stay allocated: graphs captured earlier read them.
+            let grown = device.alloc_zeros::<f32>(len, "paged attention split partials")?;
+            self.retired_workspaces.extend(self.workspace.replace(grown));
         }
         Ok(self.workspace.as_mut().expect("allocated above"))
     }
@@ -559,7 +614,17 @@ mod tests {
     use super::*;
 
     fn params() -> PagedAttentionParams {
-        PagedAttentionParams { n_heads: 32, n_kv_heads: 8, head_dim: 128, rows: 1024, max_seq_len: 8192, scale: 0.1, k_type: KvType::F16, v_type: KvType::Q8_0 }
+        PagedAttentionParams {
+            n_heads: 32,
+            n_kv_heads: 8,
+            head_dim: 128,
+            rows: 1024,
+            max_seq_len: 8192,
+            scale: 0.1,
+            k_type: KvType::F16,
+            v_type: KvType::Q8_0,
+            window: None,
+        }
     }
 
     #[test]
@@ -571,6 +636,8 @@ mod tests {
         assert_eq!(PagedAttention::splits_for(1056, 512, &p), 1);
         assert_eq!(PagedAttention::splits_for(100_000, 1, &PagedAttentionParams { max_seq_len: 1 << 20, ..p }), DEC_MAX_SPLITS);
         assert_eq!(PagedAttention::splits_for(1056, 1, &PagedAttentionParams { max_seq_len: 100, ..p }), 4, "100 positions feed 4 chunks of 32");
+        // A sliding window of 8 touches at most two KV blocks, however long the sequence.
+        assert_eq!(PagedAttention::splits_for(1056, 1, &PagedAttentionParams { window: Some(8), ..p }), 2);
     }
 
     #[test]

@@ -282,32 +282,3 @@ fn batched_sequences_match_each_sequence_alone() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
-
-/// The architectures the CPU runs and CUDA does not yet (mixture of experts, Gemma, gpt-oss, Qwen3.5)
-/// fail on the GPU with a typed error that names the missing op (or the weight format it cannot
-/// upload), at load or at the first step; never a panic, never logits.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
-fn architectures_not_yet_on_cuda_fail_with_a_typed_error() {
-    let _gpu_use = shared_gpu();
-    let gpu = Arc::new(gpu());
-    let archs = kiln_testdata::path("archs");
-    for name in ["tiny-mixtral-Q8_0.gguf", "tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q4_K.gguf", "tiny-gpt-oss-MXFP4.gguf", "tiny-qwen35-Q4_K.gguf"] {
-        let file = Arc::new(GgufFile::open(archs.join(name)).unwrap_or_else(|e| panic!("{name}: {e}")));
-        let options = ModelOptions { n_ctx: Some(64), ..ModelOptions::default() };
-        let err = match Model::load(gpu.clone(), file, &options) {
-            Err(e) => e,
-            Ok(mut model) => match model.forward(&[1, 403, 407], Logits::Last) {
-                Err(e) => e,
-                Ok(_) => panic!("{name}: the GPU produced logits with ops it does not have"),
-            },
-        };
-        let text = err.to_string();
-        eprintln!("{name}: {text}");
-        assert!(
-            matches!(err, kiln_models::ModelError::Backend(kiln_core::BackendError::NotYetSupported { .. } | kiln_core::BackendError::Unsupported { .. }))
-                || text.contains("MXFP4"),
-            "{name}: {text}"
-        );
-    }
-}

@@ -18,7 +18,7 @@ use cudarc::driver::CudaSlice;
 use half::f16;
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 use kiln_cuda::kv::KvView;
-use kiln_cuda::paged_attention::{cache_bytes, PagedAttention, PagedAttentionParams, StepCounts};
+use kiln_cuda::paged_attention::{cache_bytes, AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use kiln_cuda::plan_words::PlanLayout;
 use kiln_cuda::{CacheDir, CudaDevice, CudaError, RegistryConfig};
 use rand::seq::SliceRandom;
@@ -51,6 +51,11 @@ static GPU_USE: RwLock<()> = RwLock::new(());
 
 fn shared_gpu() -> RwLockReadGuard<'static, ()> {
     GPU_USE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The inputs of a call without sinks (the backend tests cover those, gpu_arch_ops.rs).
+fn inputs<'a>(q: &'a CudaSlice<f32>, kv: &'a KvView, step: &'a CudaSlice<u32>) -> AttentionInputs<'a> {
+    AttentionInputs { q, kv, step, sinks: None }
 }
 
 fn attention() -> &'static PagedAttention {
@@ -226,6 +231,7 @@ fn run_case(rng: &mut ChaCha8Rng, shape: &Shape, seqs: &[Seq], path: Path) -> Re
         scale,
         k_type: shape.k_type,
         v_type: shape.v_type,
+        window: None,
     };
     let counts = StepCounts { n_tokens: n, n_tiles: step.flat.tiles.len(), decode_only: seqs.iter().all(|s| s.n_tokens == 1) };
     let dev = device();
@@ -238,9 +244,9 @@ fn run_case(rng: &mut ChaCha8Rng, shape: &Shape, seqs: &[Seq], path: Path) -> Re
     let mut out = dev.alloc_poisoned::<f32>(q_len, "out").map_err(fail)?;
     let att = attention();
     match path {
-        Path::Auto => att.attention(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p),
-        Path::Split(n_splits) => att.split(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p, n_splits),
-        Path::Prefill => att.prefill(dev, &q_gpu, &kv, &mut out, &step_gpu, counts, &p),
+        Path::Auto => att.attention(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p),
+        Path::Split(n_splits) => att.split(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits),
+        Path::Prefill => att.prefill(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p),
     }
     .map_err(fail)?;
     let got = dev.download(&out).map_err(fail)?;
@@ -353,6 +359,7 @@ fn measured_split_counts_are_fixed_per_grid() {
                 scale: 0.0,
                 k_type: shape.k_type,
                 v_type: shape.v_type,
+                window: None,
             };
             let choice = attention().split_choice(lens.len(), &p).expect("an automatic call fixes the split count");
             eprintln!("{} tokens: {} splits from {:?} at {} positions", lens.len(), choice.n_splits, choice.timings, choice.timed_positions);
@@ -404,7 +411,17 @@ fn bad_shapes_are_typed_errors() {
     let step = build_step(&mut rng("bad_shapes"), &decode(&[40]));
     let step_gpu = dev.upload(&step.words, "step").expect("upload");
     let rows = step.n_blocks * KV_BLOCK_SIZE;
-    let p = PagedAttentionParams { n_heads: 4, n_kv_heads: 2, head_dim: 64, rows, max_seq_len: 64, scale: 0.125, k_type: KvType::F16, v_type: KvType::Q8_0 };
+    let p = PagedAttentionParams {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        rows,
+        max_seq_len: 64,
+        scale: 0.125,
+        k_type: KvType::F16,
+        v_type: KvType::Q8_0,
+        window: None,
+    };
     let k = dev.alloc_zeros::<u8>(cache_bytes(KvType::F16, rows, 128), "k").expect("alloc");
     let v = dev.alloc_zeros::<u8>(cache_bytes(KvType::Q8_0, rows, 128), "v").expect("alloc");
     let kv = KvView::of_slices(dev.stream(), &k, &v);
@@ -412,16 +429,16 @@ fn bad_shapes_are_typed_errors() {
     let mut out = dev.alloc_zeros::<f32>(4 * 64, "out").expect("alloc");
     let counts = StepCounts { n_tokens: 1, n_tiles: 1, decode_only: true };
     let att = attention();
-    att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &p).expect("valid call");
+    att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &p).expect("valid call");
     let invalid = |result: Result<(), CudaError>, what: &str| match result {
         Err(CudaError::InvalidArgument { reason, .. }) => eprintln!("{what}: {reason}"),
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
-    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &PagedAttentionParams { n_kv_heads: 3, ..p }), "uneven heads");
-    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, counts, &PagedAttentionParams { rows: rows + 32, ..p }), "cache too small");
-    invalid(att.attention(dev, &q, &kv, &mut out, &step_gpu, StepCounts { n_tokens: 2, ..counts }, &p), "query too short");
-    invalid(att.split(dev, &q, &kv, &mut out, &step_gpu, counts, &p, Some(0)), "zero splits");
-    invalid(att.prefill(dev, &q, &kv, &mut out, &step_gpu, StepCounts { n_tiles: 0, ..counts }, &p), "prefill without tiles");
+    invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &PagedAttentionParams { n_kv_heads: 3, ..p }), "uneven heads");
+    invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &PagedAttentionParams { rows: rows + 32, ..p }), "cache too small");
+    invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, StepCounts { n_tokens: 2, ..counts }, &p), "query too short");
+    invalid(att.split(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &p, Some(0)), "zero splits");
+    invalid(att.prefill(dev, inputs(&q, &kv, &step_gpu), &mut out, StepCounts { n_tiles: 0, ..counts }, &p), "prefill without tiles");
 }
 
 /// Mean milliseconds of `launch` over `rounds` calls (after two warm-up calls), by CUDA events.
@@ -470,7 +487,17 @@ fn benchmark_paged_attention() {
     let dev = device();
     let blocks_per_seq = LEN / KV_BLOCK_SIZE;
     let rows = SEQS * LEN;
-    let p = PagedAttentionParams { n_heads: 32, n_kv_heads: 8, head_dim: 128, rows, max_seq_len: LEN, scale: 0.088, k_type: KvType::F16, v_type: KvType::F16 };
+    let p = PagedAttentionParams {
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        rows,
+        max_seq_len: LEN,
+        scale: 0.088,
+        k_type: KvType::F16,
+        v_type: KvType::F16,
+        window: None,
+    };
     let width = p.n_kv_heads * p.head_dim;
     // Contents do not change the speed; zeros are quick to make.
     let k: CudaSlice<u8> = dev.alloc_zeros(cache_bytes(p.k_type, rows, width), "k").expect("alloc");
@@ -488,19 +515,19 @@ fn benchmark_paged_attention() {
         let bytes = (n_seqs * LEN * width * 2 * 2) as f64;
         let rate = |ms: f64| format!("{:.1} us, {:.0} GB/s", ms * 1e3, bytes / (ms * 1e-3) / 1e9);
         // Every split count the tuner did not pick, then the picked one (the first automatic call picks it).
-        att.attention(dev, &q, &kv, &mut out, &steps[0], counts, &p).expect("attention");
+        att.attention(dev, inputs(&q, &kv, &steps[0]), &mut out, counts, &p).expect("attention");
         let choice = att.split_choice(n_seqs, &p).expect("split choice");
         for &(n, tuned_ms) in &choice.timings {
-            let ms = time_ms(20, |round| att.split(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p, Some(n)).expect("split"));
+            let ms = time_ms(20, |round| att.split(dev, inputs(&q, &kv, &steps[round % steps.len()]), &mut out, counts, &p, Some(n)).expect("split"));
             eprintln!("  decode {n_seqs:>2} x {LEN}, {n:>3} splits: {} (tuner: {:.1} us)", rate(ms), tuned_ms * 1e3);
         }
-        let ms = time_ms(50, |round| att.attention(dev, &q, &kv, &mut out, &steps[round % steps.len()], counts, &p).expect("attention"));
+        let ms = time_ms(50, |round| att.attention(dev, inputs(&q, &kv, &steps[round % steps.len()]), &mut out, counts, &p).expect("attention"));
         eprintln!("decode {n_seqs:>2} x {LEN} positions, 32/8 heads of 128, f16 cache, {} splits: {}", choice.n_splits, rate(ms));
         // As the engine runs it: replays of a captured graph, with no launch gaps from the host.
         let stream = dev.stream();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin capture");
         for step in &steps {
-            att.attention(dev, &q, &kv, &mut out, step, counts, &p).expect("attention");
+            att.attention(dev, inputs(&q, &kv, step), &mut out, counts, &p).expect("attention");
         }
         let graph = stream.end_capture(CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");
         let ms = time_ms(10, |_| graph.launch().expect("graph launch")) / steps.len() as f64;
@@ -512,7 +539,7 @@ fn benchmark_paged_attention() {
         let (words, n_tiles) = bench_step(&[Seq { pos0: depth, n_tokens: n }], 0, blocks_per_seq);
         let step = dev.upload(&words, "step").expect("upload");
         let counts = StepCounts { n_tokens: n, n_tiles, decode_only: false };
-        let ms = time_ms(10, |_| att.attention(dev, &q, &kv, &mut out, &step, counts, &p).expect("attention"));
+        let ms = time_ms(10, |_| att.attention(dev, inputs(&q, &kv, &step), &mut out, counts, &p).expect("attention"));
         // Q K^T and P V: 2 * 2 * head_dim flops per (query head, visible position).
         let visible: usize = (depth + 1..=depth + n).sum();
         let flops = 4.0 * (p.n_heads * p.head_dim) as f64 * visible as f64;

@@ -46,10 +46,12 @@ pub(super) enum MatvecKind {
     SwiGlu,
     /// Up to three weights of one format and width on one input (`matvec_stacked`).
     Stacked,
+    /// Each slot's chosen expert on its input row (`matvec_experts`, one token per slot).
+    Experts,
 }
 
 impl MatvecKind {
-    pub(super) const COUNT: usize = 3;
+    pub(super) const COUNT: usize = 4;
 
     pub(super) fn index(self) -> usize {
         self as usize
@@ -61,6 +63,7 @@ impl MatvecKind {
             MatvecKind::Plain => "",
             MatvecKind::SwiGlu => "swiglu_",
             MatvecKind::Stacked => "stacked_",
+            MatvecKind::Experts => "experts_",
         }
     }
 }
@@ -70,7 +73,7 @@ impl MatvecShape {
     pub(super) fn rows(self, kind: MatvecKind) -> u32 {
         match kind {
             MatvecKind::SwiGlu => (self.rows_per_warp / 2).max(1),
-            MatvecKind::Plain | MatvecKind::Stacked => self.rows_per_warp,
+            MatvecKind::Plain | MatvecKind::Stacked | MatvecKind::Experts => self.rows_per_warp,
         }
     }
 }

@@ -1,0 +1,216 @@
+// The ops of the newer architectures (mixture of experts, Gemma, gpt-oss, Qwen3.5's Gated
+// DeltaNet) that are not products or attention: elementwise activations and gates, the expert
+// router, the per-expert biases and the weighted sum of expert outputs, and the causal
+// convolution of a DeltaNet layer. Each computes what the CPU backend's op of the same name does
+// (kiln-core), in the same order of operations where that order shows in f32.
+// Elementwise kernels take any 1-D grid (grid-stride).
+#include "common.cuh"
+#include "plan.cuh"
+
+#define CONV_MAX_KERNEL 8
+
+__device__ __forceinline__ float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// GELU with the tanh approximation, times up.
+extern "C" __global__ void geglu_f32(float* out, const float* gate, const float* up, u64 n) {
+    const float sqrt_2_over_pi = 0.7978846f;
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        const float x = gate[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+// gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit).
+extern "C" __global__ void swiglu_oai_f32(float* out, const float* gate, const float* up, float alpha, float limit, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        const float g = fminf(gate[i], limit);
+        out[i] = (fminf(fmaxf(up[i], -limit), limit) + 1.0f) * g / (1.0f + expf(-alpha * g));
+    }
+}
+
+extern "C" __global__ void softcap_f32(float* x, float cap, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        x[i] = cap * tanhf(x[i] / cap);
+    }
+}
+
+// dst[t][0..width] = src[t][col..col + width] for rows of src_width values; n = rows * width.
+extern "C" __global__ void copy_cols_f32(float* dst, const float* src, u32 src_width, u32 col, u32 width, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        dst[i] = src[i / width * src_width + col + i % width];
+    }
+}
+
+// x[i] *= sigmoid(gate[i / per]): per = 1 for an elementwise gate, the row width for one gate
+// per row.
+extern "C" __global__ void sigmoid_gate_f32(float* x, const float* gate, u32 per, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        x[i] /= 1.0f + expf(-gate[i / per]);
+    }
+}
+
+// The DeltaNet gates of n tokens x n_heads, in place: g = a_log_neg * softplus(g + dt_bias),
+// beta = sigmoid(beta).
+extern "C" __global__ void delta_net_gates_f32(float* g, float* beta, const float* a_log_neg, const float* dt_bias, u32 n_heads, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        const u32 h = i % n_heads;
+        const float z = g[i] + dt_bias[h];
+        const float softplus = z > 20.0f ? z : log1pf(expf(z));
+        g[i] = a_log_neg[h] * softplus;
+        beta[i] = sigmoid(beta[i]);
+    }
+}
+
+// An expert id stored as f32, or n_experts when it is not one (the caller then writes NaN).
+__device__ __forceinline__ u32 expert_of(float id, u32 n_experts) {
+    return id >= 0.0f && id < (float)n_experts && id == floorf(id) ? (u32)id : n_experts;
+}
+
+// x[slot][d] += bias[ids[slot]][d] over n = slots * dim values.
+extern "C" __global__ void moe_add_bias_f32(float* x, const float* bias, const float* ids, u32 dim, u32 n_experts, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        const u32 e = expert_of(ids[i / dim], n_experts);
+        x[i] = e < n_experts ? x[i] + bias[(u64)e * dim + i % dim] : __int_as_float(0x7fc00000);
+    }
+}
+
+// out[t][d] = sum_j weights[t][j] * y[t][j][d] over n = tokens * dim values.
+extern "C" __global__ void moe_combine_f32(float* out, const float* y, const float* weights, u32 n_used, u32 dim, u64 n) {
+    for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
+        const u64 t = i / dim;
+        const u32 d = i % dim;
+        float total = 0.0f;
+        for (u32 j = 0; j < n_used; ++j) {
+            total += weights[t * n_used + j] * y[(t * n_used + j) * dim + d];
+        }
+        out[i] = total;
+    }
+}
+
+// The router of one token per 32-thread block: softmax over n_experts logits (kept in dynamic
+// shared memory), the n_used (at most ROUTE_MAX_USED) most probable in order, a tie going to
+// the lower id, renormalized when asked, each times expert_scale[id] when given. Grid (tokens).
+#define ROUTE_MAX_USED 64
+extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
+    const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
+    extern __shared__ float route_logits[];
+    __shared__ u32 chosen[ROUTE_MAX_USED];
+    __shared__ float chosen_weight[ROUTE_MAX_USED];
+    const u32 t = blockIdx.x;
+    const u32 lane = threadIdx.x;
+    const float* row = logits + (u64)t * n_experts;
+    float max_logit = __int_as_float(0xff800000);
+    for (u32 e = lane; e < n_experts; e += 32) {
+        route_logits[e] = row[e];
+        max_logit = fmaxf(max_logit, row[e]);
+    }
+    max_logit = warp_max(max_logit);
+    float total = 0.0f;
+    for (u32 e = lane; e < n_experts; e += 32) {
+        total += expf(route_logits[e] - max_logit);
+    }
+    total = warp_sum(total);
+    float chosen_sum = 0.0f;
+    for (u32 j = 0; j < n_used; ++j) {
+        const u32 none = 0xffffffffu;
+        float best = 0.0f;
+        u32 best_id = none;
+        for (u32 e = lane; e < n_experts; e += 32) {
+            bool taken = false;
+            for (u32 i = 0; i < j; ++i) {
+                taken |= chosen[i] == e;
+            }
+            const float l = route_logits[e];
+            if (!taken && (best_id == none || l > best)) {
+                best = l;
+                best_id = e;
+            }
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+            const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+            if (other_id != none && (best_id == none || other > best || (other == best && other_id < best_id))) {
+                best = other;
+                best_id = other_id;
+            }
+        }
+        const float w = expf(best - max_logit) / total;
+        chosen_sum += w;
+        if (lane == 0) {
+            chosen[j] = best_id;
+            chosen_weight[j] = w;
+        }
+        __syncwarp();
+    }
+    for (u32 j = lane; j < n_used; j += 32) {
+        float w = chosen_weight[j];
+        if (renormalize) {
+            w /= chosen_sum;
+        }
+        if (expert_scale) {
+            w *= expert_scale[chosen[j]];
+        }
+        ids[(u64)t * n_used + j] = (float)chosen[j];
+        weights[(u64)t * n_used + j] = w;
+    }
+}
+
+// Causal depthwise convolution then SiLU of each sequence of the step, continuing from its
+// state (the last kernel - 1 inputs, oldest first: state[j][channel]) and leaving its last
+// inputs there; a sequence at position 0 starts from zeros. slots[s] (f32) is the state slot
+// of the step's sequence s (one of n_slots). One thread per (sequence, channel), n = max sequences * channels.
+extern "C" __global__ void ssm_conv_f32(
+    float* out, const float* x, const float* weight, float* state, const float* slots, u32 n_slots, const u32* step,
+    u32 channels, u32 kernel, u64 n) {
+    const u64 live = (u64)step[STEP_N_SEQS] * channels;
+    for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
+        const u32 s = i / channels;
+        const u32 ch = i % channels;
+        const u32* seq = step_seq(step, s);
+        const u32 first = seq[SEQ_FIRST_TOKEN];
+        if (!(slots[s] >= 0.0f && slots[s] < (float)n_slots)) {
+            // No state to continue from: NaN outputs rather than another sequence's state.
+            for (u32 t = first; t < first + seq[SEQ_N_TOKENS]; ++t) {
+                out[(u64)t * channels + ch] = __int_as_float(0x7fc00000);
+            }
+            continue;
+        }
+        float* st = state + (u64)slots[s] * (kernel - 1) * channels;
+        float w[CONV_MAX_KERNEL];
+        float past[CONV_MAX_KERNEL];
+#pragma unroll
+        for (u32 j = 0; j < CONV_MAX_KERNEL; ++j) {
+            w[j] = j < kernel ? weight[(u64)ch * kernel + j] : 0.0f;
+            past[j] = j + 1 < kernel && seq[SEQ_POS0] != 0 ? st[(u64)j * channels + ch] : 0.0f;
+        }
+        for (u32 t = first; t < first + seq[SEQ_N_TOKENS]; ++t) {
+            const float v = x[(u64)t * channels + ch];
+            float y = w[kernel - 1] * v;
+#pragma unroll
+            for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                if (j + 1 < kernel) {
+                    y += w[j] * past[j];
+                }
+            }
+            out[(u64)t * channels + ch] = y / (1.0f + expf(-y));
+#pragma unroll
+            for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                if (j + 2 < kernel) {
+                    past[j] = past[j + 1];
+                }
+            }
+            if (kernel > 1) {
+                past[kernel - 2] = v;
+            }
+        }
+#pragma unroll
+        for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+            if (j + 1 < kernel) {
+                st[(u64)j * channels + ch] = past[j];
+            }
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The CUDA backend's ops of the newer architectures (mixture of experts, Gemma, gpt-oss,
+//! Qwen3.5's Gated DeltaNet) against the CPU reference backend on fresh random inputs of
+//! awkward sizes, every GPU output poisoned with NaN before the launch. Needs an NVIDIA GPU:
+//! run scripts/gpu-tests.sh on the device.
+
+mod common;
+use common::rng;
+
+use kiln_core::backend::{AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterParams};
+use kiln_core::plan::{KvType, LogitRows, SeqStep};
+use kiln_quant::GgmlType;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+#[path = "common/backends.rs"]
+mod backends;
+use backends::*;
+
+/// expf, tanhf and log1pf against Rust's f32 functions: an ulp or two per value.
+const TRANSCENDENTAL: f64 = 1e-6;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn activations_gates_and_copies_match_cpu() {
+    let mut rng = rng("arch_pointwise");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    for len in [1, 37, 1000, 65_539] {
+        // Amplitude 9: past gpt-oss's clamp (7) and deep into GELU's tails.
+        let (a, b) = (random(&mut rng, len, 9.0), random(&mut rng, len, 9.0));
+        let (ga, gb) = (upload(gpu, &a), upload(gpu, &b));
+        let mut want = vec![0f32; len];
+        let mut got = poisoned(gpu, len);
+        cpu.geglu(&a, &b, &mut want, len).expect("cpu");
+        gpu.geglu(&ga, &gb, &mut got, len).expect("gpu");
+        assert_close(&format!("geglu {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
+
+        let mut got = poisoned(gpu, len);
+        cpu.swiglu_oai(&a, &b, &mut want, len, 1.702, 7.0).expect("cpu");
+        gpu.swiglu_oai(&ga, &gb, &mut got, len, 1.702, 7.0).expect("gpu");
+        assert_close(&format!("swiglu_oai {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
+
+        let mut want = a.clone();
+        let mut got = upload(gpu, &a);
+        cpu.scale(&mut want, 0.37, len).expect("cpu");
+        gpu.scale(&mut got, 0.37, len).expect("gpu");
+        assert_bitwise(&format!("scale {len}"), &download(gpu, &got, len), &want);
+
+        let mut want = a.clone();
+        let mut got = upload(gpu, &a);
+        cpu.softcap(&mut want, 3.0, len).expect("cpu");
+        gpu.softcap(&mut got, 3.0, len).expect("gpu");
+        assert_close(&format!("softcap {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
+        assert!(gpu.softcap(&mut got, 0.0, len).is_err(), "a cap of 0 is refused");
+    }
+    for (n, dim) in [(1, 7), (5, 96), (3, 1000)] {
+        let x = random(&mut rng, n * dim, 4.0);
+        for gate_dim in [dim, 1] {
+            let gate = random(&mut rng, n * gate_dim, 6.0);
+            let mut want = x.clone();
+            let mut got = upload(gpu, &x);
+            cpu.sigmoid_gate(&mut want, &gate, n, dim, gate_dim).expect("cpu");
+            gpu.sigmoid_gate(&mut got, &upload(gpu, &gate), n, dim, gate_dim).expect("gpu");
+            assert_close(&format!("sigmoid_gate {n}x{dim} / {gate_dim}"), &download(gpu, &got, n * dim), &want, TRANSCENDENTAL);
+        }
+        // A block of columns of every row, nothing past it.
+        let (col, width) = (dim / 3, dim - dim / 3 - dim / 5);
+        let mut want = vec![0f32; n * width];
+        let mut got = poisoned(gpu, n * width + 3);
+        cpu.copy_cols(&x, dim, col, &mut want, width, n).expect("cpu");
+        gpu.copy_cols(&upload(gpu, &x), dim, col, &mut got, width, n).expect("gpu");
+        let got = download(gpu, &got, n * width + 3);
+        assert_bitwise(&format!("copy_cols {n}x{dim} [{col}, +{width})"), &got[..n * width], &want);
+        assert!(got[n * width..].iter().all(|v| v.is_nan()), "copy_cols wrote past its rows");
+        assert!(gpu.copy_cols(&upload(gpu, &x), dim, col, &mut poisoned(gpu, n * dim), dim, n).is_err(), "columns past the row are refused");
+    }
+    for (n, heads) in [(1, 4), (7, 32), (33, 3)] {
+        // Gate pre-activations up to 30 in magnitude reach softplus's linear branch.
+        let (g, beta) = (random(&mut rng, n * heads, 30.0), random(&mut rng, n * heads, 6.0));
+        let (a, dt) = (random(&mut rng, heads, 2.0), random(&mut rng, heads, 1.0));
+        let (mut wg, mut wb) = (g.clone(), beta.clone());
+        cpu.delta_net_gates(&mut wg, &mut wb, &a, &dt, n, heads).expect("cpu");
+        let (mut gg, mut gb) = (upload(gpu, &g), upload(gpu, &beta));
+        gpu.delta_net_gates(&mut gg, &mut gb, &upload(gpu, &a), &upload(gpu, &dt), n, heads).expect("gpu");
+        assert_close(&format!("delta_net_gates g {n}x{heads}"), &download(gpu, &gg, n * heads), &wg, TRANSCENDENTAL);
+        assert_close(&format!("delta_net_gates beta {n}x{heads}"), &download(gpu, &gb, n * heads), &wb, TRANSCENDENTAL);
+    }
+}
+
+/// Expert ids as the router writes them: `n_used` distinct ones per token.
+fn random_ids(rng: &mut ChaCha8Rng, n: usize, n_used: usize, n_experts: usize) -> Vec<f32> {
+    let mut all: Vec<usize> = (0..n_experts).collect();
+    (0..n)
+        .flat_map(|_| {
+            all.shuffle(rng);
+            all[..n_used].iter().map(|&e| e as f32).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn router_bias_and_combine_match_cpu() {
+    let mut rng = rng("arch_router");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    for (n, n_experts, n_used) in [(1, 8, 2), (5, 8, 8), (3, 60, 4), (9, 128, 8), (2, 200, 37)] {
+        // Continuous random logits: no ties, so the chosen ids must agree exactly.
+        let logits = random(&mut rng, n * n_experts, 4.0);
+        let scale = random(&mut rng, n_experts, 2.0);
+        for renormalize in [false, true] {
+            for with_scale in [false, true] {
+                let p = RouterParams { n_experts, n_used, renormalize };
+                let s = with_scale.then_some(&scale);
+                let (mut want_ids, mut want_w) = (vec![0f32; n * n_used], vec![0f32; n * n_used]);
+                cpu.moe_route(&logits, s, &mut want_ids, &mut want_w, n, &p).expect("cpu");
+                let (mut ids, mut w) = (poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
+                let gs = with_scale.then(|| upload(gpu, &scale));
+                gpu.moe_route(&upload(gpu, &logits), gs.as_ref(), &mut ids, &mut w, n, &p).expect("gpu");
+                let what = format!("router {n} tokens, top {n_used} of {n_experts}, renormalize {renormalize}, scale {with_scale}");
+                assert_bitwise(&format!("{what}: ids"), &download(gpu, &ids, n * n_used), &want_ids);
+                assert_close(&format!("{what}: weights"), &download(gpu, &w, n * n_used), &want_w, TRANSCENDENTAL);
+            }
+        }
+    }
+    for (n, n_used, dim, n_experts) in [(1, 2, 7, 4), (6, 4, 96, 8), (3, 8, 1000, 16)] {
+        let ids = random_ids(&mut rng, n, n_used, n_experts);
+        let (x, bias) = (random(&mut rng, n * n_used * dim, 2.0), random(&mut rng, n_experts * dim, 1.0));
+        let mut want = x.clone();
+        let mut got = upload(gpu, &x);
+        cpu.moe_add_bias(&mut want, &bias, &ids, n, n_used, dim).expect("cpu");
+        gpu.moe_add_bias(&mut got, &upload(gpu, &bias), &upload(gpu, &ids), n, n_used, dim).expect("gpu");
+        assert_bitwise(&format!("moe_add_bias {n}x{n_used}x{dim}"), &download(gpu, &got, n * n_used * dim), &want);
+
+        let weights = random(&mut rng, n * n_used, 1.0);
+        let mut want = vec![0f32; n * dim];
+        let mut got = poisoned(gpu, n * dim);
+        cpu.moe_combine(&x, &weights, &mut want, n, n_used, dim).expect("cpu");
+        gpu.moe_combine(&upload(gpu, &x), &upload(gpu, &weights), &mut got, n, n_used, dim).expect("gpu");
+        // The GPU contracts each weight-value product into its sum (fma).
+        assert_close(&format!("moe_combine {n}x{n_used}x{dim}"), &download(gpu, &got, n * dim), &want, 1e-6);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn expert_products_match_cpu_and_each_experts_own_product() {
+    let mut rng = rng("arch_experts");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q4_0] {
+        for (n_experts, rows, cols, n, n_used) in [(5, 72, 256, 1, 2), (8, 300, 512, 3, 4), (4, 33, 256, 9, 1), (6, 64, 768, 20, 3)] {
+            let sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("expert {e}"), ty, rows, cols, &random(&mut rng, rows * cols, 1.0))).collect();
+            let cw: Vec<_> = sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
+            let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
+            let ids = random_ids(&mut rng, n, n_used, n_experts);
+            let gids = upload(gpu, &ids);
+            for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
+                let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
+                let x = random(&mut rng, in_rows * cols, 1.0);
+                let gx = upload(gpu, &x);
+                let what = format!("{ty} experts {n_experts}x{rows}x{cols}, {n} tokens x {n_used}, {input:?}");
+                let mut want = vec![0f32; n * n_used * rows];
+                cpu.moe_matmul(&cw, &x, &ids, &mut want, n, n_used, input).expect("cpu");
+                let mut got = poisoned(gpu, n * n_used * rows);
+                gpu.moe_matmul(&gw, &gx, &gids, &mut got, n, n_used, input).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let got = download(gpu, &got, n * n_used * rows);
+                // As the mat-vec: int8 activations for quantized experts (about 0.5% relative
+                // L2), f32 for float ones.
+                let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 1e-2 };
+                assert_close(&what, &got, &want, tolerance);
+                // Each slot equals its expert's own one-token product on its input row: the
+                // same kernel body, so only the launch shape (the warp's row count) may differ.
+                for slot in [0, n * n_used - 1] {
+                    let row = if input == ExpertInput::PerSlot { slot } else { slot / n_used };
+                    let mut one = poisoned(gpu, rows);
+                    gpu.matmul(&gw[ids[slot] as usize], &upload(gpu, &x[row * cols..(row + 1) * cols]), &mut one, 1).expect("gpu matmul");
+                    assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), 1e-6);
+                }
+            }
+            // An id that names no expert gives NaN rows, never another expert's product.
+            let mut bad = ids.clone();
+            bad[0] = n_experts as f32;
+            let mut got = poisoned(gpu, n * n_used * rows);
+            let x = upload(gpu, &random(&mut rng, n * cols, 1.0));
+            gpu.moe_matmul(&gw, &x, &upload(gpu, &bad), &mut got, n, n_used, ExpertInput::PerToken).expect("gpu");
+            let got = download(gpu, &got, n * n_used * rows);
+            assert!(got[..rows].iter().all(|v| v.is_nan()), "{ty}: a bad expert id must give NaN");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn sliding_window_and_sink_attention_match_cpu() {
+    let mut rng = rng("arch_attention");
+    let mut pair = Pair::new(16, 0);
+    for (n_heads, n_kv_heads, head_dim) in [(4, 2, 64), (8, 1, 128), (6, 3, 32)] {
+        let width = n_kv_heads * head_dim;
+        for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
+            let mut caches = Caches::new(&pair, width, ty, ty);
+            caches.fill_all(&pair, &mut rng);
+            let sinks = random(&mut rng, n_heads, 3.0);
+            let gpu_sinks = upload(&pair.gpu, &sinks);
+            for window in [None, Some(1), Some(8), Some(33), Some(100), Some(4096)] {
+                let p = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window };
+                // Decode tokens inside and far past their windows, a prefill chunk straddling
+                // a window and block edges, and the two mixed.
+                let steps: Vec<Vec<Chunk>> = vec![
+                    [0, 5, 31, 32, 33, 100, 1000, 4094].iter().map(|&pos| Chunk { n: 1, pos0: pos, table: shuffled(&mut rng, pos + 1) }).collect(),
+                    vec![Chunk { n: 16, pos0: 90, table: shuffled(&mut rng, 106) }],
+                    [(9, 0), (1, 77), (3, 1000)].iter().map(|&(n, pos0)| Chunk { n, pos0, table: shuffled(&mut rng, pos0 + n) }).collect(),
+                ];
+                for chunks in steps {
+                    pair.set_chunks(&chunks);
+                    let seqs: Vec<String> = chunks.iter().map(|c| format!("{}+{}", c.pos0, c.n)).collect();
+                    let what = format!("{n_heads}/{n_kv_heads} heads of {head_dim}, {ty}, window {window:?}, seqs [{}]", seqs.join(" "));
+                    let (got, want) = attend(&pair, &caches, &mut rng, &p);
+                    assert_close(&what, &got, &want, attention_tolerance(&pair.plan));
+                    let n = pair.plan.n_tokens();
+                    let q = random(&mut rng, n * n_heads * head_dim, 3.0);
+                    let mut want = vec![0f32; q.len()];
+                    pair.cpu.attention_sinks(&q, &caches.cpu, &sinks, &mut want, &pair.cpu_step, n, &p).expect("cpu");
+                    let mut got = poisoned(&pair.gpu, q.len());
+                    pair.gpu.attention_sinks(&upload(&pair.gpu, &q), &caches.gpu, &gpu_sinks, &mut got, &pair.gpu_step, n, &p).expect("gpu");
+                    assert_close(&format!("{what} with sinks"), &download(&pair.gpu, &got, q.len()), &want, attention_tolerance(&pair.plan));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn delta_net_convolution_and_recurrence_match_cpu() {
+    let mut rng = rng("arch_delta_net");
+    let mut pair = Pair::new(64, 0);
+    for (n_k_heads, n_v_heads, head_dim) in [(2, 6, 32), (2, 4, 64), (1, 2, 128)] {
+        let p = DeltaNetParams { n_k_heads, n_v_heads, head_dim, conv_kernel: 4 };
+        let (c, nv) = (p.conv_dim(), n_v_heads);
+        let n_slots = 4;
+        // States of every slot start random: a fresh sequence (position 0) must ignore its
+        // slot's, a continuing one must read it.
+        let conv_state = random(&mut rng, n_slots * p.conv_state(), 1.0);
+        let ssm_state = random(&mut rng, n_slots * p.ssm_state(), 0.3);
+        let conv_weight = random(&mut rng, c * p.conv_kernel, 0.5);
+        let gconv_weight = upload(&pair.gpu, &conv_weight);
+        for shape in [vec![(0, 7), (12, 1), (3, 20)], vec![(40, 1), (0, 1)], vec![(0, 33)]] {
+            let tokens: Vec<Vec<u32>> = shape.iter().map(|&(_, n)| vec![0; n]).collect();
+            let tables: Vec<Vec<u32>> = shape.iter().map(|&(pos0, n)| contiguous(pos0 + n).iter().map(|b| b % CACHE_BLOCKS as u32).collect()).collect();
+            let seqs: Vec<SeqStep> = shape
+                .iter()
+                .zip(&tokens)
+                .zip(&tables)
+                .map(|((&(pos0, _), t), b)| SeqStep { tokens: t, pos0, blocks: b, logits: LogitRows::None, sample: None })
+                .collect();
+            pair.set_plan(&seqs);
+            let n = pair.plan.n_tokens();
+            // Slots in a scrambled order, one per sequence.
+            let slots: Vec<f32> = [2.0, 0.0, 3.0][..shape.len()].to_vec();
+            let gslots = upload(&pair.gpu, &slots);
+            let what = format!("DeltaNet {n_k_heads}/{n_v_heads} heads of {head_dim}, seqs {shape:?}");
+
+            let x = random(&mut rng, n * c, 1.0);
+            let (mut want_conv, mut want_state) = (vec![0f32; n * c], conv_state.clone());
+            pair.cpu.ssm_conv(&x, &conv_weight, &mut want_state, &slots, &mut want_conv, &pair.cpu_step, n, &p).expect("cpu");
+            let (mut got_conv, mut got_state) = (poisoned(&pair.gpu, n * c), upload(&pair.gpu, &conv_state));
+            pair.gpu.ssm_conv(&upload(&pair.gpu, &x), &gconv_weight, &mut got_state, &gslots, &mut got_conv, &pair.gpu_step, n, &p).expect("gpu");
+            assert_close(&format!("{what}: convolution"), &download(&pair.gpu, &got_conv, n * c), &want_conv, TRANSCENDENTAL);
+            assert_close(&format!("{what}: convolution state"), &download(&pair.gpu, &got_state, conv_state.len()), &want_state, 1e-7);
+
+            // Gates as delta_net_gates leaves them: log decays below 0, strengths in (0, 1).
+            let g: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| -0.6 * (v + 1.0)).collect();
+            let beta: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| 0.5 * (v + 1.0)).collect();
+            let (mut want_out, mut want_ssm) = (vec![0f32; n * nv * head_dim], ssm_state.clone());
+            pair.cpu.delta_net(&want_conv, &g, &beta, &mut want_ssm, &slots, &mut want_out, &pair.cpu_step, n, &p).expect("cpu");
+            let (mut got_out, mut got_ssm) = (poisoned(&pair.gpu, n * nv * head_dim), upload(&pair.gpu, &ssm_state));
+            let (gg, gb) = (upload(&pair.gpu, &g), upload(&pair.gpu, &beta));
+            pair.gpu.delta_net(&upload(&pair.gpu, &want_conv), &gg, &gb, &mut got_ssm, &gslots, &mut got_out, &pair.gpu_step, n, &p).expect("gpu");
+            // The CPU runs spans of two or more tokens in its chunked form, which equals the
+            // recurrence the GPU runs up to f32 rounding (kiln-core measures 5e-7..1.1e-6).
+            assert_close(&format!("{what}: outputs"), &download(&pair.gpu, &got_out, n * nv * head_dim), &want_out, 1e-5);
+            assert_close(&format!("{what}: states"), &download(&pair.gpu, &got_ssm, ssm_state.len()), &want_ssm, 1e-5);
+            // An unused slot's state is left alone.
+            let slot1 = p.ssm_state()..2 * p.ssm_state();
+            assert_bitwise(&format!("{what}: untouched slot"), &download(&pair.gpu, &got_ssm, ssm_state.len())[slot1.clone()], &ssm_state[slot1]);
+        }
+    }
+}
