@@ -362,6 +362,28 @@ pub trait Backend: Send + Sync + 'static {
         self.swiglu(gate, up, out, n * n_ff)
     }
 
+    /// The SwiGLU activation of a mixture of experts' gate and up products for every slot:
+    /// `out[t][j] = silu(x[t]·gate[ids[t][j]]) * (x[t]·up[ids[t][j]])` (`[n][n_used][n_ff]`),
+    /// using `gate_out`/`up_out` as scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_gate_up_swiglu(
+        &self,
+        gate: &[Self::Weight],
+        up: &[Self::Weight],
+        x: &Self::Buffer,
+        ids: &Self::Buffer,
+        gate_out: &mut Self::Buffer,
+        up_out: &mut Self::Buffer,
+        out: &mut Self::Buffer,
+        n: usize,
+        n_used: usize,
+        n_ff: usize,
+    ) -> Result<()> {
+        self.moe_matmul(gate, x, ids, gate_out, n, n_used, ExpertInput::PerToken)?;
+        self.moe_matmul(up, x, ids, up_out, n, n_used, ExpertInput::PerToken)?;
+        self.swiglu(gate_out, up_out, out, n * n_used * n_ff)
+    }
+
     /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ`: one input for three products, which a
     /// backend that converts its input per product can convert once.
     #[allow(clippy::too_many_arguments)]

@@ -214,3 +214,86 @@ extern "C" __global__ void ssm_conv_f32(
         }
     }
 }
+
+// ---- A prompt's expert slots grouped by expert (see matvec_expert_groups in matvec.cuh) ----
+
+#define GROUP_THREADS 1024
+#define GROUP_MAX_EXPERTS 1024
+#define NO_SLOT 0xffffffffu
+
+// Sorts the n_slots slots by their expert (ids) into groups of up to `group` slots of one
+// expert: group_slot[g * group + i] is the i-th slot of group g (NO_SLOT past its count),
+// group_expert[g] its expert, *n_groups how many there are (at most max_groups). A slot whose
+// id names no expert joins no group; its `rows` outputs of `out` become NaN here. The order of
+// slots within an expert is not fixed, and need not be: a slot's product depends only on its
+// own row and expert. One block of GROUP_THREADS threads.
+extern "C" __global__ void __launch_bounds__(GROUP_THREADS) moe_group_slots(
+    const float* ids, u32 n_slots, u32 n_experts, u32 group, u32 max_groups, u32* group_slot, u32* group_expert, u32* n_groups,
+    float* out, u32 rows) {
+    __shared__ u32 count[GROUP_MAX_EXPERTS];
+    __shared__ u32 first_group[GROUP_MAX_EXPERTS];
+    const u32 tid = threadIdx.x;
+    for (u32 e = tid; e < n_experts; e += GROUP_THREADS) {
+        count[e] = 0;
+    }
+    for (u32 i = tid; i < max_groups * group; i += GROUP_THREADS) {
+        group_slot[i] = NO_SLOT;
+    }
+    __syncthreads();
+    for (u32 s = tid; s < n_slots; s += GROUP_THREADS) {
+        const u32 e = expert_of(ids[s], n_experts);
+        if (e < n_experts) {
+            atomicAdd(&count[e], 1u);
+        } else {
+            for (u32 r = 0; r < rows; ++r) {
+                out[(u64)s * rows + r] = __int_as_float(0x7fc00000);
+            }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        u32 g = 0;
+        for (u32 e = 0; e < n_experts; ++e) {
+            first_group[e] = g;
+            g += (count[e] + group - 1) / group;
+            count[e] = 0;
+        }
+        *n_groups = g;
+    }
+    __syncthreads();
+    for (u32 s = tid; s < n_slots; s += GROUP_THREADS) {
+        const u32 e = expert_of(ids[s], n_experts);
+        if (e < n_experts) {
+            const u32 p = atomicAdd(&count[e], 1u);
+            const u32 g = first_group[e] + p / group;
+            group_slot[g * group + p % group] = s;
+            if (p % group == 0) {
+                group_expert[g] = e;
+            }
+        }
+    }
+}
+
+// dst[g * group + i] = the input row of slot group_slot[g * group + i] (token slot / n_used, or
+// the slot itself when per_slot), zeros for NO_SLOT, rows of `cols` values, for the live
+// groups; n bounds the launch (max_groups * group * cols).
+extern "C" __global__ void moe_gather_rows(
+    float* dst, const float* src, const u32* group_slot, const u32* n_groups, u32 group, u32 n_used, u32 per_slot, u32 cols, u64 n) {
+    const u64 live = (u64)*n_groups * group * cols;
+    for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
+        const u32 slot = group_slot[i / cols];
+        const u64 row = per_slot ? slot : slot / n_used;
+        dst[i] = slot == NO_SLOT ? 0.0f : src[row * cols + i % cols];
+    }
+}
+
+// out[group_slot[j]] = src[j], rows of `rows` values, for the live groups' slots.
+extern "C" __global__ void moe_scatter_rows(float* out, const float* src, const u32* group_slot, const u32* n_groups, u32 group, u32 rows, u64 n) {
+    const u64 live = (u64)*n_groups * group * rows;
+    for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
+        const u32 slot = group_slot[i / rows];
+        if (slot != NO_SLOT) {
+            out[(u64)slot * rows + i % rows] = src[i];
+        }
+    }
+}

@@ -573,3 +573,51 @@ __device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
     const u32 tiles = weights[0].tiles;
     matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out, rows, 0, blockIdx.x);
 }
+
+// matvec_experts of a gate and an up expert set on one input row per token (PerToken), out =
+// silu(x.Wg) * (x.Wu) per slot: one launch and one quantized input for both products.
+#define MV_EXPERTS_SWIGLU_PARAMS                                                                                    \
+    const Planes *gate_table, const Planes *up_table, const float *ids, u32 n_experts, u32 n_used, u32 slot0,        \
+        const i8 *xq, const float2 *xds, float *out, u32 rows
+#define MV_EXPERTS_SWIGLU_ARGS gate_table, up_table, ids, n_experts, n_used, slot0, xq, xds, out, rows
+
+template <class F>
+__device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) {
+    if (NTOK != 1) {
+        return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
+    }
+    const u32 slot = slot0 + blockIdx.y;
+    wait_for_inputs();
+    const u32 e = slot_expert(ids, slot, n_experts);
+    out += (u64)blockIdx.y * rows;
+    if (e >= n_experts) {
+        poison_rows(out, rows, MV_WARPS * SWIGLU_ROWS_PER_WARP);
+        return;
+    }
+    const Planes weights[2] = {gate_table[e], up_table[e]};
+    const u64 row = slot / n_used;
+    const u32 tiles = weights[0].tiles;
+    matvec_rows<F, 2>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out, rows, 0, blockIdx.x);
+}
+
+// Expert-indexed mat-vec over groups of slots (a prompt's experts): the slots were sorted by
+// expert into groups of up to NTOK that share one (moe_group_slots in arch_ops.cu), their input
+// rows gathered into NTOK consecutive rows per group, so group g = blockIdx.y multiplies the
+// rows xq[g NTOK ..] by expert group_expert[g] into out[g NTOK ..][rows] and reads that
+// expert's weights once for NTOK slots. Groups from *n_groups on exit.
+#define MV_EXPERT_GROUPS_PARAMS \
+    const Planes *table, const u32 *group_expert, const u32 *n_groups, const i8 *xq, const float2 *xds, float *out, u32 rows
+#define MV_EXPERT_GROUPS_ARGS table, group_expert, n_groups, xq, xds, out, rows
+
+template <class F>
+__device__ __forceinline__ void matvec_expert_groups(MV_EXPERT_GROUPS_PARAMS) {
+    const u32 g = blockIdx.y;
+    wait_for_inputs();
+    if (g >= *n_groups) {
+        return;
+    }
+    const Planes weights[1] = {table[group_expert[g]]};
+    const u64 row = (u64)g * NTOK;
+    const u32 tiles = weights[0].tiles;
+    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out + row * rows, rows, 0, blockIdx.x);
+}

@@ -30,6 +30,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q8_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ8_0>(MV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q8_0(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ8_0>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q8_0(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ8_0>(MV_EXPERT_GROUPS_ARGS);
+}
 #endif
 
 #if MV_WANTS(2)
@@ -44,6 +50,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ4_0>(MV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q4_0(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ4_0>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4_0(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ4_0>(MV_EXPERT_GROUPS_ARGS);
 }
 #endif
 
@@ -60,6 +72,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_1(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ4_1>(MV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q4_1(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ4_1>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4_1(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ4_1>(MV_EXPERT_GROUPS_ARGS);
+}
 #endif
 
 #if MV_WANTS(6)
@@ -74,6 +92,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ5_0>(MV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q5_0(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ5_0>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5_0(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ5_0>(MV_EXPERT_GROUPS_ARGS);
 }
 #endif
 
@@ -90,6 +114,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_1(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ5_1>(MV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q5_1(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ5_1>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5_1(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ5_1>(MV_EXPERT_GROUPS_ARGS);
+}
 #endif
 
 #if MV_WANTS(20)
@@ -104,6 +134,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(M
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq4_nl(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ4_NL>(MV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq4_nl(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtIQ4_NL>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq4_nl(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtIQ4_NL>(MV_EXPERT_GROUPS_ARGS);
 }
 #endif
 
@@ -120,6 +156,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q1_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ1_0>(MV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q1_0(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ1_0>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q1_0(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ1_0>(MV_EXPERT_GROUPS_ARGS);
+}
 #endif
 
 #if MV_WANTS(42)
@@ -134,6 +176,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q2_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ2_0>(MV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q2_0(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtQ2_0>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2_0(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtQ2_0>(MV_EXPERT_GROUPS_ARGS);
 }
 #endif
 
@@ -150,6 +198,12 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_mxfp4(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtMXFP4>(MV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_mxfp4(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtMXFP4>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_mxfp4(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtMXFP4>(MV_EXPERT_GROUPS_ARGS);
+}
 #endif
 
 #if MV_WANTS(40)
@@ -164,5 +218,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_nvfp4(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtNVFP4>(MV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_nvfp4(MV_EXPERTS_SWIGLU_PARAMS) {
+    matvec_experts_swiglu<FmtNVFP4>(MV_EXPERTS_SWIGLU_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_nvfp4(MV_EXPERT_GROUPS_PARAMS) {
+    matvec_expert_groups<FmtNVFP4>(MV_EXPERT_GROUPS_ARGS);
 }
 #endif

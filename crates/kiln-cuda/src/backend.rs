@@ -18,6 +18,7 @@ use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ExpertInputRows, ExpertProducts, GpuWeight, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
+use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
@@ -26,9 +27,6 @@ const BLOCK: u32 = 256;
 /// Rows of at most this many values are normalized by one warp, longer ones by a block
 /// (`WARP_NORM_MAX_DIM`, kernels/norm.cuh).
 pub(crate) const WARP_NORM_MAX_DIM: usize = 512;
-/// `rope.cu`'s PROLOGUE_WARPS and PROLOGUE_MAX_HEAD_DIM.
-const PROLOGUE_WARPS: usize = 4;
-const PROLOGUE_MAX_HEAD_DIM: usize = 512;
 /// `sampling.cu`'s SAMPLE_THREADS.
 const SAMPLE_THREADS: u32 = 1024;
 
@@ -68,17 +66,10 @@ struct Kernels {
     sample: CudaFunction,
 }
 
-/// The prologue and store kernels of one (K type, V type) pair of cache element types.
-#[derive(Clone)]
-struct StoreKernels {
-    prologue: CudaFunction,
-    kv_store: CudaFunction,
-}
-
 pub struct CudaBackend {
     device: CudaDevice,
     kernels: Kernels,
-    store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
+    pub(crate) store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
     attention: PagedAttention,
     experts: ExpertProducts,
     graphs: StepGraphs,
@@ -146,143 +137,6 @@ impl CudaBackend {
     pub(crate) fn grid_stride(&self, n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(BLOCK as usize).clamp(1, self.busy_blocks * 4);
         LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
-    }
-
-    fn store_kernels(&self, spec: &KvCacheSpec) -> Result<StoreKernels> {
-        let mut cache = self.store_kernels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(found) = cache.get(&(spec.k_type, spec.v_type)) {
-            return Ok(found.clone());
-        }
-        let defines = [("K_TYPE", kv_type_code(spec.k_type)), ("V_TYPE", kv_type_code(spec.v_type))];
-        let load = |kernel| self.device.registry().function("rope", kernel, &defines).map_err(backend_error);
-        let kernels = StoreKernels { prologue: load("qk_norm_rope_store")?, kv_store: load("kv_store")? };
-        cache.insert((spec.k_type, spec.v_type), kernels.clone());
-        Ok(kernels)
-    }
-
-    /// The attention prologue in one launch instead of five: per-head RMSNorm of q and k when
-    /// `qk_norm` = (q weight, k weight, eps) is given, rotary embedding of both at the tokens'
-    /// positions (q in place), and k, v stored at the tokens' cache rows (for a q8_0 cache, the
-    /// roped keys go back to `k` and a second launch quantizes both into the cache). Computes
-    /// what `rms_norm` (twice), `rope` (twice) and `kv_store` compute; `rope` describes the q heads.
-    #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope_store(
-        &self,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
-        inv_freq: &CudaSlice<f32>,
-        cache: &mut CudaKvCache,
-        step: &CudaStep,
-        n: usize,
-        rope: &RopeParams,
-        n_kv_heads: usize,
-    ) -> Result<()> {
-        let (hd, kv_width) = (rope.head_dim, n_kv_heads * rope.head_dim);
-        check_len("prologue queries", q.len(), n * rope.n_heads * hd)?;
-        check_len("prologue keys and values", k.len().min(v.len()), n * kv_width)?;
-        check_len("prologue rope frequencies", inv_freq.len(), rope.n_rot / 2)?;
-        check_len("prologue tokens in the step", step.n_tokens, n)?;
-        if hd > PROLOGUE_MAX_HEAD_DIM || rope.n_rot > hd || rope.n_rot % 2 != 0 || kv_width == 0 {
-            return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("the fused prologue for head_dim {hd}, n_rot {}", rope.n_rot) });
-        }
-        if cache.spec.width != kv_width {
-            return Err(BackendError::Device(format!("prologue: cache rows of {} values, keys of {kv_width}", cache.spec.width)));
-        }
-        step.check_usable(cache)?;
-        if let Some((q_norm, k_norm, _)) = qk_norm {
-            check_len("prologue norm weights", q_norm.len().min(k_norm.len()), hd)?;
-        }
-        let fused = cache.spec.k_type != KvType::Q8_0 && cache.spec.v_type != KvType::Q8_0;
-        let rows = n * (rope.n_heads + if fused { 2 } else { 1 } * n_kv_heads);
-        if rows == 0 {
-            return Ok(());
-        }
-        let kernels = self.store_kernels(&cache.spec)?;
-        let stream = self.device.stream();
-        let (q_ptr, _q_record) = q.device_ptr(stream);
-        let (k_ptr, _k_record) = k.device_ptr(stream);
-        let no_norm: u64 = 0;
-        let (q_norm, _q_norm_record) = qk_norm.map_or((no_norm, None), |(w, _, _)| {
-            let (ptr, record) = w.device_ptr(stream);
-            (ptr, Some(record))
-        });
-        let (k_norm, _k_norm_record) = qk_norm.map_or((no_norm, None), |(_, w, _)| {
-            let (ptr, record) = w.device_ptr(stream);
-            (ptr, Some(record))
-        });
-        let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
-        let (k_cache, v_cache) = cache.pointers();
-        let ints = [
-            to_u32("tokens", n)?,
-            to_u32("heads", rope.n_heads)?,
-            to_u32("kv heads", n_kv_heads)?,
-            to_u32("head_dim", hd)?,
-            to_u32("n_rot", rope.n_rot)?,
-            u32::from(rope.kind == RopeKind::Neox),
-        ];
-        let blocks = to_u32("prologue blocks", rows.div_ceil(PROLOGUE_WARPS))?;
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (PROLOGUE_WARPS as u32 * 32, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: matches rope.cu's qk_norm_rope_store; q_out aliases q and k_out aliases k, which
-        // the kernel allows (each warp stages its row in shared memory); lengths checked above,
-        // and the step's slots lie in blocks the engine made usable.
-        unsafe {
-            stream
-                .launch_builder(&kernels.prologue)
-                .arg(&q_ptr)
-                .arg(&k_cache)
-                .arg(&v_cache)
-                .arg(&k_ptr)
-                .arg(&q_ptr)
-                .arg(&k_ptr)
-                .arg(v)
-                .arg(&q_norm)
-                .arg(&k_norm)
-                .arg(inv_freq)
-                .arg(&step.block)
-                .arg(&ints[0])
-                .arg(&ints[1])
-                .arg(&ints[2])
-                .arg(&ints[3])
-                .arg(&ints[4])
-                .arg(&ints[5])
-                .arg(&eps)
-                .launch(cfg)
-        }
-        .map_err(launch_error("qk_norm_rope_store"))?;
-        if !fused {
-            self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)?;
-        }
-        Ok(())
-    }
-
-    fn launch_kv_store(&self, function: &CudaFunction, k: u64, v: &CudaSlice<f32>, cache: &CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
-        let width = cache.spec.width;
-        let units = n * width.div_ceil(32) * 2;
-        if units == 0 {
-            return Ok(());
-        }
-        let (k_cache, v_cache) = cache.pointers();
-        let (n32, width32, rows32) = (to_u32("tokens", n)?, to_u32("cache width", width)?, to_u32("cache rows", cache.spec.rows())?);
-        // SAFETY: matches rope.cu's kv_store; k and v hold n rows of `width` values (checked by
-        // the callers), and the step's slots lie in blocks the engine made usable.
-        unsafe {
-            self.device
-                .stream()
-                .launch_builder(function)
-                .arg(&k_cache)
-                .arg(&v_cache)
-                .arg(&k)
-                .arg(v)
-                .arg(&step.block)
-                .arg(&n32)
-                .arg(&width32)
-                .arg(&rows32)
-                .launch(self.grid_stride(units * 32))
-        }
-        .map(drop)
-        .map_err(launch_error("kv_store"))
     }
 }
 
@@ -757,6 +611,27 @@ impl Backend for CudaBackend {
         _n_ff: usize,
     ) -> Result<()> {
         matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n).map_err(backend_error)
+    }
+
+    fn moe_gate_up_swiglu(
+        &self,
+        gate: &[GpuWeight],
+        up: &[GpuWeight],
+        x: &CudaSlice<f32>,
+        ids: &CudaSlice<f32>,
+        gate_out: &mut CudaSlice<f32>,
+        up_out: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        n_used: usize,
+        n_ff: usize,
+    ) -> Result<()> {
+        if self.experts.matmul_swiglu(&self.device, gate, up, x, ids, out, n, n_used).map_err(backend_error)?.is_some() {
+            return Ok(());
+        }
+        self.moe_matmul(gate, x, ids, gate_out, n, n_used, ExpertInput::PerToken)?;
+        self.moe_matmul(up, x, ids, up_out, n, n_used, ExpertInput::PerToken)?;
+        self.swiglu(gate_out, up_out, out, n * n_used * n_ff)
     }
 
     fn matmul_qkv(

@@ -35,6 +35,7 @@ mod nvrtc;
 pub mod paged_attention;
 pub mod plan_words;
 mod profile;
+mod prologue;
 mod registry;
 // Used by build.rs (through #[path]); compiled into the library only for its tests.
 #[cfg(test)]

@@ -764,7 +764,7 @@ mod tests {
                 for shape in 0..MATVEC_SHAPES.len() {
                     // Only quantized weights stack (stacked.rs); float ones take f32 activations.
                     let kinds: &[MatvecKind] = if matches!(storage, Storage::Quant { .. }) {
-                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked, MatvecKind::Experts]
+                        &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked, MatvecKind::Experts, MatvecKind::ExpertGroups, MatvecKind::ExpertsSwiGlu]
                     } else {
                         &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Experts]
                     };

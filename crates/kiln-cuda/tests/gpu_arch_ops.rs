@@ -32,7 +32,11 @@ fn activations_gates_and_copies_match_cpu() {
         let mut got = poisoned(gpu, len);
         cpu.geglu(&a, &b, &mut want, len).expect("cpu");
         gpu.geglu(&ga, &gb, &mut got, len).expect("gpu");
-        assert_close(&format!("geglu {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
+        // The CPU's vectorized tanh and tanhf differ by an ulp or two of 1, which is a large
+        // relative error where GELU's output is nearly 0 (a short row of such values): so
+        // relative to the row, or within 1e-5 of outputs of magnitude up to 81.
+        let (rel, max_abs) = errors(&format!("geglu {len}"), &download(gpu, &got, len), &want);
+        assert!(rel <= TRANSCENDENTAL || max_abs <= 1e-5, "geglu {len}: rel_l2 {rel:.3e}, max_abs {max_abs:.3e}");
 
         let mut got = poisoned(gpu, len);
         cpu.swiglu_oai(&a, &b, &mut want, len, 1.702, 7.0).expect("cpu");
@@ -148,7 +152,9 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
     let pair = Pair::new(1, 0);
     let (cpu, gpu) = (&pair.cpu, &pair.gpu);
     for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q4_0] {
-        for (n_experts, rows, cols, n, n_used) in [(5, 72, 256, 1, 2), (8, 300, 512, 3, 4), (4, 33, 256, 9, 1), (6, 64, 768, 20, 3)] {
+        // 1..8 tokens: a launch per slot; more: slots grouped by expert (up to 8 per group,
+        // several groups for an expert many tokens chose, experts nobody chose).
+        for (n_experts, rows, cols, n, n_used) in [(5, 72, 256, 1, 2), (8, 300, 512, 3, 4), (4, 33, 256, 9, 1), (6, 64, 768, 20, 3), (128, 40, 256, 64, 8)] {
             let sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("expert {e}"), ty, rows, cols, &random(&mut rng, rows * cols, 1.0))).collect();
             let cw: Vec<_> = sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
             let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
@@ -177,6 +183,20 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
                     assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), 1e-6);
                 }
             }
+            // The fused gate/up SwiGLU (one launch for up to 8 tokens, else composed).
+            let up_sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("up {e}"), ty, rows, cols, &random(&mut rng, rows * cols, 1.0))).collect();
+            let cu: Vec<_> = up_sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
+            let gu: Vec<_> = up_sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
+            let x = random(&mut rng, n * cols, 1.0);
+            let len = n * n_used * rows;
+            let mut want = vec![0f32; len];
+            cpu.moe_gate_up_swiglu(&cw, &cu, &x, &ids, &mut vec![0f32; len], &mut vec![0f32; len], &mut want, n, n_used, rows).expect("cpu");
+            let mut got = poisoned(gpu, len);
+            let (mut s1, mut s2) = (poisoned(gpu, len), poisoned(gpu, len));
+            gpu.moe_gate_up_swiglu(&gw, &gu, &upload(gpu, &x), &gids, &mut s1, &mut s2, &mut got, n, n_used, rows).expect("gpu");
+            let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 2e-2 };
+            assert_close(&format!("{ty} expert SwiGLU {n_experts}x{rows}x{cols}, {n} tokens x {n_used}"), &download(gpu, &got, len), &want, tolerance);
+
             // An id that names no expert gives NaN rows, never another expert's product.
             let mut bad = ids.clone();
             bad[0] = n_experts as f32;

@@ -421,13 +421,18 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
     }
     b.moe_route(&a.router, m.expert_scale.as_ref(), &mut a.expert_ids, &mut a.expert_weights, n, &router)?;
     let ids = &a.expert_ids;
-    b.moe_matmul(&m.gate, &a.h, ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
-    b.moe_matmul(&m.up, &a.h, ids, &mut a.up, n, k, ExpertInput::PerToken)?;
-    if let Some([gate, up, _]) = &m.expert_bias {
-        b.moe_add_bias(&mut a.gate, gate, ids, n, k, mc.n_ff)?;
-        b.moe_add_bias(&mut a.up, up, ids, n, k, mc.n_ff)?;
+    match (&m.expert_bias, c.activation) {
+        (None, Activation::Silu) => b.moe_gate_up_swiglu(&m.gate, &m.up, &a.h, ids, &mut a.gate, &mut a.up, &mut a.act, n, k, mc.n_ff)?,
+        (bias, act) => {
+            b.moe_matmul(&m.gate, &a.h, ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
+            b.moe_matmul(&m.up, &a.h, ids, &mut a.up, n, k, ExpertInput::PerToken)?;
+            if let Some([gate, up, _]) = bias {
+                b.moe_add_bias(&mut a.gate, gate, ids, n, k, mc.n_ff)?;
+                b.moe_add_bias(&mut a.up, up, ids, n, k, mc.n_ff)?;
+            }
+            gated_activation(b, act, a, n * k * mc.n_ff)?;
+        }
     }
-    gated_activation(b, c.activation, a, n * k * mc.n_ff)?;
     b.moe_matmul(&m.down, &a.act, &a.expert_ids, &mut a.expert_out, n, k, ExpertInput::PerSlot)?;
     if let Some([_, _, down]) = &m.expert_bias {
         b.moe_add_bias(&mut a.expert_out, down, &a.expert_ids, n, k, c.n_embd)?;

@@ -15,13 +15,18 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::matmat::is_capturing;
 use super::matvec_shape::{default_shape, MatvecKind, MATVEC_SHAPES};
-use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MV_WARPS};
+use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
 use crate::{CudaDevice, CudaError};
 
 const OP: &str = "matmul_experts";
 
 /// Slots one launch covers (the grid's y dimension is at most 65535).
 const MAX_SLOTS_PER_LAUNCH: usize = 65535;
+/// Slots of one expert per group of the grouped product (its kernels' NTOK).
+const GROUP: usize = MAX_MATVEC_TOKENS;
+/// `arch_ops.cu`'s GROUP_THREADS and GROUP_MAX_EXPERTS.
+const GROUP_THREADS: u32 = 1024;
+const GROUP_MAX_EXPERTS: usize = 1024;
 
 /// Which input row a slot reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +46,19 @@ pub struct ExpertProducts {
     /// asked; a grown buffer's predecessor is kept, since graphs captured earlier read it.
     inputs: Mutex<HashMap<usize, QuantizedActivations>>,
     retired: Mutex<Vec<QuantizedActivations>>,
+    /// The grouped product's buffers, grown like the inputs (predecessors kept).
+    grouping: Mutex<Option<Grouping>>,
+    retired_groupings: Mutex<Vec<Grouping>>,
+}
+
+/// Where the grouped product sorts a step's slots: each group's slots and expert, the group
+/// count (all written on the device), the gathered input rows and the grouped outputs.
+struct Grouping {
+    group_slot: CudaSlice<u32>,
+    group_expert: CudaSlice<u32>,
+    n_groups: CudaSlice<u32>,
+    x: CudaSlice<f32>,
+    out: CudaSlice<f32>,
 }
 
 /// The bytes of one expert's descriptor, as the kernel's table holds it.
@@ -93,28 +111,27 @@ impl ExpertProducts {
         }
         let capturing = is_capturing(device);
         let table = self.table(device, experts, capturing)?;
+        // Many tokens (a prompt, a large batch): slots grouped by expert, so each expert's
+        // weights are read once per group of GROUP slots rather than once per slot.
+        let max_groups = slots.div_ceil(GROUP) + experts.len().min(slots);
+        if n > MAX_MATVEC_TOKENS && !float && experts.len() <= GROUP_MAX_EXPERTS && max_groups <= MAX_SLOTS_PER_LAUNCH {
+            let call = GroupedCall { experts, table, x, ids, n_used, rows, slots, max_groups, capturing };
+            return self.matmul_grouped(device, call, out);
+        }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
         let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::Experts);
         let (n_experts, n_used32, per_slot) =
             (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(rows == ExpertInputRows::PerSlot));
         let (out_rows, cols) = (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?);
-        let mut inputs = self.inputs.lock().unwrap_or_else(PoisonError::into_inner);
-        let quantized = if float {
-            None
-        } else {
-            if inputs.get(&first.cols).is_none_or(|have| have.max_tokens() < in_rows) {
-                if capturing {
-                    return Err(invalid(OP, format!("{in_rows} input rows of {} values need a larger buffer inside a graph capture", first.cols)));
-                }
-                let grown = QuantizedActivations::new(device, in_rows.next_power_of_two(), first.cols)?;
-                if let Some(old) = inputs.insert(first.cols, grown) {
-                    self.retired.lock().unwrap_or_else(PoisonError::into_inner).push(old);
-                }
+        let inputs = if float { None } else { Some(self.quantized_input(device, first.cols, in_rows, capturing)?) };
+        let quantized = match &inputs {
+            Some(inputs) => {
+                let buffer = &inputs[&first.cols];
+                buffer.fill(device, x, in_rows)?;
+                Some(buffer)
             }
-            let buffer = &inputs[&first.cols];
-            buffer.fill(device, x, in_rows)?;
-            Some(buffer)
+            None => None,
         };
         for slot0 in (0..slots).step_by(MAX_SLOTS_PER_LAUNCH) {
             let count = (slots - slot0).min(MAX_SLOTS_PER_LAUNCH);
@@ -137,6 +154,205 @@ impl ExpertProducts {
         Ok(())
     }
 
+    /// `out[s] = silu(x_t . gate[ids[s]]) * (x_t . up[ids[s]])` for the `n * n_used` slots of
+    /// `n` tokens (t = s / n_used), gate and up experts of one quantized type and shape, in one
+    /// launch from one quantized input; `None` when the fused product does not apply (float
+    /// experts, more than [`MAX_MATVEC_TOKENS`] tokens, mismatched sets), for the caller to
+    /// compose it from [`ExpertProducts::matmul`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_swiglu(
+        &self,
+        device: &CudaDevice,
+        gate: &[GpuWeight],
+        up: &[GpuWeight],
+        x: &CudaSlice<f32>,
+        ids: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        n_used: usize,
+    ) -> Result<Option<()>, CudaError> {
+        let Some(first) = gate.first() else { return Ok(None) };
+        let same = |w: &GpuWeight| (w.ty, w.rows, w.cols) == (first.ty, first.rows, first.cols) && matches!(w.storage, Storage::Quant { .. });
+        if n > MAX_MATVEC_TOKENS || gate.len() != up.len() || !gate.iter().chain(up).all(same) {
+            return Ok(None);
+        }
+        let slots = n * n_used;
+        check_len(OP, "ids", ids.len(), slots)?;
+        check_len(OP, "x", x.len(), n * first.cols)?;
+        check_len(OP, "out", out.len(), slots * first.rows)?;
+        if slots == 0 {
+            return Ok(Some(()));
+        }
+        let capturing = is_capturing(device);
+        let (gate_table, up_table) = (self.table(device, gate, capturing)?, self.table(device, up, capturing)?);
+        let inputs = self.quantized_input(device, first.cols, n, capturing)?;
+        let q = &inputs[&first.cols];
+        q.fill(device, x, n)?;
+        let shape = default_shape(1);
+        let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
+        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertsSwiGlu);
+        let (n_experts, n_used32, rows32, slot0) = (to_u32(OP, "experts", gate.len())?, to_u32(OP, "n_used", n_used)?, to_u32(OP, "rows", first.rows)?, 0u32);
+        let cfg =
+            LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), to_u32(OP, "slots", slots)?, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matvec_experts_swiglu_* (matvec_{legacy,kquant}.cu): both tables hold one
+        // descriptor per expert of one shape, the kernel checks every id, the quantized input
+        // holds n rows of cols and out slots rows of `rows` (checked above; slots <= 64).
+        unsafe {
+            device
+                .stream()
+                .launch_builder(function)
+                .arg(&gate_table)
+                .arg(&up_table)
+                .arg(ids)
+                .arg(&n_experts)
+                .arg(&n_used32)
+                .arg(&slot0)
+                .arg(&q.codes)
+                .arg(&q.scales)
+                .arg(out)
+                .arg(&rows32)
+                .launch(cfg)
+        }
+        .map_err(CudaError::driver(format!("launching the expert SwiGLU product of {}", first.name)))?;
+        Ok(Some(()))
+    }
+
+    fn quantized_input(
+        &self,
+        device: &CudaDevice,
+        cols: usize,
+        rows: usize,
+        capturing: bool,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<usize, QuantizedActivations>>, CudaError> {
+        let mut inputs = self.inputs.lock().unwrap_or_else(PoisonError::into_inner);
+        if inputs.get(&cols).is_none_or(|have| have.max_tokens() < rows) {
+            if capturing {
+                return Err(invalid(OP, format!("{rows} input rows of {cols} values need a larger buffer inside a graph capture")));
+            }
+            let grown = QuantizedActivations::new(device, rows.next_power_of_two(), cols)?;
+            if let Some(old) = inputs.insert(cols, grown) {
+                self.retired.lock().unwrap_or_else(PoisonError::into_inner).push(old);
+            }
+        }
+        Ok(inputs)
+    }
+
+    /// The grouped product: sort the slots by expert into groups (moe_group_slots), gather
+    /// their input rows group by group, quantize them, multiply each group by its expert
+    /// (matvec_expert_groups) and scatter the rows back to the slots.
+    fn matmul_grouped(&self, device: &CudaDevice, call: GroupedCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        let GroupedCall { experts, table, x, ids, n_used, rows, slots, max_groups, capturing } = call;
+        let first = &experts[0];
+        let entries = max_groups * GROUP;
+        let mut grouping = self.grouping.lock().unwrap_or_else(PoisonError::into_inner);
+        let fits = |g: &Grouping| g.group_expert.len() >= max_groups && g.x.len() >= entries * first.cols && g.out.len() >= entries * first.rows;
+        if !grouping.as_ref().is_some_and(fits) {
+            if capturing {
+                return Err(invalid(OP, format!("{slots} expert slots need larger grouping buffers inside a graph capture")));
+            }
+            let have = |f: fn(&Grouping) -> usize| grouping.as_ref().map_or(0, f);
+            let groups = max_groups.max(have(|g| g.group_expert.len())).next_power_of_two();
+            let x_len = (entries * first.cols).max(have(|g| g.x.len())).next_power_of_two();
+            let out_len = (entries * first.rows).max(have(|g| g.out.len())).next_power_of_two();
+            let grown = Grouping {
+                group_slot: device.alloc_zeros(groups * GROUP, "expert group slots")?,
+                group_expert: device.alloc_zeros(groups, "expert group experts")?,
+                n_groups: device.alloc_zeros(1, "expert group count")?,
+                x: device.alloc_zeros(x_len, "expert group inputs")?,
+                out: device.alloc_zeros(out_len, "expert group outputs")?,
+            };
+            if let Some(old) = grouping.replace(grown) {
+                self.retired_groupings.lock().unwrap_or_else(PoisonError::into_inner).push(old);
+            }
+        }
+        let g = grouping.as_mut().expect("made above");
+        let inputs = self.quantized_input(device, first.cols, entries, capturing)?;
+        let q = &inputs[&first.cols];
+        let function = |name: &str| device.registry().function("arch_ops", name, &[]);
+        let (sort, gather, scatter) = (function("moe_group_slots")?, function("moe_gather_rows")?, function("moe_scatter_rows")?);
+        let (slots32, experts32, group32, max_groups32) =
+            (to_u32(OP, "slots", slots)?, to_u32(OP, "experts", experts.len())?, GROUP as u32, to_u32(OP, "groups", max_groups)?);
+        let (rows32, cols32, n_used32, per_slot) =
+            (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?, to_u32(OP, "n_used", n_used)?, u32::from(rows == ExpertInputRows::PerSlot));
+        let stream = device.stream();
+        let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (GROUP_THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: moe_group_slots(ids, n_slots, n_experts, group, max_groups, group_slot,
+        // group_expert, n_groups, out, rows): ids hold `slots` values, the group buffers
+        // max_groups groups (sized above), out slots * rows values (checked by the caller).
+        unsafe {
+            stream
+                .launch_builder(&sort)
+                .arg(ids)
+                .arg(&slots32)
+                .arg(&experts32)
+                .arg(&group32)
+                .arg(&max_groups32)
+                .arg(&mut g.group_slot)
+                .arg(&mut g.group_expert)
+                .arg(&mut g.n_groups)
+                .arg(&mut *out)
+                .arg(&rows32)
+                .launch(one_block)
+        }
+        .map_err(CudaError::driver("launching moe_group_slots"))?;
+        let gather_len = (entries * first.cols) as u64;
+        // SAFETY: moe_gather_rows(dst, src, group_slot, n_groups, group, n_used, per_slot, cols,
+        // n): dst holds entries rows of cols, src every slot's (or token's) row (checked).
+        unsafe {
+            stream
+                .launch_builder(&gather)
+                .arg(&mut g.x)
+                .arg(x)
+                .arg(&g.group_slot)
+                .arg(&g.n_groups)
+                .arg(&group32)
+                .arg(&n_used32)
+                .arg(&per_slot)
+                .arg(&cols32)
+                .arg(&gather_len)
+                .launch(super::stride_launch(entries * first.cols))
+        }
+        .map_err(CudaError::driver("launching moe_gather_rows"))?;
+        q.fill(device, &g.x, entries)?;
+        let shape = default_shape(GROUP);
+        let product = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: GROUP, kind: MatvecKind::ExpertGroups, shape })?;
+        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertGroups);
+        let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matvec_expert_groups_* (matvec_{legacy,kquant}.cu): the table holds one
+        // descriptor per expert, the sort kernel wrote only valid experts into group_expert,
+        // the quantized rows and the outputs hold entries = max_groups * GROUP rows.
+        unsafe {
+            stream
+                .launch_builder(product)
+                .arg(&table)
+                .arg(&g.group_expert)
+                .arg(&g.n_groups)
+                .arg(&q.codes)
+                .arg(&q.scales)
+                .arg(&mut g.out)
+                .arg(&rows32)
+                .launch(cfg)
+        }
+        .map_err(CudaError::driver(format!("launching the grouped expert product of {}", first.name)))?;
+        let scatter_len = (entries * first.rows) as u64;
+        // SAFETY: moe_scatter_rows(out, src, group_slot, n_groups, group, rows, n): every slot
+        // id in group_slot is below `slots`, whose rows `out` holds.
+        unsafe {
+            stream
+                .launch_builder(&scatter)
+                .arg(out)
+                .arg(&g.out)
+                .arg(&g.group_slot)
+                .arg(&g.n_groups)
+                .arg(&group32)
+                .arg(&rows32)
+                .arg(&scatter_len)
+                .launch(super::stride_launch(entries * first.rows))
+        }
+        .map_err(CudaError::driver("launching moe_scatter_rows"))?;
+        Ok(())
+    }
+
     /// The device table of these experts' descriptors, uploaded on first use.
     fn table(&self, device: &CudaDevice, experts: &[GpuWeight], capturing: bool) -> Result<u64, CudaError> {
         let bytes: Vec<u8> = experts.iter().flat_map(descriptor).collect();
@@ -152,4 +368,17 @@ impl ExpertProducts {
         tables.insert(bytes, table);
         Ok(address)
     }
+}
+
+/// The operands of one grouped product.
+struct GroupedCall<'a> {
+    experts: &'a [GpuWeight],
+    table: u64,
+    x: &'a CudaSlice<f32>,
+    ids: &'a CudaSlice<f32>,
+    n_used: usize,
+    rows: ExpertInputRows,
+    slots: usize,
+    max_groups: usize,
+    capturing: bool,
 }

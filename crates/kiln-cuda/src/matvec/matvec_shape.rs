@@ -48,10 +48,14 @@ pub(super) enum MatvecKind {
     Stacked,
     /// Each slot's chosen expert on its input row (`matvec_experts`, one token per slot).
     Experts,
+    /// Groups of up to NTOK slots of one expert on their gathered rows (`matvec_expert_groups`).
+    ExpertGroups,
+    /// `Experts` of a gate and an up set with the SwiGLU epilogue (`matvec_experts_swiglu`).
+    ExpertsSwiGlu,
 }
 
 impl MatvecKind {
-    pub(super) const COUNT: usize = 4;
+    pub(super) const COUNT: usize = 6;
 
     pub(super) fn index(self) -> usize {
         self as usize
@@ -64,6 +68,8 @@ impl MatvecKind {
             MatvecKind::SwiGlu => "swiglu_",
             MatvecKind::Stacked => "stacked_",
             MatvecKind::Experts => "experts_",
+            MatvecKind::ExpertGroups => "expert_groups_",
+            MatvecKind::ExpertsSwiGlu => "experts_swiglu_",
         }
     }
 }
@@ -72,8 +78,8 @@ impl MatvecShape {
     /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
     pub(super) fn rows(self, kind: MatvecKind) -> u32 {
         match kind {
-            MatvecKind::SwiGlu => (self.rows_per_warp / 2).max(1),
-            MatvecKind::Plain | MatvecKind::Stacked | MatvecKind::Experts => self.rows_per_warp,
+            MatvecKind::SwiGlu | MatvecKind::ExpertsSwiGlu => (self.rows_per_warp / 2).max(1),
+            MatvecKind::Plain | MatvecKind::Stacked | MatvecKind::Experts | MatvecKind::ExpertGroups => self.rows_per_warp,
         }
     }
 }
