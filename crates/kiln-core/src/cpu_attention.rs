@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::backend::{AttentionParams, BackendError, Result};
 use crate::cpu::{check_len, with_scratch, CpuKvCache, CpuStep, SharedOut};
+use crate::cpu_attention_tiled;
 use crate::cpu_simd::Simd;
 use crate::plan::KV_BLOCK_SIZE;
 
@@ -63,7 +64,10 @@ pub(crate) fn attention(
         let end = plan.positions[t] as usize + 1;
         (end - p.window.map_or(0, |w| end.saturating_sub(w))).max(1)
     };
-    let chunks_of = |t: usize| span_of(t).div_ceil(MIN_CHUNK).clamp(1, MAX_CHUNKS);
+    // Spans of a few tokens or more (prompts) take the tiled path (cpu_attention_tiled); the
+    // rest, none chunks here.
+    let tiled = |t: usize| plan.seqs[plan.token_seq[t] as usize].n_tokens as usize >= cpu_attention_tiled::TILE_MIN;
+    let chunks_of = |t: usize| if tiled(t) { 0 } else { span_of(t).div_ceil(MIN_CHUNK).clamp(1, MAX_CHUNKS) };
     // A head's partial result: its weighted sum of values, softmax max and sum.
     let part = hd + 2;
     let dst = SharedOut(out.as_mut_ptr());
@@ -72,7 +76,7 @@ pub(crate) fn attention(
         // Tokens go in passes so that the partials stay bounded however long the step.
         for first in (0..n).step_by(TOKENS_PER_PASS) {
             let count = TOKENS_PER_PASS.min(n - first);
-            let grid = (first..first + count).map(chunks_of).max().unwrap_or(1);
+            let grid = (first..first + count).map(chunks_of).max().unwrap_or(0);
             if grid > 1 && parts.len() < count * grid * nh * part {
                 parts.resize(count * grid * nh * part, 0.0);
             }
@@ -117,7 +121,7 @@ pub(crate) fn attention(
             });
             for t in first..first + count {
                 let chunks = chunks_of(t);
-                if chunks == 1 {
+                if chunks <= 1 {
                     continue;
                 }
                 for h in 0..nh {
@@ -129,6 +133,10 @@ pub(crate) fn attention(
                 }
             }
         }
+    });
+    let tiles = cpu_attention_tiled::tiles(plan);
+    (0..tiles.len() * p.n_kv_heads).into_par_iter().for_each(|job| {
+        cpu_attention_tiled::run_tile(simd, cache, q, sinks, dst, plan, p, tiles[job / p.n_kv_heads], job % p.n_kv_heads);
     });
     Ok(())
 }
@@ -186,7 +194,7 @@ impl Ctx<'_> {
 }
 
 /// One head's output from the partial `[acc, max, sum]` of its chunks and its sink.
-fn finish(pieces: &[&[f32]], sink: Option<f32>, out: &mut [f32]) {
+pub(crate) fn finish(pieces: &[&[f32]], sink: Option<f32>, out: &mut [f32]) {
     let hd = out.len();
     let max = pieces.iter().map(|c| c[hd]).chain(sink).fold(f32::NEG_INFINITY, f32::max);
     let weight = |c: &[f32]| if c[hd] == f32::NEG_INFINITY { 0.0 } else { (c[hd] - max).exp() };

@@ -102,10 +102,19 @@ fn attention_matches_a_float64_reference_at_every_level() {
                             Some(s) => backend.attention_sinks(&q[69 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut one, &step, 1, &p).unwrap(),
                             None => backend.attention(&q[69 * row..70 * row].to_vec(), &cache, &mut one, &step, 1, &p).unwrap(),
                         });
-                        // Token 69 among the step's other tokens and alone: the same bits.
+                        // Sequence a's prompt with sequence b beside it in the step and alone:
+                        // the same bits (its tiles depend on its own span only).
+                        let mut a_plan = FlatPlan::with_capacity(&cap);
+                        a_plan.fill(&BatchPlan { seqs: &seqs[..1] }, &cap, 8).unwrap();
+                        backend.write_step(&mut step, &a_plan).unwrap();
+                        let mut a_alone = vec![f32::NAN; 70 * row];
+                        match sinks {
+                            Some(s) => backend.attention_sinks(&q[..70 * row].to_vec(), &cache, &s.to_vec(), &mut a_alone, &step, 70, &p).unwrap(),
+                            None => backend.attention(&q[..70 * row].to_vec(), &cache, &mut a_alone, &step, 70, &p).unwrap(),
+                        }
                         assert!(
-                            out[69 * row..70 * row].iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{:?} {ty} hd {hd} window {window:?}: token 69 depends on its neighbours in the step",
+                            out[..70 * row].iter().zip(&a_alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{:?} {ty} hd {hd} window {window:?}: a prompt depends on the other sequences of its step",
                             backend.simd.level()
                         );
                         out.extend_from_slice(&one);

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod cpu;
 mod cpu_attention;
+mod cpu_attention_tiled;
 mod cpu_delta_chunk;
 pub mod cpu_int;
 mod cpu_kv;
