@@ -3,7 +3,8 @@
 # builds llama-bench (CPU only, -march=native) from ../shared/tools/llama.cpp-34af94c.tar.xz and
 # kiln, makes Qwen3-0.6B-shaped models in every file type kiln writes (and a Llama-3-8B Q4_K_M)
 # with `kiln dev random-model`, runs llama-bench and `kiln bench --device cpu` back to back on each
-# file (pp64 and tg32; tg16 on the 8B) and prints one markdown table with the ratios and the bars.
+# file (pp64 and tg32; tg16 on the 8B; Q4_K_M also at depth 2048, where attention weighs most)
+# and prints one markdown table with the ratios and the bars.
 #     scripts/cpu-bench.sh [--quick] [--formats Q4_K_M,Q8_0,...] [--8b|--no-8b] [-r N] [-t N]
 #                          [--kiln BIN] [--llama-build DIR] [--models DIR] [--logs DIR]
 #   --quick            only the four bar formats (Q4_K_M, Q8_0, Q4_0, Q6_K)
@@ -104,22 +105,23 @@ model() { # shape type -> path of the model (made on first use)
 }
 
 # Every file first, so that no quantization shares the CPU with a measurement.
-runs=()  # name|path|prompt length|generated tokens
+runs=()  # name|path|prompt length|generated tokens|depth
 for t in "${formats[@]}"; do
-    path=$(model qwen3-0.6b "$t") && runs+=("qwen3-0.6b-$t|$path|64|32")
+    path=$(model qwen3-0.6b "$t") && runs+=("qwen3-0.6b-$t|$path|64|32|0")
+    if [ "$t" = Q4_K_M ]; then runs+=("qwen3-0.6b-$t-d2048|$path|64|32|2048"); fi
 done
 if [ "$with_8b" = 1 ]; then
-    path=$(model llama3-8b Q4_K_M) && runs+=("llama3-8b-Q4_K_M|$path|0|16")
+    path=$(model llama3-8b Q4_K_M) && runs+=("llama3-8b-Q4_K_M|$path|0|16|0")
 fi
 
 for run in "${runs[@]}"; do
-    IFS='|' read -r name path pp tg <<< "$run"
+    IFS='|' read -r name path pp tg depth <<< "$run"
     say "$name: llama-bench"
-    "$llama_bench" -m "$path" -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o json \
+    "$llama_bench" -m "$path" -t "$threads" -p "$pp" -n "$tg" -d "$depth" -r "$reps" -o json \
         > "$logs/$name.llama.json" 2> "$logs/$name.llama.err" \
         || say "llama-bench FAILED on $name: $(tail -1 "$logs/$name.llama.err")"
     say "$name: kiln bench"
-    "$kiln" bench -m "$path" --device cpu -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o json \
+    "$kiln" bench -m "$path" --device cpu -t "$threads" -p "$pp" -n "$tg" -d "$depth" -r "$reps" -o json \
         > "$logs/$name.kiln.json" 2> "$logs/$name.kiln.err" \
         || say "kiln bench FAILED on $name: $(tail -1 "$logs/$name.kiln.err")"
 done
@@ -148,7 +150,7 @@ print(f"CPU, {os.cpu_count()} cores visible; tokens/s (avg of the repetitions); 
 print("| file | llama.cpp pp64 | kiln pp64 | ratio | llama.cpp tg32 | kiln tg32 | ratio | bar | met |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
 failed = []
-for name, _path, pp_len, tg_len in runs:
+for name, _path, pp_len, tg_len, depth in runs:
     lc, kn = speeds(name, "llama"), speeds(name, "kiln")
     for tool, got in (("llama-bench", lc), ("kiln bench", kn)):
         if got is None:
@@ -160,14 +162,19 @@ for name, _path, pp_len, tg_len in runs:
     pp_r, tg_r = ratio(pp[1], pp[0]), ratio(tg[1], tg[0])
     fmt = name.split("-", 2)[-1]
     tg_name = f"tg{tg_len}"
-    if not pp_len:
+    if int(depth):
+        # The attention part has no numeric bar: the row shows what depth costs each tool.
+        label, bar, checks = f"{name[:-6]} @ depth {depth}", "-", []
+    elif not pp_len:
         label, bar, checks = f"{name} ({tg_name})", f"1.0x {tg_name}", [(tg_name, tg_r, 1.0)]
     elif fmt in bar_formats:
         label, bar, checks = name, f"1.0x pp{pp_len}+{tg_name}", [(f"pp{pp_len}", pp_r, 1.0), (tg_name, tg_r, 1.0)]
     else:
         label, bar, checks = name, f"0.8x {tg_name}", [(tg_name, tg_r, 0.8)]
     short = [test for test, got, need in checks if got is not None and got < need]
-    if any(got is None for _, got, _ in checks):
+    if not checks:
+        met = "-"
+    elif any(got is None for _, got, _ in checks):
         met = "?"
     else:
         met = f"not met ({', '.join(short)})" if short else "met"

@@ -135,9 +135,8 @@ pub(crate) fn attention(
         }
     });
     let tiles = cpu_attention_tiled::tiles(plan);
-    (0..tiles.len() * p.n_kv_heads).into_par_iter().for_each(|job| {
-        cpu_attention_tiled::run_tile(simd, cache, q, sinks, dst, plan, p, tiles[job / p.n_kv_heads], job % p.n_kv_heads);
-    });
+    let ctx = cpu_attention_tiled::TileCtx { simd, cache, q, sinks, out: dst, plan, p };
+    (0..tiles.len() * p.n_kv_heads).into_par_iter().for_each(|job| cpu_attention_tiled::run_tile(&ctx, tiles[job / p.n_kv_heads], job % p.n_kv_heads));
     Ok(())
 }
 

@@ -117,6 +117,21 @@ fn attention_matches_a_float64_reference_at_every_level() {
                             "{:?} {ty} hd {hd} window {window:?}: a prompt depends on the other sequences of its step",
                             backend.simd.level()
                         );
+                        // Its last 30 tokens fed as a step of their own (the first 40 cached): the
+                        // same bits again, so a prompt split over steps computes alike.
+                        let tail = [SeqStep { tokens: &a_tokens[40..], pos0: 40, blocks: &a_blocks, logits: LogitRows::None, sample: None }];
+                        a_plan.fill(&BatchPlan { seqs: &tail }, &cap, 8).unwrap();
+                        backend.write_step(&mut step, &a_plan).unwrap();
+                        let mut a_tail = vec![f32::NAN; 30 * row];
+                        match sinks {
+                            Some(s) => backend.attention_sinks(&q[40 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut a_tail, &step, 30, &p).unwrap(),
+                            None => backend.attention(&q[40 * row..70 * row].to_vec(), &cache, &mut a_tail, &step, 30, &p).unwrap(),
+                        }
+                        assert!(
+                            out[40 * row..70 * row].iter().zip(&a_tail).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{:?} {ty} hd {hd} window {window:?}: a prompt's tokens depend on how it is split over steps",
+                            backend.simd.level()
+                        );
                         out.extend_from_slice(&one);
                         let want: Vec<f64> = want.iter().copied().chain(want[69 * row..70 * row].iter().copied()).collect();
                         // Outputs are averages of values in [-1, 1]: f32 sums of up to 70

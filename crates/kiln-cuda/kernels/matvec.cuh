@@ -548,11 +548,19 @@ __device__ __forceinline__ u32 slot_expert(const float* ids, u32 slot, u32 n_exp
     return id >= 0.0f && id < (float)n_experts && id == floorf(id) ? (u32)id : n_experts;
 }
 
-// NaN into the rows of this block of an output row whose expert id was invalid.
-__device__ __forceinline__ void poison_rows(float* out, u32 rows, u32 rows_per_block) {
-    for (u32 r = blockIdx.x * rows_per_block + threadIdx.x; r < min(rows, (blockIdx.x + 1) * rows_per_block); r += blockDim.x) {
-        out[r] = __int_as_float(0x7fc00000);
+// This block's slot (slot0 + blockIdx.y) once the router's ids are visible: `out` moved to the
+// slot's output row, and its expert, or n_experts for an id that names none, after NaN went
+// into this block's rows of that output (rows_per_block of them).
+__device__ __forceinline__ u32 block_expert(const float* ids, u32 slot, u32 n_experts, float*& out, u32 rows, u32 rows_per_block) {
+    wait_for_inputs();
+    const u32 e = slot_expert(ids, slot, n_experts);
+    out += (u64)blockIdx.y * rows;
+    if (e >= n_experts) {
+        for (u32 r = blockIdx.x * rows_per_block + threadIdx.x; r < min(rows, (blockIdx.x + 1) * rows_per_block); r += blockDim.x) {
+            out[r] = __int_as_float(0x7fc00000);
+        }
     }
+    return e;
 }
 
 template <class F>
@@ -561,11 +569,8 @@ __device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
     const u32 slot = slot0 + blockIdx.y;
-    wait_for_inputs();
-    const u32 e = slot_expert(ids, slot, n_experts);
-    out += (u64)blockIdx.y * rows;
+    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_WARPS * ROWS_PER_WARP);
     if (e >= n_experts) {
-        poison_rows(out, rows, MV_WARPS * ROWS_PER_WARP);
         return;
     }
     const Planes weights[1] = {table[e]};
@@ -587,11 +592,8 @@ __device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) 
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
     const u32 slot = slot0 + blockIdx.y;
-    wait_for_inputs();
-    const u32 e = slot_expert(ids, slot, n_experts);
-    out += (u64)blockIdx.y * rows;
+    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_WARPS * SWIGLU_ROWS_PER_WARP);
     if (e >= n_experts) {
-        poison_rows(out, rows, MV_WARPS * SWIGLU_ROWS_PER_WARP);
         return;
     }
     const Planes weights[2] = {gate_table[e], up_table[e]};

@@ -30,11 +30,8 @@ __device__ __forceinline__ void matvec_float_experts(const W* table, const float
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
     const u32 slot = slot0 + blockIdx.y;
-    wait_for_inputs();
-    const u32 e = slot_expert(ids, slot, n_experts);
-    out += (u64)blockIdx.y * rows;
+    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_WARPS * ROWS_PER_WARP);
     if (e >= n_experts) {
-        poison_rows(out, rows, MV_WARPS * ROWS_PER_WARP);
         return;
     }
     const W weights[1] = {table[e]};
