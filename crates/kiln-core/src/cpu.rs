@@ -204,6 +204,9 @@ impl Backend for CpuBackend {
         if !kiln_quant::can_dequantize(src.ty) {
             return Err(BackendError::Unsupported { backend: "CPU".into(), what: format!("weights of type {} ({})", src.ty, src.name) });
         }
+        if src.ty == GgmlType::TQ1_0 && self.options.matmul == CpuMatmul::Quantized {
+            return as_tq2_0(&src);
+        }
         Ok(src)
     }
 
@@ -579,6 +582,27 @@ impl Backend for CpuBackend {
         out.copy_from_slice(&step.sampled[..out.len()]);
         Ok(())
     }
+}
+
+/// A TQ1_0 weight as TQ2_0: the same ternary values under the same scales (exactly: each
+/// block's scale is its largest magnitude), in 2-bit fields the integer kernels unpack with
+/// shifts and masks instead of base-3 digits. 22% more bytes, as the CUDA backend stores it too;
+/// the fast path decodes TQ1_0 at about half the speed of TQ2_0.
+fn as_tq2_0(src: &WeightSource) -> Result<WeightSource> {
+    let bad = |e: kiln_quant::QuantError| BackendError::BadWeight { name: src.name.clone(), reason: e.to_string() };
+    let (n, block) = (src.rows * src.cols, GgmlType::TQ1_0.block_size());
+    let (in_block, out_block) = (GgmlType::TQ1_0.type_size(), GgmlType::TQ2_0.type_size());
+    let mut bytes = vec![0u8; kiln_quant::quantized_size(GgmlType::TQ2_0, n).map_err(bad)?];
+    // A few thousand blocks at a time, so the f32 values in between stay small.
+    const CHUNK_BLOCKS: usize = 4096;
+    let mut values = vec![0f32; CHUNK_BLOCKS * block];
+    for (src_chunk, dst_chunk) in src.bytes().chunks(CHUNK_BLOCKS * in_block).zip(bytes.chunks_mut(CHUNK_BLOCKS * out_block)) {
+        let len = src_chunk.len() / in_block * block;
+        kiln_quant::dequantize(GgmlType::TQ1_0, src_chunk, &mut values[..len]).map_err(bad)?;
+        kiln_quant::quantize(GgmlType::TQ2_0, &values[..len], dst_chunk).map_err(bad)?;
+    }
+    let len = bytes.len();
+    Ok(WeightSource { name: src.name.clone(), ty: GgmlType::TQ2_0, rows: src.rows, cols: src.cols, owner: std::sync::Arc::new(bytes), range: 0..len })
 }
 
 #[cfg(test)]

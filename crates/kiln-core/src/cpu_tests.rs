@@ -1,10 +1,11 @@
 //! The CPU backend's attention at every SIMD level against a float64 reference.
 
 use super::CpuBackend;
-use crate::backend::{AttentionParams, Backend};
+use crate::backend::{AttentionParams, Backend, WeightSource};
 use crate::cpu_simd::tests::values;
 use crate::cpu_simd::{Simd, SimdLevel};
 use crate::plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SeqStep, StepCapacity};
+use kiln_quant::GgmlType;
 
 /// Softmax-weighted sum of the cache's values (as the cache returns them), in float64.
 #[allow(clippy::too_many_arguments)]
@@ -194,4 +195,23 @@ fn decode_attention_timing() {
             println!("{ty} {level:?}: {:.3} ms of one thread's CPU time a layer", ns / 1e6 / reps as f64);
         }
     }
+}
+
+/// The fast backend stores TQ1_0 weights as TQ2_0: the same values exactly.
+#[test]
+fn tq1_0_weights_keep_their_values_as_tq2_0() {
+    let (rows, cols) = (3, 512);
+    let values: Vec<f32> = values(rows * cols, 11).iter().map(|v| (v * 3.0).round().clamp(-1.0, 1.0) * 0.25).collect();
+    let mut bytes = vec![0u8; kiln_quant::quantized_size(GgmlType::TQ1_0, values.len()).unwrap()];
+    kiln_quant::quantize(GgmlType::TQ1_0, &values, &mut bytes).unwrap();
+    let len = bytes.len();
+    let src = WeightSource { name: "t".into(), ty: GgmlType::TQ1_0, rows, cols, owner: std::sync::Arc::new(bytes), range: 0..len };
+    let mut want = vec![0f32; rows * cols];
+    kiln_quant::dequantize(GgmlType::TQ1_0, src.bytes(), &mut want).unwrap();
+    let fast = CpuBackend::new().upload_weight(src.clone()).unwrap();
+    assert_eq!(fast.ty, GgmlType::TQ2_0);
+    let mut got = vec![0f32; rows * cols];
+    kiln_quant::dequantize(GgmlType::TQ2_0, fast.bytes(), &mut got).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(CpuBackend::exact().upload_weight(src).unwrap().ty, GgmlType::TQ1_0, "the exact backend keeps the file's bytes");
 }
