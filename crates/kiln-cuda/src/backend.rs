@@ -16,7 +16,7 @@ use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 
 use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ExpertInputRows, ExpertProducts, GpuWeight, QuantizedActivations};
+use crate::matvec::{self, ExpertProducts, GpuWeight, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
@@ -400,11 +400,7 @@ impl Backend for CudaBackend {
         n_used: usize,
         input: ExpertInput,
     ) -> Result<()> {
-        let rows = match input {
-            ExpertInput::PerToken => ExpertInputRows::PerToken,
-            ExpertInput::PerSlot => ExpertInputRows::PerSlot,
-        };
-        self.experts.matmul(&self.device, experts, x, ids, out, n, n_used, rows).map_err(backend_error)
+        self.experts.matmul(&self.device, experts, x, ids, out, n, n_used, input).map_err(backend_error)
     }
 
     fn moe_add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, ids: &CudaSlice<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {

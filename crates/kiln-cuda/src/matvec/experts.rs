@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use kiln_core::ExpertInput;
 
 use super::matmat::is_capturing;
 use super::matvec_shape::{default_shape, MatvecKind, MATVEC_SHAPES};
@@ -27,15 +28,6 @@ const GROUP: usize = MAX_MATVEC_TOKENS;
 /// `arch_ops.cu`'s GROUP_THREADS and GROUP_MAX_EXPERTS.
 const GROUP_THREADS: u32 = 1024;
 const GROUP_MAX_EXPERTS: usize = 1024;
-
-/// Which input row a slot reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertInputRows {
-    /// Token `slot / n_used`'s row, shared by its chosen experts (gate and up products).
-    PerToken,
-    /// The slot's own row (the down product of the slots' activations).
-    PerSlot,
-}
 
 /// The expert tables and the quantized inputs of the expert products of one device.
 #[derive(Default)]
@@ -77,7 +69,7 @@ fn descriptor(w: &GpuWeight) -> Vec<u8> {
 
 impl ExpertProducts {
     /// `out[s] = x_in(s) . experts[ids[s]]` for the `n * n_used` slots of `n` tokens, `x_in(s)`
-    /// the row `rows` says; `out` is `[n][n_used][rows of an expert]`. Every expert must have
+    /// the row `input` says; `out` is `[n][n_used][rows of an expert]`. Every expert must have
     /// one type and shape. The first call over a set of experts (and any call needing more
     /// input rows than before) must not be inside a graph capture; the engine runs every
     /// step shape once uncaptured first.
@@ -91,14 +83,14 @@ impl ExpertProducts {
         out: &mut CudaSlice<f32>,
         n: usize,
         n_used: usize,
-        rows: ExpertInputRows,
+        input: ExpertInput,
     ) -> Result<(), CudaError> {
         let first = experts.first().ok_or_else(|| invalid(OP, "a product over no experts"))?;
         if let Some(w) = experts.iter().find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols)) {
             return Err(invalid(OP, format!("expert {} ({} {}x{}) among experts of {} {}x{}", w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols)));
         }
         let slots = n * n_used;
-        let in_rows = if rows == ExpertInputRows::PerSlot { slots } else { n };
+        let in_rows = if input == ExpertInput::PerSlot { slots } else { n };
         check_len(OP, "ids", ids.len(), slots)?;
         check_len(OP, "x", x.len(), in_rows * first.cols)?;
         check_len(OP, "out", out.len(), slots * first.rows)?;
@@ -115,14 +107,13 @@ impl ExpertProducts {
         // weights are read once per group of GROUP slots rather than once per slot.
         let max_groups = slots.div_ceil(GROUP) + experts.len().min(slots);
         if n > MAX_MATVEC_TOKENS && !float && experts.len() <= GROUP_MAX_EXPERTS && max_groups <= MAX_SLOTS_PER_LAUNCH {
-            let call = GroupedCall { experts, table, x, ids, n_used, rows, slots, max_groups, capturing };
+            let call = GroupedCall { experts, table, x, ids, n_used, input, slots, max_groups, capturing };
             return self.matmul_grouped(device, call, out);
         }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
         let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::Experts);
-        let (n_experts, n_used32, per_slot) =
-            (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(rows == ExpertInputRows::PerSlot));
+        let (n_experts, n_used32, per_slot) = (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let (out_rows, cols) = (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?);
         let inputs = if float { None } else { Some(self.quantized_input(device, first.cols, in_rows, capturing)?) };
         let quantized = match &inputs {
@@ -241,7 +232,7 @@ impl ExpertProducts {
     /// their input rows group by group, quantize them, multiply each group by its expert
     /// (matvec_expert_groups) and scatter the rows back to the slots.
     fn matmul_grouped(&self, device: &CudaDevice, call: GroupedCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-        let GroupedCall { experts, table, x, ids, n_used, rows, slots, max_groups, capturing } = call;
+        let GroupedCall { experts, table, x, ids, n_used, input, slots, max_groups, capturing } = call;
         let first = &experts[0];
         let entries = max_groups * GROUP;
         let mut grouping = self.grouping.lock().unwrap_or_else(PoisonError::into_inner);
@@ -273,7 +264,7 @@ impl ExpertProducts {
         let (slots32, experts32, group32, max_groups32) =
             (to_u32(OP, "slots", slots)?, to_u32(OP, "experts", experts.len())?, GROUP as u32, to_u32(OP, "groups", max_groups)?);
         let (rows32, cols32, n_used32, per_slot) =
-            (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?, to_u32(OP, "n_used", n_used)?, u32::from(rows == ExpertInputRows::PerSlot));
+            (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let stream = device.stream();
         let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (GROUP_THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: moe_group_slots(ids, n_slots, n_experts, group, max_groups, group_slot,
@@ -377,7 +368,7 @@ struct GroupedCall<'a> {
     x: &'a CudaSlice<f32>,
     ids: &'a CudaSlice<f32>,
     n_used: usize,
-    rows: ExpertInputRows,
+    input: ExpertInput,
     slots: usize,
     max_groups: usize,
     capturing: bool,
