@@ -93,6 +93,8 @@ pub enum CpuKernelsArg {
     Avx512Vnni,
     AvxVnni,
     Avx2,
+    NeonDot,
+    Neon,
     Scalar,
 }
 
@@ -104,6 +106,8 @@ impl CpuKernelsArg {
             CpuKernelsArg::Avx512Vnni => SimdLevel::Avx512Vnni,
             CpuKernelsArg::AvxVnni => SimdLevel::AvxVnni,
             CpuKernelsArg::Avx2 => SimdLevel::Avx2,
+            CpuKernelsArg::NeonDot => SimdLevel::NeonDot,
+            CpuKernelsArg::Neon => SimdLevel::Neon,
             CpuKernelsArg::Scalar => SimdLevel::Scalar,
         };
         if !simd.is_available() {

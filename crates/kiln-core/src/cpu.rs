@@ -75,6 +75,7 @@ impl CpuBackend {
         let f32_level = match options.simd {
             SimdLevel::Avx512Vnni => F32Level::Avx512,
             SimdLevel::Avx2 | SimdLevel::AvxVnni => F32Level::Avx2,
+            SimdLevel::Neon | SimdLevel::NeonDot => F32Level::Neon,
             SimdLevel::Scalar => F32Level::Scalar,
         };
         let simd = Simd::at(f32_level).or_else(|| Simd::at(F32Level::Scalar)).expect("the scalar level is always available");
@@ -194,6 +195,8 @@ impl Backend for CpuBackend {
             (_, SimdLevel::Avx512Vnni) => "AVX-512 VNNI",
             (_, SimdLevel::AvxVnni) => "AVX-VNNI",
             (_, SimdLevel::Avx2) => "AVX2",
+            (_, SimdLevel::NeonDot) => "NEON dot product",
+            (_, SimdLevel::Neon) => "NEON",
             (_, SimdLevel::Scalar) => "scalar",
         };
         format!("CPU ({} threads, {kernels})", rayon::current_num_threads())

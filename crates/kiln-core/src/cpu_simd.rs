@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 
 use half::f16;
 
+#[cfg(target_arch = "aarch64")]
+use crate::cpu_simd_neon as neon;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_simd_x86 as x86;
 
@@ -20,9 +22,14 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512F, on top of everything `Avx2` needs.
     Avx512,
+    /// aarch64 NEON (part of the baseline there).
+    Neon,
 }
 
 impl SimdLevel {
+    /// Every level of every target.
+    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512, SimdLevel::Neon];
+
     fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -31,9 +38,14 @@ impl SimdLevel {
                 SimdLevel::Scalar => true,
                 SimdLevel::Avx2 => avx2,
                 SimdLevel::Avx512 => avx2 && is_x86_feature_detected!("avx512f"),
+                SimdLevel::Neon => false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            matches!(self, SimdLevel::Scalar | SimdLevel::Neon)
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             self == SimdLevel::Scalar
         }
@@ -44,7 +56,7 @@ impl SimdLevel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Simd(SimdLevel);
 
-/// Every kernel has the same shape: the x86 version for the level, else the scalar one.
+/// Every kernel has the same shape: the x86 or NEON version for the level, else the scalar one.
 macro_rules! dispatch {
     ($simd:expr, $avx512:ident, $avx2:ident, $f:ident($($arg:expr),*)) => {
         dispatch!($simd, $avx512, $avx2, $f($($arg),*), scalar::$f($($arg),*))
@@ -57,11 +69,53 @@ macro_rules! dispatch {
             SimdLevel::Avx512 => return unsafe { x86::$avx512::$f($($arg),*) },
             // SAFETY: as above.
             SimdLevel::Avx2 => return unsafe { x86::$avx2::$f($($arg),*) },
-            SimdLevel::Scalar => {}
+            SimdLevel::Scalar | SimdLevel::Neon => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if $simd.0 == SimdLevel::Neon {
+            return neon::$f($($arg),*);
         }
         $fallback
     }};
 }
+
+/// `exp(x)` by `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2 / 2`; the degree-7 Taylor
+/// polynomial's truncation error there is 5e-9, below f32 rounding. Inputs under -87 give 0
+/// (`exp(-87)` is 1.6e-38) and inputs over 88.3 give `exp(88.3)`; NaN stays NaN.
+pub(crate) const EXP_LO: f32 = -87.0;
+pub(crate) const EXP_HI: f32 = 88.3;
+pub(crate) const LN2_HI: f32 = 0.693_145_75;
+pub(crate) const LN2_LO: f32 = 1.428_606_8e-6;
+pub(crate) const EXP_COEFFS: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
+
+/// The scalar tail of every vector dot product.
+pub(crate) fn dot_tail(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The walk of `matmul_add` over tiles of 4 rows x `$cols` columns, shared by every level: each
+/// level's `tile::<R>` does the arithmetic, the scalar kernel the columns past the last tile.
+macro_rules! matmul_add_by_tiles {
+    ($cols:expr, $m:expr, $n:expr, $depth:expr, $a:expr, $lda:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
+        let (m, n, depth, a, lda, b, ldb, c, ldc) = ($m, $n, $depth, $a, $lda, $b, $ldb, $c, $ldc);
+        let wide = n / $cols * $cols;
+        for j in (0..wide).step_by($cols) {
+            for r in (0..m).step_by(4) {
+                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
+                match m - r {
+                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
+                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
+                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
+                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
+                }
+            }
+        }
+        if wide < n {
+            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
+        }
+    }};
+}
+pub(crate) use matmul_add_by_tiles;
 
 /// One KV cache row's values for one head, in the cache's storage type.
 #[derive(Clone, Copy)]
@@ -89,7 +143,11 @@ impl KvRow<'_> {
             // SAFETY: a prefetch never faults and changes nothing visible; SSE is baseline x86-64.
             unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ptr.add(at) as *const i8) };
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        for at in (0..bytes).step_by(64) {
+            crate::cpu_int::prefetch_line(ptr.wrapping_add(at));
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let _ = (ptr, bytes);
     }
 }
@@ -98,7 +156,7 @@ impl Simd {
     /// The widest level this CPU supports, detected once.
     pub fn best() -> Simd {
         static BEST: OnceLock<SimdLevel> = OnceLock::new();
-        Simd(*BEST.get_or_init(|| [SimdLevel::Avx512, SimdLevel::Avx2].into_iter().find(|l| l.supported()).unwrap_or(SimdLevel::Scalar)))
+        Simd(*BEST.get_or_init(|| [SimdLevel::Avx512, SimdLevel::Avx2, SimdLevel::Neon].into_iter().find(|l| l.supported()).unwrap_or(SimdLevel::Scalar)))
     }
 
     /// `level`, if this CPU supports it.

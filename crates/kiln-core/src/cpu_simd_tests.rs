@@ -16,7 +16,7 @@ const LENGTHS: [usize; 14] = [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 64, 127, 128, 
 
 /// The vector levels this CPU supports.
 fn levels() -> Vec<Simd> {
-    [SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter_map(Simd::at).collect()
+    SimdLevel::ALL.into_iter().filter(|&l| l != SimdLevel::Scalar).filter_map(Simd::at).collect()
 }
 
 /// Deterministic values in [-1, 1).

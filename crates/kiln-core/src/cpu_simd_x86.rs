@@ -7,42 +7,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-/// `exp(x)` by `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2 / 2`; the degree-7 Taylor
-/// polynomial's truncation error there is 5e-9, below f32 rounding. Inputs under -87 give 0
-/// (`exp(-87)` is 1.6e-38) and inputs over 88.3 give `exp(88.3)`; NaN stays NaN.
-const EXP_LO: f32 = -87.0;
-const EXP_HI: f32 = 88.3;
-const LN2_HI: f32 = 0.693_145_75;
-const LN2_LO: f32 = 1.428_606_8e-6;
-const EXP_COEFFS: [f32; 8] = [1.0, 1.0, 0.5, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
-
-/// The scalar tail of every dot product.
-fn dot_tail(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-/// The walk of `matmul_add` over tiles of 4 rows x `$cols` columns, shared by both levels: each
-/// level's `tile::<R>` does the arithmetic, the scalar kernel the columns past the last tile.
-macro_rules! matmul_add_by_tiles {
-    ($cols:expr, $m:expr, $n:expr, $depth:expr, $a:expr, $lda:expr, $b:expr, $ldb:expr, $c:expr, $ldc:expr) => {{
-        let (m, n, depth, a, lda, b, ldb, c, ldc) = ($m, $n, $depth, $a, $lda, $b, $ldb, $c, $ldc);
-        let wide = n / $cols * $cols;
-        for j in (0..wide).step_by($cols) {
-            for r in (0..m).step_by(4) {
-                let (a, b, c) = (&a[r * lda..], &b[j..], &mut c[r * ldc + j..]);
-                match m - r {
-                    1 => tile::<1>(depth, a, lda, b, ldb, c, ldc),
-                    2 => tile::<2>(depth, a, lda, b, ldb, c, ldc),
-                    3 => tile::<3>(depth, a, lda, b, ldb, c, ldc),
-                    _ => tile::<4>(depth, a, lda, b, ldb, c, ldc),
-                }
-            }
-        }
-        if wide < n {
-            crate::cpu_simd::scalar::matmul_add(m, n - wide, depth, a, lda, &b[wide..], ldb, &mut c[wide..], ldc);
-        }
-    }};
-}
+use crate::cpu_simd::{dot_tail, matmul_add_by_tiles, EXP_COEFFS, EXP_HI, EXP_LO, LN2_HI, LN2_LO};
 
 pub(crate) mod avx2 {
     use super::*;

@@ -45,8 +45,7 @@ fn reference(
 
 #[test]
 fn attention_matches_a_float64_reference_at_every_level() {
-    let backends: Vec<CpuBackend> =
-        [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512].into_iter().filter_map(Simd::at).map(CpuBackend::with_simd).collect();
+    let backends: Vec<CpuBackend> = SimdLevel::ALL.into_iter().filter_map(Simd::at).map(CpuBackend::with_simd).collect();
     let cap = StepCapacity { tokens: 128, seqs: 2, blocks: 8, logit_rows: 0, history: 0 };
     // Two sequences over scattered blocks, one of them three blocks long.
     let (a_blocks, b_blocks) = ([4u32, 1, 6], [0u32, 3]);
@@ -168,7 +167,7 @@ fn decode_attention_timing() {
     let q = values(n_heads * hd, 1);
     let p = AttentionParams { n_heads, n_kv_heads, head_dim: hd, max_seq_len: depth, scale: 0.088, window: None };
     for ty in [KvType::F16, KvType::Q8_0, KvType::F32] {
-        for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+        for level in SimdLevel::ALL {
             let Some(simd) = Simd::at(level) else { continue };
             let backend = CpuBackend::with_simd(simd);
             let spec = KvCacheSpec { n_blocks: blocks.len(), width, k_type: ty, v_type: ty };

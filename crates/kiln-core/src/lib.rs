@@ -11,6 +11,8 @@ mod cpu_kv;
 mod cpu_ops;
 mod cpu_recurrent;
 mod cpu_simd;
+#[cfg(target_arch = "aarch64")]
+mod cpu_simd_neon;
 #[cfg(target_arch = "x86_64")]
 mod cpu_simd_x86;
 pub mod plan;

@@ -77,7 +77,7 @@ fn quantization_bound(w: &[f32], x: &[f32]) -> f64 {
 }
 
 fn levels() -> Vec<SimdLevel> {
-    let all = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512Vnni];
+    let all = SimdLevel::ALL;
     let available: Vec<SimdLevel> = all.into_iter().filter(|l| l.is_available()).collect();
     if available.len() < all.len() {
         eprintln!("SKIPPED on this CPU: {:?}", all.iter().filter(|l| !available.contains(l)).collect::<Vec<_>>());

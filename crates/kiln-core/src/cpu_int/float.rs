@@ -49,13 +49,8 @@ pub(crate) fn matmul(simd: Simd, w: &WeightSource, x: &[f32], n: usize, out: Sha
             let ahead = (r + 1) * row_bytes + super::PREFETCH_BYTES.max(row_bytes);
             super::prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
             let packed = &all[r * row_bytes..(r + 1) * row_bytes];
-            let (ty, row) = (w.ty, packed);
             for t in 0..n {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `supports` checked the level is available; the row holds `cols` values of `ty`.
-                let v = unsafe { avx512::dot(ty, row, &x[t * cols..(t + 1) * cols]) };
-                #[cfg(not(target_arch = "x86_64"))]
-                let v = unreachable!("no float kernels on this target: {row:?}");
+                let v = dot_row(w.ty, packed, &x[t * cols..(t + 1) * cols]);
                 // SAFETY: row r belongs to this task alone; in bounds as checked by the caller.
                 unsafe { out.write(t * rows + r, v) };
             }
@@ -91,13 +86,7 @@ fn matmul_tiled(simd: Simd, w: &WeightSource, x: &[f32], n: usize, out: SharedOu
                 sums.resize(TILED_ROWS * padded, 0.0);
                 for (r, dst) in wide.chunks_exact_mut(cols).take(count).enumerate() {
                     let packed = &all[(first + r) * row_bytes..(first + r + 1) * row_bytes];
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `supports` checked the level is available; the row holds `cols` values of its type.
-                    unsafe {
-                        avx512::widen(w.ty, packed, dst)
-                    };
-                    #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!("no float kernels on this target: {packed:?} {dst:?}");
+                    widen_row(w.ty, packed, dst);
                 }
                 simd.matmul_add(count, padded, cols, wide, cols, xt, padded, sums, padded);
                 for r in 0..count {
@@ -109,6 +98,24 @@ fn matmul_tiled(simd: Simd, w: &WeightSource, x: &[f32], n: usize, out: SharedOu
             });
         });
     });
+}
+
+/// One packed row of `ty` dotted with `x`, in f32.
+fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `supports` admitted only an AVX-512 level this CPU has; the row holds `x.len()` values of `ty`.
+    return unsafe { avx512::dot(ty, row, x) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no float kernels on this target: {ty} {} {}", row.len(), x.len())
+}
+
+/// One packed row of `ty` widened to f32 into `dst`.
+fn widen_row(ty: GgmlType, row: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `dot_row`.
+    return unsafe { avx512::widen(ty, row, dst) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("no float kernels on this target: {ty} {} {}", row.len(), dst.len())
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -17,6 +17,10 @@ mod avx_vnni;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
 mod fused_avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+pub(crate) use neon::prefetch_line;
 pub mod scalar;
 
 use std::cell::RefCell;
@@ -38,12 +42,19 @@ pub enum SimdLevel {
     AvxVnni,
     /// AVX-512F/BW with VNNI `vpdpbusd`.
     Avx512Vnni,
+    /// aarch64 NEON, widening to i16 and i32.
+    Neon,
+    /// aarch64 NEON with the dot product extension (`sdot`).
+    NeonDot,
 }
 
 impl SimdLevel {
+    /// Every level of every target, narrowest first within each target.
+    pub const ALL: [SimdLevel; 6] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512Vnni, SimdLevel::Neon, SimdLevel::NeonDot];
+
     /// The best level this CPU runs.
     pub fn detect() -> SimdLevel {
-        [SimdLevel::Avx512Vnni, SimdLevel::AvxVnni, SimdLevel::Avx2].into_iter().find(|l| l.is_available()).unwrap_or(SimdLevel::Scalar)
+        Self::ALL.into_iter().rev().find(|l| l.is_available()).unwrap_or(SimdLevel::Scalar)
     }
 
     pub fn is_available(self) -> bool {
@@ -60,9 +71,18 @@ impl SimdLevel {
                         && is_x86_feature_detected!("avx512vnni")
                         && is_x86_feature_detected!("f16c")
                 }
+                SimdLevel::Neon | SimdLevel::NeonDot => false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            match self {
+                SimdLevel::Scalar | SimdLevel::Neon => true,
+                SimdLevel::NeonDot => std::arch::is_aarch64_feature_detected!("dotprod"),
+                SimdLevel::Avx2 | SimdLevel::AvxVnni | SimdLevel::Avx512Vnni => false,
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             self == SimdLevel::Scalar
         }
@@ -85,6 +105,8 @@ const TILE_ROWS: usize = 8;
 
 /// `row · x[t]` at `level` (which must be available); `coef` is scratch of `cols / group + 16`.
 pub fn matvec_row(level: SimdLevel, row: &DecodedRow, acts: &QuantizedActs, t: usize, coef: &mut [f32]) -> f32 {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = coef;
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level was checked available when chosen; lengths match by construction.
@@ -95,6 +117,11 @@ pub fn matvec_row(level: SimdLevel, row: &DecodedRow, acts: &QuantizedActs, t: u
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx2 => unsafe { avx2::matvec_row(row, acts, t) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        SimdLevel::NeonDot => unsafe { neon::matvec_row_dot(row, acts, t) },
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => neon::matvec_row(row, acts, t),
         _ => scalar::matvec_row(row, acts, t),
     }
 }
@@ -108,9 +135,12 @@ pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::AvxVnni => unsafe { avx_vnni::matmat_tile(rows, acts, tile, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        SimdLevel::NeonDot => unsafe { neon::matmat_tile(rows, acts, tile, out) },
         SimdLevel::Scalar => scalar::matmat_tile(rows, acts, tile, out),
         _ => {
-            // Without VNNI there is no cheap 4-way u8 x i8 product across token lanes; row-by-row it is.
+            // Without a 4-way byte dot product across token lanes, row-by-row it is.
             for (row, out) in rows.iter().zip(out) {
                 for (lane, o) in out.iter_mut().enumerate() {
                     let t = tile * TOKEN_TILE + lane;
@@ -159,7 +189,11 @@ pub(crate) fn prefetch(bytes: &[u8]) {
         // SAFETY: a prefetch hint on a valid address; it never faults.
         unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast()) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    for line in bytes.chunks(64) {
+        neon::prefetch_line(line.as_ptr());
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = bytes;
 }
 
