@@ -16,6 +16,8 @@ mod avx512;
 mod avx_vnni;
 pub mod float;
 #[cfg(target_arch = "x86_64")]
+mod fused_avx2;
+#[cfg(target_arch = "x86_64")]
 mod fused_avx512;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -36,7 +38,7 @@ pub use acts::{QuantizedActs, TOKEN_TILE};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SimdLevel {
     Scalar,
-    /// AVX2 + FMA, widening to i16.
+    /// AVX2 + FMA (+ F16C), `vpmaddubsw` on signed or small codes.
     Avx2,
     /// AVX2 + FMA with the 256-bit VNNI `vpdpbusd` (AVX-VNNI: CPUs without AVX-512).
     AvxVnni,
@@ -62,7 +64,7 @@ impl SimdLevel {
         {
             match self {
                 SimdLevel::Scalar => true,
-                SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+                SimdLevel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
                 SimdLevel::AvxVnni => SimdLevel::Avx2.is_available() && is_x86_feature_detected!("avxvnni"),
                 SimdLevel::Avx512Vnni => {
                     is_x86_feature_detected!("avx512f")
@@ -116,7 +118,7 @@ pub fn matvec_row(level: SimdLevel, row: &DecodedRow, acts: &QuantizedActs, t: u
         SimdLevel::AvxVnni => unsafe { avx_vnni::matvec_row(row, acts, t, coef) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        SimdLevel::Avx2 => unsafe { avx2::matvec_row(row, acts, t) },
+        SimdLevel::Avx2 => unsafe { avx2::matvec_row(row, acts, t, coef) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         SimdLevel::NeonDot => unsafe { neon::matvec_row_dot(row, acts, t) },
@@ -135,6 +137,9 @@ pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, 
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::AvxVnni => unsafe { avx_vnni::matmat_tile(rows, acts, tile, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx2 => unsafe { avx2::matmat_tile(rows, acts, tile, out) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         SimdLevel::NeonDot => unsafe { neon::matmat_tile(rows, acts, tile, out) },
@@ -161,8 +166,10 @@ struct FusedKernel {
 impl FusedKernel {
     fn find(level: SimdLevel, ty: kiln_quant::GgmlType) -> Option<FusedKernel> {
         #[cfg(target_arch = "x86_64")]
-        if level == SimdLevel::Avx512Vnni {
-            return fused_avx512::kernel(ty).map(|row| FusedKernel { row });
+        match level {
+            SimdLevel::Avx512Vnni => return fused_avx512::kernel(ty).map(|row| FusedKernel { row }),
+            SimdLevel::Avx2 => return fused_avx2::kernel(ty).map(|row| FusedKernel { row }),
+            _ => {}
         }
         let _ = (level, ty);
         None

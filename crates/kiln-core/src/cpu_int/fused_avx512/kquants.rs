@@ -7,7 +7,7 @@ use crate::cpu_int::acts::QuantizedActs;
 
 /// The 6-bit scales and mins of a Q4_K/Q5_K block as 8 + 8 bytes (ggml's `get_scale_min_k4`).
 #[inline]
-fn k4_scales(packed: &[u8]) -> (u64, u64) {
+pub(crate) fn k4_scales(packed: &[u8]) -> (u64, u64) {
     let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
     let (a0, a1, a2) = (word(0), word(1), word(2));
     let sc_lo = a0 & 0x3f3f_3f3f;

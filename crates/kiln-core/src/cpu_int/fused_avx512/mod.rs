@@ -9,6 +9,8 @@
 mod blocks32;
 mod kquants;
 
+pub(super) use kquants::k4_scales;
+
 use std::arch::x86_64::*;
 
 use kiln_quant::GgmlType;
