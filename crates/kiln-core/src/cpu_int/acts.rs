@@ -102,13 +102,18 @@ impl QuantizedActs {
     }
 }
 
-/// The AVX-512 quantizer where the CPU has it, else the scalar one; both round the same
+/// The AVX-512 or AVX2 quantizer where the CPU has it, else the scalar one; all round the same
 /// products the same way, so they write identical codes.
 fn quantize_rows(acts: &mut QuantizedActs, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
         // SAFETY: the features were just detected; `quantize` sized every buffer for n x cols.
         return unsafe { quantize_rows_avx512(acts, x) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: as above.
+        return unsafe { quantize_rows_avx2(acts, x) };
     }
     quantize_rows_scalar(acts, x)
 }
@@ -141,6 +146,39 @@ unsafe fn quantize_rows_avx512(acts: &mut QuantizedActs, x: &[f32]) {
         _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b).cast(), fours(q_lo));
         _mm_storeu_si128(acts.neg_bias4.as_mut_ptr().add(8 * b + 4).cast(), fours(q_hi));
         acts.set_block(b, d, s_lo, s_hi);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_rows_avx2(acts: &mut QuantizedActs, x: &[f32]) {
+    use std::arch::x86_64::*;
+    let blocks = acts.n * acts.cols / 32;
+    let (xp, qs) = (x.as_ptr(), acts.qs.as_mut_ptr());
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    // packs_epi32 then packs_epi16 leave each 4 codes' dword in the order 0, 2, 4, 6, 1, 3, 5, 7.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..blocks {
+        // SAFETY: block b of n x cols values, codes, scales and sums (buffers sized by `quantize`).
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(xp.add(32 * b + 8 * i)));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+            _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        // The default rounding mode is to nearest, ties to even.
+        let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
+        let codes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), order);
+        _mm256_storeu_si256(qs.add(32 * b).cast(), codes);
+        let fours = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes), _mm256_set1_epi16(1));
+        _mm256_storeu_si256(acts.neg_bias4.as_mut_ptr().add(8 * b).cast(), _mm256_mullo_epi32(fours, _mm256_set1_epi32(-CODE_BIAS)));
+        let mut sums = [0i32; 8];
+        _mm256_storeu_si256(sums.as_mut_ptr().cast(), fours);
+        acts.set_block(b, d, sums[..4].iter().sum(), sums[4..].iter().sum());
     }
 }
 

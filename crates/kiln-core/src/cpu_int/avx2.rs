@@ -69,77 +69,95 @@ unsafe fn matvec_row_in<const G: usize>(row: &DecodedRow, acts: &QuantizedActs, 
     total
 }
 
+/// The sum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
     _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps::<1>(quarter, quarter)))
 }
 
-/// `R` rows x the 16 tokens of token tile `tile`, as two 8-lane halves: each row's word of 4
-/// codes is broadcast and multiplied with 4 codes of 8 tokens per `dot4`.
-///
-/// # Safety
-/// As [`matvec_row`]; `acts` holds the tiled layout and `rows.len() == R == out.len()`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn matmat_rows<const R: usize>(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
-    let cols = acts.cols;
-    let (group, has_offset) = (rows[0].group, rows[0].has_offset);
-    let qs = acts.tiled_qs.as_ptr().add(tile * cols * TOKEN_TILE);
-    let sums16 = acts.tiled_scaled_sum16.as_ptr().add(tile * cols / 16 * TOKEN_TILE);
-    let scale = acts.tiled_scale.as_ptr().add(tile * cols / 32 * TOKEN_TILE);
-    let codes: [*const u8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
-    let per16 = group / 16;
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    for g in 0..cols / group {
-        let mut dot = [[_mm256_setzero_si256(); 2]; R];
-        for k4 in g * group / 4..(g + 1) * group / 4 {
-            // SAFETY: k4 < cols / 4: 64 bytes of tile codes and 4 bytes of each row are in bounds.
-            let a0 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE).cast());
-            let a1 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE + 32).cast());
+/// The tile kernel of the 8-lane levels (AVX2, AVX-VNNI): `R` rows x the 16 tokens of token
+/// tile `tile`, as two 8-lane halves. Each row's word of 4 codes is broadcast against 4 codes of
+/// 8 tokens: `$step(acc, word, a)` adds their 4-products to the i32 lanes, which start each
+/// group at `$init(bias16, g, per16, half)` (the activations' `tiled_neg_bias16`).
+macro_rules! tile_rows_8_lanes {
+    ($features:literal, $init:expr, $step:expr) => {
+        /// # Safety
+        /// The CPU has this level; `acts` holds the tiled layout; `rows.len() == R == out.len()`.
+        #[target_feature(enable = $features)]
+        unsafe fn matmat_rows<const R: usize>(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
+            let (init, step) = ($init, $step);
+            let cols = acts.cols;
+            let (group, has_offset) = (rows[0].group, rows[0].has_offset);
+            let qs = acts.tiled_qs.as_ptr().add(tile * cols * TOKEN_TILE);
+            let bias16 = acts.tiled_neg_bias16.as_ptr().add(tile * cols / 16 * TOKEN_TILE);
+            let sums16 = acts.tiled_scaled_sum16.as_ptr().add(tile * cols / 16 * TOKEN_TILE);
+            let scale = acts.tiled_scale.as_ptr().add(tile * cols / 32 * TOKEN_TILE);
+            let codes: [*const u8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
+            let per16 = group / 16;
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for g in 0..cols / group {
+                let mut dot = [[init(bias16, g, per16, 0), init(bias16, g, per16, 1)]; R];
+                for k4 in g * group / 4..(g + 1) * group / 4 {
+                    // SAFETY: k4 < cols / 4: 64 bytes of tile codes and 4 bytes of each row are in bounds.
+                    let a0 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE).cast());
+                    let a1 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE + 32).cast());
+                    for r in 0..R {
+                        let word = codes[r].add(4 * k4).cast::<u32>().read_unaligned();
+                        dot[r][0] = step(dot[r][0], word, a0);
+                        dot[r][1] = step(dot[r][1], word, a1);
+                    }
+                }
+                for half in 0..2 {
+                    // SAFETY: group g's scales and sums of this tile's 16 tokens are in their buffers.
+                    let act_scale = _mm256_loadu_ps(scale.add(g * group / 32 * TOKEN_TILE + 8 * half));
+                    let sums = if !has_offset {
+                        _mm256_setzero_ps()
+                    } else if per16 == 1 {
+                        _mm256_loadu_ps(sums16.add(g * TOKEN_TILE + 8 * half))
+                    } else {
+                        _mm256_add_ps(
+                            _mm256_loadu_ps(sums16.add(2 * g * TOKEN_TILE + 8 * half)),
+                            _mm256_loadu_ps(sums16.add((2 * g + 1) * TOKEN_TILE + 8 * half)),
+                        )
+                    };
+                    for r in 0..R {
+                        let c = _mm256_mul_ps(_mm256_set1_ps(*rows[r].scale.get_unchecked(g)), act_scale);
+                        acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][half]), c, acc[r][half]);
+                        if has_offset {
+                            acc[r][half] = _mm256_fmadd_ps(_mm256_set1_ps(*rows[r].offset.get_unchecked(g)), sums, acc[r][half]);
+                        }
+                    }
+                }
+            }
             for r in 0..R {
-                let s = _mm256_set1_epi32((codes[r].add(4 * k4).cast::<u32>().read_unaligned() ^ 0x8080_8080) as i32);
-                dot[r][0] = dot4(dot[r][0], s, a0);
-                dot[r][1] = dot4(dot[r][1], s, a1);
+                _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r][0]);
+                _mm256_storeu_ps(out[r].as_mut_ptr().add(8), acc[r][1]);
             }
         }
-        for half in 0..2 {
-            // SAFETY: group g's scales and sums of this tile's 16 tokens are in their buffers.
-            let act_scale = _mm256_loadu_ps(scale.add(g * group / 32 * TOKEN_TILE + 8 * half));
-            let sums = if !has_offset {
-                _mm256_setzero_ps()
-            } else if per16 == 1 {
-                _mm256_loadu_ps(sums16.add(g * TOKEN_TILE + 8 * half))
-            } else {
-                _mm256_add_ps(_mm256_loadu_ps(sums16.add(2 * g * TOKEN_TILE + 8 * half)), _mm256_loadu_ps(sums16.add((2 * g + 1) * TOKEN_TILE + 8 * half)))
-            };
-            for r in 0..R {
-                let c = _mm256_mul_ps(_mm256_set1_ps(*rows[r].scale.get_unchecked(g)), act_scale);
-                acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][half]), c, acc[r][half]);
-                if has_offset {
-                    acc[r][half] = _mm256_fmadd_ps(_mm256_set1_ps(*rows[r].offset.get_unchecked(g)), sums, acc[r][half]);
+
+        /// Up to 8 rows, four at a time.
+        ///
+        /// # Safety
+        /// As `matmat_rows`.
+        pub unsafe fn matmat_tile(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
+            for (rows, out) in rows.chunks(4).zip(out.chunks_mut(4)) {
+                match rows.len() {
+                    4 => matmat_rows::<4>(rows, acts, tile, out),
+                    3 => matmat_rows::<3>(rows, acts, tile, out),
+                    2 => matmat_rows::<2>(rows, acts, tile, out),
+                    1 => matmat_rows::<1>(rows, acts, tile, out),
+                    n => unreachable!("{n} rows in a chunk of four"),
                 }
             }
         }
-    }
-    for r in 0..R {
-        _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r][0]);
-        _mm256_storeu_ps(out[r].as_mut_ptr().add(8), acc[r][1]);
-    }
+    };
 }
+pub(super) use tile_rows_8_lanes;
 
-/// Up to 8 rows, two at a time (the 16 registers hold two rows' accumulators and temporaries).
-///
-/// # Safety
-/// As [`matmat_rows`].
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn matmat_tile(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
-    for (rows, out) in rows.chunks(2).zip(out.chunks_mut(2)) {
-        match rows.len() {
-            2 => matmat_rows::<2>(rows, acts, tile, out),
-            1 => matmat_rows::<1>(rows, acts, tile, out),
-            n => unreachable!("{n} rows in a chunk of two"),
-        }
-    }
-}
+// The signed codes need no bias: every group's sums start at zero.
+tile_rows_8_lanes!("avx2,fma", |_: *const i32, _: usize, _: usize, _: usize| _mm256_setzero_si256(), |acc: __m256i, word: u32, a: __m256i| {
+    dot4(acc, _mm256_set1_epi32((word ^ 0x8080_8080) as i32), a)
+});

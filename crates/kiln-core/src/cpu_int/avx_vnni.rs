@@ -63,71 +63,16 @@ unsafe fn matvec_row_in<const G: usize>(row: &DecodedRow, acts: &QuantizedActs, 
     total
 }
 
-/// As the AVX-512 tile kernel, for `R` rows at a time, each token tile as two 8-lane halves.
-///
-/// # Safety
-/// As [`matvec_row`]; `acts` holds the tiled layout and `rows.len() == R == out.len()`.
-#[target_feature(enable = "avx2,fma,avxvnni")]
-unsafe fn matmat_rows<const R: usize>(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
-    let cols = acts.cols;
-    let (group, has_offset) = (rows[0].group, rows[0].has_offset);
-    let qs = acts.tiled_qs.as_ptr().add(tile * cols * TOKEN_TILE);
-    let bias16 = acts.tiled_neg_bias16.as_ptr().add(tile * cols / 16 * TOKEN_TILE);
-    let sums16 = acts.tiled_scaled_sum16.as_ptr().add(tile * cols / 16 * TOKEN_TILE);
-    let scale = acts.tiled_scale.as_ptr().add(tile * cols / 32 * TOKEN_TILE);
-    let codes: [*const u8; R] = std::array::from_fn(|r| rows[r].codes.as_ptr());
-    let per16 = group / 16;
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    for g in 0..cols / group {
-        // SAFETY (loads below): g < cols / group, so every group, token lane and code read is in its buffer.
-        let lanes = |p: *const i32, h: usize, half: usize| _mm256_loadu_si256(p.add((g * per16 + h) * TOKEN_TILE + 8 * half).cast());
-        let init = |half: usize| if per16 == 1 { lanes(bias16, 0, half) } else { _mm256_add_epi32(lanes(bias16, 0, half), lanes(bias16, 1, half)) };
-        let mut dot = [[init(0), init(1)]; R];
-        for k4 in g * group / 4..(g + 1) * group / 4 {
-            let a0 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE).cast());
-            let a1 = _mm256_loadu_si256(qs.add(k4 * 4 * TOKEN_TILE + 32).cast());
-            for r in 0..R {
-                let w = _mm256_set1_epi32(codes[r].add(4 * k4).cast::<i32>().read_unaligned());
-                dot[r][0] = _mm256_dpbusd_avx_epi32(dot[r][0], w, a0);
-                dot[r][1] = _mm256_dpbusd_avx_epi32(dot[r][1], w, a1);
-            }
+// The biased codes' sums start at the activations' bias terms, which cancel the code bias.
+super::avx2::tile_rows_8_lanes!(
+    "avx2,fma,avxvnni",
+    |bias16: *const i32, g: usize, per16: usize, half: usize| {
+        let lanes = |h: usize| _mm256_loadu_si256(bias16.add((g * per16 + h) * TOKEN_TILE + 8 * half).cast());
+        if per16 == 1 {
+            lanes(0)
+        } else {
+            _mm256_add_epi32(lanes(0), lanes(1))
         }
-        for half in 0..2 {
-            let act_scale = _mm256_loadu_ps(scale.add(g * group / 32 * TOKEN_TILE + 8 * half));
-            let sums = if !has_offset {
-                _mm256_setzero_ps()
-            } else if per16 == 1 {
-                _mm256_loadu_ps(sums16.add(g * TOKEN_TILE + 8 * half))
-            } else {
-                _mm256_add_ps(_mm256_loadu_ps(sums16.add(2 * g * TOKEN_TILE + 8 * half)), _mm256_loadu_ps(sums16.add((2 * g + 1) * TOKEN_TILE + 8 * half)))
-            };
-            for r in 0..R {
-                let c = _mm256_mul_ps(_mm256_set1_ps(*rows[r].scale.get_unchecked(g)), act_scale);
-                acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][half]), c, acc[r][half]);
-                if has_offset {
-                    acc[r][half] = _mm256_fmadd_ps(_mm256_set1_ps(*rows[r].offset.get_unchecked(g)), sums, acc[r][half]);
-                }
-            }
-        }
-    }
-    for r in 0..R {
-        _mm256_storeu_ps(out[r].as_mut_ptr(), acc[r][0]);
-        _mm256_storeu_ps(out[r].as_mut_ptr().add(8), acc[r][1]);
-    }
-}
-
-/// Up to 8 rows, four at a time (16 registers hold four rows' two token halves).
-///
-/// # Safety
-/// As [`matmat_rows`].
-pub unsafe fn matmat_tile(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
-    for (rows, out) in rows.chunks(4).zip(out.chunks_mut(4)) {
-        match rows.len() {
-            4 => matmat_rows::<4>(rows, acts, tile, out),
-            3 => matmat_rows::<3>(rows, acts, tile, out),
-            2 => matmat_rows::<2>(rows, acts, tile, out),
-            1 => matmat_rows::<1>(rows, acts, tile, out),
-            n => unreachable!("{n} rows in a chunk of four"),
-        }
-    }
-}
+    },
+    |acc: __m256i, word: u32, a: __m256i| _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi32(word as i32), a)
+);

@@ -10,6 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::QuantizedActs;
+use super::avx2::hsum;
 use super::fused_avx512::FusedRow;
 use kiln_quant::GgmlType;
 
@@ -38,14 +39,6 @@ fn dot_small(u: __m256i, a: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]])))))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
-    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps::<1>(quarter, quarter)))
 }
 
 /// 32 bytes, 0x10 where bit j of `qh` is set (the fifth bits of a Q5 block's values).
