@@ -9,6 +9,7 @@
 // paged_attention_split + paged_attention_reduce: flash-decoding for any mix of tokens. The grid
 // (n_splits, n_kv_heads, n_tokens) depends on shapes only; each token's own visible length is
 // cut into n_splits chunks here, so a captured graph stays valid as sequences grow.
+// paged_attention_split_mma: the split kernel on tensor cores, for f16 caches.
 // paged_attention_prefill: flash attention on tensor cores over the step's query tiles.
 // kiln-test-defines: HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=128,GROUP=8,K_TYPE=2,V_TYPE=2
@@ -20,6 +21,7 @@
 // kiln-test-defines: HEAD_DIM=4,GROUP=1,K_TYPE=0,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=256,GROUP=2,K_TYPE=0,V_TYPE=0
 // kiln-test-defines: HEAD_DIM=3,GROUP=1,K_TYPE=1,V_TYPE=2
+// kiln-test-defines: HEAD_DIM=64,GROUP=8,K_TYPE=1,V_TYPE=1
 // kiln-waits-for-inputs
 
 #ifndef HEAD_DIM
@@ -413,6 +415,255 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
             part_ml[slot * 2 + 1] = sum_s[g];
         }
     }
+}
+
+// ---- The same on tensor cores, for f16 caches ----
+//
+// With f16 caches, HEAD_DIM a multiple of 16 (at most 128) and GROUP <= 8,
+// paged_attention_split_mma replaces paged_attention_split (same grid, arguments and partials;
+// src/paged_attention.rs's decode_on_tensor_cores mirrors DEC_MMA).
+// Each warp walks its own MD_ROWS-row tiles of the split's chunk (tiles w, w + MD_WARPS, ...)
+// through its own cp.async stages, so no block barrier stands in the loop; the warps' online
+// softmaxes merge once at the end. S = Q K^T and O += P V run on mma.m16n8k16 with f32
+// accumulation. The A operand's rows g < 8 hold query head g (then its weights) rounded to
+// f16 and rows 8 + g what that rounding left over; a thread holds both rows' accumulators, and
+// their sum is as exact as f32 arithmetic on the cache's own f16 values.
+// Every specialization exports the kernel (with an empty body where it does not apply).
+#define DEC_MMA (K_TYPE == KV_F16 && V_TYPE == KV_F16 && HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && GROUP <= 8)
+#if DEC_MMA
+#define MD_WARPS (DEC_THREADS / 32)
+#define MD_ROWS 16
+#define MD_STAGES 3
+// Halves per staged row: 16 bytes of padding put the 8 rows of an ldmatrix on distinct banks.
+constexpr int MD_STRIDE = HEAD_DIM + 8;
+// A stage: MD_ROWS K rows, then MD_ROWS V rows. Dynamic shared memory: DEC_THREADS / 32 warps
+// x MD_STAGES stages (decode_shared_bytes in src/paged_attention.rs).
+constexpr int MD_STAGE_HALVES = 2 * MD_ROWS * MD_STRIDE;
+
+static_assert(KV_BLOCK_SIZE % MD_ROWS == 0, "a warp tile lies in one KV block");
+static_assert(MD_WARPS * GROUP * HEAD_DIM * 4 + MD_WARPS * GROUP * 8 <= MD_WARPS * MD_STAGES * MD_STAGE_HALVES * 2,
+              "the merge fits the stages");
+#endif
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma(
+    float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
+    u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks) {
+#if DEC_MMA
+    wait_for_inputs();
+    const u32 split = blockIdx.x;
+    const u32 n_splits = gridDim.x;
+    const u32 kv_head = blockIdx.y;
+    const u32 token = blockIdx.z;
+    if (token >= step[STEP_N_TOKENS]) {
+        return;
+    }
+    const DecodeSpan span = decode_span(step_pos(step, token), window);
+    const u32 chunk = split_chunk(span.end - span.start, n_splits);
+    const u32 begin = span.start + split * chunk;
+    if (begin >= span.end) {
+        return;
+    }
+    const u32 end = min(begin + chunk, span.end);
+    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + begin / KV_BLOCK_SIZE;
+    const u32 n_tiles = (end - begin + MD_ROWS - 1) / MD_ROWS;
+    const u32 width = n_kv_heads * HEAD_DIM;
+    const u32 col0 = kv_head * HEAD_DIM;
+    const u32 first_head = kv_head * GROUP;
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 g = lane >> 2;
+    const u32 t = lane & 3;
+
+    extern __shared__ uint4 dec_shared[];
+    u16* stages = reinterpret_cast<u16*>(dec_shared) + warp * MD_STAGES * MD_STAGE_HALVES;
+    const u32 my_tiles = warp < n_tiles ? (n_tiles - warp + MD_WARPS - 1) / MD_WARPS : 0;
+    // Offset from `begin` of this warp's local tile i.
+    auto tile_first = [&](u32 i) { return (warp + i * MD_WARPS) * MD_ROWS; };
+    auto issue = [&](u32 i, u32 block) {
+        constexpr int ROW_UNITS = HEAD_DIM / 8;
+        constexpr int UNITS = MD_ROWS * ROW_UNITS;
+        const u32 first = tile_first(i);
+        const u32 live = min((u32)MD_ROWS, end - begin - first);
+        const u64 row0 = (u64)block * KV_BLOCK_SIZE + first % KV_BLOCK_SIZE;
+        u16* dst = stages + (i % MD_STAGES) * MD_STAGE_HALVES;
+#pragma unroll
+        for (int u0 = 0; u0 < UNITS; u0 += 32) {
+            const u32 u = u0 + lane;
+            const u32 j = u / ROW_UNITS;
+            const u32 c = u % ROW_UNITS * 8;
+            const u64 at = ((row0 + j) * width + col0 + c) * 2;
+            copy_async<16>(dst + j * MD_STRIDE + c, k_cache + at, j < live);
+            copy_async<16>(dst + (MD_ROWS + j) * MD_STRIDE + c, v_cache + at, j < live);
+        }
+    };
+    auto block_of = [&](u32 i) { return table[tile_first(i) / KV_BLOCK_SIZE]; };
+#pragma unroll
+    for (int i = 0; i < MD_STAGES - 1; ++i) {
+        if (i < my_tiles) {
+            issue(i, block_of(i));
+        }
+        copy_commit();
+    }
+    u32 pending = MD_STAGES - 1 < my_tiles ? block_of(MD_STAGES - 1) : 0;
+
+    // Q fragments (A operand, k step kc): rows g, pre-scaled into log2 units; heads past GROUP
+    // are zeros and never written.
+    constexpr int KSTEPS = HEAD_DIM / 16;
+    u32 qa[KSTEPS][4];
+    {
+        const float q_scale = scale * LOG2E;
+        const bool head_live = g < GROUP;
+        const float* q_row = q + ((u64)token * n_heads + first_head + (head_live ? g : 0)) * HEAD_DIM;
+#pragma unroll
+        for (int kc = 0; kc < KSTEPS; ++kc) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float2 x = head_live ? *reinterpret_cast<const float2*>(q_row + kc * 16 + h * 8 + 2 * t) : make_float2(0.0f, 0.0f);
+                split_f16x2(x.x * q_scale, x.y * q_scale, qa[kc][2 * h], qa[kc][2 * h + 1]);
+            }
+        }
+    }
+
+    float o[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    }
+    // Running max (log2 units) and this lane's part of the sum, for head g.
+    float m = NEG_INF;
+    float l = 0.0f;
+
+    for (u32 i = 0; i < my_tiles; ++i) {
+        // Tile i has landed; the barrier also ends the lanes' reads of tile i - 1's stage,
+        // which the next copies refill.
+        copy_wait<MD_STAGES - 2>();
+        __syncwarp();
+        const u32 ahead = i + MD_STAGES - 1;
+        if (ahead < my_tiles) {
+            issue(ahead, pending);
+        }
+        copy_commit();
+        pending = ahead + 1 < my_tiles ? block_of(ahead + 1) : 0;
+
+        const u16* k_s = stages + (i % MD_STAGES) * MD_STAGE_HALVES;
+        const u16* v_s = k_s + MD_ROWS * MD_STRIDE;
+        const u32 pos0 = begin + tile_first(i);
+
+        // S: n tile n covers the tile's rows 8n..8n+7; ldmatrix matrix (lane / 8) is rows
+        // 8 * (lane / 16).., dims 8 * (lane / 8 % 2).. of the k step.
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        const u16* k_lane = k_s + ((lane >> 4) * 8 + (lane & 7)) * MD_STRIDE + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kc = 0; kc < KSTEPS; ++kc) {
+            u32 b[4];
+            ldmatrix_x4(b, k_lane + kc * 16);
+            mma_f16(s[0], qa[kc], b[0], b[1]);
+            mma_f16(s[1], qa[kc], b[2], b[3]);
+        }
+
+        // Scores of head g at rows 8n + 2t + e; positions outside the span (and the zero rows
+        // past its end) are masked.
+        float p[2][2];
+        float tile_max = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 pos = pos0 + n * 8 + 2 * t + e;
+                p[n][e] = pos < end && pos >= span.first ? s[n][e] + s[n][2 + e] : NEG_INF;
+                tile_max = fmaxf(tile_max, p[n][e]);
+            }
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        // A head that has seen no visible position yet keeps a max of -inf; it is offset by 0
+        // instead, so its weights and rescale come out 0, not NaN.
+        const float new_max = fmaxf(m, tile_max);
+        const float base = new_max == NEG_INF ? 0.0f : new_max;
+        const float alpha = exp2f(m - base);
+        m = new_max;
+        float tile_sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                p[n][e] = exp2f(p[n][e] - base);
+                tile_sum += p[n][e];
+            }
+        }
+        l = l * alpha + tile_sum;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            o[n][0] *= alpha;
+            o[n][1] *= alpha;
+            o[n][2] *= alpha;
+            o[n][3] *= alpha;
+        }
+
+        // O += P V: the weights of n tiles 0 and 1 are the A operand's k = 0..7 and 8..15.
+        u32 a[4];
+        split_f16x2(p[0][0], p[0][1], a[0], a[1]);
+        split_f16x2(p[1][0], p[1][1], a[2], a[3]);
+        const u16* v_lane = v_s + ((lane & 7) + ((lane >> 3) & 1) * 8) * MD_STRIDE + (lane >> 4) * 8;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, v_lane + n * 8);
+            mma_f16(o[n], a, b[0], b[1]);
+            mma_f16(o[n + 1], a, b[2], b[3]);
+        }
+    }
+
+    // Merge the warps: each writes its unnormalized values, max and sum per head to the
+    // (drained) stages, then every thread combines some (head, dim) slots.
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    copy_wait<0>();
+    __syncthreads();
+    float* o_s = reinterpret_cast<float*>(dec_shared);
+    float* ml_s = o_s + MD_WARPS * GROUP * HEAD_DIM;
+    if (g < GROUP) {
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            float* dst = o_s + (warp * GROUP + g) * HEAD_DIM + n * 8 + 2 * t;
+            *reinterpret_cast<float2*>(dst) = make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
+        }
+        if (t == 0) {
+            ml_s[(warp * GROUP + g) * 2] = m;
+            ml_s[(warp * GROUP + g) * 2 + 1] = l;
+        }
+    }
+    __syncthreads();
+    for (u32 index = threadIdx.x; index < GROUP * HEAD_DIM; index += DEC_THREADS) {
+        const u32 h = index / HEAD_DIM;
+        const u32 d = index % HEAD_DIM;
+        float top = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < MD_WARPS; ++w) {
+            top = fmaxf(top, ml_s[(w * GROUP + h) * 2]);
+        }
+        float value = 0.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < MD_WARPS; ++w) {
+            const float wm = ml_s[(w * GROUP + h) * 2];
+            const float weight = wm == NEG_INF ? 0.0f : exp2f(wm - top);
+            value += o_s[(w * GROUP + h) * HEAD_DIM + d] * weight;
+            sum += ml_s[(w * GROUP + h) * 2 + 1] * weight;
+        }
+        const u64 row = (u64)token * n_heads + first_head + h;
+        if (n_splits == 1) {
+            out[row * HEAD_DIM + d] = value * softmax_norm(top, sum, sinks ? sinks[first_head + h] * LOG2E : 0.0f, sinks != nullptr);
+        } else {
+            const u64 slot = row * n_splits + split;
+            part_acc[slot * HEAD_DIM + d] = value;
+            if (d == 0) {
+                part_ml[slot * 2] = top;
+                part_ml[slot * 2 + 1] = sum;
+            }
+        }
+    }
+#endif
 }
 
 // Reduce: R_LANES threads cover a partial row in R_VEC-wide loads and R_GROUPS row groups take

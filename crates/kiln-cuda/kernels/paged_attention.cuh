@@ -169,6 +169,19 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(p)));
+}
+
+// f16 pair nearest (lo, hi), and the pair of what that rounding left over: hi + lo carries
+// about 22 significant bits of each value.
+__device__ __forceinline__ void split_f16x2(float lo, float hi, u32& top, u32& rest) {
+    top = pack_f16x2(lo, hi);
+    rest = pack_f16x2(lo - f16_bits_to_f32((u16)top), hi - f16_bits_to_f32((u16)(top >> 16)));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

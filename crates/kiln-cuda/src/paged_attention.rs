@@ -164,9 +164,22 @@ fn is_capturing(device: &CudaDevice) -> bool {
     device.stream().capture_status().is_ok_and(|status| status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// Dynamic shared memory of the split kernel: DEC_STAGES stages of a 32-row K tile and V tile,
-/// rows padded to 16 bytes, three stages when one takes at most 16 KiB (paged_attention.cu).
-fn decode_shared_bytes(head_dim: usize, k_type: KvType, v_type: KvType) -> usize {
+/// Whether decode runs `paged_attention_split_mma` (the `#if` above it in paged_attention.cu).
+fn decode_on_tensor_cores(key: &Key) -> bool {
+    key.k_type == KvType::F16 && key.v_type == KvType::F16 && key.head_dim % 16 == 0 && key.head_dim <= 128 && key.group <= 8
+}
+
+/// Dynamic shared memory of the split kernel. The tensor-core one: per warp, MD_STAGES stages
+/// of MD_ROWS K rows and MD_ROWS V rows of f16, each padded by 8 values. The other: DEC_STAGES
+/// stages of a 32-row K tile and V tile, rows padded to 16 bytes, three stages when one takes
+/// at most 16 KiB (paged_attention.cu).
+fn decode_shared_bytes(key: &Key) -> usize {
+    if decode_on_tensor_cores(key) {
+        const MD_ROWS: usize = 16;
+        const MD_STAGES: usize = 3;
+        return (DEC_THREADS as usize / 32) * MD_STAGES * 2 * MD_ROWS * (key.head_dim + 8) * 2;
+    }
+    let Key { head_dim, k_type, v_type, .. } = *key;
     let elem = |ty| match ty {
         KvType::F32 => 4,
         KvType::F16 => 2,
@@ -510,8 +523,8 @@ impl State {
                     ("V_TYPE", kv_type_code(key.v_type)),
                 ];
                 let load = |kernel| device.registry().function("paged_attention", kernel, &defines);
-                let split = load("paged_attention_split")?;
-                let split_shared = decode_shared_bytes(key.head_dim, key.k_type, key.v_type);
+                let split = load(if decode_on_tensor_cores(&key) { "paged_attention_split_mma" } else { "paged_attention_split" })?;
+                let split_shared = decode_shared_bytes(&key);
                 split
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, split_shared as i32)
                     .map_err(CudaError::driver("raising paged_attention_split's shared memory limit"))?;
@@ -651,12 +664,15 @@ mod tests {
 
     #[test]
     fn decode_shared_memory_matches_the_kernel_stages() {
-        // f16, head_dim 128: 32 rows of 256 + 256 bytes = 16 KiB a stage, three stages.
-        assert_eq!(decode_shared_bytes(128, KvType::F16, KvType::F16), 3 * 16384);
+        let key = |head_dim, group, k_type, v_type| Key { head_dim, group, k_type, v_type };
+        // f16, head_dim 128, on tensor cores: 4 warps x 3 stages x 32 rows of 136 halves.
+        assert_eq!(decode_shared_bytes(&key(128, 4, KvType::F16, KvType::F16)), 4 * 3 * 32 * 136 * 2);
+        // f16, head_dim 128, 16 query heads a kv head: 32 rows of 256 + 256 bytes = 16 KiB a stage, three stages.
+        assert_eq!(decode_shared_bytes(&key(128, 16, KvType::F16, KvType::F16)), 3 * 16384);
         // f32, head_dim 256: 64 KiB a stage, two stages.
-        assert_eq!(decode_shared_bytes(256, KvType::F32, KvType::F32), 2 * 65536);
+        assert_eq!(decode_shared_bytes(&key(256, 2, KvType::F32, KvType::F32)), 2 * 65536);
         // q8_0 / f16, head_dim 8: rows padded to 16 bytes.
-        assert_eq!(decode_shared_bytes(8, KvType::Q8_0, KvType::F16), 3 * 32 * 32);
+        assert_eq!(decode_shared_bytes(&key(8, 2, KvType::Q8_0, KvType::F16)), 3 * 32 * 32);
     }
 
     #[test]

@@ -274,6 +274,9 @@ fn shapes() -> Vec<Shape> {
     let mut shapes: Vec<Shape> = all_type_pairs().into_iter().map(|types| shape(64, 2, 2, types)).collect();
     shapes.extend([
         shape(128, 4, 2, (KvType::F16, KvType::F16)),
+        // The tensor-core decode kernel's widest group and an odd one with five k steps.
+        shape(128, 8, 1, (KvType::F16, KvType::F16)),
+        shape(80, 7, 1, (KvType::F16, KvType::F16)),
         // Two 64 KiB decode stages (f32 rows of 1 KiB) instead of three.
         shape(256, 2, 1, (KvType::F32, KvType::F16)),
         shape(128, 8, 1, (KvType::Q8_0, KvType::Q8_0)),
