@@ -83,11 +83,11 @@ pub(super) fn hsum(v: __m256) -> f32 {
 /// 8 tokens: `$step(acc, word, a)` adds their 4-products to the i32 lanes, which start each
 /// group at `$init(bias16, g, per16, half)` (the activations' `tiled_neg_bias16`).
 macro_rules! tile_rows_8_lanes {
-    ($features:literal, $init:expr, $step:expr) => {
+    ($tile_fn:ident, $rows_fn:ident, $features:literal, $init:expr, $step:expr) => {
         /// # Safety
         /// The CPU has this level; `acts` holds the tiled layout; `rows.len() == R == out.len()`.
         #[target_feature(enable = $features)]
-        unsafe fn matmat_rows<const R: usize>(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
+        unsafe fn $rows_fn<const R: usize>(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
             let (init, step) = ($init, $step);
             let cols = acts.cols;
             let (group, has_offset) = (rows[0].group, rows[0].has_offset);
@@ -141,14 +141,14 @@ macro_rules! tile_rows_8_lanes {
         /// Up to 8 rows, four at a time.
         ///
         /// # Safety
-        /// As `matmat_rows`.
-        pub unsafe fn matmat_tile(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
+        /// As the rows kernel.
+        pub unsafe fn $tile_fn(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
             for (rows, out) in rows.chunks(4).zip(out.chunks_mut(4)) {
                 match rows.len() {
-                    4 => matmat_rows::<4>(rows, acts, tile, out),
-                    3 => matmat_rows::<3>(rows, acts, tile, out),
-                    2 => matmat_rows::<2>(rows, acts, tile, out),
-                    1 => matmat_rows::<1>(rows, acts, tile, out),
+                    4 => $rows_fn::<4>(rows, acts, tile, out),
+                    3 => $rows_fn::<3>(rows, acts, tile, out),
+                    2 => $rows_fn::<2>(rows, acts, tile, out),
+                    1 => $rows_fn::<1>(rows, acts, tile, out),
                     n => unreachable!("{n} rows in a chunk of four"),
                 }
             }
@@ -157,7 +157,56 @@ macro_rules! tile_rows_8_lanes {
 }
 pub(super) use tile_rows_8_lanes;
 
-// The signed codes need no bias: every group's sums start at zero.
-tile_rows_8_lanes!("avx2,fma", |_: *const i32, _: usize, _: usize, _: usize| _mm256_setzero_si256(), |acc: __m256i, word: u32, a: __m256i| {
-    dot4(acc, _mm256_set1_epi32((word ^ 0x8080_8080) as i32), a)
-});
+// Signed codes need no bias: every group's sums start at zero.
+tile_rows_8_lanes!(
+    matmat_tile_signed,
+    matmat_rows_signed,
+    "avx2,fma",
+    |_: *const i32, _: usize, _: usize, _: usize| _mm256_setzero_si256(),
+    |acc: __m256i, word: u32, a: __m256i| { dot4(acc, _mm256_set1_epi32((word ^ 0x8080_8080) as i32), a) }
+);
+
+// Codes within 64 of the bias go in as `u - 64` (0..127: 2 x 127 x 127 fits an i16), with no
+// abs or sign per row; the sums start at -64 * sum(a), half the activations' bias terms.
+tile_rows_8_lanes!(
+    matmat_tile_near,
+    matmat_rows_near,
+    "avx2,fma",
+    |bias16: *const i32, g: usize, per16: usize, half: usize| {
+        let lanes = |h: usize| _mm256_loadu_si256(bias16.add((g * per16 + h) * TOKEN_TILE + 8 * half).cast());
+        let bias = if per16 == 1 { lanes(0) } else { _mm256_add_epi32(lanes(0), lanes(1)) };
+        _mm256_srai_epi32::<1>(bias)
+    },
+    |acc: __m256i, word: u32, a: __m256i| {
+        let pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(word.wrapping_sub(0x4040_4040) as i32), a);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+);
+
+/// Whether every code lies in 64..192 (signed value within -64..63).
+#[target_feature(enable = "avx2,fma")]
+fn codes_near_bias(codes: &[u8]) -> bool {
+    let chunks = codes.chunks_exact(32);
+    let tail = chunks.remainder().iter().all(|&c| (64..192).contains(&c));
+    let mut any_far = _mm256_setzero_si256();
+    for chunk in chunks {
+        // SAFETY: the chunk holds 32 bytes.
+        let v = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+        any_far = _mm256_or_si256(any_far, _mm256_sub_epi8(v, _mm256_set1_epi8(64)));
+    }
+    tail && _mm256_movemask_epi8(any_far) == 0
+}
+
+/// Up to 8 rows x token tile `tile`: the unsigned path when every code of the rows is within
+/// 64 of the bias (4-, 5- and 6-bit codes), else the sign trick.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `acts` holds the tiled layout; `out` has one entry per row.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn matmat_tile(rows: &[DecodedRow], acts: &QuantizedActs, tile: usize, out: &mut [[f32; TOKEN_TILE]]) {
+    if rows.iter().all(|r| codes_near_bias(r.codes)) {
+        matmat_tile_near(rows, acts, tile, out)
+    } else {
+        matmat_tile_signed(rows, acts, tile, out)
+    }
+}

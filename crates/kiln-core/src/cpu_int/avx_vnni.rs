@@ -65,6 +65,8 @@ unsafe fn matvec_row_in<const G: usize>(row: &DecodedRow, acts: &QuantizedActs, 
 
 // The biased codes' sums start at the activations' bias terms, which cancel the code bias.
 super::avx2::tile_rows_8_lanes!(
+    matmat_tile,
+    matmat_rows,
     "avx2,fma,avxvnni",
     |bias16: *const i32, g: usize, per16: usize, half: usize| {
         let lanes = |h: usize| _mm256_loadu_si256(bias16.add((g * per16 + h) * TOKEN_TILE + 8 * half).cast());
