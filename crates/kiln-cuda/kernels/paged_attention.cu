@@ -128,6 +128,34 @@ __device__ __forceinline__ DecodeSpan decode_span(u32 pos, u32 window) {
     return span;
 }
 
+// The rows split `split` of token `token` reads, begin..end of its span, and the block table
+// from `begin` on; `empty` for a token past the step or a split past the span.
+struct SplitRows {
+    DecodeSpan span;
+    u32 begin;
+    u32 end;
+    const u32* table;
+    bool empty;
+};
+
+__device__ __forceinline__ SplitRows decode_split_rows(const u32* step, u32 token, u32 window, u32 split, u32 n_splits) {
+    SplitRows rows = {};
+    rows.empty = true;
+    if (token >= step[STEP_N_TOKENS]) {
+        return rows;
+    }
+    rows.span = decode_span(step_pos(step, token), window);
+    const u32 chunk = split_chunk(rows.span.end - rows.span.start, n_splits);
+    rows.begin = rows.span.start + split * chunk;
+    if (rows.begin >= rows.span.end) {
+        return rows;
+    }
+    rows.end = min(rows.begin + chunk, rows.span.end);
+    rows.table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + rows.begin / KV_BLOCK_SIZE;
+    rows.empty = false;
+    return rows;
+}
+
 // out * 1/sum of a softmax whose max is m (log2 units), with the sink logit (log2 units,
 // `has_sink`) joining the row: its max and its sum, without a value.
 __device__ __forceinline__ float softmax_norm(float m, float sum, float sink, bool has_sink) {
@@ -151,17 +179,14 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
     const u32 n_splits = gridDim.x;
     const u32 kv_head = blockIdx.y;
     const u32 token = blockIdx.z;
-    if (token >= step[STEP_N_TOKENS]) {
+    const SplitRows split_rows = decode_split_rows(step, token, window, split, n_splits);
+    if (split_rows.empty) {
         return;
     }
-    const DecodeSpan span = decode_span(step_pos(step, token), window);
-    const u32 chunk = split_chunk(span.end - span.start, n_splits);
-    const u32 begin = span.start + split * chunk;
-    if (begin >= span.end) {
-        return;
-    }
-    const u32 end = min(begin + chunk, span.end);
-    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + begin / KV_BLOCK_SIZE;
+    const DecodeSpan span = split_rows.span;
+    const u32 begin = split_rows.begin;
+    const u32 end = split_rows.end;
+    const u32* table = split_rows.table;
     const u32 n_tiles = (end - begin + DEC_TILE - 1) / DEC_TILE;
     const u32 width = n_kv_heads * HEAD_DIM;
     const u32 col0 = kv_head * HEAD_DIM;
@@ -454,17 +479,14 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
     const u32 n_splits = gridDim.x;
     const u32 kv_head = blockIdx.y;
     const u32 token = blockIdx.z;
-    if (token >= step[STEP_N_TOKENS]) {
+    const SplitRows split_rows = decode_split_rows(step, token, window, split, n_splits);
+    if (split_rows.empty) {
         return;
     }
-    const DecodeSpan span = decode_span(step_pos(step, token), window);
-    const u32 chunk = split_chunk(span.end - span.start, n_splits);
-    const u32 begin = span.start + split * chunk;
-    if (begin >= span.end) {
-        return;
-    }
-    const u32 end = min(begin + chunk, span.end);
-    const u32* table = step_block_table(step, step_seq(step, step_token_seq(step, token))) + begin / KV_BLOCK_SIZE;
+    const DecodeSpan span = split_rows.span;
+    const u32 begin = split_rows.begin;
+    const u32 end = split_rows.end;
+    const u32* table = split_rows.table;
     const u32 n_tiles = (end - begin + MD_ROWS - 1) / MD_ROWS;
     const u32 width = n_kv_heads * HEAD_DIM;
     const u32 col0 = kv_head * HEAD_DIM;
