@@ -93,5 +93,16 @@ fn list_gpus(as_json: bool) -> CliResult {
     for d in &devices {
         println!("{d}");
     }
+    if devices.len() > 1 {
+        println!("peer links (for -tp):");
+        for l in kiln_cuda::peer_links()? {
+            let how = match (l.access, l.native_atomics) {
+                (false, _) => "no direct access (through host memory)".to_string(),
+                (true, true) => format!("direct, native atomics (NVLink class), rank {}", l.performance_rank),
+                (true, false) => format!("direct, no native atomics (PCIe class), rank {}", l.performance_rank),
+            };
+            println!("  GPU {} -> GPU {}: {how}", l.from, l.to);
+        }
+    }
     Ok(())
 }

@@ -65,7 +65,7 @@ pub fn default_model() -> PathBuf {
 
 /// llama.cpp spells some long flags with one dash (`-ctk`, `-npp`, `-sys`); clap wants two.
 fn llama_style_args(args: impl Iterator<Item = String>) -> Vec<String> {
-    const ONE_DASH_LONG: [&str; 7] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl", "-np", "-sys"];
+    const ONE_DASH_LONG: [&str; 8] = ["-ctk", "-ctv", "-npp", "-ntg", "-npl", "-np", "-sys", "-tp"];
     args.map(|a| {
         let flag = a.split('=').next().unwrap_or(&a);
         if ONE_DASH_LONG.contains(&flag) {

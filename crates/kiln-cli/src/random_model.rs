@@ -20,7 +20,7 @@ pub enum DevCommand {
 pub struct RandomModelArgs {
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Model shape: llama3-8b, qwen3-8b, qwen3-0.6b, qwen3-30b-a3b, gemma4-26b-a4b,
+    /// Model shape: llama3-8b, llama3-70b, qwen3-8b, qwen3-0.6b, qwen3-30b-a3b, gemma4-26b-a4b,
     /// qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3.
     #[arg(long)]
     pub shape: String,

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
-use kiln_core::{Backend, CpuBackend, SamplingParams};
-use kiln_cuda::CudaBackend;
+use kiln_core::{Backend, CpuBackend, HostAllReduce, SamplingParams};
+use kiln_cuda::{CudaBackend, NcclAllReduce};
 use kiln_gguf::GgufFile;
-use kiln_models::{generate, GenerateParams, Model, ModelOptions};
+use kiln_models::{generate, Decoder, GenerateParams, Model, ModelOptions, TensorParallel};
 use kiln_tokenizer::Tokenizer;
 
 use crate::kv_args::KvArgs;
@@ -51,6 +51,10 @@ pub struct RunArgs {
     pub device: Option<DeviceKind>,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// Split the model over this many GPUs (one rank each, NCCL between them), or on the CPU
+    /// over this many simulated ranks.
+    #[arg(long = "tensor-parallel", visible_alias = "tp")]
+    pub tensor_parallel: Option<usize>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,6 +144,9 @@ pub fn run(args: RunArgs) -> CliResult {
     set_threads(args.threads);
     let file = open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    if let Some(ranks) = args.tensor_parallel {
+        return generate_split(ranks, file, &tokenizer, &args);
+    }
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
         Some(DeviceKind::Cuda) => Some(open_gpu()?),
@@ -169,6 +176,53 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
         sampling.seed
     );
     eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, &engine_options));
+    stream_generation(&mut model, tokenizer, &prompt, sampling, args)?;
+    memory.sample(&*backend);
+    if let Some(peak) = memory.peak_mib() {
+        let kv_mib = model.engine().pool().usable_bytes() as f64 / (1u64 << 20) as f64;
+        eprintln!("device memory: {peak:.0} MiB in use (KV cache {kv_mib:.1} MiB of it, {} blocks in use)", model.engine().pool().allocator().in_use());
+    }
+    Ok(())
+}
+
+/// `kiln run -tp N`: the model split over N GPUs (NCCL), or over N simulated ranks on the CPU.
+fn generate_split(ranks: usize, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
+    let options = ModelOptions {
+        n_ctx: (args.ctx_size > 0).then_some(args.ctx_size),
+        n_batch: args.batch_size,
+        k_type: args.kv.cache_type_k,
+        v_type: args.kv.cache_type_v,
+        ..Default::default()
+    };
+    let prompt = tokenizer.encode(&args.prompt, true, true);
+    let sampling = args.sampling.params();
+    let config = kiln_models::ModelConfig::from_gguf(&file)?;
+    kiln_models::tensor_parallel::check(&config, &file, ranks)?;
+    eprintln!(
+        "kiln: {} ({}), {} layers over {ranks} ranks, seed {}",
+        config.name.as_deref().unwrap_or("model"),
+        config.arch.name(),
+        config.n_layer,
+        sampling.seed
+    );
+    if args.device == Some(DeviceKind::Cpu) {
+        let backends = (0..ranks).map(|_| Arc::new(CpuBackend::new())).collect();
+        let mut model = TensorParallel::load(backends, HostAllReduce::handles(ranks), &file, &options)?;
+        return on_cpu_workers(args.threads, || stream_generation(&mut model, tokenizer, &prompt, sampling, args)).map(|_| ());
+    }
+    let gpus = kiln_cuda::device_count()?;
+    if ranks > gpus {
+        return Err(format!("-tp {ranks} needs {ranks} GPUs; this host has {gpus} (--device cpu simulates the ranks on the CPU)").into());
+    }
+    let backends = (0..ranks).map(|d| CudaBackend::new(d).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+    let refs: Vec<&CudaBackend> = backends.iter().map(|b| &**b).collect();
+    let reducers = NcclAllReduce::handles(&refs)?;
+    let mut model = TensorParallel::load(backends, reducers, &file, &options)?;
+    stream_generation(&mut model, tokenizer, &prompt, sampling, args).map(|_| ())
+}
+
+/// Generates and prints the text (or the JSON report), then the speed line.
+fn stream_generation(model: &mut impl Decoder, tokenizer: &Tokenizer, prompt: &[u32], sampling: SamplingParams, args: &RunArgs) -> CliResult {
     let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling, stop: args.stop.clone() };
     let mut out = std::io::stdout().lock();
     if !args.no_display_prompt && !args.json {
@@ -176,7 +230,7 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
         out.flush()?;
     }
     let mut text = String::new();
-    let stats = generate(&mut model, tokenizer, &prompt, &params, |piece| {
+    let stats = generate(model, tokenizer, prompt, &params, |piece| {
         if args.json {
             text.push_str(piece);
             return true;
@@ -209,10 +263,5 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
         stats.generation_tokens_per_second(),
         stats.stop_reason
     );
-    memory.sample(&*backend);
-    if let Some(peak) = memory.peak_mib() {
-        let kv_mib = model.engine().pool().usable_bytes() as f64 / (1u64 << 20) as f64;
-        eprintln!("device memory: {peak:.0} MiB in use (KV cache {kv_mib:.1} MiB of it, {} blocks in use)", model.engine().pool().allocator().in_use());
-    }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! sampling reference, and the CPU backend.
 
 pub mod backend;
+pub mod collective;
 pub mod cpu;
 mod cpu_attention;
 mod cpu_attention_tiled;
@@ -19,6 +20,7 @@ pub mod plan;
 pub mod sampling;
 
 pub use backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, RopeKind, RopeParams, RouterParams, WeightSource};
+pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};
 pub use cpu_int::SimdLevel;
 pub use cpu_simd::Simd;

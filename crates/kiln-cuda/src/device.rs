@@ -116,6 +116,50 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>, CudaError> {
         .collect()
 }
 
+/// How GPU `from` reaches GPU `to`'s memory (the driver's peer-to-peer attributes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerLink {
+    pub from: usize,
+    pub to: usize,
+    /// Direct loads and stores into the peer's memory (NVLink or PCIe peer-to-peer).
+    pub access: bool,
+    /// Native atomics over the link (NVLink and NVSwitch have them, PCIe usually not).
+    pub native_atomics: bool,
+    /// The driver's relative performance of the link; 0 is the fastest.
+    pub performance_rank: i32,
+}
+
+/// Every ordered pair of distinct visible GPUs and how they reach each other (tensor
+/// parallelism's all-reduces run over these links).
+pub fn peer_links() -> Result<Vec<PeerLink>, CudaError> {
+    use cudarc::driver::sys::CUdevice_P2PAttribute as Attr;
+    let n = device_count()?;
+    let devices = (0..n)
+        .map(|o| CudaContext::new(o).map(|c| c.cu_device()).map_err(CudaError::driver(format!("opening a context on device {o}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let attribute = |attr: Attr, from: usize, to: usize| -> Result<i32, CudaError> {
+        let mut value = 0;
+        // SAFETY: both handles come from live contexts and `value` outlives the call.
+        unsafe { cudarc::driver::sys::cuDeviceGetP2PAttribute(&mut value, attr, devices[from], devices[to]) }
+            .result()
+            .map_err(CudaError::driver(format!("querying the link from GPU {from} to GPU {to}")))?;
+        Ok(value)
+    };
+    let mut links = Vec::new();
+    for from in 0..n {
+        for to in (0..n).filter(|&to| to != from) {
+            links.push(PeerLink {
+                from,
+                to,
+                access: attribute(Attr::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, from, to)? != 0,
+                native_atomics: attribute(Attr::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, from, to)? != 0,
+                performance_rank: attribute(Attr::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, from, to)?,
+            });
+        }
+    }
+    Ok(links)
+}
+
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,

@@ -25,6 +25,12 @@ pub enum CudaError {
     #[error("libnvrtc is not available: {0}")]
     NvrtcUnavailable(String),
 
+    #[error("libnccl is not available ({0})")]
+    NcclUnavailable(String),
+
+    #[error("NCCL {what} failed: {error}")]
+    Nccl { what: &'static str, error: String },
+
     #[error("no NVIDIA driver found ({0})")]
     DriverUnavailable(String),
 

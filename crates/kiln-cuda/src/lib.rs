@@ -26,6 +26,7 @@
 mod arch_ops;
 mod backend;
 mod cache;
+mod collective;
 mod device;
 mod error;
 mod graph;
@@ -45,7 +46,8 @@ mod step;
 
 pub use backend::CudaBackend;
 pub use cache::{CacheDir, Cubin, CubinCache, CubinKey, CubinOrigin};
-pub use device::{device_count, ensure_driver, list_devices, CudaDevice, DeviceInfo, POISON_BYTE, STAGING_CHUNK_BYTES};
+pub use collective::NcclAllReduce;
+pub use device::{device_count, ensure_driver, list_devices, peer_links, CudaDevice, DeviceInfo, PeerLink, POISON_BYTE, STAGING_CHUNK_BYTES};
 pub use error::CudaError;
 pub use graph::GraphEdges;
 pub use nvrtc::{compile_cubin, ensure_nvrtc, nvrtc_version};

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
-use kiln_core::{Backend, KvType, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, GroupHandle, KvType, SamplingParams, KV_BLOCK_SIZE};
 
 use crate::error::{ModelError, Result};
 use crate::forward::{attention_params, forward, Pass, Workspace};
@@ -124,6 +124,8 @@ pub struct Engine<B: Backend> {
     host_logits: Vec<f32>,
     /// Hybrid models' recurrent states, one slot per sequence.
     states: Option<RecurrentStates<B>>,
+    /// The tensor-parallel group this engine's weights are a slice of.
+    reduce: Option<GroupHandle<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -161,7 +163,13 @@ impl<B: Backend> Engine<B> {
             sampled: Vec::with_capacity(capacity.seqs),
             host_logits,
             states,
+            reduce: None,
         })
+    }
+
+    /// Makes this engine one rank of a tensor-parallel group (its weights a [`crate::Shard`]).
+    pub fn set_all_reduce(&mut self, reduce: GroupHandle<B>) {
+        self.reduce = Some(reduce);
     }
 
     pub fn weights(&self) -> &Arc<Weights<B>> {
@@ -285,9 +293,9 @@ impl<B: Backend> Engine<B> {
         let n_rows = self.plan.logit_rows.len();
         let n_samples = self.plan.samples.len();
         let (b, w, pool, ws, step) = (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step);
-        let (max_seq_len, states) = (self.options.max_seq_len, &mut self.states);
+        let (max_seq_len, states, reduce) = (self.options.max_seq_len, &mut self.states, self.reduce.as_deref());
         let mut run = || -> kiln_core::backend::Result<()> {
-            forward(&Pass { b, w, step, n, n_rows, max_seq_len }, &mut pool.caches, states.as_mut(), ws)?;
+            forward(&Pass { b, w, step, n, n_rows, max_seq_len, reduce }, &mut pool.caches, states.as_mut(), ws)?;
             if n_samples > 0 {
                 b.sample(&ws.logits, w.config.n_vocab, step)?;
             }

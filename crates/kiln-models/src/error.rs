@@ -25,6 +25,8 @@ pub enum ModelError {
     OutOfKvBlocks { needed: usize, available: usize, capacity: usize },
     #[error("KV block bookkeeping: {0}")]
     BadKvBlock(String),
+    #[error("cannot split the model over {ranks} ranks (tensor parallelism): {reason}")]
+    Unshardable { ranks: usize, reason: String },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
 }

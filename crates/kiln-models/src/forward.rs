@@ -3,7 +3,7 @@
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
 use kiln_core::backend::{AttentionParams, Result};
-use kiln_core::{Backend, BackendError, ExpertInput, RopeParams, RouterParams};
+use kiln_core::{AllReduce, Backend, BackendError, ExpertInput, RopeParams, RouterParams};
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
@@ -130,6 +130,8 @@ pub(crate) struct Pass<'a, B: Backend> {
     pub n: usize,
     pub n_rows: usize,
     pub max_seq_len: usize,
+    /// The tensor-parallel group, when the weights are one rank's slice.
+    pub reduce: Option<&'a dyn AllReduce<B>>,
 }
 
 pub(crate) fn attention_params(a: &AttentionConfig, max_seq_len: usize) -> AttentionParams {
@@ -153,11 +155,14 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], mut states: Opti
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
                 attention(p, at, aw, &l.attn_norm, caches, a)?;
-                match &aw.wo_bias {
-                    None => b.matmul_add(&aw.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
-                    Some(bias) => {
+                match (&aw.wo_bias, p.reduce) {
+                    (None, None) => b.matmul_add(&aw.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
+                    (bias, _) => {
                         b.matmul(&aw.wo, &a.att, &mut a.tmp, n)?;
-                        b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
+                        sum_over_ranks(p, &mut a.tmp)?;
+                        if let Some(bias) = bias {
+                            b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
+                        }
                         b.add(&mut a.x, &a.tmp, n * c.n_embd)?;
                     }
                 }
@@ -350,9 +355,16 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
     match (&l.ffn, &lc.ffn) {
         (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
             dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
-            match out {
-                Out::AddToResidual => b.matmul_add(&d.down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd),
-                Out::Scratch => b.matmul(&d.down, &a.act, &mut a.tmp, n),
+            match (out, p.reduce) {
+                (Out::AddToResidual, None) => b.matmul_add(&d.down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd),
+                (out, _) => {
+                    b.matmul(&d.down, &a.act, &mut a.tmp, n)?;
+                    sum_over_ranks(p, &mut a.tmp)?;
+                    match out {
+                        Out::AddToResidual => b.add(&mut a.x, &a.tmp, len),
+                        Out::Scratch => Ok(()),
+                    }
+                }
             }
         }
         (FfnWeights::Moe(m), FfnConfig::Moe(mc)) => {
@@ -386,6 +398,14 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
             }
         }
         _ => Err(BackendError::BadPlan("layer weights do not match the layer's FFN kind".into())),
+    }
+}
+
+/// A row-parallel product's `[n][n_embd]` partial sums added up over the tensor-parallel ranks.
+fn sum_over_ranks<B: Backend>(p: &Pass<B>, x: &mut B::Buffer) -> Result<()> {
+    match p.reduce {
+        Some(r) => r.sum(p.b, x, p.n * p.w.config.n_embd),
+        None => Ok(()),
     }
 }
 

@@ -9,6 +9,7 @@ use kiln_gguf::GgufFile;
 
 use crate::config::{Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig};
 use crate::error::{ModelError, Result};
+use crate::tensor_parallel::{kv_rows, q_rows, Shard};
 use crate::weights::{
     AttentionWeights, DeltaNetWeights, DenseBeside, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerWeights, SharedExpert,
 };
@@ -28,6 +29,8 @@ impl AsRef<[u8]> for TensorBytes {
 pub(crate) struct Loader<'a, B: Backend> {
     pub file: &'a Arc<GgufFile>,
     pub backend: &'a B,
+    /// The slice of each layer this loader reads (tensor parallelism; whole by default).
+    pub shard: Shard,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -60,6 +63,40 @@ impl<B: Backend> Loader<'_, B> {
         self.slices(name, cols, rows, Some(n), part)
     }
 
+    /// Rows `part` of a matrix (a column-parallel slice: whole rows, one byte range).
+    fn rows_part(&self, name: &str, cols: usize, rows: usize, part: Range<usize>) -> Result<B::Weight> {
+        Ok(self.slices(name, cols, rows, None, part)?.pop().expect("one matrix"))
+    }
+
+    /// Columns `part` of every row of a matrix (a row-parallel slice), copied out of the file;
+    /// `part` must start and end on block boundaries of the tensor's format.
+    fn cols_part(&self, name: &str, cols: usize, rows: usize, part: Range<usize>) -> Result<B::Weight> {
+        if part == (0..cols) {
+            return self.matrix(name, cols, rows);
+        }
+        let t = &self.file.tensors()[self.find(name)?];
+        if t.dims != [cols as u64, rows as u64] {
+            return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
+        }
+        let (block, block_bytes) = (t.ty.block_size(), t.ty.type_size());
+        if !part.start.is_multiple_of(block) || !part.end.is_multiple_of(block) || part.end > cols {
+            return Err(ModelError::Unshardable {
+                ranks: self.shard.ranks,
+                reason: format!("columns {part:?} of {name} are not whole {block}-value blocks of its {} rows", t.ty),
+            });
+        }
+        let row_bytes = cols / block * block_bytes;
+        let (from, to) = (part.start / block * block_bytes, part.end / block * block_bytes);
+        let data = self.file.tensor_data(t);
+        let mut bytes = Vec::with_capacity(rows * (to - from));
+        for r in 0..rows {
+            bytes.extend_from_slice(&data[r * row_bytes + from..r * row_bytes + to]);
+        }
+        let range = 0..bytes.len();
+        let src = WeightSource { name: format!("{name}[:, {part:?}]"), ty: t.ty, rows, cols: part.len(), owner: Arc::new(bytes), range };
+        Ok(self.backend.upload_weight(src)?)
+    }
+
     fn matrices(&self, name: &str, cols: usize, rows: usize, n: Option<usize>) -> Result<Vec<B::Weight>> {
         self.slices(name, cols, rows, n, 0..rows)
     }
@@ -89,6 +126,26 @@ impl<B: Backend> Loader<'_, B> {
 
     pub(crate) fn vector(&self, name: &str, len: usize) -> Result<B::Buffer> {
         self.vector_scaled(name, len, 1.0)
+    }
+
+    /// Values `part` of a vector.
+    fn vector_part(&self, name: &str, len: usize, part: Range<usize>) -> Result<B::Buffer> {
+        if part == (0..len) {
+            return self.vector(name, len);
+        }
+        let t = &self.file.tensors()[self.find(name)?];
+        if t.dims != [len as u64] {
+            return Err(ModelError::WrongShape { name: name.into(), expected: vec![len as u64], found: t.dims.clone() });
+        }
+        let mut host = vec![0f32; len];
+        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
+            name: name.into(),
+            ty: t.ty,
+            role: "a bias vector",
+        })?;
+        let mut buf = self.backend.alloc(part.len(), name)?;
+        self.backend.write(&mut buf, &host[part])?;
+        Ok(buf)
     }
 
     /// A vector times `scale`.
@@ -174,23 +231,30 @@ impl<B: Backend> Loader<'_, B> {
     fn attention(&self, c: &ModelConfig, l: usize, a: &AttentionConfig) -> Result<AttentionWeights<B>> {
         let n = |s: &str| format!("blk.{l}.{s}");
         let (q_width, kv_width) = (a.n_head * a.head_dim, a.kv_width());
+        // This rank's heads (all of them unless sharded).
+        let (q_part, kv_part) = (q_rows(self.shard, a.n_head, a.head_dim), kv_rows(self.shard, a.n_head_kv, a.head_dim));
         let bias = if self.has(&n("attn_q.bias")) || c.arch == Arch::Qwen2 {
-            Some([self.vector(&n("attn_q.bias"), q_width)?, self.vector(&n("attn_k.bias"), kv_width)?, self.vector(&n("attn_v.bias"), kv_width)?])
+            Some([
+                self.vector_part(&n("attn_q.bias"), q_width, q_part.clone())?,
+                self.vector_part(&n("attn_k.bias"), kv_width, kv_part.clone())?,
+                self.vector_part(&n("attn_v.bias"), kv_width, kv_part.clone())?,
+            ])
         } else {
             None
         };
         let own_kv = matches!(a.kv, KvSource::Own { .. });
         let norm = |name: &str, len| if c.arch.has_qk_norm() { self.vector(&n(name), len).map(Some) } else { Ok(None) };
         let wv = match a.kv {
-            KvSource::Own { v_from_k: false } => Some(self.matrix(&n("attn_v.weight"), c.n_embd, kv_width)?),
+            KvSource::Own { v_from_k: false } => Some(self.rows_part(&n("attn_v.weight"), c.n_embd, kv_width, kv_part.clone())?),
             _ => None,
         };
-        let gated = if a.gated { 2 } else { 1 };
+        // A gated query projection (never sharded) also holds the gates.
+        let (wq_rows, wq_part) = if a.gated { (2 * q_width, 0..2 * q_width) } else { (q_width, q_part.clone()) };
         Ok(AttentionWeights {
-            wq: self.matrix(&n("attn_q.weight"), c.n_embd, gated * q_width)?,
-            wk: if own_kv { Some(self.matrix(&n("attn_k.weight"), c.n_embd, kv_width)?) } else { None },
+            wq: self.rows_part(&n("attn_q.weight"), c.n_embd, wq_rows, wq_part)?,
+            wk: if own_kv { Some(self.rows_part(&n("attn_k.weight"), c.n_embd, kv_width, kv_part)?) } else { None },
             wv,
-            wo: self.matrix(&n("attn_output.weight"), q_width, c.n_embd)?,
+            wo: self.cols_part(&n("attn_output.weight"), q_width, c.n_embd, q_part)?,
             bias,
             wo_bias: if self.has(&n("attn_output.bias")) { Some(self.vector(&n("attn_output.bias"), c.n_embd)?) } else { None },
             sinks: if self.has(&n("attn_sinks.weight")) { Some(self.vector(&n("attn_sinks.weight"), a.n_head)?) } else { None },
@@ -217,10 +281,11 @@ impl<B: Backend> Loader<'_, B> {
 
     fn dense(&self, c: &ModelConfig, l: usize, suffix: &str, n_ff: usize) -> Result<DenseFfn<B>> {
         let n = |s: &str| format!("blk.{l}.{s}{suffix}.weight");
+        let part = self.shard.part(n_ff);
         Ok(DenseFfn {
-            gate: self.matrix(&n("ffn_gate"), c.n_embd, n_ff)?,
-            up: self.matrix(&n("ffn_up"), c.n_embd, n_ff)?,
-            down: self.matrix(&n("ffn_down"), n_ff, c.n_embd)?,
+            gate: self.rows_part(&n("ffn_gate"), c.n_embd, n_ff, part.clone())?,
+            up: self.rows_part(&n("ffn_up"), c.n_embd, n_ff, part.clone())?,
+            down: self.cols_part(&n("ffn_down"), n_ff, c.n_embd, part)?,
         })
     }
 

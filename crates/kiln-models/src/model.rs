@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::LogitRows;
-use kiln_core::{Backend, KvType, SamplingParams};
+use kiln_core::{Backend, GroupHandle, KvType, SamplingParams};
 use kiln_gguf::GgufFile;
 use kiln_quant::GgmlType;
 
@@ -81,6 +81,13 @@ impl<B: Backend> Model<B> {
         let engine = Engine::new(backend, weights, options)?;
         let seq = Sequence::with_capacity(options.max_seq_len, SamplingParams::greedy());
         Ok(Model { config, engine, seq })
+    }
+
+    /// This model as one rank of a tensor-parallel group: its partial products are summed over
+    /// the group by `reduce`.
+    pub fn with_all_reduce(mut self, reduce: GroupHandle<B>) -> Self {
+        self.engine.set_all_reduce(reduce);
+        self
     }
 
     pub fn backend(&self) -> &Arc<B> {
@@ -167,6 +174,11 @@ impl<B: Backend> Model<B> {
         }
         let rows = if which == Logits::All { LogitRows::All } else { LogitRows::Last };
         self.feed(tokens, rows, None)?;
+        self.engine.logits()
+    }
+
+    /// The logits of the last step (as [`Model::forward`] returned them).
+    pub fn logits(&mut self) -> Result<&[f32]> {
         self.engine.logits()
     }
 

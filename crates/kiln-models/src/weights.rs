@@ -8,6 +8,7 @@ use kiln_gguf::GgufFile;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::loader::Loader;
+use crate::tensor_parallel::{self, Shard};
 
 /// One decoder block's weights.
 pub struct LayerWeights<B: Backend> {
@@ -145,9 +146,18 @@ pub struct Weights<B: Backend> {
 impl<B: Backend> Weights<B> {
     /// Reads the configuration and uploads every tensor the architecture needs.
     pub fn load(backend: &B, file: &Arc<GgufFile>) -> Result<Weights<B>> {
-        let config = ModelConfig::from_gguf(file)?;
-        let c = &config;
-        let ld = Loader { file, backend };
+        Self::load_shard(backend, file, Shard::WHOLE)
+    }
+
+    /// The weights one rank of a tensor-parallel group holds (see [`crate::tensor_parallel`]);
+    /// the configuration is that rank's: its heads and FFN width.
+    pub fn load_shard(backend: &B, file: &Arc<GgufFile>, shard: Shard) -> Result<Weights<B>> {
+        let full = ModelConfig::from_gguf(file)?;
+        if !shard.is_whole() {
+            tensor_parallel::check(&full, file, shard.ranks)?;
+        }
+        let c = &full;
+        let ld = Loader { file, backend, shard };
         let token_embd = ld.matrix("token_embd.weight", c.n_embd, c.n_vocab)?;
         let output = if c.tied_embeddings { None } else { Some(ld.matrix("output.weight", c.n_embd, c.n_vocab)?) };
         let output_norm = ld.vector("output_norm.weight", c.n_embd)?;
@@ -166,6 +176,7 @@ impl<B: Backend> Weights<B> {
             backend.write(&mut table, &rope.inv_freq())?;
             rope_tables.push(table);
         }
+        let config = tensor_parallel::shard_config(&full, shard);
         Ok(Weights { config, token_embd, output, output_norm, layers, rope_tables, per_layer_inputs })
     }
 

@@ -121,6 +121,8 @@ const fn tiny(name: &'static str, base: ModelShape) -> ModelShape {
 /// Every shape `random-model` knows.
 pub const SHAPES: &[ModelShape] = &[
     LLAMA3_8B,
+    // Llama-3-70B: the tensor-parallel benchmark shape (about 42.5 GB in Q4_K_M).
+    ModelShape { name: "llama3-70b", n_embd: 8192, n_layer: 80, n_head: 64, n_ff: 28672, ..LLAMA3_8B },
     QWEN3_8B,
     ModelShape { name: "qwen3-0.6b", n_embd: 1024, n_layer: 28, n_head: 16, n_ff: 3072, tied_embeddings: true, ..QWEN3_8B },
     ModelShape { rope_base: 10000.0, ..tiny("tiny-llama", LLAMA3_8B) },
