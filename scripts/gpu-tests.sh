@@ -27,6 +27,8 @@ if env_lines=$(scripts/nvrtc-env.sh); then
 else
     echo "warning: libnvrtc not found; every test that compiles kernels will fail" >&2
 fi
+# Tensor parallelism's NCCL (gpu_tensor_parallel), from torch's pip wheel when not installed.
+eval "$(scripts/nccl-env.sh)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "warning: nvidia-smi failed" >&2
 
 logs=${OUT:+$OUT/gpu-tests}

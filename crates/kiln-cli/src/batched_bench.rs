@@ -11,7 +11,9 @@ use clap::Args;
 use kiln_core::plan::LogitRows;
 use kiln_core::{Backend, SamplingParams};
 use kiln_gguf::GgufFile;
-use kiln_models::{Engine, EngineOptions, KvBudget, SeqWork, Sequence};
+use kiln_models::{Engine, EngineOptions, SeqWork, Sequence};
+
+use crate::devices::Devices;
 
 use crate::bench::{BenchArgs, TokenDraw};
 use crate::kv_args::MemoryWatch;
@@ -126,7 +128,8 @@ fn run_case<B: Backend>(engine: &mut Engine<B>, draw: &mut TokenDraw, pp: usize,
     Ok(CaseResult { pp, tg, b, t_pp, t_tg })
 }
 
-pub fn run<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, args: &BenchArgs) -> CliResult {
+pub fn run<B: Backend>(devices: Devices<B>, file: Arc<GgufFile>, args: &BenchArgs) -> CliResult {
+    let backend = devices.lead();
     let a = &args.batched_args;
     if [&a.npp, &a.ntg, &a.npl].iter().any(|v| v.is_empty() || v.contains(&0)) {
         return Err("--batched needs non-empty --npp, --ntg and --npl lists of positive numbers".into());
@@ -136,12 +139,9 @@ pub fn run<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, args: &BenchArgs) -
     let n_batch = args.batch_size.max(1);
     let mut memory = MemoryWatch::start(&*backend);
     let options = EngineOptions { max_seq_len: max_len, max_batch_tokens: n_batch, max_seqs, ..EngineOptions::default() };
-    let (weights, mut options) = args.kv.load(&*backend, &file, options)?;
-    if options.kv_budget.is_none() {
-        options.kv_budget = Some(KvBudget::Blocks(max_seqs * max_len.div_ceil(kiln_core::KV_BLOCK_SIZE)));
-    }
-    let config = weights.config.clone();
-    let mut engine = Engine::new(backend.clone(), weights, &options)?;
+    let mut engine = devices.engine(&args.kv, &file, options)?;
+    let options = engine.options().clone();
+    let config = engine.weights().config.clone();
     let mut draw = TokenDraw { state: 0x9E37_79B9_7F4A_7C15, n_vocab: config.n_vocab as u32 };
     eprintln!("kiln bench --batched: {}, backend {}", crate::kv_args::describe(engine.pool().spec().n_blocks, &config, &options), backend.name());
     // Warm-up: kernels load and tune, and every batch size records its decode graph, before any timing.

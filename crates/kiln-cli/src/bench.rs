@@ -13,8 +13,9 @@ use kiln_models::{Logits, Model, ModelOptions};
 use kiln_quant::file::{describe_file_type, FileType, QuantHparams, FILE_TYPE_GUESSED};
 use serde_json::json;
 
+use crate::devices::{self, Devices, SplitArgs};
 use crate::kv_args::KvArgs;
-use crate::run::{on_cpu_workers, open_gpu_with, DeviceKind};
+use crate::run::{on_cpu_workers, open_gpu_numbered, DeviceKind};
 use crate::CliResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -57,6 +58,8 @@ pub struct BenchArgs {
     pub no_warmup: bool,
     #[command(flatten)]
     pub kv: KvArgs,
+    #[command(flatten)]
+    pub split: SplitArgs,
     /// How the kernels of a step graph follow each other: `overlapped` starts each kernel that
     /// waits for its inputs while the one before it drains; `serial` waits for it to finish.
     #[arg(long = "graph-edges", value_enum, default_value = "overlapped")]
@@ -461,26 +464,30 @@ pub fn bench(args: BenchArgs) -> CliResult {
     crate::run::set_threads(args.threads);
     let path = args.model.clone().unwrap_or_else(crate::default_model);
     let file = crate::run::open_model(&Some(path.clone()))?;
+    let edges = args.graph_edges.into();
+    let open = |ordinal| open_gpu_numbered(ordinal, edges);
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
-        Some(DeviceKind::Cuda) => Some(open_gpu_with(args.graph_edges.into())?),
-        None => open_gpu_with(args.graph_edges.into()).map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
+        Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open)?),
+        None => devices::gpus(args.split, open).map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
     };
     match (gpu, args.batched) {
-        (Some(gpu), false) => bench_with(Arc::new(gpu), file, &path, &args),
-        (Some(gpu), true) => crate::batched_bench::run(Arc::new(gpu), file, &args),
-        (None, false) => {
-            let cpu = args.cpu_kernels.backend()?;
-            on_cpu_workers(args.threads, || bench_with(Arc::new(cpu), file, &path, &args))
-        }
-        (None, true) => {
-            let cpu = args.cpu_kernels.backend()?;
-            on_cpu_workers(args.threads, || crate::batched_bench::run(Arc::new(cpu), file, &args))
+        (Some(gpus), false) => bench_with(gpus, file, &path, &args),
+        (Some(gpus), true) => crate::batched_bench::run(gpus, file, &args),
+        (None, batched) => {
+            args.cpu_kernels.backend()?;
+            let cpu = devices::cpu(args.split, || args.cpu_kernels.backend().expect("checked above"))?;
+            if batched {
+                on_cpu_workers(args.threads, || crate::batched_bench::run(cpu, file, &args))
+            } else {
+                on_cpu_workers(args.threads, || bench_with(cpu, file, &path, &args))
+            }
         }
     }
 }
 
-fn bench_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, path: &Path, args: &BenchArgs) -> CliResult {
+fn bench_with<B: Backend>(devices: Devices<B>, file: Arc<GgufFile>, path: &Path, args: &BenchArgs) -> CliResult {
+    let backend = devices.lead();
     let tests = test_list(args);
     if tests.is_empty() {
         return Err("nothing to run: every -p and -n value is 0".into());
@@ -491,8 +498,8 @@ fn bench_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, path: &Path, arg
     let n_batch = args.batch_size.min(longest_batch).max(1);
     let options = ModelOptions { n_ctx: Some(n_ctx), n_batch, ..ModelOptions::default() };
     eprintln!("kiln bench: loading {} (context {n_ctx}, batch {n_batch})", path.display());
-    let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx))?;
-    let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
+    let mut model = Model::with_engine(devices.engine(&args.kv, &file, options.engine_options(n_ctx))?);
+    let engine_options = model.engine().options().clone();
     let backend_name = backend.name();
     let label = backend_label(&backend_name);
     // llama-bench shows the -ngl it was given; offloading everything is "99" by convention.

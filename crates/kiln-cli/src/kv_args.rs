@@ -72,6 +72,20 @@ impl KvArgs {
         let options = EngineOptions { k_type: self.cache_type_k, v_type: self.cache_type_v, kv_budget: self.budget(backend)?, ..options };
         Ok((weights, options))
     }
+
+    /// The cache settings of a tensor-parallel engine, whose weights are not loaded yet: a
+    /// size budget applies to each rank's slice of the cache; a fraction of free memory would
+    /// be measured before the weights take theirs, so it is refused.
+    pub fn split_options(&self, options: EngineOptions) -> CliResult<EngineOptions> {
+        let kv_budget = match self.kv_mem {
+            None => None,
+            Some(KvMem::Bytes(bytes)) => Some(KvBudget::Bytes(bytes)),
+            Some(KvMem::FractionOfFree(_)) => {
+                return Err("--kv-mem as a fraction of free memory is not supported with -tp; give a size per GPU such as 8GiB".into())
+            }
+        };
+        Ok(EngineOptions { k_type: self.cache_type_k, v_type: self.cache_type_v, kv_budget, ..options })
+    }
 }
 
 /// One line on the KV cache a run may use: types, block budget and its bytes.

@@ -3,6 +3,7 @@
 mod batched_bench;
 mod bench;
 mod chat;
+mod devices;
 mod info;
 mod kld;
 mod kv_args;

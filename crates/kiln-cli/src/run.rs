@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
-use kiln_core::{Backend, CpuBackend, HostAllReduce, SamplingParams};
-use kiln_cuda::{CudaBackend, NcclAllReduce};
+use kiln_core::{Backend, CpuBackend, SamplingParams};
+use kiln_cuda::CudaBackend;
 use kiln_gguf::GgufFile;
-use kiln_models::{generate, Decoder, GenerateParams, Model, ModelOptions, TensorParallel};
+use kiln_models::{generate, GenerateParams, Model, ModelConfig, ModelOptions};
 use kiln_tokenizer::Tokenizer;
 
+use crate::devices::{self, Devices, SplitArgs};
 use crate::kv_args::KvArgs;
 use crate::CliResult;
 
@@ -51,10 +52,8 @@ pub struct RunArgs {
     pub device: Option<DeviceKind>,
     #[command(flatten)]
     pub kv: KvArgs,
-    /// Split the model over this many GPUs (one rank each, NCCL between them), or on the CPU
-    /// over this many simulated ranks.
-    #[arg(long = "tensor-parallel", visible_alias = "tp")]
-    pub tensor_parallel: Option<usize>,
+    #[command(flatten)]
+    pub split: SplitArgs,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,10 +68,19 @@ pub fn open_gpu() -> CliResult<CudaBackend> {
 }
 
 pub fn open_gpu_with(graph_edges: kiln_cuda::GraphEdges) -> CliResult<CudaBackend> {
+    open_gpu_numbered(0, graph_edges)
+}
+
+/// GPU `ordinal` with the default settings.
+pub fn open_gpu_at(ordinal: usize) -> CliResult<CudaBackend> {
+    open_gpu_numbered(ordinal, kiln_cuda::GraphEdges::default())
+}
+
+pub fn open_gpu_numbered(ordinal: usize, graph_edges: kiln_cuda::GraphEdges) -> CliResult<CudaBackend> {
     if kiln_cuda::device_count()? == 0 {
         return Err("the CUDA driver reports no GPU".into());
     }
-    Ok(CudaBackend::with_config(0, kiln_cuda::RegistryConfig { graph_edges, ..Default::default() })?)
+    Ok(CudaBackend::with_config(ordinal, kiln_cuda::RegistryConfig { graph_edges, ..Default::default() })?)
 }
 
 /// The sampler's flags, as llama-cli's.
@@ -144,38 +152,41 @@ pub fn run(args: RunArgs) -> CliResult {
     set_threads(args.threads);
     let file = open_model(&args.model)?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    if let Some(ranks) = args.tensor_parallel {
-        return generate_split(ranks, file, &tokenizer, &args);
-    }
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
-        Some(DeviceKind::Cuda) => Some(open_gpu()?),
-        None => open_gpu().map_err(|e| eprintln!("kiln: no usable GPU: {e}; running on the CPU")).ok(),
+        Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open_gpu_at)?),
+        None => devices::gpus(args.split, open_gpu_at).map_err(|e| eprintln!("kiln: no usable GPU: {e}; running on the CPU")).ok(),
     };
     match gpu {
-        Some(gpu) => generate_with(Arc::new(gpu), file, &tokenizer, &args),
-        None => on_cpu_workers(args.threads, || generate_with(Arc::new(CpuBackend::new()), file, &tokenizer, &args)),
+        Some(gpus) => load_and_generate(gpus, file, &tokenizer, &args),
+        None => on_cpu_workers(args.threads, || load_and_generate(devices::cpu(args.split, CpuBackend::new)?, file, &tokenizer, &args)),
     }
 }
 
-fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
+fn load_and_generate<B: Backend>(devices: Devices<B>, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
+    let n_ctx_train = ModelConfig::from_gguf(&file)?.n_ctx_train;
     let options = ModelOptions { n_ctx: (args.ctx_size > 0).then_some(args.ctx_size), n_batch: args.batch_size, ..Default::default() };
-    let n_ctx_train = kiln_models::ModelConfig::from_gguf(&file)?.n_ctx_train;
+    let backend = devices.lead();
+    let engine = devices.engine(&args.kv, &file, options.engine_options(n_ctx_train))?;
+    generate_with(backend, Model::with_engine(engine), tokenizer, args)
+}
+
+fn generate_with<B: Backend>(backend: Arc<B>, mut model: Model<B>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
     let mut memory = crate::kv_args::MemoryWatch::start(&*backend);
-    let (weights, engine_options) = args.kv.load(&*backend, &file, options.engine_options(n_ctx_train))?;
-    let mut model = Model::with_weights(backend.clone(), weights, &engine_options)?;
     let prompt = tokenizer.encode(&args.prompt, true, true);
     let sampling = args.sampling.params();
+    let ranks = model.engine().n_ranks();
     eprintln!(
-        "kiln: {} ({}), {} layers, ctx {}, backend {}, seed {}",
+        "kiln: {} ({}), {} layers, ctx {}, backend {}{}, seed {}",
         model.config.name.as_deref().unwrap_or("model"),
         model.config.arch.name(),
         model.config.n_layer,
         model.n_ctx(),
         backend.name(),
+        if ranks > 1 { format!(" x {ranks} ranks (tensor parallel)") } else { String::new() },
         sampling.seed
     );
-    eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, &engine_options));
+    eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, model.engine().options()));
     stream_generation(&mut model, tokenizer, &prompt, sampling, args)?;
     memory.sample(&*backend);
     if let Some(peak) = memory.peak_mib() {
@@ -185,44 +196,8 @@ fn generate_with<B: Backend>(backend: Arc<B>, file: Arc<GgufFile>, tokenizer: &T
     Ok(())
 }
 
-/// `kiln run -tp N`: the model split over N GPUs (NCCL), or over N simulated ranks on the CPU.
-fn generate_split(ranks: usize, file: Arc<GgufFile>, tokenizer: &Tokenizer, args: &RunArgs) -> CliResult {
-    let options = ModelOptions {
-        n_ctx: (args.ctx_size > 0).then_some(args.ctx_size),
-        n_batch: args.batch_size,
-        k_type: args.kv.cache_type_k,
-        v_type: args.kv.cache_type_v,
-        ..Default::default()
-    };
-    let prompt = tokenizer.encode(&args.prompt, true, true);
-    let sampling = args.sampling.params();
-    let config = kiln_models::ModelConfig::from_gguf(&file)?;
-    kiln_models::tensor_parallel::check(&config, &file, ranks)?;
-    eprintln!(
-        "kiln: {} ({}), {} layers over {ranks} ranks, seed {}",
-        config.name.as_deref().unwrap_or("model"),
-        config.arch.name(),
-        config.n_layer,
-        sampling.seed
-    );
-    if args.device == Some(DeviceKind::Cpu) {
-        let backends = (0..ranks).map(|_| Arc::new(CpuBackend::new())).collect();
-        let mut model = TensorParallel::load(backends, HostAllReduce::handles(ranks), &file, &options)?;
-        return on_cpu_workers(args.threads, || stream_generation(&mut model, tokenizer, &prompt, sampling, args)).map(|_| ());
-    }
-    let gpus = kiln_cuda::device_count()?;
-    if ranks > gpus {
-        return Err(format!("-tp {ranks} needs {ranks} GPUs; this host has {gpus} (--device cpu simulates the ranks on the CPU)").into());
-    }
-    let backends = (0..ranks).map(|d| CudaBackend::new(d).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
-    let refs: Vec<&CudaBackend> = backends.iter().map(|b| &**b).collect();
-    let reducers = NcclAllReduce::handles(&refs)?;
-    let mut model = TensorParallel::load(backends, reducers, &file, &options)?;
-    stream_generation(&mut model, tokenizer, &prompt, sampling, args).map(|_| ())
-}
-
 /// Generates and prints the text (or the JSON report), then the speed line.
-fn stream_generation(model: &mut impl Decoder, tokenizer: &Tokenizer, prompt: &[u32], sampling: SamplingParams, args: &RunArgs) -> CliResult {
+fn stream_generation<B: Backend>(model: &mut Model<B>, tokenizer: &Tokenizer, prompt: &[u32], sampling: SamplingParams, args: &RunArgs) -> CliResult {
     let params = GenerateParams { n_predict: (args.n_predict >= 0).then_some(args.n_predict as usize), sampling, stop: args.stop.clone() };
     let mut out = std::io::stdout().lock();
     if !args.no_display_prompt && !args.json {

@@ -1,16 +1,16 @@
 //! `kiln serve`: the OpenAI-compatible HTTP server (flags as in llama.cpp's llama-server).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Parser;
 use kiln_core::{Backend, CpuBackend};
-use kiln_models::{Engine, EngineOptions, ModelConfig};
+use kiln_models::{EngineOptions, ModelConfig};
 use kiln_server::{EngineSlot, SchedulerConfig, ServerConfig};
 use kiln_tokenizer::Tokenizer;
 
+use crate::devices::{self, Devices, SplitArgs};
 use crate::kv_args::KvArgs;
-use crate::run::{on_cpu_workers, open_gpu, open_model, DeviceKind};
+use crate::run::{on_cpu_workers, open_gpu_at, open_model, DeviceKind};
 use crate::CliResult;
 
 #[derive(Parser, Debug, Clone)]
@@ -47,6 +47,8 @@ pub struct ServeArgs {
     pub device: Option<DeviceKind>,
     #[command(flatten)]
     pub kv: KvArgs,
+    #[command(flatten)]
+    pub split: SplitArgs,
 }
 
 /// Tokens one step feeds at most: running decodes first, then chunks of waiting prompts.
@@ -84,7 +86,8 @@ impl ServeArgs {
     }
 }
 
-fn load_and_run<B: Backend>(backend: Arc<B>, args: &ServeArgs, slot: EngineSlot) -> CliResult {
+fn load_and_run<B: Backend>(devices: Devices<B>, args: &ServeArgs, slot: EngineSlot) -> CliResult {
+    let backend = devices.lead();
     let path = args.model.clone().unwrap_or_else(crate::default_model);
     let file = open_model(&Some(path.clone()))?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
@@ -92,8 +95,8 @@ fn load_and_run<B: Backend>(backend: Arc<B>, args: &ServeArgs, slot: EngineSlot)
     let parallel = args.parallel.max(1);
     let max_seq_len = if args.ctx_size > 0 { args.ctx_size } else { config.n_ctx_train };
     let options = EngineOptions { max_seq_len, max_batch_tokens: STEP_TOKENS.max(parallel), max_seqs: parallel, ..EngineOptions::default() };
-    let (weights, options) = args.kv.load(&*backend, &file, options)?;
-    let engine = Engine::new(backend.clone(), weights, &options)?;
+    let engine = devices.engine(&args.kv, &file, options)?;
+    let options = engine.options().clone();
     eprintln!(
         "kiln serve: {} ({}), backend {}, {parallel} parallel sequences of up to {max_seq_len} tokens; {}",
         config.name.as_deref().unwrap_or("model"),
@@ -111,12 +114,12 @@ pub fn serve(args: ServeArgs) -> CliResult {
     let load = move |slot: EngineSlot| -> Result<(), String> {
         let gpu = match args.device {
             Some(DeviceKind::Cpu) => None,
-            Some(DeviceKind::Cuda) => Some(open_gpu().map_err(|e| e.to_string())?),
-            None => open_gpu().map_err(|e| eprintln!("kiln serve: no usable GPU: {e}; running on the CPU")).ok(),
+            Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open_gpu_at).map_err(|e| e.to_string())?),
+            None => devices::gpus(args.split, open_gpu_at).map_err(|e| eprintln!("kiln serve: no usable GPU: {e}; running on the CPU")).ok(),
         };
         let result = match gpu {
-            Some(gpu) => load_and_run(Arc::new(gpu), &args, slot),
-            None => on_cpu_workers(None, || load_and_run(Arc::new(CpuBackend::new()), &args, slot)),
+            Some(gpus) => load_and_run(gpus, &args, slot),
+            None => on_cpu_workers(None, || load_and_run(devices::cpu(args.split, CpuBackend::new)?, &args, slot)),
         };
         result.map_err(|e| e.to_string())
     };

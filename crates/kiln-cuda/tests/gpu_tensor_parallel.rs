@@ -9,10 +9,10 @@ use common::rng;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_core::{GroupHandle, SamplingParams};
+use kiln_core::{Backend, GroupHandle, SamplingParams};
 use kiln_cuda::{device_count, CudaBackend, NcclAllReduce};
 use kiln_gguf::GgufFile;
-use kiln_models::{Logits, Model, ModelOptions, TensorParallel};
+use kiln_models::{tensor_parallel, Logits, Model, ModelOptions};
 #[path = "common/backends.rs"]
 mod backends;
 use backends::*;
@@ -97,16 +97,57 @@ fn sharded_models_match_the_unsharded_model() {
         drop(full);
         let b = backends(n);
         let g = group(&b);
-        let mut tp = TensorParallel::load(b, g, &file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let got = tp.forward(&prompt, Logits::All).unwrap();
+        let mut tp = tensor_parallel::model(b, g, &file, &options).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let got = tp.forward(&prompt, Logits::All).unwrap().to_vec();
         let (rel, _) = errors(&path.display().to_string(), &got, &want);
         assert!(rel < 2e-3, "{} over {n} GPUs: logits rel-L2 {rel:e}", path.display());
         tp.reset();
         let mut tokens = vec![tp.prompt(&prompt, &greedy).unwrap()];
         for _ in 0..10 {
             let last = *tokens.last().unwrap();
-            tokens.push(tp.prompt(&[last], &greedy).unwrap());
+            tokens.push(tp.decode_sample(last, &greedy).unwrap());
         }
         assert_eq!(tokens, want_tokens, "{} over {n} GPUs: greedy tokens", path.display());
+    }
+}
+
+/// The cost of the two all-reduces a layer adds: one sum of `tokens x 4096` values (the 8B's
+/// width) on every rank, timed over 200 back-to-back calls, printed for the device script.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn all_reduce_time_per_layer() {
+    let _gpu = exclusive_gpu();
+    let n = ranks();
+    let b = backends(n);
+    let g = group(&b);
+    for tokens in [1, 64, 512] {
+        let len = tokens * 4096;
+        const CALLS: usize = 200;
+        let seconds: Vec<f64> = std::thread::scope(|s| {
+            let joins: Vec<_> = (0..n)
+                .map(|r| {
+                    let (b, g) = (&b[r], &g[r]);
+                    s.spawn(move || {
+                        let mut buf = upload(b, &vec![1.0; len]);
+                        g.sum(b, &mut buf, len).expect("warm-up");
+                        b.synchronize().expect("sync");
+                        let start = std::time::Instant::now();
+                        for _ in 0..CALLS {
+                            g.sum(b, &mut buf, len).expect("all-reduce");
+                        }
+                        b.synchronize().expect("sync");
+                        start.elapsed().as_secs_f64()
+                    })
+                })
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        let per_call = seconds.iter().cloned().fold(0.0, f64::max) / CALLS as f64;
+        println!(
+            "all-reduce over {n} GPUs, {tokens} tokens x 4096 f32: {:.1} us per call, {:.1} us per layer (two calls)",
+            per_call * 1e6,
+            2.0 * per_call * 1e6
+        );
+        assert!(per_call > 0.0);
     }
 }

@@ -47,6 +47,12 @@ pub fn run_staggered<B: Backend>(
 ) -> Result<Vec<Trace>> {
     let options = EngineOptions { max_seqs: prompts.len(), ..options.clone() };
     let mut engine = Engine::new(backend.clone(), weights.clone(), &options)?;
+    run_staggered_on(&mut engine, prompts, steps)
+}
+
+/// [`run_staggered`] on an engine made for at least `prompts.len()` sequences.
+pub fn run_staggered_on<B: Backend>(engine: &mut Engine<B>, prompts: &[Vec<u32>], steps: usize) -> Result<Vec<Trace>> {
+    let vocab = engine.weights().config.n_vocab;
     let mut seqs: Vec<Sequence> = prompts
         .iter()
         .map(|p| {
@@ -72,7 +78,6 @@ pub fn run_staggered<B: Backend>(
             continue;
         }
         let sampled = engine.step(&mut work)?.to_vec();
-        let vocab = weights.config.n_vocab;
         let logits = engine.logits()?;
         for (row, (&i, &token)) in who.iter().zip(&sampled).enumerate() {
             traces[i].logits.push(logits[row * vocab..(row + 1) * vocab].to_vec());

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
-use kiln_core::{Backend, GroupHandle, KvType, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, BackendError, GroupHandle, KvType, SamplingParams, KV_BLOCK_SIZE};
 
 use crate::error::{ModelError, Result};
 use crate::forward::{attention_params, forward, Pass, Workspace};
@@ -126,6 +126,20 @@ pub struct Engine<B: Backend> {
     states: Option<RecurrentStates<B>>,
     /// The tensor-parallel group this engine's weights are a slice of.
     reduce: Option<GroupHandle<B>>,
+    /// The group's other ranks (tensor parallelism): each its own backend, weight slice, caches
+    /// and activations, run with this engine's plan; their allocators and plans are unused.
+    peers: Vec<Engine<B>>,
+}
+
+/// The sizes of one step, the same on every rank.
+#[derive(Clone, Copy)]
+struct StepShape {
+    n: usize,
+    n_rows: usize,
+    n_samples: usize,
+    max_seq_len: usize,
+    /// Decode steps repeat with the same shapes: recorded once under this key and replayed.
+    graph_key: Option<u64>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -164,12 +178,27 @@ impl<B: Backend> Engine<B> {
             host_logits,
             states,
             reduce: None,
+            peers: Vec::new(),
         })
     }
 
-    /// Makes this engine one rank of a tensor-parallel group (its weights a [`crate::Shard`]).
-    pub fn set_all_reduce(&mut self, reduce: GroupHandle<B>) {
-        self.reduce = Some(reduce);
+    /// Joins engines over the slices of one model into a tensor-parallel group led by the first:
+    /// `ranks[r]` holds rank `r`'s weights and `reducers[r]` is its handle on the group.
+    pub(crate) fn group(mut ranks: Vec<Engine<B>>, reducers: Vec<GroupHandle<B>>) -> Result<Engine<B>> {
+        if ranks.is_empty() || reducers.len() != ranks.len() {
+            return Err(ModelError::Unshardable { ranks: ranks.len(), reason: format!("{} all-reduce handles for {} ranks", reducers.len(), ranks.len()) });
+        }
+        for (engine, reduce) in ranks.iter_mut().zip(reducers) {
+            engine.reduce = Some(reduce);
+        }
+        let mut first = ranks.remove(0);
+        first.peers = ranks;
+        Ok(first)
+    }
+
+    /// Ranks of the tensor-parallel group this engine leads (1 without one).
+    pub fn n_ranks(&self) -> usize {
+        1 + self.peers.len()
     }
 
     pub fn weights(&self) -> &Arc<Weights<B>> {
@@ -289,21 +318,15 @@ impl<B: Backend> Engine<B> {
         }
         self.backend.write_step(&mut self.step, &self.plan)?;
 
-        let n = self.plan.n_tokens();
-        let n_rows = self.plan.logit_rows.len();
         let n_samples = self.plan.samples.len();
-        let (b, w, pool, ws, step) = (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step);
-        let (max_seq_len, states, reduce) = (self.options.max_seq_len, &mut self.states, self.reduce.as_deref());
-        let mut run = || -> kiln_core::backend::Result<()> {
-            forward(&Pass { b, w, step, n, n_rows, max_seq_len, reduce }, &mut pool.caches, states.as_mut(), ws)?;
-            if n_samples > 0 {
-                b.sample(&ws.logits, w.config.n_vocab, step)?;
-            }
-            Ok(())
-        };
-        // Decode steps repeat with the same shapes: record them once and replay.
-        let ran = if self.plan.is_decode_only() && n_samples > 0 { b.run_step(self.plan.shape_key(), &mut run) } else { run() };
-        if let Err(e) = ran {
+        let graph_key = (self.plan.is_decode_only() && n_samples > 0).then(|| self.plan.shape_key());
+        let shape = StepShape { n: self.plan.n_tokens(), n_rows: self.plan.logit_rows.len(), n_samples, max_seq_len: self.options.max_seq_len, graph_key };
+        let usable = self.pool.blocks.usable();
+        for peer in &mut self.peers {
+            peer.pool.back(&*peer.backend, usable)?;
+            peer.backend.write_step(&mut peer.step, &self.plan)?;
+        }
+        if let Err(e) = self.run_ranks(shape) {
             // A failed step may have advanced some layers' recurrent states: feed again from 0.
             if self.states.is_some() {
                 for w in work.iter_mut() {
@@ -322,6 +345,39 @@ impl<B: Backend> Engine<B> {
             w.seq.state_len = w.seq.n_cached;
         }
         Ok(&self.sampled)
+    }
+
+    /// The step on this engine's rank and, at once, on every peer's (one thread each); only
+    /// this rank samples.
+    fn run_ranks(&mut self, shape: StepShape) -> kiln_core::backend::Result<()> {
+        if self.peers.is_empty() {
+            return self.run_rank(shape, true);
+        }
+        let mut peers = std::mem::take(&mut self.peers);
+        let result = std::thread::scope(|s| {
+            let others: Vec<_> = peers.iter_mut().map(|p| s.spawn(move || p.run_rank(shape, false))).collect();
+            let mine = self.run_rank(shape, true);
+            others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(BackendError::Device("a tensor-parallel rank panicked".into())))).fold(mine, Result::and)
+        });
+        self.peers = peers;
+        result
+    }
+
+    fn run_rank(&mut self, s: StepShape, sample: bool) -> kiln_core::backend::Result<()> {
+        let (b, w, pool, ws, step, states, reduce) =
+            (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step, &mut self.states, self.reduce.as_deref());
+        let mut run = || -> kiln_core::backend::Result<()> {
+            let pass = Pass { b, w, step, n: s.n, n_rows: s.n_rows, max_seq_len: s.max_seq_len, reduce };
+            forward(&pass, &mut pool.caches, states.as_mut(), ws)?;
+            if sample && s.n_samples > 0 {
+                b.sample(&ws.logits, w.config.n_vocab, step)?;
+            }
+            Ok(())
+        };
+        match s.graph_key {
+            Some(key) => b.run_step(key, &mut run),
+            None => run(),
+        }
     }
 
     /// The logits of the last step, `[rows][n_vocab]` in plan order.

@@ -91,37 +91,11 @@ impl StopFilter<'_> {
     }
 }
 
-/// What generation needs of a model: one sequence, fed and sampled step by step.
-pub trait Decoder {
-    /// Positions already cached.
-    fn n_past(&self) -> usize;
-    /// Positions the cache holds.
-    fn n_ctx(&self) -> usize;
-    /// Feeds `tokens` and samples the token that follows them.
-    fn prompt(&mut self, tokens: &[u32], sampling: &SamplingParams) -> Result<u32>;
-    /// Feeds one token and samples the next.
-    fn decode_sample(&mut self, token: u32, sampling: &SamplingParams) -> Result<u32> {
-        self.prompt(&[token], sampling)
-    }
-}
-
-impl<B: Backend> Decoder for Model<B> {
-    fn n_past(&self) -> usize {
-        Model::n_past(self)
-    }
-    fn n_ctx(&self) -> usize {
-        Model::n_ctx(self)
-    }
-    fn prompt(&mut self, tokens: &[u32], sampling: &SamplingParams) -> Result<u32> {
-        Model::prompt(self, tokens, sampling)
-    }
-}
-
 /// Generates from `prompt` (already tokenized, BOS included if wanted) after
 /// whatever the model has cached. `on_text` receives each piece of new text and
 /// returns false to stop early.
-pub fn generate<M: Decoder>(
-    model: &mut M,
+pub fn generate<B: Backend>(
+    model: &mut Model<B>,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     params: &GenerateParams,

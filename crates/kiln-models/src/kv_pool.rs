@@ -168,6 +168,18 @@ impl<B: Backend> KvPool<B> {
         self.blocks.take(need, table, |usable| caches.iter_mut().try_for_each(|c| backend.grow_kv(c, usable)).map_err(ModelError::from))
     }
 
+    /// Backs blocks `0..usable` with memory (a tensor-parallel peer following its leader's pool,
+    /// whose ids it uses; its own allocator hands out nothing).
+    pub(crate) fn back(&mut self, backend: &B, usable: usize) -> Result<()> {
+        if usable > self.blocks.usable {
+            for cache in &mut self.caches {
+                backend.grow_kv(cache, usable)?;
+            }
+            self.blocks.usable = usable;
+        }
+        Ok(())
+    }
+
     /// Returns a table's blocks; every id in it came from this pool's `take`.
     pub(crate) fn release(&mut self, table: &mut Vec<u32>) {
         for b in table.drain(..) {

@@ -18,10 +18,10 @@ pub mod weights;
 pub use config::{Activation, Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig, RopeConfig};
 pub use engine::{Engine, EngineOptions, SeqWork, Sequence};
 pub use error::ModelError;
-pub use generate::{generate, Decoder, GenerateParams, GenerationStats, StopReason};
+pub use generate::{generate, GenerateParams, GenerationStats, StopReason};
 pub use kv_pool::{BlockAllocator, KvBudget, KvPool};
 pub use model::{Logits, Model, ModelOptions};
-pub use tensor_parallel::{Shard, TensorParallel};
+pub use tensor_parallel::Shard;
 pub use weights::{
     AttentionWeights, DeltaNetWeights, DenseBeside, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights,
     SharedExpert, Weights,

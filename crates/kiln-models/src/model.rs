@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::LogitRows;
-use kiln_core::{Backend, GroupHandle, KvType, SamplingParams};
+use kiln_core::{Backend, KvType, SamplingParams};
 use kiln_gguf::GgufFile;
 use kiln_quant::GgmlType;
 
@@ -77,17 +77,14 @@ impl<B: Backend> Model<B> {
 
     /// A model over weights already loaded (shared with other engines).
     pub fn with_weights(backend: Arc<B>, weights: Arc<Weights<B>>, options: &EngineOptions) -> Result<Model<B>> {
-        let config = weights.config.clone();
-        let engine = Engine::new(backend, weights, options)?;
-        let seq = Sequence::with_capacity(options.max_seq_len, SamplingParams::greedy());
-        Ok(Model { config, engine, seq })
+        Ok(Self::with_engine(Engine::new(backend, weights, options)?))
     }
 
-    /// This model as one rank of a tensor-parallel group: its partial products are summed over
-    /// the group by `reduce`.
-    pub fn with_all_reduce(mut self, reduce: GroupHandle<B>) -> Self {
-        self.engine.set_all_reduce(reduce);
-        self
+    /// One sequence over `engine` (a tensor-parallel one, say); `config` is its first rank's.
+    pub fn with_engine(engine: Engine<B>) -> Model<B> {
+        let config = engine.weights().config.clone();
+        let seq = Sequence::with_capacity(engine.options().max_seq_len, SamplingParams::greedy());
+        Model { config, engine, seq }
     }
 
     pub fn backend(&self) -> &Arc<B> {

@@ -19,14 +19,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kiln_core::{Backend, GroupHandle, SamplingParams};
+use kiln_core::{Backend, GroupHandle};
 use kiln_gguf::GgufFile;
 
 use crate::config::{Arch, BlockStyle, FfnConfig, KvSource, Mixer, ModelConfig};
-use crate::engine::EngineOptions;
+use crate::engine::{Engine, EngineOptions};
 use crate::error::{ModelError, Result};
-use crate::generate::Decoder;
-use crate::model::{Logits, Model, ModelOptions};
+use crate::model::{Model, ModelOptions};
 use crate::weights::Weights;
 
 /// The slice of the model one rank holds: `rank` of `ranks`.
@@ -138,91 +137,29 @@ pub fn shard_config(config: &ModelConfig, s: Shard) -> ModelConfig {
     c
 }
 
-/// A model split over several ranks, each a [`Model`] on its own backend with its slice of the
-/// weights and KV cache, run in lockstep (one thread per rank). Every rank computes the same
-/// logits and samples the same token; rank 0's are returned.
-pub struct TensorParallel<B: Backend> {
-    ranks: Vec<Model<B>>,
+/// An engine over the model in `file` split over `backends.len()` ranks: rank `r`'s slice on
+/// `backends[r]`, joined by `reducers[r]` (one group, handles in rank order). It runs each step
+/// on every rank at once and samples on the first; everything above it (the single-sequence
+/// [`Model`], the server's scheduler, the batched benchmark) is unchanged.
+pub fn engine<B: Backend>(backends: Vec<Arc<B>>, reducers: Vec<GroupHandle<B>>, file: &Arc<GgufFile>, options: &EngineOptions) -> Result<Engine<B>> {
+    let ranks = backends.len();
+    if reducers.len() != ranks || reducers.iter().enumerate().any(|(r, g)| g.rank() != r || g.ranks() != ranks) {
+        return Err(unshardable(ranks, "one all-reduce handle per rank, in rank order, is needed".into()));
+    }
+    check(&ModelConfig::from_gguf(file)?, file, ranks)?;
+    let engines = backends
+        .into_iter()
+        .enumerate()
+        .map(|(rank, backend)| {
+            let weights = Arc::new(Weights::load_shard(&*backend, file, Shard { rank, ranks })?);
+            Engine::new(backend, weights, options)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Engine::group(engines, reducers)
 }
 
-impl<B: Backend> TensorParallel<B> {
-    /// Loads rank `r`'s slice onto `backends[r]`, joined by `reducers[r]` (one group, ranks in order).
-    pub fn load(backends: Vec<Arc<B>>, reducers: Vec<GroupHandle<B>>, file: &Arc<GgufFile>, options: &ModelOptions) -> Result<Self> {
-        let ranks = backends.len();
-        if reducers.len() != ranks || reducers.iter().enumerate().any(|(r, g)| g.rank() != r || g.ranks() != ranks) {
-            return Err(unshardable(ranks, "one all-reduce handle per rank, in rank order, is needed".into()));
-        }
-        let config = ModelConfig::from_gguf(file)?;
-        check(&config, file, ranks)?;
-        let engine_options: EngineOptions = options.engine_options(config.n_ctx_train);
-        let models = backends
-            .into_iter()
-            .zip(reducers)
-            .enumerate()
-            .map(|(rank, (backend, reduce))| {
-                let weights = Arc::new(Weights::load_shard(&*backend, file, Shard { rank, ranks })?);
-                Ok(Model::with_weights(backend, weights, &engine_options)?.with_all_reduce(reduce))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(TensorParallel { ranks: models })
-    }
-
-    pub fn n_ranks(&self) -> usize {
-        self.ranks.len()
-    }
-
-    /// Rank `r`'s model (its sliced configuration and engine).
-    pub fn rank(&self, r: usize) -> &Model<B> {
-        &self.ranks[r]
-    }
-
-    /// Runs `f` on every rank at once and returns rank 0's result; ranks must agree.
-    fn on_all<T: Send + PartialEq + std::fmt::Debug>(&mut self, f: impl Fn(&mut Model<B>) -> Result<T> + Sync) -> Result<T> {
-        let f = &f;
-        let mut results: Vec<Result<T>> = std::thread::scope(|s| {
-            let (first, rest) = self.ranks.split_first_mut().expect("at least one rank");
-            let others: Vec<_> = rest.iter_mut().map(|m| s.spawn(move || f(m))).collect();
-            let mut results = vec![f(first)];
-            results.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(unshardable(0, "a rank's thread panicked".into())))));
-            results
-        });
-        let first = results.remove(0)?;
-        for (r, other) in results.into_iter().enumerate() {
-            let other = other?;
-            if other != first {
-                return Err(unshardable(self.ranks.len(), format!("rank {} disagrees with rank 0: {other:?} against {first:?}", r + 1)));
-            }
-        }
-        Ok(first)
-    }
-
-    /// Feeds `tokens` after the cached ones on every rank and returns the logits (rank 0's).
-    pub fn forward(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let mut logits = Vec::new();
-        self.on_all(|m| m.forward(tokens, which).map(|_| ()))?;
-        logits.extend_from_slice(self.ranks[0].logits()?);
-        Ok(logits)
-    }
-
-    /// Feeds a prompt and samples the token that follows it (every rank samples the same one).
-    pub fn prompt(&mut self, tokens: &[u32], sampling: &SamplingParams) -> Result<u32> {
-        self.on_all(|m| m.prompt(tokens, sampling))
-    }
-
-    /// Forgets every rank's cached sequence.
-    pub fn reset(&mut self) {
-        self.ranks.iter_mut().for_each(Model::reset);
-    }
-}
-
-impl<B: Backend> Decoder for TensorParallel<B> {
-    fn n_past(&self) -> usize {
-        self.ranks[0].n_past()
-    }
-    fn n_ctx(&self) -> usize {
-        self.ranks[0].n_ctx()
-    }
-    fn prompt(&mut self, tokens: &[u32], sampling: &SamplingParams) -> Result<u32> {
-        TensorParallel::prompt(self, tokens, sampling)
-    }
+/// [`engine`] under the single-sequence API, with `options` as [`Model::load`] takes them.
+pub fn model<B: Backend>(backends: Vec<Arc<B>>, reducers: Vec<GroupHandle<B>>, file: &Arc<GgufFile>, options: &ModelOptions) -> Result<Model<B>> {
+    let n_ctx_train = ModelConfig::from_gguf(file)?.n_ctx_train;
+    Ok(Model::with_engine(engine(backends, reducers, file, &options.engine_options(n_ctx_train))?))
 }

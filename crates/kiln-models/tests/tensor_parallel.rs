@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_core::{CpuBackend, GroupHandle, HostAllReduce, SamplingParams};
+use kiln_core::{CpuBackend, GroupHandle, HostAllReduce, KvType, SamplingParams};
 use kiln_gguf::GgufFile;
-use kiln_models::{Logits, Model, ModelError, ModelOptions, Shard, TensorParallel};
+use kiln_models::checks::{run_staggered, run_staggered_on};
+use kiln_models::{tensor_parallel, EngineOptions, Logits, Model, ModelError, ModelOptions, Shard};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -78,9 +79,10 @@ fn sharded_logits_and_tokens_equal_unsharded() {
         let want_tokens = greedy(|t| full.prompt(t, &SamplingParams::greedy()).unwrap(), &prompt, 12);
         for ranks in [2, 4] {
             let (backends, reducers) = group(ranks, backend);
-            let mut tp = TensorParallel::load(backends, reducers, &file, &options()).unwrap_or_else(|e| panic!("{} at {ranks}: {e}", path.display()));
-            assert_eq!(tp.rank(0).config.n_head * ranks, full.config.n_head, "each rank holds its share of the heads");
-            let got = tp.forward(&prompt, Logits::All).unwrap();
+            let mut tp = tensor_parallel::model(backends, reducers, &file, &options()).unwrap_or_else(|e| panic!("{} at {ranks}: {e}", path.display()));
+            assert_eq!(tp.config.n_head * ranks, full.config.n_head, "each rank holds its share of the heads");
+            assert_eq!(tp.engine().n_ranks(), ranks);
+            let got = tp.forward(&prompt, Logits::All).unwrap().to_vec();
             assert_eq!(got.len(), want.len());
             let err = rel_l2(&got, &want);
             assert!(err < bound, "{} at {ranks} ranks: logits rel-L2 {err:e} (bound {bound:e})", path.display());
@@ -95,7 +97,7 @@ fn sharded_logits_and_tokens_equal_unsharded() {
 fn shards_that_cut_blocks_or_heads_are_refused_by_name() {
     let refused = |path: PathBuf, ranks: usize| {
         let (backends, reducers) = group(ranks, CpuBackend::new);
-        match TensorParallel::load(backends, reducers, &open(&path), &options()) {
+        match tensor_parallel::model(backends, reducers, &open(&path), &options()) {
             Err(e @ ModelError::Unshardable { .. }) => e.to_string(),
             Err(e) => panic!("{}: {ranks} ranks: wrong error {e}", path.display()),
             Ok(_) => panic!("{}: {ranks} ranks accepted", path.display()),
@@ -113,7 +115,36 @@ fn shards_that_cut_blocks_or_heads_are_refused_by_name() {
     // Handles out of order or of another group size.
     let (backends, mut reducers) = group(2, CpuBackend::new);
     reducers.swap(0, 1);
-    assert!(matches!(TensorParallel::load(backends, reducers, &open(&stories()), &options()), Err(ModelError::Unshardable { .. })));
+    assert!(matches!(tensor_parallel::model(backends, reducers, &open(&stories()), &options()), Err(ModelError::Unshardable { .. })));
+}
+
+/// The batched engine split over ranks: sequences of different lengths started at different
+/// steps, as the server runs them, give the unsharded engine's logits and tokens.
+#[test]
+fn sharded_batched_engine_equals_unsharded() {
+    let path = testdata_model("tiny-qwen3-Q8_0.gguf");
+    let file = open(&path);
+    let backend = Arc::new(CpuBackend::exact());
+    let weights = Arc::new(kiln_models::Weights::load(&*backend, &file).unwrap());
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let prompts: Vec<Vec<u32>> = [1, 7, 33, 40].iter().map(|&n| (0..n).map(|_| rng.gen_range(1..512)).collect()).collect();
+    // An f32 cache, so that only the order of the partial sums differs (an f16 cache rounds the
+    // keys, which differ in their last bits, to different halves now and then: 2e-5).
+    let options =
+        EngineOptions { max_seq_len: 96, max_batch_tokens: 128, max_seqs: prompts.len(), k_type: KvType::F32, v_type: KvType::F32, ..EngineOptions::default() };
+    let want = run_staggered(&backend, &weights, &options, &prompts, 5).unwrap();
+    for ranks in [2, 4] {
+        let (backends, reducers) = group(ranks, CpuBackend::exact);
+        let mut engine = tensor_parallel::engine(backends, reducers, &file, &options).unwrap();
+        let got = run_staggered_on(&mut engine, &prompts, 5).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.tokens, w.tokens, "{ranks} ranks, sequence {i}: tokens");
+            for (gl, wl) in g.logits.iter().zip(&w.logits) {
+                let err = rel_l2(gl, wl);
+                assert!(err < 1e-5, "{ranks} ranks, sequence {i}: logits rel-L2 {err:e}");
+            }
+        }
+    }
 }
 
 #[test]
