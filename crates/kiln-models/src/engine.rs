@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
-use kiln_core::{Backend, KvType, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, DeviceBuffer, KvType, SamplingParams, KV_BLOCK_SIZE};
 
 use crate::error::{ModelError, Result};
 use crate::forward::{attention_params, forward, Pass, Workspace};
@@ -289,7 +289,7 @@ impl<B: Backend> Engine<B> {
         let mut run = || -> kiln_core::backend::Result<()> {
             forward(&Pass { b, w, step, n, n_rows, max_seq_len }, &mut pool.caches, states.as_mut(), ws)?;
             if n_samples > 0 {
-                b.sample(&ws.logits, w.config.n_vocab, step)?;
+                b.sample(ws.logits.rows(n_rows, w.config.n_vocab)?, step)?;
             }
             Ok(())
         };
