@@ -332,4 +332,22 @@ mod tests {
         assert!(t.reshape([2, 6]).is_ok() && t.reshape([2, 5]).is_err());
         assert!(t.shape().dims3("rope", "x").is_err());
     }
+
+    #[test]
+    fn ops_refuse_views_that_disagree_with_a_typed_error() {
+        use crate::backend::{Backend, BackendError, RouterParams};
+        let b = crate::CpuBackend::exact();
+        let (x, weight, mut out) = (vec![1f32; 12], vec![1f32; 4], vec![0f32; 12]);
+        let err = b.rms_norm(x.rows(3, 4).unwrap(), weight.whole(), out.rows_mut(4, 3).unwrap(), 1e-5).unwrap_err();
+        assert!(matches!(&err, BackendError::ShapeMismatch { op, tensor, .. } if op == "rms_norm" && tensor == "out"), "{err}");
+        assert!(err.to_string().contains("[4, 3]") && err.to_string().contains("[3, 4]"), "{err}");
+        let err = b.rms_norm(x.rows(3, 4).unwrap(), weight.view([3]).unwrap(), out.rows_mut(3, 4).unwrap(), 1e-5).unwrap_err();
+        assert!(matches!(&err, BackendError::ShapeMismatch { tensor, .. } if tensor == "weight"), "{err}");
+        // Router: ids and weights must agree on the experts chosen per token.
+        let (mut ids, mut w) = (vec![0f32; 6], vec![0f32; 6]);
+        let err =
+            b.moe_route(x.rows(3, 4).unwrap(), None, ids.rows_mut(3, 2).unwrap(), w.rows_mut(2, 3).unwrap(), &RouterParams { renormalize: true }).unwrap_err();
+        assert!(matches!(&err, BackendError::ShapeMismatch { op, tensor, .. } if op == "moe_route" && tensor == "weights"), "{err}");
+        assert!(matches!(out.view([4, 4]), Err(BackendError::ViewTooLarge { need: 16, len: 12, .. })));
+    }
 }
