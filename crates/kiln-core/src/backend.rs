@@ -7,9 +7,10 @@
 //! (a CUDA graph) and replay it: the kernels read positions and tokens from
 //! device memory instead of taking them as launch arguments.
 //!
-//! Shapes: activations are row-major `[n_tokens][width]` f32 buffers. A weight
-//! matrix has `rows` outputs of `cols` inputs each (GGUF `ne = [cols, rows]`),
-//! and `matmul` computes `out[t][r] = sum_c x[t][c] * W[r][c]`.
+//! Shapes: ops take typed views ([`Tensor`], [`TensorMut`]) of buffers; activations are
+//! row-major `[n_tokens, width]`, and every count an op needs comes from its operands' shapes,
+//! checked against each other. A weight matrix has `rows` outputs of `cols` inputs each (GGUF
+//! `ne = [cols, rows]`), and `matmul` computes `out[t][r] = sum_c x[t][c] * W[r][c]`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use kiln_quant::GgmlType;
 
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
+use crate::tensor::{DeviceBuffer, Shape, Tensor, TensorMut};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -34,6 +36,10 @@ pub enum BackendError {
     BadPlan(String),
     #[error("device error: {0}")]
     Device(String),
+    #[error("{op}: {tensor} is {found}, expected {expected}")]
+    ShapeMismatch { op: String, tensor: String, expected: String, found: Shape },
+    #[error("a view of {shape} needs {need} values, its buffer holds {len}")]
+    ViewTooLarge { shape: Shape, need: usize, len: usize },
 }
 
 fn free_note(free: Option<u64>) -> String {
@@ -84,18 +90,17 @@ pub enum RopeKind {
     Neox,
 }
 
-/// Rotary embedding of a `[n_tokens][n_heads][head_dim]` buffer: pair `i` of the
-/// first `n_rot` dims of the token at position `p` is rotated by `p * inv_freq[i]`.
-/// `inv_freq` (length `n_rot / 2`) already includes any frequency scaling.
+/// Rotary embedding of a `[n_tokens, n_heads, head_dim]` view: pair `i` of the first `n_rot`
+/// dims of the token at position `p` is rotated by `p * inv_freq[i]`, where `inv_freq` (a
+/// `[n_rot / 2]` view, so it gives `n_rot`) already includes any frequency scaling.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
     pub kind: RopeKind,
-    pub n_heads: usize,
-    pub head_dim: usize,
-    pub n_rot: usize,
 }
 
-/// Attention geometry for one layer.
+/// Attention geometry for one layer. It stays whole although a query view's shape repeats
+/// `n_heads * head_dim`: [`Backend::prepare`] reads it before any view exists, and the ops check
+/// their views against it.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionParams {
     pub n_heads: usize,
@@ -109,17 +114,17 @@ pub struct AttentionParams {
 }
 
 /// How a mixture-of-experts router turns a token's expert logits into its chosen experts and
-/// their weights: softmax over all `n_experts`, the `n_used` most probable (ties: lower id).
+/// their weights: softmax over all `n_experts`, the `n_used` most probable (ties: lower id),
+/// both counts given by the shapes of the logits and the chosen ids.
 #[derive(Clone, Copy, Debug)]
 pub struct RouterParams {
-    pub n_experts: usize,
-    pub n_used: usize,
     /// Divide the chosen probabilities by their sum (then they equal a softmax over the chosen).
     pub renormalize: bool,
 }
 
-/// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops. Its convolution runs over
-/// `conv_dim() = (2 * n_k_heads + n_v_heads) * head_dim` channels: q, k and v side by side.
+/// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops, which check their views
+/// against it (the states are allocated from it before any view exists). Its convolution runs
+/// over `conv_dim() = (2 * n_k_heads + n_v_heads) * head_dim` channels: q, k and v side by side.
 /// Value head `h` reads query/key head `h % n_k_heads` (the order the GGUF converter writes).
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaNetParams {
@@ -152,9 +157,33 @@ pub enum ExpertInput {
     PerSlot,
 }
 
+/// The recurrent states of a Gated DeltaNet layer's op: `state` is `[n_slots, per_slot]`, one
+/// row per state slot, and `slots` (`[n_seqs]`, f32) the slot of each of the step's sequences.
+pub struct StateSlots<'a, T> {
+    pub state: TensorMut<'a, T>,
+    pub slots: Tensor<'a, T>,
+}
+
+/// The attention prologue's operands: queries `[n, n_heads, head_dim]` and keys
+/// `[n, n_kv_heads, head_dim]`, rewritten in place, and values `[n, n_kv_heads * head_dim]`.
+pub struct Qkv<'a, T> {
+    pub q: TensorMut<'a, T>,
+    pub k: TensorMut<'a, T>,
+    pub v: Tensor<'a, T>,
+}
+
+/// Per-head RMSNorm of q and k in the attention prologue: the weights (`[head_dim]` each), eps,
+/// and scratch of q's and k's shapes for the normed values.
+pub struct QkNorm<'a, T> {
+    pub q: Tensor<'a, T>,
+    pub k: Tensor<'a, T>,
+    pub eps: f32,
+    pub scratch: [TensorMut<'a, T>; 2],
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// An f32 buffer in the backend's memory.
-    type Buffer: Send + Sync;
+    type Buffer: DeviceBuffer;
     /// A weight matrix in whatever layout the backend chose at upload.
     type Weight: Send + Sync;
     /// Per-step values read by the ops: the step's [`crate::FlatPlan`] (tokens, positions,
@@ -186,139 +215,132 @@ pub trait Backend: Send + Sync + 'static {
     /// Takes `plan` into `step` (on a device: copies it there in one transfer).
     fn write_step(&self, step: &mut Self::Step, plan: &FlatPlan) -> Result<()>;
 
-    /// `out[t] = table[step.tokens[t]]` for the first `n` tokens.
-    fn embed(&self, table: &Self::Weight, step: &Self::Step, out: &mut Self::Buffer, n: usize) -> Result<()>;
-    /// Per row of `dim` values: `out = x / sqrt(mean(x²) + eps) * weight`.
-    fn rms_norm(&self, x: &Self::Buffer, weight: &Self::Buffer, out: &mut Self::Buffer, rows: usize, dim: usize, eps: f32) -> Result<()>;
-    /// `out[t][r] = x[t] · W[r]` for `n` tokens.
-    fn matmul(&self, w: &Self::Weight, x: &Self::Buffer, out: &mut Self::Buffer, n: usize) -> Result<()>;
-    /// `x[t][i] += bias[i]`.
-    fn add_bias(&self, x: &mut Self::Buffer, bias: &Self::Buffer, n: usize, dim: usize) -> Result<()>;
-    /// `x[i] += y[i]` for the first `len` values.
-    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, len: usize) -> Result<()>;
-    /// `out[i] = silu(gate[i]) * up[i]`.
-    fn swiglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
-    /// Rotary embedding in place, each token at its position in `step`.
-    fn rope(&self, x: &mut Self::Buffer, inv_freq: &Self::Buffer, step: &Self::Step, n: usize, p: &RopeParams) -> Result<()>;
-    /// Stores `n` tokens of K and V (`[n][cache width]`) at their cache rows (the step's slots).
-    fn kv_store(&self, k: &Self::Buffer, v: &Self::Buffer, cache: &mut Self::KvCache, step: &Self::Step, n: usize) -> Result<()>;
-    /// Causal grouped-query attention of `n` query tokens, each over positions `0..=its
-    /// position` of its own sequence, read through that sequence's block table.
-    fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, out: &mut Self::Buffer, step: &Self::Step, n: usize, p: &AttentionParams) -> Result<()>;
-    /// Chooses the experts of `n` tokens from their router logits (`[n][n_experts]`): expert ids
-    /// into `ids` and their weights into `weights`, both `[n][n_used]`, each weight times
-    /// `expert_scale[id]` where given (after any renormalization). Ids are stored as f32 (exact
-    /// for any expert count below 2^24), so they live in ordinary buffers on the device.
-    #[allow(clippy::too_many_arguments)]
+    /// `out[t] = table[step.tokens[t]]` for the first `n` tokens; `out` is `[n, table cols]`.
+    fn embed(&self, table: &Self::Weight, step: &Self::Step, out: TensorMut<Self::Buffer>) -> Result<()>;
+    /// Per row of `x` (any rank; rows of its last dimension): `out = x / sqrt(mean(x²) + eps) *
+    /// weight`, with `weight` `[cols]` and `out` of `x`'s shape.
+    fn rms_norm(&self, x: Tensor<Self::Buffer>, weight: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>, eps: f32) -> Result<()>;
+    /// `out[t][r] = x[t] · W[r]`: `x` is `[n, cols]`, `out` `[n, rows]`.
+    fn matmul(&self, w: &Self::Weight, x: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()>;
+    /// `x[t][i] += bias[i]`: `x` is `[n, dim]`, `bias` `[dim]`.
+    fn add_bias(&self, x: TensorMut<Self::Buffer>, bias: Tensor<Self::Buffer>) -> Result<()>;
+    /// `x[i] += y[i]`, both of one shape.
+    fn add(&self, x: TensorMut<Self::Buffer>, y: Tensor<Self::Buffer>) -> Result<()>;
+    /// `out[i] = silu(gate[i]) * up[i]`, all of one shape.
+    fn swiglu(&self, gate: Tensor<Self::Buffer>, up: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()>;
+    /// Rotary embedding in place of `x` (`[n, n_heads, head_dim]`), each token at its position in
+    /// `step`, with `inv_freq` (`[n_rot / 2]`).
+    fn rope(&self, x: TensorMut<Self::Buffer>, inv_freq: Tensor<Self::Buffer>, step: &Self::Step, p: &RopeParams) -> Result<()>;
+    /// Stores `n` tokens of K and V (`[n, cache width]`) at their cache rows (the step's slots).
+    fn kv_store(&self, k: Tensor<Self::Buffer>, v: Tensor<Self::Buffer>, cache: &mut Self::KvCache, step: &Self::Step) -> Result<()>;
+    /// Causal grouped-query attention of `n` query tokens (`q` and `out`:
+    /// `[n, n_heads * head_dim]`), each over positions `0..=its position` of its own sequence,
+    /// read through that sequence's block table.
+    fn attention(&self, q: Tensor<Self::Buffer>, cache: &Self::KvCache, out: TensorMut<Self::Buffer>, step: &Self::Step, p: &AttentionParams) -> Result<()>;
+    /// Chooses the experts of `n` tokens from their router logits (`[n, n_experts]`): expert ids
+    /// into `ids` and their weights into `weights`, both `[n, n_used]`, each weight times
+    /// `expert_scale[id]` (`[n_experts]`) where given (after any renormalization). Ids are stored
+    /// as f32 (exact for any expert count below 2^24), so they live in ordinary buffers on the device.
     fn moe_route(
         &self,
-        logits: &Self::Buffer,
-        expert_scale: Option<&Self::Buffer>,
-        ids: &mut Self::Buffer,
-        weights: &mut Self::Buffer,
-        n: usize,
+        logits: Tensor<Self::Buffer>,
+        expert_scale: Option<Tensor<Self::Buffer>>,
+        ids: TensorMut<Self::Buffer>,
+        weights: TensorMut<Self::Buffer>,
         p: &RouterParams,
     ) -> Result<()>;
     /// Expert-indexed product: `out[t][j] = x_in · experts[ids[t][j]]` for each token `t` and slot
-    /// `j < n_used`, where `x_in` is `x[t]` or `x[t][j]` as `input` says; `out` is
-    /// `[n][n_used][rows]`. Only the chosen experts' weights are read.
-    #[allow(clippy::too_many_arguments)]
+    /// `j < n_used` (`ids`: `[n, n_used]`), where `x_in` is `x[t]` (`x`: `[n, cols]`) or `x[t][j]`
+    /// (`x`: `[n, n_used, cols]`) as `input` says; `out` is `[n, n_used, rows]`. Only the chosen
+    /// experts' weights are read.
     fn moe_matmul(
         &self,
         experts: &[Self::Weight],
-        x: &Self::Buffer,
-        ids: &Self::Buffer,
-        out: &mut Self::Buffer,
-        n: usize,
-        n_used: usize,
+        x: Tensor<Self::Buffer>,
+        ids: Tensor<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
         input: ExpertInput,
     ) -> Result<()>;
-    /// `x[t][j] += bias[ids[t][j]]` for the `n_used` slots of `x` (`[n][n_used][dim]`); `bias` is
-    /// `[n_experts][dim]`.
-    fn moe_add_bias(&self, x: &mut Self::Buffer, bias: &Self::Buffer, ids: &Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    /// `x[t][j] += bias[ids[t][j]]` for the slots of `x` (`[n, n_used, dim]`); `bias` is
+    /// `[n_experts, dim]`, `ids` `[n, n_used]`.
+    fn moe_add_bias(&self, x: TensorMut<Self::Buffer>, bias: Tensor<Self::Buffer>, ids: Tensor<Self::Buffer>) -> Result<()>;
     /// gpt-oss's clamped SwiGLU: `out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`, `g = min(gate, limit)`.
-    fn swiglu_oai(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize, alpha: f32, limit: f32) -> Result<()>;
-    /// `out[t] = sum_j weights[t][j] * y[t][j]` over the `n_used` slots of `y` (`[n][n_used][dim]`).
-    fn moe_combine(&self, y: &Self::Buffer, weights: &Self::Buffer, out: &mut Self::Buffer, n: usize, n_used: usize, dim: usize) -> Result<()>;
+    fn swiglu_oai(&self, gate: Tensor<Self::Buffer>, up: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>, alpha: f32, limit: f32) -> Result<()>;
+    /// `out[t] = sum_j weights[t][j] * y[t][j]`: `y` is `[n, n_used, dim]`, `weights`
+    /// `[n, n_used]`, `out` `[n, dim]`.
+    fn moe_combine(&self, y: Tensor<Self::Buffer>, weights: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()>;
     /// `out[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU with the tanh approximation of GELU).
-    fn geglu(&self, gate: &Self::Buffer, up: &Self::Buffer, out: &mut Self::Buffer, len: usize) -> Result<()>;
-    /// `x[i] *= s` for the first `len` values.
-    fn scale(&self, x: &mut Self::Buffer, s: f32, len: usize) -> Result<()>;
-    /// Soft-capping: `x[i] = cap * tanh(x[i] / cap)` for the first `len` values.
-    fn softcap(&self, x: &mut Self::Buffer, cap: f32, len: usize) -> Result<()>;
-    /// `dst[t][0..width] = src[t][col..col + width]` for `n` rows of `src_width` values: one block
-    /// of columns (one layer's slice of Gemma 4's per-layer inputs, say) as its own rows.
-    fn copy_cols(&self, src: &Self::Buffer, src_width: usize, col: usize, dst: &mut Self::Buffer, width: usize, n: usize) -> Result<()>;
-    /// `x[t][i] *= sigmoid(gate[t][i * gate_dim / dim])` for `n` rows of `dim`: an elementwise
-    /// gate (`gate_dim == dim`, Qwen3.5's gated attention) or one per row (`gate_dim == 1`, its
-    /// shared expert).
-    fn sigmoid_gate(&self, x: &mut Self::Buffer, gate: &Self::Buffer, n: usize, dim: usize, gate_dim: usize) -> Result<()>;
-    /// The per-head gates of a Gated DeltaNet, in place for `n` tokens of `n_heads`:
-    /// `g = a_log_neg * softplus(g + dt_bias)` (the log of the state's decay) and `beta = sigmoid(beta)`.
+    fn geglu(&self, gate: Tensor<Self::Buffer>, up: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()>;
+    /// `x[i] *= s`.
+    fn scale(&self, x: TensorMut<Self::Buffer>, s: f32) -> Result<()>;
+    /// Soft-capping: `x[i] = cap * tanh(x[i] / cap)`.
+    fn softcap(&self, x: TensorMut<Self::Buffer>, cap: f32) -> Result<()>;
+    /// `dst[t][0..width] = src[t][col..col + width]` (`src`: `[n, src_width]`, `dst`:
+    /// `[n, width]`): one block of columns (one layer's slice of Gemma 4's per-layer inputs, say)
+    /// as its own rows.
+    fn copy_cols(&self, src: Tensor<Self::Buffer>, col: usize, dst: TensorMut<Self::Buffer>) -> Result<()>;
+    /// `x[t][i] *= sigmoid(gate[t][i * gate_dim / dim])` (`x`: `[n, dim]`, `gate`:
+    /// `[n, gate_dim]`): an elementwise gate (`gate_dim == dim`, Qwen3.5's gated attention) or
+    /// one per row (`gate_dim == 1`, its shared expert).
+    fn sigmoid_gate(&self, x: TensorMut<Self::Buffer>, gate: Tensor<Self::Buffer>) -> Result<()>;
+    /// The per-head gates of a Gated DeltaNet, in place (`g`, `beta`: `[n, n_heads]`;
+    /// `a_log_neg`, `dt_bias`: `[n_heads]`): `g = a_log_neg * softplus(g + dt_bias)` (the log of
+    /// the state's decay) and `beta = sigmoid(beta)`.
     fn delta_net_gates(
         &self,
-        g: &mut Self::Buffer,
-        beta: &mut Self::Buffer,
-        a_log_neg: &Self::Buffer,
-        dt_bias: &Self::Buffer,
-        n: usize,
-        n_heads: usize,
+        g: TensorMut<Self::Buffer>,
+        beta: TensorMut<Self::Buffer>,
+        a_log_neg: Tensor<Self::Buffer>,
+        dt_bias: Tensor<Self::Buffer>,
     ) -> Result<()>;
     /// Causal depthwise convolution then SiLU of each sequence's tokens (`x`, `out`:
-    /// `[n][conv_dim]`; `weight`: `[conv_dim][conv_kernel]`), continuing from the sequence's
-    /// state and leaving its last inputs there. `slots[s]` (f32) is the state slot of the step's
-    /// sequence `s`; a sequence starting at position 0 starts from a zero state.
-    #[allow(clippy::too_many_arguments)]
+    /// `[n, conv_dim]`; `weight`: `[conv_dim, conv_kernel]`), continuing from the sequence's
+    /// state (`state`: `[n_slots, conv_state]`) and leaving its last inputs there. A sequence
+    /// starting at position 0 starts from a zero state.
     fn ssm_conv(
         &self,
-        x: &Self::Buffer,
-        weight: &Self::Buffer,
-        state: &mut Self::Buffer,
-        slots: &Self::Buffer,
-        out: &mut Self::Buffer,
+        x: Tensor<Self::Buffer>,
+        weight: Tensor<Self::Buffer>,
+        state: StateSlots<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
         step: &Self::Step,
-        n: usize,
         p: &DeltaNetParams,
     ) -> Result<()>;
     /// The gated delta rule over each sequence's tokens, one token after the other: with q and
-    /// k L2-normalized (q also scaled by 1/sqrt(head_dim)) from the convolved `x`, per value head
-    /// `S = exp(g) S; S += k (beta (v - Sᵀk))ᵀ; out = Sᵀq`. States as in [`Backend::ssm_conv`];
-    /// `out` is `[n][n_v_heads * head_dim]`. A backend may compute a sequence's span of several
-    /// tokens in the chunked form, which equals the recurrence up to rounding (the CPU backend
-    /// does), so a prompt split over steps differently may round differently.
-    #[allow(clippy::too_many_arguments)]
+    /// k L2-normalized (q also scaled by 1/sqrt(head_dim)) from the convolved `x` (`[n, conv_dim]`),
+    /// per value head `S = exp(g) S; S += k (beta (v - Sᵀk))ᵀ; out = Sᵀq`. `gates` are g and beta
+    /// (`[n, n_v_heads]` each), `state` is `[n_slots, ssm_state]` and `out`
+    /// `[n, n_v_heads * head_dim]`. A backend may compute a sequence's span of several tokens in
+    /// the chunked form, which equals the recurrence up to rounding (the CPU backend does), so a
+    /// prompt split over steps differently may round differently.
     fn delta_net(
         &self,
-        x: &Self::Buffer,
-        g: &Self::Buffer,
-        beta: &Self::Buffer,
-        state: &mut Self::Buffer,
-        slots: &Self::Buffer,
-        out: &mut Self::Buffer,
+        x: Tensor<Self::Buffer>,
+        gates: [Tensor<Self::Buffer>; 2],
+        state: StateSlots<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
         step: &Self::Step,
-        n: usize,
         p: &DeltaNetParams,
     ) -> Result<()>;
-    /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head, `sinks[h]`,
-    /// joins every softmax row (its max and its sum) and has no value.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head,
+    /// `sinks[h]` (`[n_heads]`), joins every softmax row (its max and its sum) and has no value.
     fn attention_sinks(
         &self,
-        q: &Self::Buffer,
+        q: Tensor<Self::Buffer>,
         cache: &Self::KvCache,
-        sinks: &Self::Buffer,
-        out: &mut Self::Buffer,
+        sinks: Tensor<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
         step: &Self::Step,
-        n: usize,
         p: &AttentionParams,
     ) -> Result<()>;
-    /// Copies `len` values of `src` into `dst`.
-    fn copy(&self, src: &Self::Buffer, dst: &mut Self::Buffer, len: usize) -> Result<()>;
-    /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step, rows of `dim` values.
-    fn gather_rows(&self, src: &Self::Buffer, dst: &mut Self::Buffer, step: &Self::Step, dim: usize) -> Result<()>;
-    /// Samples one token per sample of the step from its row of `logits` (`[rows][n_vocab]`),
+    /// Copies `src` into `dst`, both of one shape.
+    fn copy(&self, src: Tensor<Self::Buffer>, dst: TensorMut<Self::Buffer>) -> Result<()>;
+    /// `dst[i] = src[step.logit_rows[i]]` for every logits row of the step: `src` is
+    /// `[n_tokens, dim]`, `dst` `[logit rows, dim]`.
+    fn gather_rows(&self, src: Tensor<Self::Buffer>, dst: TensorMut<Self::Buffer>, step: &Self::Step) -> Result<()>;
+    /// Samples one token per sample of the step from its row of `logits` (`[rows, n_vocab]`),
     /// with its settings, and stores them in the step.
-    fn sample(&self, logits: &Self::Buffer, n_vocab: usize, step: &mut Self::Step) -> Result<()>;
+    fn sample(&self, logits: Tensor<Self::Buffer>, step: &mut Self::Step) -> Result<()>;
     /// The tokens stored by the last `sample`, one per sample, in one copy.
     fn sampled_tokens(&self, step: &Self::Step, out: &mut [u32]) -> Result<()>;
 
@@ -344,149 +366,103 @@ pub trait Backend: Send + Sync + 'static {
     // Fusable compounds. Defaults compose the primitive ops; a backend may
     // override them with fused kernels that save launches and memory traffic.
 
-    /// `out = silu(x·Wgᵀ) * (x·Wuᵀ)`, using `gate`/`up` as scratch.
-    #[allow(clippy::too_many_arguments)]
-    fn ffn_gate_up(
-        &self,
-        w_gate: &Self::Weight,
-        w_up: &Self::Weight,
-        x: &Self::Buffer,
-        gate: &mut Self::Buffer,
-        up: &mut Self::Buffer,
-        out: &mut Self::Buffer,
-        n: usize,
-        n_ff: usize,
-    ) -> Result<()> {
-        self.matmul(w_gate, x, gate, n)?;
-        self.matmul(w_up, x, up, n)?;
-        self.swiglu(gate, up, out, n * n_ff)
+    /// `out = silu(x·Wgᵀ) * (x·Wuᵀ)` for `w` = [gate, up], using `scratch` (of `out`'s shape)
+    /// for the two products.
+    fn ffn_gate_up(&self, w: [&Self::Weight; 2], x: Tensor<Self::Buffer>, scratch: [TensorMut<Self::Buffer>; 2], out: TensorMut<Self::Buffer>) -> Result<()> {
+        let [mut gate, mut up] = scratch;
+        self.matmul(w[0], x, gate.reborrow())?;
+        self.matmul(w[1], x, up.reborrow())?;
+        self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    /// The SwiGLU activation of a mixture of experts' gate and up products for every slot:
-    /// `out[t][j] = silu(x[t]·gate[ids[t][j]]) * (x[t]·up[ids[t][j]])` (`[n][n_used][n_ff]`),
-    /// using `gate_out`/`up_out` as scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// The SwiGLU activation of a mixture of experts' gate and up products (`w` = [gate, up]) for
+    /// every slot: `out[t][j] = silu(x[t]·gate[ids[t][j]]) * (x[t]·up[ids[t][j]])`
+    /// (`[n, n_used, n_ff]`), using `scratch` (of `out`'s shape) for the two products.
     fn moe_gate_up_swiglu(
         &self,
-        gate: &[Self::Weight],
-        up: &[Self::Weight],
-        x: &Self::Buffer,
-        ids: &Self::Buffer,
-        gate_out: &mut Self::Buffer,
-        up_out: &mut Self::Buffer,
-        out: &mut Self::Buffer,
-        n: usize,
-        n_used: usize,
-        n_ff: usize,
+        w: [&[Self::Weight]; 2],
+        x: Tensor<Self::Buffer>,
+        ids: Tensor<Self::Buffer>,
+        scratch: [TensorMut<Self::Buffer>; 2],
+        out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
-        self.moe_matmul(gate, x, ids, gate_out, n, n_used, ExpertInput::PerToken)?;
-        self.moe_matmul(up, x, ids, up_out, n, n_used, ExpertInput::PerToken)?;
-        self.swiglu(gate_out, up_out, out, n * n_used * n_ff)
+        let [mut gate, mut up] = scratch;
+        self.moe_matmul(w[0], x, ids, gate.reborrow(), ExpertInput::PerToken)?;
+        self.moe_matmul(w[1], x, ids, up.reborrow(), ExpertInput::PerToken)?;
+        self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ`: one input for three products, which a
-    /// backend that converts its input per product can convert once.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_qkv(
-        &self,
-        wq: &Self::Weight,
-        wk: &Self::Weight,
-        wv: &Self::Weight,
-        x: &Self::Buffer,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &mut Self::Buffer,
-        n: usize,
-    ) -> Result<()> {
-        self.matmul(wq, x, q, n)?;
-        self.matmul(wk, x, k, n)?;
-        self.matmul(wv, x, v, n)
+    /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ` for `w` = [Wq, Wk, Wv] and `out` = [q, k, v]: one
+    /// input for three products, which a backend that converts its input per product can
+    /// convert once.
+    fn matmul_qkv(&self, w: [&Self::Weight; 3], x: Tensor<Self::Buffer>, out: [TensorMut<Self::Buffer>; 3]) -> Result<()> {
+        let [q, k, v] = out;
+        self.matmul(w[0], x, q)?;
+        self.matmul(w[1], x, k)?;
+        self.matmul(w[2], x, v)
     }
 
-    /// [`Backend::rms_norm`] of `n` rows of `dim` values of `x` with `norm`, then
+    /// [`Backend::rms_norm`] of `x` with `norm` = (weight, eps) into `h`, then
     /// [`Backend::matmul_qkv`] of the result; `h` receives the normed rows (or, in a backend
     /// that normalizes straight into its product input, is left unspecified).
-    #[allow(clippy::too_many_arguments)]
     fn norm_matmul_qkv(
         &self,
-        x: &Self::Buffer,
-        norm: &Self::Buffer,
-        eps: f32,
-        h: &mut Self::Buffer,
-        wq: &Self::Weight,
-        wk: &Self::Weight,
-        wv: &Self::Weight,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &mut Self::Buffer,
-        n: usize,
-        dim: usize,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        mut h: TensorMut<Self::Buffer>,
+        w: [&Self::Weight; 3],
+        out: [TensorMut<Self::Buffer>; 3],
     ) -> Result<()> {
-        self.rms_norm(x, norm, h, n, dim, eps)?;
-        self.matmul_qkv(wq, wk, wv, h, q, k, v, n)
+        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        self.matmul_qkv(w, h.as_ref(), out)
     }
 
     /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then
     /// [`Backend::ffn_gate_up`] of the result into `out`.
-    #[allow(clippy::too_many_arguments)]
     fn norm_ffn_gate_up(
         &self,
-        x: &Self::Buffer,
-        norm: &Self::Buffer,
-        eps: f32,
-        h: &mut Self::Buffer,
-        w_gate: &Self::Weight,
-        w_up: &Self::Weight,
-        gate: &mut Self::Buffer,
-        up: &mut Self::Buffer,
-        out: &mut Self::Buffer,
-        n: usize,
-        dim: usize,
-        n_ff: usize,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        mut h: TensorMut<Self::Buffer>,
+        w: [&Self::Weight; 2],
+        scratch: [TensorMut<Self::Buffer>; 2],
+        out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
-        self.rms_norm(x, norm, h, n, dim, eps)?;
-        self.ffn_gate_up(w_gate, w_up, h, gate, up, out, n, n_ff)
+        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        self.ffn_gate_up(w, h.as_ref(), scratch, out)
     }
 
-    /// The attention prologue: optional per-head RMSNorm of q and k
-    /// (`qk_norm` = weights and eps), rotary embedding of both, and the step's
-    /// keys and values stored in the cache. Afterwards `q` holds the final
-    /// queries; `k` and the scratch buffers hold unspecified values.
-    #[allow(clippy::too_many_arguments)]
+    /// The attention prologue: optional per-head RMSNorm of q and k, rotary embedding of both
+    /// with `inv_freq`, and the step's keys and values stored in the cache. Afterwards `qkv.q`
+    /// holds the final queries; `qkv.k` and the norm's scratch hold unspecified values.
     fn attention_prologue(
         &self,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &Self::Buffer,
-        qk_norm: Option<(&Self::Buffer, &Self::Buffer, f32)>,
-        scratch: (&mut Self::Buffer, &mut Self::Buffer),
-        inv_freq: &Self::Buffer,
+        qkv: Qkv<Self::Buffer>,
+        qk_norm: Option<QkNorm<Self::Buffer>>,
+        inv_freq: Tensor<Self::Buffer>,
+        p: &RopeParams,
         cache: &mut Self::KvCache,
         step: &Self::Step,
-        n: usize,
-        q_rope: &RopeParams,
-        n_kv_heads: usize,
     ) -> Result<()> {
-        let k_rope = RopeParams { n_heads: n_kv_heads, ..*q_rope };
-        let q_width = q_rope.n_heads * q_rope.head_dim;
-        let k = match qk_norm {
-            Some((q_norm, k_norm, eps)) => {
-                let (q_normed, k_normed) = scratch;
-                self.rms_norm(q, q_norm, q_normed, n * q_rope.n_heads, q_rope.head_dim, eps)?;
-                self.copy(q_normed, q, n * q_width)?;
-                self.rms_norm(k, k_norm, k_normed, n * n_kv_heads, q_rope.head_dim, eps)?;
+        let Qkv { mut q, k, v } = qkv;
+        let mut k = match qk_norm {
+            Some(QkNorm { q: q_norm, k: k_norm, eps, scratch: [mut q_normed, mut k_normed] }) => {
+                self.rms_norm(q.as_ref(), q_norm, q_normed.reborrow(), eps)?;
+                self.copy(q_normed.as_ref(), q.reborrow())?;
+                self.rms_norm(k.as_ref(), k_norm, k_normed.reborrow(), eps)?;
                 k_normed
             }
             None => k,
         };
-        self.rope(q, inv_freq, step, n, q_rope)?;
-        self.rope(k, inv_freq, step, n, &k_rope)?;
-        self.kv_store(k, v, cache, step, n)
+        self.rope(q, inv_freq, step, p)?;
+        self.rope(k.reborrow(), inv_freq, step, p)?;
+        let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
+        self.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
     }
 
-    /// `residual += x·Wᵀ`, using `tmp` as scratch.
-    fn matmul_add(&self, w: &Self::Weight, x: &Self::Buffer, residual: &mut Self::Buffer, tmp: &mut Self::Buffer, n: usize, dim: usize) -> Result<()> {
-        self.matmul(w, x, tmp, n)?;
-        self.add(residual, tmp, n * dim)
+    /// `residual += x·Wᵀ`, using `tmp` (of `residual`'s shape) as scratch.
+    fn matmul_add(&self, w: &Self::Weight, x: Tensor<Self::Buffer>, residual: TensorMut<Self::Buffer>, mut tmp: TensorMut<Self::Buffer>) -> Result<()> {
+        self.matmul(w, x, tmp.reborrow())?;
+        self.add(residual, tmp.as_ref())
     }
 }

@@ -9,12 +9,16 @@ use std::sync::Mutex;
 use kiln_quant::GgmlType;
 use rayon::prelude::*;
 
-use crate::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
+use crate::backend::{
+    AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, StateSlots, WeightSource,
+};
 use crate::cpu_int::{self, QuantizedActs, SimdLevel, MATMAT_MIN_TOKENS};
 pub use crate::cpu_kv::CpuKvCache;
 use crate::cpu_simd::{Simd, SimdLevel as F32Level};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::sampling;
+use crate::shapes;
+use crate::tensor::{expect_shape, Tensor, TensorMut};
 use crate::{cpu_attention, cpu_ops, cpu_recurrent};
 
 /// How the CPU backend multiplies by quantized weights.
@@ -256,10 +260,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn embed(&self, table: &WeightSource, step: &CpuStep, out: &mut Vec<f32>, n: usize) -> Result<()> {
+    fn embed(&self, table: &WeightSource, step: &CpuStep, mut out: TensorMut<Vec<f32>>) -> Result<()> {
         let dim = table.cols;
-        check_len("embed", out.len(), n * dim)?;
+        let n = shapes::embed(out.shape(), dim)?;
         check_len("embed tokens in the step", step.plan.n_tokens(), n)?;
+        let out = out.data_mut();
         for (t, &tok) in step.plan.tokens[..n].iter().enumerate() {
             if tok as usize >= table.rows {
                 return Err(BackendError::Device(format!("token id {tok} is outside the {}-row embedding table", table.rows)));
@@ -277,30 +282,32 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, out: &mut Vec<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        check_len("rms_norm", x.len().min(out.len()), rows * dim)?;
-        check_len("rms_norm weight", weight.len(), dim)?;
-        for (xr, or) in x[..rows * dim].chunks_exact(dim).zip(out[..rows * dim].chunks_exact_mut(dim)) {
+    fn rms_norm(&self, x: Tensor<Vec<f32>>, weight: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>, eps: f32) -> Result<()> {
+        let (_, dim) = shapes::rms_norm(x.shape(), weight.shape(), out.shape())?;
+        if dim == 0 {
+            return Ok(());
+        }
+        for (xr, or) in x.data().chunks_exact(dim).zip(out.data_mut().chunks_exact_mut(dim)) {
             let ms = self.simd.sum_squares(xr) / dim as f32;
-            self.simd.rms_apply(xr, 1.0 / (ms + eps).sqrt(), &weight[..dim], or);
+            self.simd.rms_apply(xr, 1.0 / (ms + eps).sqrt(), weight.data(), or);
         }
         Ok(())
     }
 
-    fn matmul(&self, w: &WeightSource, x: &Vec<f32>, out: &mut Vec<f32>, n: usize) -> Result<()> {
+    fn matmul(&self, w: &WeightSource, x: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>) -> Result<()> {
         let (rows, cols) = (w.rows, w.cols);
-        check_len("matmul input", x.len(), n * cols)?;
-        check_len("matmul output", out.len(), n * rows)?;
-        let dst = SharedOut(out.as_mut_ptr());
+        let n = shapes::matmul("matmul", (rows, cols), x.shape(), out.shape())?;
+        let x = x.data();
+        let dst = SharedOut(out.data_mut().as_mut_ptr());
         if self.options.matmul == CpuMatmul::Quantized && cpu_int::supports(w) {
             let mut acts = self.acts.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
-            acts.quantize(&x[..n * cols], n, cols, n >= MATMAT_MIN_TOKENS);
+            acts.quantize(x, n, cols, n >= MATMAT_MIN_TOKENS);
             cpu_int::matmul(self.options.simd, w, &acts, dst);
             self.acts.lock().unwrap_or_else(|e| e.into_inner()).push(acts);
             return Ok(());
         }
         if self.options.matmul == CpuMatmul::Quantized && cpu_int::float::supports(self.options.simd, w) {
-            cpu_int::float::matmul(self.simd, w, &x[..n * cols], n, dst);
+            cpu_int::float::matmul(self.simd, w, x, n, dst);
             return Ok(());
         }
         // Blocks of rows amortize rayon's scheduling over the small rows of tiny models.
@@ -311,7 +318,7 @@ impl Backend for CpuBackend {
                     let row = weight_row(w, r, buf);
                     for t in 0..n {
                         let v = dot_f32(row, &x[t * cols..(t + 1) * cols]);
-                        // SAFETY: each (t, r) is written by the one task owning row r; in bounds by check_len.
+                        // SAFETY: each (t, r) is written by the one task owning row r; in bounds by the shapes.
                         unsafe { dst.write(t * rows + r, v) };
                     }
                 }
@@ -320,46 +327,50 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, n: usize, dim: usize) -> Result<()> {
-        check_len("add_bias", x.len(), n * dim)?;
-        check_len("bias", bias.len(), dim)?;
-        for row in x[..n * dim].chunks_exact_mut(dim) {
-            for (v, b) in row.iter_mut().zip(bias) {
+    fn add_bias(&self, mut x: TensorMut<Vec<f32>>, bias: Tensor<Vec<f32>>) -> Result<()> {
+        let (_, dim) = shapes::rows_and_vector("add_bias", x.shape(), bias.shape())?;
+        if dim == 0 {
+            return Ok(());
+        }
+        for row in x.data_mut().chunks_exact_mut(dim) {
+            for (v, b) in row.iter_mut().zip(bias.data()) {
                 *v += b;
             }
         }
         Ok(())
     }
 
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) -> Result<()> {
-        check_len("add", x.len().min(y.len()), len)?;
-        for (a, b) in x[..len].iter_mut().zip(&y[..len]) {
+    fn add(&self, mut x: TensorMut<Vec<f32>>, y: Tensor<Vec<f32>>) -> Result<()> {
+        shapes::elementwise("add", &[("y", y.shape())], x.shape())?;
+        for (a, b) in x.data_mut().iter_mut().zip(y.data()) {
             *a += b;
         }
         Ok(())
     }
 
-    fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
-        check_len("swiglu", gate.len().min(up.len()).min(out.len()), len)?;
-        self.simd.swiglu(&gate[..len], &up[..len], &mut out[..len]);
+    fn swiglu(&self, gate: Tensor<Vec<f32>>, up: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>) -> Result<()> {
+        shapes::elementwise("swiglu", &[("gate", gate.shape()), ("up", up.shape())], out.shape())?;
+        self.simd.swiglu(gate.data(), up.data(), out.data_mut());
         Ok(())
     }
 
-    fn rope(&self, x: &mut Vec<f32>, inv_freq: &Vec<f32>, step: &CpuStep, n: usize, p: &RopeParams) -> Result<()> {
-        let width = p.n_heads * p.head_dim;
-        check_len("rope", x.len(), n * width)?;
-        check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
+    fn rope(&self, mut x: TensorMut<Vec<f32>>, inv_freq: Tensor<Vec<f32>>, step: &CpuStep, p: &RopeParams) -> Result<()> {
+        let ([n, n_heads, head_dim], n_rot) = shapes::rope(x.shape(), inv_freq.shape())?;
+        let width = n_heads * head_dim;
         check_len("rope tokens in the step", step.plan.n_tokens(), n)?;
-        let half = p.n_rot / 2;
+        let (half, x, inv_freq) = (n_rot / 2, x.data_mut(), inv_freq.data());
+        if head_dim == 0 {
+            return Ok(());
+        }
         // One table of angles per token serves every head.
         with_scratch(2 * half, |table| {
             let (sins, coss) = table.split_at_mut(half);
             for t in 0..n {
                 let pos = step.plan.positions[t] as f32;
-                for ((s, c), f) in sins.iter_mut().zip(coss.iter_mut()).zip(&inv_freq[..half]) {
+                for ((s, c), f) in sins.iter_mut().zip(coss.iter_mut()).zip(inv_freq) {
                     (*s, *c) = (pos * f).sin_cos();
                 }
-                for head in x[t * width..(t + 1) * width].chunks_exact_mut(p.head_dim) {
+                for head in x[t * width..(t + 1) * width].chunks_exact_mut(head_dim) {
                     match p.kind {
                         RopeKind::Normal => {
                             for ((pair, &sin), &cos) in head[..2 * half].chunks_exact_mut(2).zip(&*sins).zip(&*coss) {
@@ -383,105 +394,100 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn kv_store(&self, k: &Vec<f32>, v: &Vec<f32>, cache: &mut CpuKvCache, step: &CpuStep, n: usize) -> Result<()> {
+    fn kv_store(&self, k: Tensor<Vec<f32>>, v: Tensor<Vec<f32>>, cache: &mut CpuKvCache, step: &CpuStep) -> Result<()> {
         let width = cache.spec.width;
-        check_len("kv_store input", k.len().min(v.len()), n * width)?;
+        let n = shapes::kv_store(k.shape(), v.shape(), width)?;
         check_len("kv_store tokens in the step", step.plan.n_tokens(), n)?;
         step.plan.check_usable(cache.usable_rows() / crate::plan::KV_BLOCK_SIZE)?;
+        let (k, v) = (k.data(), v.data());
         for (t, &slot) in step.plan.slots[..n].iter().enumerate() {
             cache.store(slot as usize, &k[t * width..(t + 1) * width], &v[t * width..(t + 1) * width]);
         }
         Ok(())
     }
 
-    fn attention(&self, q: &Vec<f32>, cache: &CpuKvCache, out: &mut Vec<f32>, step: &CpuStep, n: usize, p: &AttentionParams) -> Result<()> {
-        cpu_attention::attention(self.simd, q, cache, None, out, step, n, p)
+    fn attention(&self, q: Tensor<Vec<f32>>, cache: &CpuKvCache, out: TensorMut<Vec<f32>>, step: &CpuStep, p: &AttentionParams) -> Result<()> {
+        cpu_attention::attention(self.simd, q, cache, None, out, step, p)
     }
 
-    fn sigmoid_gate(&self, x: &mut Vec<f32>, gate: &Vec<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
-        if gate_dim == 0 || !dim.is_multiple_of(gate_dim) {
-            return Err(BackendError::Device(format!("sigmoid_gate: {gate_dim} gates over rows of {dim}")));
-        }
-        check_len("sigmoid_gate input", x.len(), n * dim)?;
-        check_len("sigmoid_gate gates", gate.len(), n * gate_dim)?;
-        let per = dim / gate_dim;
-        for (i, v) in x[..n * dim].iter_mut().enumerate() {
+    fn sigmoid_gate(&self, mut x: TensorMut<Vec<f32>>, gate: Tensor<Vec<f32>>) -> Result<()> {
+        let (_, dim, gate_dim) = shapes::sigmoid_gate(x.shape(), gate.shape())?;
+        let (per, gate) = (dim / gate_dim, gate.data());
+        for (i, v) in x.data_mut().iter_mut().enumerate() {
             let g = gate[i / per];
             *v /= 1.0 + (-g).exp();
         }
         Ok(())
     }
 
-    fn delta_net_gates(&self, g: &mut Vec<f32>, beta: &mut Vec<f32>, a_log_neg: &Vec<f32>, dt_bias: &Vec<f32>, n: usize, n_heads: usize) -> Result<()> {
-        cpu_recurrent::delta_net_gates(g, beta, a_log_neg, dt_bias, n, n_heads)
+    fn delta_net_gates(&self, mut g: TensorMut<Vec<f32>>, mut beta: TensorMut<Vec<f32>>, a_log_neg: Tensor<Vec<f32>>, dt_bias: Tensor<Vec<f32>>) -> Result<()> {
+        let (n, n_heads) = shapes::delta_net_gates(g.shape(), beta.shape(), a_log_neg.shape(), dt_bias.shape())?;
+        cpu_recurrent::delta_net_gates(g.data_mut(), beta.data_mut(), a_log_neg.data(), dt_bias.data(), n, n_heads)
     }
 
     fn ssm_conv(
         &self,
-        x: &Vec<f32>,
-        weight: &Vec<f32>,
-        state: &mut Vec<f32>,
-        slots: &Vec<f32>,
-        out: &mut Vec<f32>,
+        x: Tensor<Vec<f32>>,
+        weight: Tensor<Vec<f32>>,
+        state: StateSlots<Vec<f32>>,
+        out: TensorMut<Vec<f32>>,
         step: &CpuStep,
-        n: usize,
         p: &DeltaNetParams,
     ) -> Result<()> {
-        cpu_recurrent::ssm_conv(x, weight, state, slots, out, &step.plan, n, p)
+        cpu_recurrent::ssm_conv(x, weight, state, out, &step.plan, p)
     }
 
     fn delta_net(
         &self,
-        x: &Vec<f32>,
-        g: &Vec<f32>,
-        beta: &Vec<f32>,
-        state: &mut Vec<f32>,
-        slots: &Vec<f32>,
-        out: &mut Vec<f32>,
+        x: Tensor<Vec<f32>>,
+        gates: [Tensor<Vec<f32>>; 2],
+        state: StateSlots<Vec<f32>>,
+        mut out: TensorMut<Vec<f32>>,
         step: &CpuStep,
-        n: usize,
         p: &DeltaNetParams,
     ) -> Result<()> {
-        cpu_recurrent::delta_net(self.simd, cpu_recurrent::DeltaNetIo { x, g, beta, state, slots, out }, &step.plan, n, p)
+        let StateSlots { mut state, slots } = state;
+        let n = shapes::delta_net(x.shape(), gates.map(|g| g.shape()), state.shape(), out.shape(), p)?;
+        let io = cpu_recurrent::DeltaNetIo {
+            x: x.data(),
+            g: gates[0].data(),
+            beta: gates[1].data(),
+            state: state.data_mut(),
+            slots: slots.data(),
+            out: out.data_mut(),
+        };
+        cpu_recurrent::delta_net(self.simd, io, &step.plan, n, p)
     }
 
     fn attention_sinks(
         &self,
-        q: &Vec<f32>,
+        q: Tensor<Vec<f32>>,
         cache: &CpuKvCache,
-        sinks: &Vec<f32>,
-        out: &mut Vec<f32>,
+        sinks: Tensor<Vec<f32>>,
+        out: TensorMut<Vec<f32>>,
         step: &CpuStep,
-        n: usize,
         p: &AttentionParams,
     ) -> Result<()> {
-        check_len("attention sinks", sinks.len(), p.n_heads)?;
-        cpu_attention::attention(self.simd, q, cache, Some(sinks), out, step, n, p)
+        cpu_attention::attention(self.simd, q, cache, Some(sinks), out, step, p)
     }
 
     fn moe_route(
         &self,
-        logits: &Vec<f32>,
-        expert_scale: Option<&Vec<f32>>,
-        ids: &mut Vec<f32>,
-        weights: &mut Vec<f32>,
-        n: usize,
+        logits: Tensor<Vec<f32>>,
+        expert_scale: Option<Tensor<Vec<f32>>>,
+        mut ids: TensorMut<Vec<f32>>,
+        mut weights: TensorMut<Vec<f32>>,
         p: &RouterParams,
     ) -> Result<()> {
-        cpu_ops::moe_route(logits, expert_scale.map(|s| &s[..]), ids, weights, n, p)
+        let counts = shapes::moe_route(logits.shape(), expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        cpu_ops::moe_route(logits.data(), expert_scale.map(|s| s.data()), ids.data_mut(), weights.data_mut(), counts, p)
     }
 
-    fn moe_matmul(
-        &self,
-        experts: &[WeightSource],
-        x: &Vec<f32>,
-        ids: &Vec<f32>,
-        out: &mut Vec<f32>,
-        n: usize,
-        n_used: usize,
-        input: ExpertInput,
-    ) -> Result<()> {
-        let quantized = self.options.matmul == CpuMatmul::Quantized && experts.first().is_some_and(cpu_int::supports);
+    fn moe_matmul(&self, experts: &[WeightSource], x: Tensor<Vec<f32>>, ids: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>, input: ExpertInput) -> Result<()> {
+        let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
+        let (x, ids, out) = (x.data(), ids.data(), out.data_mut());
+        let quantized = self.options.matmul == CpuMatmul::Quantized && cpu_int::supports(first);
         if !quantized || experts.iter().any(|w| w.ty != experts[0].ty) {
             return cpu_ops::moe_matmul(experts, x, ids, out, n, n_used, input);
         }
@@ -489,82 +495,85 @@ impl Backend for CpuBackend {
         let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
         cpu_ops::check_moe_args(experts, x, ids, out, n, n_used, input)?;
         let mut acts = self.acts.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
-        acts.quantize(&x[..in_rows * cols], in_rows, cols, false);
+        acts.quantize(x, in_rows, cols, false);
         let per_slot = input == ExpertInput::PerSlot;
         let input_row = move |slot: usize| if per_slot { slot } else { slot / n_used };
-        cpu_int::moe_matmul(self.options.simd, experts, &acts, &ids[..n * n_used], input_row, SharedOut(out.as_mut_ptr()));
+        cpu_int::moe_matmul(self.options.simd, experts, &acts, ids, input_row, SharedOut(out.as_mut_ptr()));
         self.acts.lock().unwrap_or_else(|e| e.into_inner()).push(acts);
         Ok(())
     }
 
-    fn moe_add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, ids: &Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
-        cpu_ops::moe_add_bias(x, bias, ids, n, n_used, dim)
+    fn moe_add_bias(&self, mut x: TensorMut<Vec<f32>>, bias: Tensor<Vec<f32>>, ids: Tensor<Vec<f32>>) -> Result<()> {
+        let (n, n_used, dim, _) = shapes::moe_add_bias(x.shape(), bias.shape(), ids.shape())?;
+        cpu_ops::moe_add_bias(x.data_mut(), bias.data(), ids.data(), n, n_used, dim)
     }
 
-    fn swiglu_oai(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize, alpha: f32, limit: f32) -> Result<()> {
-        check_len("swiglu_oai", gate.len().min(up.len()).min(out.len()), len)?;
-        for ((o, g), u) in out[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+    fn swiglu_oai(&self, gate: Tensor<Vec<f32>>, up: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>, alpha: f32, limit: f32) -> Result<()> {
+        shapes::elementwise("swiglu_oai", &[("gate", gate.shape()), ("up", up.shape())], out.shape())?;
+        for ((o, g), u) in out.data_mut().iter_mut().zip(gate.data()).zip(up.data()) {
             *o = cpu_ops::swiglu_oai(*g, *u, alpha, limit);
         }
         Ok(())
     }
 
-    fn moe_combine(&self, y: &Vec<f32>, weights: &Vec<f32>, out: &mut Vec<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
-        cpu_ops::moe_combine(y, weights, out, n, n_used, dim)
+    fn moe_combine(&self, y: Tensor<Vec<f32>>, weights: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>) -> Result<()> {
+        let (n, n_used, dim) = shapes::moe_combine(y.shape(), weights.shape(), out.shape())?;
+        cpu_ops::moe_combine(y.data(), weights.data(), out.data_mut(), n, n_used, dim)
     }
 
-    fn geglu(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
-        check_len("geglu", gate.len().min(up.len()).min(out.len()), len)?;
-        self.simd.geglu(&gate[..len], &up[..len], &mut out[..len]);
+    fn geglu(&self, gate: Tensor<Vec<f32>>, up: Tensor<Vec<f32>>, mut out: TensorMut<Vec<f32>>) -> Result<()> {
+        shapes::elementwise("geglu", &[("gate", gate.shape()), ("up", up.shape())], out.shape())?;
+        self.simd.geglu(gate.data(), up.data(), out.data_mut());
         Ok(())
     }
 
-    fn scale(&self, x: &mut Vec<f32>, s: f32, len: usize) -> Result<()> {
-        check_len("scale", x.len(), len)?;
-        x[..len].iter_mut().for_each(|v| *v *= s);
+    fn scale(&self, mut x: TensorMut<Vec<f32>>, s: f32) -> Result<()> {
+        x.data_mut().iter_mut().for_each(|v| *v *= s);
         Ok(())
     }
 
-    fn softcap(&self, x: &mut Vec<f32>, cap: f32, len: usize) -> Result<()> {
-        check_len("softcap", x.len(), len)?;
+    fn softcap(&self, mut x: TensorMut<Vec<f32>>, cap: f32) -> Result<()> {
         if !(cap > 0.0 && cap.is_finite()) {
             return Err(BackendError::Device(format!("softcap: cap {cap} is not positive")));
         }
-        x[..len].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        x.data_mut().iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         Ok(())
     }
 
-    fn copy_cols(&self, src: &Vec<f32>, src_width: usize, col: usize, dst: &mut Vec<f32>, width: usize, n: usize) -> Result<()> {
-        if col + width > src_width {
-            return Err(BackendError::Device(format!("copy_cols: columns {col}..{} of rows of {src_width}", col + width)));
+    fn copy_cols(&self, src: Tensor<Vec<f32>>, col: usize, mut dst: TensorMut<Vec<f32>>) -> Result<()> {
+        let (_, src_width, width) = shapes::copy_cols(src.shape(), col, dst.shape())?;
+        if width == 0 {
+            return Ok(());
         }
-        check_len("copy_cols source", src.len(), n * src_width)?;
-        check_len("copy_cols destination", dst.len(), n * width)?;
-        for (t, d) in dst[..n * width].chunks_exact_mut(width).enumerate() {
+        let src = src.data();
+        for (t, d) in dst.data_mut().chunks_exact_mut(width).enumerate() {
             d.copy_from_slice(&src[t * src_width + col..t * src_width + col + width]);
         }
         Ok(())
     }
 
-    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
-        check_len("copy", src.len().min(dst.len()), len)?;
-        dst[..len].copy_from_slice(&src[..len]);
+    fn copy(&self, src: Tensor<Vec<f32>>, mut dst: TensorMut<Vec<f32>>) -> Result<()> {
+        shapes::elementwise("copy", &[("src", src.shape())], dst.shape())?;
+        dst.data_mut().copy_from_slice(src.data());
         Ok(())
     }
 
-    fn gather_rows(&self, src: &Vec<f32>, dst: &mut Vec<f32>, step: &CpuStep, dim: usize) -> Result<()> {
+    fn gather_rows(&self, src: Tensor<Vec<f32>>, mut dst: TensorMut<Vec<f32>>, step: &CpuStep) -> Result<()> {
         let rows = &step.plan.logit_rows;
-        check_len("gather_rows destination", dst.len(), rows.len() * dim)?;
+        let (n, dim) = shapes::gather_rows(src.shape(), dst.shape(), rows.len())?;
+        let (src, dst) = (src.data(), dst.data_mut());
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
-            check_len("gather_rows source", src.len(), (r + 1) * dim)?;
+            check_len("gather_rows source rows", n, r + 1)?;
             dst[i * dim..(i + 1) * dim].copy_from_slice(&src[r * dim..(r + 1) * dim]);
         }
         Ok(())
     }
 
-    fn sample(&self, logits: &Vec<f32>, n_vocab: usize, step: &mut CpuStep) -> Result<()> {
-        check_len("sample logits", logits.len(), step.plan.logit_rows.len() * n_vocab)?;
+    fn sample(&self, logits: Tensor<Vec<f32>>, step: &mut CpuStep) -> Result<()> {
+        let [_, n_vocab] = logits.shape().dims2("sample", "logits")?;
+        expect_shape("sample", "logits", logits.shape(), [step.plan.logit_rows.len(), n_vocab])?;
+        let logits = logits.data();
         step.sampled.clear();
         if step.candidates.capacity() < n_vocab {
             step.candidates.reserve(n_vocab - step.candidates.len());

@@ -17,6 +17,8 @@ use crate::cpu::{check_len, with_scratch, CpuKvCache, CpuStep, SharedOut};
 use crate::cpu_attention_tiled;
 use crate::cpu_simd::Simd;
 use crate::plan::KV_BLOCK_SIZE;
+use crate::shapes;
+use crate::tensor::{Tensor, TensorMut};
 
 /// How many rows ahead, within a block, rows are prefetched.
 const PREFETCH_ROWS: usize = 2;
@@ -33,30 +35,25 @@ thread_local! {
 }
 
 /// `sinks` adds one logit per head to every softmax row, without a value.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     simd: Simd,
-    q: &[f32],
+    q: Tensor<Vec<f32>>,
     cache: &CpuKvCache,
-    sinks: Option<&[f32]>,
-    out: &mut [f32],
+    sinks: Option<Tensor<Vec<f32>>>,
+    mut out: TensorMut<Vec<f32>>,
     step: &CpuStep,
-    n: usize,
     p: &AttentionParams,
 ) -> Result<()> {
     if p.n_kv_heads == 0 || !p.n_heads.is_multiple_of(p.n_kv_heads) {
         return Err(BackendError::Device(format!("attention: {} query heads over {} KV heads", p.n_heads, p.n_kv_heads)));
     }
+    let n = shapes::attention(q.shape(), out.shape(), sinks.map(|s| s.shape()), p)?;
+    let (q, sinks, out) = (q.data(), sinks.map(|s| s.data()), out.data_mut());
     let plan = step.plan();
     let (hd, nh) = (p.head_dim, p.n_heads);
     let q_width = nh * hd;
-    check_len("attention query", q.len(), n * q_width)?;
-    check_len("attention output", out.len(), n * q_width)?;
     check_len("attention tokens in the step", plan.n_tokens(), n)?;
     check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
-    if let Some(s) = sinks {
-        check_len("attention sinks", s.len(), nh)?;
-    }
     plan.check_usable(cache.usable_rows() / KV_BLOCK_SIZE)?;
     // A token's positions are split by its own span alone, never by what else is in the step,
     // so a sequence's result does not depend on the batch it runs in.

@@ -14,8 +14,15 @@ fn expert_id(v: f32, n_experts: usize) -> Result<usize> {
     }
 }
 
-pub(crate) fn moe_route(logits: &[f32], expert_scale: Option<&[f32]>, ids: &mut [f32], weights: &mut [f32], n: usize, p: &RouterParams) -> Result<()> {
-    let (e, k) = (p.n_experts, p.n_used);
+/// `counts` = (tokens, experts, experts chosen per token).
+pub(crate) fn moe_route(
+    logits: &[f32],
+    expert_scale: Option<&[f32]>,
+    ids: &mut [f32],
+    weights: &mut [f32],
+    (n, e, k): (usize, usize, usize),
+    p: &RouterParams,
+) -> Result<()> {
     if k == 0 || k > e {
         return Err(BackendError::Device(format!("router: {k} experts chosen of {e}")));
     }
@@ -174,7 +181,7 @@ mod tests {
         for (renormalize, scaled) in [(false, false), (true, false), (true, true)] {
             let (mut ids, mut weights) = (vec![0f32; n * k], vec![0f32; n * k]);
             let scale = scaled.then_some(&scales[..]);
-            moe_route(&logits, scale, &mut ids, &mut weights, n, &RouterParams { n_experts: e, n_used: k, renormalize }).unwrap();
+            moe_route(&logits, scale, &mut ids, &mut weights, (n, e, k), &RouterParams { renormalize }).unwrap();
             for t in 0..n {
                 let row: Vec<f64> = logits[t * e..(t + 1) * e].iter().map(|&v| v as f64).collect();
                 let total: f64 = row.iter().map(|l| l.exp()).sum();
@@ -190,13 +197,13 @@ mod tests {
             }
         }
         let mut ids = vec![0f32; 3];
-        assert!(moe_route(&logits, None, &mut ids.clone(), &mut ids, 1, &RouterParams { n_experts: e, n_used: e + 1, renormalize: true }).is_err());
+        assert!(moe_route(&logits, None, &mut ids.clone(), &mut ids, (1, e, e + 1), &RouterParams { renormalize: true }).is_err());
     }
 
     #[test]
     fn ties_choose_the_lower_expert() {
         let (mut ids, mut weights) = (vec![0f32; 2], vec![0f32; 2]);
-        moe_route(&[1.0, 2.0, 2.0, 2.0], None, &mut ids, &mut weights, 1, &RouterParams { n_experts: 4, n_used: 2, renormalize: true }).unwrap();
+        moe_route(&[1.0, 2.0, 2.0, 2.0], None, &mut ids, &mut weights, (1, 4, 2), &RouterParams { renormalize: true }).unwrap();
         assert_eq!(ids, [1.0, 2.0]);
         assert_eq!(weights, [0.5, 0.5]);
     }

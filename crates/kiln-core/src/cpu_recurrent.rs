@@ -6,11 +6,13 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::backend::{BackendError, DeltaNetParams, Result};
+use crate::backend::{BackendError, DeltaNetParams, Result, StateSlots};
 use crate::cpu::{check_len, dot_f32, with_scratch, SharedOut};
 use crate::cpu_delta_chunk;
 use crate::cpu_simd::Simd;
 use crate::plan::FlatPlan;
+use crate::shapes;
+use crate::tensor::{Tensor, TensorMut};
 
 /// The state slot of each of the plan's sequences, checked against the state buffer.
 fn slot(slots: &[f32], s: usize, state_len: usize, per_slot: usize) -> Result<usize> {
@@ -30,23 +32,21 @@ fn checked_slots(plan: &FlatPlan, slots: &[f32], state_len: usize, per_slot: usi
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn ssm_conv(
-    x: &[f32],
-    weight: &[f32],
-    state: &mut [f32],
-    slots: &[f32],
-    out: &mut [f32],
+    x: Tensor<Vec<f32>>,
+    weight: Tensor<Vec<f32>>,
+    state: StateSlots<Vec<f32>>,
+    mut out: TensorMut<Vec<f32>>,
     plan: &FlatPlan,
-    n: usize,
     p: &DeltaNetParams,
 ) -> Result<()> {
     let (c, k) = (p.conv_dim(), p.conv_kernel);
     if k == 0 {
         return Err(BackendError::Device("ssm_conv: kernel of 0 taps".into()));
     }
-    check_len("ssm_conv input", x.len().min(out.len()), n * c)?;
-    check_len("ssm_conv weight", weight.len(), c * k)?;
+    let StateSlots { mut state, slots } = state;
+    let n = shapes::ssm_conv(x.shape(), weight.shape(), state.shape(), out.shape(), p)?;
+    let (x, weight, state, slots, out) = (x.data(), weight.data(), state.data_mut(), slots.data(), out.data_mut());
     check_len("ssm_conv tokens in the step", plan.n_tokens(), n)?;
     checked_slots(plan, slots, state.len(), p.conv_state())?;
     for (s, seq) in plan.seqs.iter().enumerate() {
@@ -241,6 +241,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::cpu_simd::tests::values;
     use crate::plan::{BatchPlan, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
+    use crate::tensor::DeviceBuffer;
 
     /// A plan of sequences with these (first position, token count), each with the blocks its
     /// positions need.
@@ -347,6 +348,15 @@ pub(crate) mod tests {
         }
     }
 
+    /// `ssm_conv` of the rows of `x` in state slot `slot` into `out`.
+    fn conv(x: &[f32], w: &[f32], state: &mut Vec<f32>, slot: f32, out: &mut [f32], plan: &FlatPlan) {
+        let (x, w, slots, mut o) = (x.to_vec(), w.to_vec(), vec![slot], vec![0f32; out.len()]);
+        let (n, c, per_slot) = (x.len() / P.conv_dim(), P.conv_dim(), P.conv_state());
+        let state = StateSlots { state: state.view_mut([state.len() / per_slot, per_slot]).unwrap(), slots: slots.whole() };
+        ssm_conv(x.rows(n, c).unwrap(), w.rows(c, P.conv_kernel).unwrap(), state, o.rows_mut(n, c).unwrap(), plan, &P).unwrap();
+        out.copy_from_slice(&o);
+    }
+
     #[test]
     fn convolution_matches_a_scalar_reference_and_keeps_its_state() {
         let (n, c, k) = (7, P.conv_dim(), P.conv_kernel);
@@ -357,10 +367,10 @@ pub(crate) mod tests {
         // tokens split 3 + 4 over two steps.
         let mut both = vec![0f32; 2 * n * c];
         let xx: Vec<f32> = x.iter().chain(&x).copied().collect();
-        ssm_conv(&xx[..n * c], &w, &mut state, &[1.0], &mut both[..n * c], &plan(&[(0, n)]), n, &P).unwrap();
-        ssm_conv(&x[..3 * c], &w, &mut state, &[0.0], &mut both[n * c..(n + 3) * c], &plan(&[(0, 3)]), 3, &P).unwrap();
+        conv(&xx[..n * c], &w, &mut state, 1.0, &mut both[..n * c], &plan(&[(0, n)]));
+        conv(&x[..3 * c], &w, &mut state, 0.0, &mut both[n * c..(n + 3) * c], &plan(&[(0, 3)]));
         let mut rest = vec![0f32; 4 * c];
-        ssm_conv(&x[3 * c..], &w, &mut state, &[0.0], &mut rest, &plan(&[(3, 4)]), 4, &P).unwrap();
+        conv(&x[3 * c..], &w, &mut state, 0.0, &mut rest, &plan(&[(3, 4)]));
         both[(n + 3) * c..].copy_from_slice(&rest);
         for t in 0..n {
             for ch in 0..c {

@@ -1,10 +1,11 @@
 //! The CPU backend's attention at every SIMD level against a float64 reference.
 
-use super::CpuBackend;
+use super::{CpuBackend, CpuKvCache, CpuStep};
 use crate::backend::{AttentionParams, Backend, WeightSource};
 use crate::cpu_simd::tests::values;
 use crate::cpu_simd::{Simd, SimdLevel};
 use crate::plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SeqStep, StepCapacity};
+use crate::tensor::DeviceBuffer;
 use kiln_quant::GgmlType;
 
 /// Softmax-weighted sum of the cache's values (as the cache returns them), in float64.
@@ -43,6 +44,20 @@ fn reference(
     }
 }
 
+/// The attention of the query rows `q` (with `sinks` where given) into a new buffer, poisoned
+/// first so that an output never written fails the comparison.
+fn attend(backend: &CpuBackend, q: &[f32], cache: &CpuKvCache, sinks: Option<&[f32]>, step: &CpuStep, p: &AttentionParams) -> Vec<f32> {
+    let (q, width) = (q.to_vec(), p.n_heads * p.head_dim);
+    let (n, sinks) = (q.len() / width, sinks.map(<[f32]>::to_vec));
+    let mut out = vec![f32::NAN; q.len()];
+    let (qv, ov) = (q.rows(n, width).unwrap(), out.rows_mut(n, width).unwrap());
+    match &sinks {
+        Some(s) => backend.attention_sinks(qv, cache, s.whole(), ov, step, p).unwrap(),
+        None => backend.attention(qv, cache, ov, step, p).unwrap(),
+    }
+    out
+}
+
 #[test]
 fn attention_matches_a_float64_reference_at_every_level() {
     let backends: Vec<CpuBackend> = SimdLevel::ALL.into_iter().filter_map(Simd::at).map(CpuBackend::with_simd).collect();
@@ -76,7 +91,7 @@ fn attention_matches_a_float64_reference_at_every_level() {
                         backend.grow_kv(&mut cache, 8).unwrap();
                         let mut step = backend.alloc_step(&cap, 8).unwrap();
                         backend.write_step(&mut step, &plan).unwrap();
-                        backend.kv_store(&k, &v, &mut cache, &step, n).unwrap();
+                        backend.kv_store(k.rows(n, width).unwrap(), v.rows(n, width).unwrap(), &mut cache, &step).unwrap();
                         if backend.simd.level() == SimdLevel::Scalar {
                             for t in 0..n {
                                 for h in 0..n_heads {
@@ -84,11 +99,7 @@ fn attention_matches_a_float64_reference_at_every_level() {
                                 }
                             }
                         }
-                        let mut out = vec![f32::NAN; n * n_heads * hd];
-                        match sinks {
-                            Some(s) => backend.attention_sinks(&q, &cache, &s.to_vec(), &mut out, &step, n, &p).unwrap(),
-                            None => backend.attention(&q, &cache, &mut out, &step, n, &p).unwrap(),
-                        }
+                        let mut out = attend(backend, &q, &cache, sinks, &step, &p);
                         // One decode token with more threads than heads: a job per head.
                         let last = [0u32];
                         let decode = [SeqStep { tokens: &last, pos0: 69, blocks: &a_blocks, logits: LogitRows::None, sample: None }];
@@ -96,22 +107,14 @@ fn attention_matches_a_float64_reference_at_every_level() {
                         decode_plan.fill(&BatchPlan { seqs: &decode }, &cap, 8).unwrap();
                         backend.write_step(&mut step, &decode_plan).unwrap();
                         let row = n_heads * hd;
-                        let mut one = vec![f32::NAN; row];
                         let pool = rayon::ThreadPoolBuilder::new().num_threads(4 * n_heads).build().unwrap();
-                        pool.install(|| match sinks {
-                            Some(s) => backend.attention_sinks(&q[69 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut one, &step, 1, &p).unwrap(),
-                            None => backend.attention(&q[69 * row..70 * row].to_vec(), &cache, &mut one, &step, 1, &p).unwrap(),
-                        });
+                        let one = pool.install(|| attend(backend, &q[69 * row..70 * row], &cache, sinks, &step, &p));
                         // Sequence a's prompt with sequence b beside it in the step and alone:
                         // the same bits (its tiles depend on its own span only).
                         let mut a_plan = FlatPlan::with_capacity(&cap);
                         a_plan.fill(&BatchPlan { seqs: &seqs[..1] }, &cap, 8).unwrap();
                         backend.write_step(&mut step, &a_plan).unwrap();
-                        let mut a_alone = vec![f32::NAN; 70 * row];
-                        match sinks {
-                            Some(s) => backend.attention_sinks(&q[..70 * row].to_vec(), &cache, &s.to_vec(), &mut a_alone, &step, 70, &p).unwrap(),
-                            None => backend.attention(&q[..70 * row].to_vec(), &cache, &mut a_alone, &step, 70, &p).unwrap(),
-                        }
+                        let a_alone = attend(backend, &q[..70 * row], &cache, sinks, &step, &p);
                         assert!(
                             out[..70 * row].iter().zip(&a_alone).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{:?} {ty} hd {hd} window {window:?}: a prompt depends on the other sequences of its step",
@@ -122,11 +125,7 @@ fn attention_matches_a_float64_reference_at_every_level() {
                         let tail = [SeqStep { tokens: &a_tokens[40..], pos0: 40, blocks: &a_blocks, logits: LogitRows::None, sample: None }];
                         a_plan.fill(&BatchPlan { seqs: &tail }, &cap, 8).unwrap();
                         backend.write_step(&mut step, &a_plan).unwrap();
-                        let mut a_tail = vec![f32::NAN; 30 * row];
-                        match sinks {
-                            Some(s) => backend.attention_sinks(&q[40 * row..70 * row].to_vec(), &cache, &s.to_vec(), &mut a_tail, &step, 30, &p).unwrap(),
-                            None => backend.attention(&q[40 * row..70 * row].to_vec(), &cache, &mut a_tail, &step, 30, &p).unwrap(),
-                        }
+                        let a_tail = attend(backend, &q[40 * row..70 * row], &cache, sinks, &step, &p);
                         assert!(
                             out[40 * row..70 * row].iter().zip(&a_tail).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{:?} {ty} hd {hd} window {window:?}: a prompt's tokens depend on how it is split over steps",
@@ -187,7 +186,7 @@ fn decode_attention_timing() {
             let ns = pool.install(|| {
                 let t0 = cpu_ns();
                 for _ in 0..reps {
-                    backend.attention(&q, &cache, &mut out, &step, 1, &p).unwrap();
+                    backend.attention(q.rows(1, n_heads * hd).unwrap(), &cache, out.rows_mut(1, n_heads * hd).unwrap(), &step, &p).unwrap();
                 }
                 cpu_ns() - t0
             });

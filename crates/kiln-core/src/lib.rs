@@ -18,11 +18,16 @@ mod cpu_simd_neon;
 mod cpu_simd_x86;
 pub mod plan;
 pub mod sampling;
+pub mod shapes;
+pub mod tensor;
 
-pub use backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, RopeKind, RopeParams, RouterParams, WeightSource};
+pub use backend::{
+    AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots, WeightSource,
+};
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};
 pub use cpu_int::SimdLevel;
 pub use cpu_simd::Simd;
 pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 pub use sampling::SamplingParams;
+pub use tensor::{DType, DeviceBuffer, Shape, Tensor, TensorMut};

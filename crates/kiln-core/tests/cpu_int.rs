@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kiln_core::{Backend, CpuBackend, CpuMatmul, CpuOptions, SimdLevel, WeightSource};
+use kiln_core::{Backend, CpuBackend, CpuMatmul, CpuOptions, DeviceBuffer, SimdLevel, WeightSource};
 use kiln_quant::GgmlType;
 
 struct Rng(u64);
@@ -59,7 +59,7 @@ fn matmul(backend: &CpuBackend, w: &WeightSource, x: &[f32], n: usize) -> Vec<f3
     let mut out = backend.alloc(n * w.rows, "out").unwrap();
     // Poisoned, so that an output the kernel never writes fails the comparison.
     backend.write(&mut out, &vec![f32::NAN; n * w.rows]).unwrap();
-    backend.matmul(&w, &xb, &mut out, n).unwrap();
+    backend.matmul(&w, xb.rows(n, w.cols).unwrap(), out.rows_mut(n, w.rows).unwrap()).unwrap();
     let mut host = vec![0f32; n * w.rows];
     backend.read(&out, &mut host).unwrap();
     host
@@ -203,7 +203,7 @@ fn matmul_throughput() {
                 (0..7)
                     .map(|_| {
                         let start = std::time::Instant::now();
-                        backend.matmul(&w, &xb, &mut out, n).unwrap();
+                        backend.matmul(&w, xb.rows(n, w.cols).unwrap(), out.rows_mut(n, w.rows).unwrap()).unwrap();
                         start.elapsed().as_secs_f64()
                     })
                     .fold(f64::INFINITY, f64::min)

@@ -11,8 +11,12 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, Result, RopeKind, RopeParams, RouterParams, WeightSource};
+use kiln_core::backend::{
+    AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams, StateSlots, WeightSource,
+};
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
+use kiln_core::shapes;
+use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
 use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
@@ -21,6 +25,10 @@ use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionPara
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
 use crate::{CudaDevice, CudaError, RegistryConfig};
+
+/// The views the backend's ops take.
+pub(crate) type View<'a> = Tensor<'a, CudaSlice<f32>>;
+pub(crate) type ViewMut<'a> = TensorMut<'a, CudaSlice<f32>>;
 
 /// Threads per block of the grid-stride kernels.
 const BLOCK: u32 = 256;
@@ -171,40 +179,24 @@ fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, 
 }
 
 impl CudaBackend {
-    #[allow(clippy::too_many_arguments)]
-    fn paged_attention(
-        &self,
-        q: &CudaSlice<f32>,
-        cache: &CudaKvCache,
-        sinks: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        p: &AttentionParams,
-    ) -> Result<()> {
+    fn paged_attention(&self, q: View, cache: &CudaKvCache, sinks: Option<View>, mut out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+        let n = shapes::attention(q.shape(), out.shape(), sinks.map(|s| s.shape()), p)?;
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         let view = cache.view();
-        let inputs = AttentionInputs { q, kv: &view, step: &step.block, sinks };
-        self.attention.attention(&self.device, inputs, out, counts, &params).map_err(backend_error)
+        let inputs = AttentionInputs { q: q.buf(), kv: &view, step: &step.block, sinks: sinks.map(|s| s.buf()) };
+        self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map_err(backend_error)
     }
 
-    /// q, k and v from activations already quantized into `qx` (wq's input buffer).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_qkv_quantized(
-        &self,
-        qx: &QuantizedActivations,
-        wq: &GpuWeight,
-        wk: &GpuWeight,
-        wv: &GpuWeight,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &mut CudaSlice<f32>,
-        n: usize,
-    ) -> Result<()> {
-        matvec::matmul_stacked_quantized(&self.device, &[wq, wk, wv], qx, &mut [q, k, v], n).map_err(backend_error)
+    /// q, k and v (`out`) from activations already quantized into `qx` (the weights' input buffer).
+    fn matmul_qkv_quantized(&self, qx: &QuantizedActivations, w: [&GpuWeight; 3], out: [ViewMut; 3], n: usize) -> Result<()> {
+        let [mut q, mut k, mut v] = out;
+        for (w, out) in w.iter().zip([&q, &k, &v]) {
+            shapes::matmul("matmul_qkv", (w.rows, w.cols), Shape::from([n, w.cols]), out.shape())?;
+        }
+        matvec::matmul_stacked_quantized(&self.device, &w, qx, &mut [q.buf_mut(), k.buf_mut(), v.buf_mut()], n).map_err(backend_error)
     }
 }
 
@@ -264,95 +256,98 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn embed(&self, table: &GpuWeight, step: &CudaStep, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+    fn embed(&self, table: &GpuWeight, step: &CudaStep, mut out: ViewMut) -> Result<()> {
+        let n = shapes::embed(out.shape(), table.cols)?;
         check_len("embed tokens", step.n_tokens, n)?;
-        matvec::embed_rows(&self.device, table, &step.tokens(), out, n).map_err(backend_error)
+        matvec::embed_rows(&self.device, table, &step.tokens(), out.buf_mut(), n).map_err(backend_error)
     }
 
-    fn rms_norm(&self, x: &CudaSlice<f32>, weight: &CudaSlice<f32>, out: &mut CudaSlice<f32>, rows: usize, dim: usize, eps: f32) -> Result<()> {
-        check_len("rms_norm", x.len().min(out.len()), rows * dim)?;
-        check_len("rms_norm weight", weight.len(), dim)?;
+    fn rms_norm(&self, x: View, weight: View, mut out: ViewMut, eps: f32) -> Result<()> {
+        let (rows, dim) = shapes::rms_norm(x.shape(), weight.shape(), out.shape())?;
         if rows == 0 || dim == 0 {
             return Ok(());
         }
+        let (x, weight, out) = (x.buf(), weight.buf(), out.buf_mut());
         let (rows32, dim32) = (to_u32("rows", rows)?, to_u32("dim", dim)?);
         let warps_per_block = BLOCK as usize / 32;
         let (function, blocks) =
             if dim <= WARP_NORM_MAX_DIM { (&self.kernels.rms_norm_warp, rows.div_ceil(warps_per_block)) } else { (&self.kernels.rms_norm_block, rows) };
         let cfg = LaunchConfig { grid_dim: (to_u32("blocks", blocks)?, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument list matches norm.cu; every pointer covers rows * dim (checked above).
+        // SAFETY: argument list matches norm.cu; every pointer covers rows * dim (the views' shapes).
         unsafe { self.device.stream().launch_builder(function).arg(out).arg(x).arg(weight).arg(&rows32).arg(&dim32).arg(&eps).launch(cfg) }
             .map(drop)
             .map_err(launch_error("rms_norm"))
     }
 
-    fn matmul(&self, w: &GpuWeight, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize) -> Result<()> {
-        matvec::matmul(&self.device, w, x, out, n).map_err(backend_error)
+    fn matmul(&self, w: &GpuWeight, x: View, mut out: ViewMut) -> Result<()> {
+        let n = shapes::matmul("matmul", (w.rows, w.cols), x.shape(), out.shape())?;
+        matvec::matmul(&self.device, w, x.buf(), out.buf_mut(), n).map_err(backend_error)
     }
 
-    fn add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, n: usize, dim: usize) -> Result<()> {
-        check_len("add_bias", x.len(), n * dim)?;
-        check_len("bias", bias.len(), dim)?;
+    fn add_bias(&self, mut x: ViewMut, bias: View) -> Result<()> {
+        let (n, dim) = shapes::rows_and_vector("add_bias", x.shape(), bias.shape())?;
         if n * dim == 0 {
             return Ok(());
         }
         let (dim32, total) = (to_u32("dim", dim)?, (n * dim) as u64);
-        // SAFETY: matches pointwise.cu's add_bias_f32; lengths checked above.
-        unsafe { self.device.stream().launch_builder(&self.kernels.add_bias).arg(x).arg(bias).arg(&dim32).arg(&total).launch(self.grid_stride(n * dim)) }
-            .map(drop)
-            .map_err(launch_error("add_bias"))
+        // SAFETY: matches pointwise.cu's add_bias_f32; lengths from the views' shapes.
+        unsafe {
+            self.device
+                .stream()
+                .launch_builder(&self.kernels.add_bias)
+                .arg(x.buf_mut())
+                .arg(bias.buf())
+                .arg(&dim32)
+                .arg(&total)
+                .launch(self.grid_stride(n * dim))
+        }
+        .map(drop)
+        .map_err(launch_error("add_bias"))
     }
 
-    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, len: usize) -> Result<()> {
-        check_len("add", x.len().min(y.len()), len)?;
+    fn add(&self, mut x: ViewMut, y: View) -> Result<()> {
+        let len = shapes::elementwise("add", &[("y", y.shape())], x.shape())?;
         if len == 0 {
             return Ok(());
         }
         let total = len as u64;
-        let (ptr, _record) = x.device_ptr(self.device.stream());
-        // SAFETY: add_f32(out, a, b, n) is elementwise, so out may alias a; lengths checked above.
-        unsafe { self.device.stream().launch_builder(&self.kernels.add).arg(&ptr).arg(&ptr).arg(y).arg(&total).launch(self.grid_stride(len)) }
+        let (ptr, _record) = x.buf_mut().device_ptr(self.device.stream());
+        // SAFETY: add_f32(out, a, b, n) is elementwise, so out may alias a; lengths from the views.
+        unsafe { self.device.stream().launch_builder(&self.kernels.add).arg(&ptr).arg(&ptr).arg(y.buf()).arg(&total).launch(self.grid_stride(len)) }
             .map(drop)
             .map_err(launch_error("add"))
     }
 
-    fn swiglu(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize) -> Result<()> {
-        check_len("swiglu", gate.len().min(up.len()).min(out.len()), len)?;
+    fn swiglu(&self, gate: View, up: View, mut out: ViewMut) -> Result<()> {
+        let len = shapes::elementwise("swiglu", &[("gate", gate.shape()), ("up", up.shape())], out.shape())?;
         if len == 0 {
             return Ok(());
         }
         let total = len as u64;
-        // SAFETY: matches pointwise.cu's swiglu_f32; lengths checked above.
-        unsafe { self.device.stream().launch_builder(&self.kernels.swiglu).arg(out).arg(gate).arg(up).arg(&total).launch(self.grid_stride(len)) }
-            .map(drop)
-            .map_err(launch_error("swiglu"))
+        // SAFETY: matches pointwise.cu's swiglu_f32; lengths from the views.
+        unsafe {
+            self.device.stream().launch_builder(&self.kernels.swiglu).arg(out.buf_mut()).arg(gate.buf()).arg(up.buf()).arg(&total).launch(self.grid_stride(len))
+        }
+        .map(drop)
+        .map_err(launch_error("swiglu"))
     }
 
-    fn rope(&self, x: &mut CudaSlice<f32>, inv_freq: &CudaSlice<f32>, step: &CudaStep, n: usize, p: &RopeParams) -> Result<()> {
-        check_len("rope", x.len(), n * p.n_heads * p.head_dim)?;
-        check_len("rope frequencies", inv_freq.len(), p.n_rot / 2)?;
+    fn rope(&self, mut x: ViewMut, inv_freq: View, step: &CudaStep, p: &RopeParams) -> Result<()> {
+        let ([n, n_heads, head_dim], n_rot) = shapes::rope(x.shape(), inv_freq.shape())?;
         check_len("rope tokens in the step", step.n_tokens, n)?;
-        if p.n_rot > p.head_dim || p.n_rot % 2 != 0 {
-            return Err(BackendError::Device(format!("rope: n_rot {} does not fit head_dim {}", p.n_rot, p.head_dim)));
-        }
-        let pairs = n * p.n_heads * (p.n_rot / 2);
+        let pairs = n * n_heads * (n_rot / 2);
         if pairs == 0 {
             return Ok(());
         }
-        let args = [
-            to_u32("tokens", n)?,
-            to_u32("heads", p.n_heads)?,
-            to_u32("head_dim", p.head_dim)?,
-            to_u32("n_rot", p.n_rot)?,
-            u32::from(p.kind == RopeKind::Neox),
-        ];
-        // SAFETY: matches rope.cu's rope_f32; x holds n * n_heads * head_dim values (checked).
+        let args =
+            [to_u32("tokens", n)?, to_u32("heads", n_heads)?, to_u32("head_dim", head_dim)?, to_u32("n_rot", n_rot)?, u32::from(p.kind == RopeKind::Neox)];
+        // SAFETY: matches rope.cu's rope_f32; x holds n * n_heads * head_dim values (its shape).
         unsafe {
             self.device
                 .stream()
                 .launch_builder(&self.kernels.rope)
-                .arg(x)
-                .arg(inv_freq)
+                .arg(x.buf_mut())
+                .arg(inv_freq.buf())
                 .arg(&step.block)
                 .arg(&args[0])
                 .arg(&args[1])
@@ -365,141 +360,88 @@ impl Backend for CudaBackend {
         .map_err(launch_error("rope"))
     }
 
-    fn kv_store(&self, k: &CudaSlice<f32>, v: &CudaSlice<f32>, cache: &mut CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
-        check_len("kv_store input", k.len().min(v.len()), n * cache.spec.width)?;
+    fn kv_store(&self, k: View, v: View, cache: &mut CudaKvCache, step: &CudaStep) -> Result<()> {
+        let n = shapes::kv_store(k.shape(), v.shape(), cache.spec.width)?;
         check_len("kv_store tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         let kernels = self.store_kernels(&cache.spec)?;
-        let (k_ptr, _record) = k.device_ptr(self.device.stream());
-        self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)
+        let (k_ptr, _record) = k.buf().device_ptr(self.device.stream());
+        self.launch_kv_store(&kernels.kv_store, k_ptr, v.buf(), cache, step, n)
     }
 
-    fn attention(&self, q: &CudaSlice<f32>, cache: &CudaKvCache, out: &mut CudaSlice<f32>, step: &CudaStep, n: usize, p: &AttentionParams) -> Result<()> {
-        self.paged_attention(q, cache, None, out, step, n, p)
+    fn attention(&self, q: View, cache: &CudaKvCache, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+        self.paged_attention(q, cache, None, out, step, p)
     }
 
-    fn moe_route(
-        &self,
-        logits: &CudaSlice<f32>,
-        expert_scale: Option<&CudaSlice<f32>>,
-        ids: &mut CudaSlice<f32>,
-        weights: &mut CudaSlice<f32>,
-        n: usize,
-        p: &RouterParams,
-    ) -> Result<()> {
-        self.launch_moe_route(logits, expert_scale, ids, weights, n, p)
+    fn moe_route(&self, logits: View, expert_scale: Option<View>, ids: ViewMut, weights: ViewMut, p: &RouterParams) -> Result<()> {
+        self.launch_moe_route(logits, expert_scale, ids, weights, p)
     }
 
-    fn moe_matmul(
-        &self,
-        experts: &[GpuWeight],
-        x: &CudaSlice<f32>,
-        ids: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        n_used: usize,
-        input: ExpertInput,
-    ) -> Result<()> {
-        self.experts.matmul(&self.device, experts, x, ids, out, n, n_used, input).map_err(backend_error)
+    fn moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
+        let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
+        self.experts.matmul(&self.device, experts, x.buf(), ids.buf(), out.buf_mut(), n, n_used, input).map_err(backend_error)
     }
 
-    fn moe_add_bias(&self, x: &mut CudaSlice<f32>, bias: &CudaSlice<f32>, ids: &CudaSlice<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
-        self.launch_moe_add_bias(x, bias, ids, n, n_used, dim)
+    fn moe_add_bias(&self, x: ViewMut, bias: View, ids: View) -> Result<()> {
+        self.launch_moe_add_bias(x, bias, ids)
     }
 
-    fn swiglu_oai(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize, alpha: f32, limit: f32) -> Result<()> {
-        self.gated_pointwise("swiglu_oai_f32", gate, up, out, len, &[alpha, limit])
+    fn swiglu_oai(&self, gate: View, up: View, out: ViewMut, alpha: f32, limit: f32) -> Result<()> {
+        self.gated_pointwise("swiglu_oai_f32", gate, up, out, &[alpha, limit])
     }
 
-    fn sigmoid_gate(&self, x: &mut CudaSlice<f32>, gate: &CudaSlice<f32>, n: usize, dim: usize, gate_dim: usize) -> Result<()> {
-        self.launch_sigmoid_gate(x, gate, n, dim, gate_dim)
+    fn sigmoid_gate(&self, x: ViewMut, gate: View) -> Result<()> {
+        self.launch_sigmoid_gate(x, gate)
     }
 
-    fn delta_net_gates(
-        &self,
-        g: &mut CudaSlice<f32>,
-        beta: &mut CudaSlice<f32>,
-        a_log_neg: &CudaSlice<f32>,
-        dt_bias: &CudaSlice<f32>,
-        n: usize,
-        n_heads: usize,
-    ) -> Result<()> {
-        self.launch_delta_net_gates(g, beta, a_log_neg, dt_bias, n, n_heads)
+    fn delta_net_gates(&self, g: ViewMut, beta: ViewMut, a_log_neg: View, dt_bias: View) -> Result<()> {
+        self.launch_delta_net_gates(g, beta, a_log_neg, dt_bias)
     }
 
-    fn ssm_conv(
-        &self,
-        x: &CudaSlice<f32>,
-        weight: &CudaSlice<f32>,
-        state: &mut CudaSlice<f32>,
-        slots: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        p: &DeltaNetParams,
-    ) -> Result<()> {
-        self.launch_ssm_conv(x, weight, state, slots, out, step, n, p)
+    fn ssm_conv(&self, x: View, weight: View, state: StateSlots<CudaSlice<f32>>, out: ViewMut, step: &CudaStep, p: &DeltaNetParams) -> Result<()> {
+        self.launch_ssm_conv(x, weight, state, out, step, p)
     }
 
-    fn delta_net(
-        &self,
-        x: &CudaSlice<f32>,
-        g: &CudaSlice<f32>,
-        beta: &CudaSlice<f32>,
-        state: &mut CudaSlice<f32>,
-        slots: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        p: &DeltaNetParams,
-    ) -> Result<()> {
-        self.launch_delta_net(x, g, beta, state, slots, out, step, n, p)
+    fn delta_net(&self, x: View, gates: [View; 2], state: StateSlots<CudaSlice<f32>>, out: ViewMut, step: &CudaStep, p: &DeltaNetParams) -> Result<()> {
+        self.launch_delta_net(x, gates, state, out, step, p)
     }
 
-    fn attention_sinks(
-        &self,
-        q: &CudaSlice<f32>,
-        cache: &CudaKvCache,
-        sinks: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        step: &CudaStep,
-        n: usize,
-        p: &AttentionParams,
-    ) -> Result<()> {
-        self.paged_attention(q, cache, Some(sinks), out, step, n, p)
+    fn attention_sinks(&self, q: View, cache: &CudaKvCache, sinks: View, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+        self.paged_attention(q, cache, Some(sinks), out, step, p)
     }
 
-    fn moe_combine(&self, y: &CudaSlice<f32>, weights: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: usize, n_used: usize, dim: usize) -> Result<()> {
-        self.launch_moe_combine(y, weights, out, n, n_used, dim)
+    fn moe_combine(&self, y: View, weights: View, out: ViewMut) -> Result<()> {
+        self.launch_moe_combine(y, weights, out)
     }
 
-    fn geglu(&self, gate: &CudaSlice<f32>, up: &CudaSlice<f32>, out: &mut CudaSlice<f32>, len: usize) -> Result<()> {
-        self.gated_pointwise("geglu_f32", gate, up, out, len, &[])
+    fn geglu(&self, gate: View, up: View, out: ViewMut) -> Result<()> {
+        self.gated_pointwise("geglu_f32", gate, up, out, &[])
     }
 
-    fn scale(&self, x: &mut CudaSlice<f32>, s: f32, len: usize) -> Result<()> {
-        self.launch_scale(x, s, len)
+    fn scale(&self, x: ViewMut, s: f32) -> Result<()> {
+        self.launch_scale(x, s)
     }
 
-    fn softcap(&self, x: &mut CudaSlice<f32>, cap: f32, len: usize) -> Result<()> {
-        self.launch_softcap(x, cap, len)
+    fn softcap(&self, x: ViewMut, cap: f32) -> Result<()> {
+        self.launch_softcap(x, cap)
     }
 
-    fn copy_cols(&self, src: &CudaSlice<f32>, src_width: usize, col: usize, dst: &mut CudaSlice<f32>, width: usize, n: usize) -> Result<()> {
-        self.launch_copy_cols(src, src_width, col, dst, width, n)
+    fn copy_cols(&self, src: View, col: usize, dst: ViewMut) -> Result<()> {
+        self.launch_copy_cols(src, col, dst)
     }
 
-    fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) -> Result<()> {
-        check_len("copy", src.len().min(dst.len()), len)?;
+    fn copy(&self, src: View, mut dst: ViewMut) -> Result<()> {
+        let len = shapes::elementwise("copy", &[("src", src.shape())], dst.shape())?;
         if len == 0 {
             return Ok(());
         }
-        self.device.stream().memcpy_dtod(&src.slice(..len), &mut dst.slice_mut(..len)).map_err(|e| BackendError::Device(format!("copy: {e:?}")))
+        self.device.stream().memcpy_dtod(&src.buf().slice(..len), &mut dst.buf_mut().slice_mut(..len)).map_err(|e| BackendError::Device(format!("copy: {e:?}")))
     }
 
-    fn gather_rows(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, step: &CudaStep, dim: usize) -> Result<()> {
-        check_len("gather_rows destination", dst.len(), step.n_logit_rows * dim)?;
-        check_len("gather_rows source", src.len(), step.n_tokens * dim)?;
+    fn gather_rows(&self, src: View, mut dst: ViewMut, step: &CudaStep) -> Result<()> {
+        let (n, dim) = shapes::gather_rows(src.shape(), dst.shape(), step.n_logit_rows)?;
+        check_len("gather_rows source rows", n, step.n_tokens)?;
         if step.n_logit_rows * dim == 0 {
             return Ok(());
         }
@@ -510,8 +452,8 @@ impl Backend for CudaBackend {
             self.device
                 .stream()
                 .launch_builder(&self.kernels.gather_rows)
-                .arg(dst)
-                .arg(src)
+                .arg(dst.buf_mut())
+                .arg(src.buf())
                 .arg(&step.block)
                 .arg(&dim32)
                 .launch(self.grid_stride(step.n_logit_rows * dim))
@@ -520,8 +462,9 @@ impl Backend for CudaBackend {
         .map_err(launch_error("gather_rows_f32"))
     }
 
-    fn sample(&self, logits: &CudaSlice<f32>, n_vocab: usize, step: &mut CudaStep) -> Result<()> {
-        check_len("sample", logits.len(), step.n_logit_rows * n_vocab)?;
+    fn sample(&self, logits: View, step: &mut CudaStep) -> Result<()> {
+        let [_, n_vocab] = logits.shape().dims2("sample", "logits")?;
+        expect_shape("sample", "logits", logits.shape(), [step.n_logit_rows, n_vocab])?;
         if step.n_samples == 0 {
             return Ok(());
         }
@@ -542,7 +485,7 @@ impl Backend for CudaBackend {
         let cfg =
             LaunchConfig { grid_dim: (to_u32("samples", step.n_samples)?, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
         // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its layout.
-        unsafe { self.device.stream().launch_builder(&self.kernels.sample).arg(logits).arg(&mut step.block).arg(&n32).launch(cfg) }
+        unsafe { self.device.stream().launch_builder(&self.kernels.sample).arg(logits.buf()).arg(&mut step.block).arg(&n32).launch(cfg) }
             .map(drop)
             .map_err(launch_error("sample_tokens_f32"))
     }
@@ -595,140 +538,85 @@ impl Backend for CudaBackend {
         self.device.synchronize().map_err(backend_error)
     }
 
-    fn ffn_gate_up(
-        &self,
-        w_gate: &GpuWeight,
-        w_up: &GpuWeight,
-        x: &CudaSlice<f32>,
-        _gate: &mut CudaSlice<f32>,
-        _up: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        _n_ff: usize,
-    ) -> Result<()> {
-        matvec::matmul_swiglu(&self.device, w_gate, w_up, x, out, n).map_err(backend_error)
+    fn ffn_gate_up(&self, w: [&GpuWeight; 2], x: View, _scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+        let n = shapes::matmul("ffn_gate_up", (w[0].rows, w[0].cols), x.shape(), out.shape())?;
+        matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error)
     }
 
-    fn moe_gate_up_swiglu(
-        &self,
-        gate: &[GpuWeight],
-        up: &[GpuWeight],
-        x: &CudaSlice<f32>,
-        ids: &CudaSlice<f32>,
-        gate_out: &mut CudaSlice<f32>,
-        up_out: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        n_used: usize,
-        n_ff: usize,
-    ) -> Result<()> {
-        if self.experts.matmul_swiglu(&self.device, gate, up, x, ids, out, n, n_used).map_err(backend_error)?.is_some() {
+    fn moe_gate_up_swiglu(&self, w: [&[GpuWeight]; 2], x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+        let first = w[0].first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), ExpertInput::PerToken)?;
+        if self.experts.matmul_swiglu(&self.device, w[0], w[1], x.buf(), ids.buf(), out.buf_mut(), n, n_used).map_err(backend_error)?.is_some() {
             return Ok(());
         }
-        self.moe_matmul(gate, x, ids, gate_out, n, n_used, ExpertInput::PerToken)?;
-        self.moe_matmul(up, x, ids, up_out, n, n_used, ExpertInput::PerToken)?;
-        self.swiglu(gate_out, up_out, out, n * n_used * n_ff)
+        let [mut gate, mut up] = scratch;
+        self.moe_matmul(w[0], x, ids, gate.reborrow(), ExpertInput::PerToken)?;
+        self.moe_matmul(w[1], x, ids, up.reborrow(), ExpertInput::PerToken)?;
+        self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    fn matmul_qkv(
-        &self,
-        wq: &GpuWeight,
-        wk: &GpuWeight,
-        wv: &GpuWeight,
-        x: &CudaSlice<f32>,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &mut CudaSlice<f32>,
-        n: usize,
-    ) -> Result<()> {
-        match quantized_input_for(&self.device, &[wq, wk, wv], n, wq.cols)? {
+    fn matmul_qkv(&self, w: [&GpuWeight; 3], x: View, out: [ViewMut; 3]) -> Result<()> {
+        let [n, cols] = x.shape().dims2("matmul_qkv", "input")?;
+        match quantized_input_for(&self.device, &w, n, cols)? {
             Some(shared) => {
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                qx.fill(&self.device, x, n).map_err(backend_error)?;
-                self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
+                qx.fill(&self.device, x.buf(), n).map_err(backend_error)?;
+                self.matmul_qkv_quantized(&qx, w, out, n)
             }
             None => {
-                self.matmul(wq, x, q, n)?;
-                self.matmul(wk, x, k, n)?;
-                self.matmul(wv, x, v, n)
+                let [q, k, v] = out;
+                self.matmul(w[0], x, q)?;
+                self.matmul(w[1], x, k)?;
+                self.matmul(w[2], x, v)
             }
         }
     }
 
-    fn norm_matmul_qkv(
-        &self,
-        x: &CudaSlice<f32>,
-        norm: &CudaSlice<f32>,
-        eps: f32,
-        h: &mut CudaSlice<f32>,
-        wq: &GpuWeight,
-        wk: &GpuWeight,
-        wv: &GpuWeight,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &mut CudaSlice<f32>,
-        n: usize,
-        dim: usize,
-    ) -> Result<()> {
-        match quantized_input_for(&self.device, &[wq, wk, wv], n, dim)? {
+    fn norm_matmul_qkv(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 3], out: [ViewMut; 3]) -> Result<()> {
+        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
-                self.matmul_qkv_quantized(&qx, wq, wk, wv, q, k, v, n)
+                matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
+                self.matmul_qkv_quantized(&qx, w, out, n)
             }
             None => {
-                self.rms_norm(x, norm, h, n, dim, eps)?;
-                self.matmul_qkv(wq, wk, wv, h, q, k, v, n)
+                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+                self.matmul_qkv(w, h.as_ref(), out)
             }
         }
     }
 
-    fn norm_ffn_gate_up(
-        &self,
-        x: &CudaSlice<f32>,
-        norm: &CudaSlice<f32>,
-        eps: f32,
-        h: &mut CudaSlice<f32>,
-        w_gate: &GpuWeight,
-        w_up: &GpuWeight,
-        gate: &mut CudaSlice<f32>,
-        up: &mut CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        dim: usize,
-        n_ff: usize,
-    ) -> Result<()> {
-        match quantized_input_for(&self.device, &[w_gate, w_up], n, dim)? {
+    fn norm_ffn_gate_up(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 2], scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
+                shapes::matmul("norm_ffn_gate_up", (w[0].rows, w[0].cols), x.shape(), out.shape())?;
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                matvec::rms_norm_quantize(&self.device, x, norm, eps, n, &qx).map_err(backend_error)?;
-                matvec::matmul_swiglu_quantized(&self.device, w_gate, w_up, &qx, out, n).map_err(backend_error)
+                matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
+                matvec::matmul_swiglu_quantized(&self.device, w[0], w[1], &qx, out.buf_mut(), n).map_err(backend_error)
             }
             None => {
-                self.rms_norm(x, norm, h, n, dim, eps)?;
-                self.ffn_gate_up(w_gate, w_up, h, gate, up, out, n, n_ff)
+                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+                self.ffn_gate_up(w, h.as_ref(), scratch, out)
             }
         }
     }
 
     fn attention_prologue(
         &self,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
-        _scratch: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-        inv_freq: &CudaSlice<f32>,
+        qkv: Qkv<CudaSlice<f32>>,
+        qk_norm: Option<QkNorm<CudaSlice<f32>>>,
+        inv_freq: View,
+        p: &RopeParams,
         cache: &mut CudaKvCache,
         step: &CudaStep,
-        n: usize,
-        q_rope: &RopeParams,
-        n_kv_heads: usize,
     ) -> Result<()> {
-        self.qk_norm_rope_store(q, k, v, qk_norm, inv_freq, cache, step, n, q_rope, n_kv_heads)
+        self.qk_norm_rope_store(qkv, qk_norm.map(|n| (n.q, n.k, n.eps)), inv_freq, p, cache, step)
     }
 
-    fn matmul_add(&self, w: &GpuWeight, x: &CudaSlice<f32>, residual: &mut CudaSlice<f32>, _tmp: &mut CudaSlice<f32>, n: usize, _dim: usize) -> Result<()> {
-        matvec::matmul_add(&self.device, w, x, residual, n).map_err(backend_error)
+    fn matmul_add(&self, w: &GpuWeight, x: View, mut residual: ViewMut, _tmp: ViewMut) -> Result<()> {
+        let n = shapes::matmul("matmul_add", (w.rows, w.cols), x.shape(), residual.shape())?;
+        matvec::matmul_add(&self.device, w, x.buf(), residual.buf_mut(), n).map_err(backend_error)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cudarc::driver::CudaSlice;
 use cudarc::nccl::{Comm, ReduceOp};
 use kiln_core::backend::{BackendError, Result};
-use kiln_core::{AllReduce, GroupHandle};
+use kiln_core::{AllReduce, GroupHandle, TensorMut};
 
 use crate::{CudaBackend, CudaError};
 
@@ -55,12 +55,10 @@ impl AllReduce<CudaBackend> for NcclAllReduce {
         self.rank
     }
 
-    fn sum(&self, _backend: &CudaBackend, x: &mut CudaSlice<f32>, len: usize) -> Result<()> {
-        if len > x.len() {
-            return Err(BackendError::BadPlan(format!("all-reduce of {len} values over a buffer of {}", x.len())));
-        }
+    fn sum(&self, _backend: &CudaBackend, mut x: TensorMut<CudaSlice<f32>>) -> Result<()> {
+        let len = x.numel();
         let comm = self.comm.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut values = x.slice_mut(..len);
+        let mut values = x.buf_mut().slice_mut(..len);
         comm.0.all_reduce_in_place(&mut values, &ReduceOp::Sum).map_err(|e| BackendError::Device(format!("NCCL all-reduce: {e:?}")))?;
         Ok(())
     }

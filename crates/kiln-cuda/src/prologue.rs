@@ -6,11 +6,13 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{BackendError, Result, RopeKind, RopeParams};
+use kiln_core::backend::{BackendError, Qkv, Result, RopeKind, RopeParams};
 use kiln_core::plan::{KvCacheSpec, KvType};
+use kiln_core::shapes;
+use kiln_core::tensor::expect_shape;
 use std::sync::PoisonError;
 
-use crate::backend::{backend_error, check_len, launch_error, to_u32};
+use crate::backend::{backend_error, check_len, launch_error, to_u32, View};
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::{CudaBackend, CudaStep};
 
@@ -38,66 +40,65 @@ impl CudaBackend {
         Ok(kernels)
     }
 
-    /// The attention prologue in one launch instead of five: per-head RMSNorm of q and k when
-    /// `qk_norm` = (q weight, k weight, eps) is given, rotary embedding of both at the tokens'
+    /// The attention prologue in one launch instead of five: per-head RMSNorm of q
+    /// (`[n, n_heads, head_dim]`) and k (`[n, n_kv_heads, head_dim]`) when `qk_norm` = (q weight,
+    /// k weight, eps) is given, rotary embedding of both at the tokens'
     /// positions (q in place), and k, v stored at the tokens' cache rows (for a q8_0 cache, the
     /// roped keys go back to `k` and a second launch quantizes both into the cache). Computes
-    /// what `rms_norm` (twice), `rope` (twice) and `kv_store` compute; `rope` describes the q heads.
-    #[allow(clippy::too_many_arguments)]
+    /// what `rms_norm` (twice), `rope` (twice) and `kv_store` compute.
     pub fn qk_norm_rope_store(
         &self,
-        q: &mut CudaSlice<f32>,
-        k: &mut CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        qk_norm: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
-        inv_freq: &CudaSlice<f32>,
+        qkv: Qkv<CudaSlice<f32>>,
+        qk_norm: Option<(View, View, f32)>,
+        inv_freq: View,
+        rope: &RopeParams,
         cache: &mut CudaKvCache,
         step: &CudaStep,
-        n: usize,
-        rope: &RopeParams,
-        n_kv_heads: usize,
     ) -> Result<()> {
-        let (hd, kv_width) = (rope.head_dim, n_kv_heads * rope.head_dim);
-        check_len("prologue queries", q.len(), n * rope.n_heads * hd)?;
-        check_len("prologue keys and values", k.len().min(v.len()), n * kv_width)?;
-        check_len("prologue rope frequencies", inv_freq.len(), rope.n_rot / 2)?;
+        let Qkv { mut q, mut k, v } = qkv;
+        let ([n, n_heads, hd], n_rot) = shapes::rope(q.shape(), inv_freq.shape())?;
+        let [_, n_kv_heads, _] = k.shape().dims3("attention_prologue", "k")?;
+        let kv_width = n_kv_heads * hd;
+        expect_shape("attention_prologue", "k", k.shape(), [n, n_kv_heads, hd])?;
+        expect_shape("attention_prologue", "v", v.shape(), [n, kv_width])?;
         check_len("prologue tokens in the step", step.n_tokens, n)?;
-        if hd > PROLOGUE_MAX_HEAD_DIM || rope.n_rot > hd || rope.n_rot % 2 != 0 || kv_width == 0 {
-            return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("the fused prologue for head_dim {hd}, n_rot {}", rope.n_rot) });
+        if hd > PROLOGUE_MAX_HEAD_DIM || kv_width == 0 {
+            return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("the fused prologue for head_dim {hd}, n_rot {n_rot}") });
         }
         if cache.spec.width != kv_width {
             return Err(BackendError::Device(format!("prologue: cache rows of {} values, keys of {kv_width}", cache.spec.width)));
         }
         step.check_usable(cache)?;
         if let Some((q_norm, k_norm, _)) = qk_norm {
-            check_len("prologue norm weights", q_norm.len().min(k_norm.len()), hd)?;
+            expect_shape("attention_prologue", "q norm", q_norm.shape(), [hd])?;
+            expect_shape("attention_prologue", "k norm", k_norm.shape(), [hd])?;
         }
         let fused = cache.spec.k_type != KvType::Q8_0 && cache.spec.v_type != KvType::Q8_0;
-        let rows = n * (rope.n_heads + if fused { 2 } else { 1 } * n_kv_heads);
+        let rows = n * (n_heads + if fused { 2 } else { 1 } * n_kv_heads);
         if rows == 0 {
             return Ok(());
         }
         let kernels = self.store_kernels(&cache.spec)?;
         let stream = self.device().stream();
-        let (q_ptr, _q_record) = q.device_ptr(stream);
-        let (k_ptr, _k_record) = k.device_ptr(stream);
+        let (q_ptr, _q_record) = q.buf_mut().device_ptr(stream);
+        let (k_ptr, _k_record) = k.buf_mut().device_ptr(stream);
         let no_norm: u64 = 0;
         let (q_norm, _q_norm_record) = qk_norm.map_or((no_norm, None), |(w, _, _)| {
-            let (ptr, record) = w.device_ptr(stream);
+            let (ptr, record) = w.buf().device_ptr(stream);
             (ptr, Some(record))
         });
         let (k_norm, _k_norm_record) = qk_norm.map_or((no_norm, None), |(_, w, _)| {
-            let (ptr, record) = w.device_ptr(stream);
+            let (ptr, record) = w.buf().device_ptr(stream);
             (ptr, Some(record))
         });
         let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
         let (k_cache, v_cache) = cache.pointers();
         let ints = [
             to_u32("tokens", n)?,
-            to_u32("heads", rope.n_heads)?,
+            to_u32("heads", n_heads)?,
             to_u32("kv heads", n_kv_heads)?,
             to_u32("head_dim", hd)?,
-            to_u32("n_rot", rope.n_rot)?,
+            to_u32("n_rot", n_rot)?,
             u32::from(rope.kind == RopeKind::Neox),
         ];
         let blocks = to_u32("prologue blocks", rows.div_ceil(PROLOGUE_WARPS))?;
@@ -114,10 +115,10 @@ impl CudaBackend {
                 .arg(&k_ptr)
                 .arg(&q_ptr)
                 .arg(&k_ptr)
-                .arg(v)
+                .arg(v.buf())
                 .arg(&q_norm)
                 .arg(&k_norm)
-                .arg(inv_freq)
+                .arg(inv_freq.buf())
                 .arg(&step.block)
                 .arg(&ints[0])
                 .arg(&ints[1])
@@ -130,7 +131,7 @@ impl CudaBackend {
         }
         .map_err(launch_error("qk_norm_rope_store"))?;
         if !fused {
-            self.launch_kv_store(&kernels.kv_store, k_ptr, v, cache, step, n)?;
+            self.launch_kv_store(&kernels.kv_store, k_ptr, v.buf(), cache, step, n)?;
         }
         Ok(())
     }

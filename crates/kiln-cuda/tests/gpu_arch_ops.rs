@@ -6,8 +6,9 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterParams};
+use kiln_core::backend::{AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterParams, StateSlots};
 use kiln_core::plan::{KvType, LogitRows, SeqStep};
+use kiln_core::Shape;
 use kiln_quant::GgmlType;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -30,8 +31,8 @@ fn activations_gates_and_copies_match_cpu() {
         let (ga, gb) = (upload(gpu, &a), upload(gpu, &b));
         let mut want = vec![0f32; len];
         let mut got = poisoned(gpu, len);
-        cpu.geglu(&a, &b, &mut want, len).expect("cpu");
-        gpu.geglu(&ga, &gb, &mut got, len).expect("gpu");
+        cpu.geglu(view(&a, [len]), view(&b, [len]), view_mut(&mut want, [len])).expect("cpu");
+        gpu.geglu(view(&ga, [len]), view(&gb, [len]), view_mut(&mut got, [len])).expect("gpu");
         // The CPU's vectorized tanh and tanhf differ by an ulp or two of 1, which is a large
         // relative error where GELU's output is nearly 0 (a short row of such values): so
         // relative to the row, or within 1e-5 of outputs of magnitude up to 81.
@@ -39,22 +40,22 @@ fn activations_gates_and_copies_match_cpu() {
         assert!(rel <= TRANSCENDENTAL || max_abs <= 1e-5, "geglu {len}: rel_l2 {rel:.3e}, max_abs {max_abs:.3e}");
 
         let mut got = poisoned(gpu, len);
-        cpu.swiglu_oai(&a, &b, &mut want, len, 1.702, 7.0).expect("cpu");
-        gpu.swiglu_oai(&ga, &gb, &mut got, len, 1.702, 7.0).expect("gpu");
+        cpu.swiglu_oai(view(&a, [len]), view(&b, [len]), view_mut(&mut want, [len]), 1.702, 7.0).expect("cpu");
+        gpu.swiglu_oai(view(&ga, [len]), view(&gb, [len]), view_mut(&mut got, [len]), 1.702, 7.0).expect("gpu");
         assert_close(&format!("swiglu_oai {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
 
         let mut want = a.clone();
         let mut got = upload(gpu, &a);
-        cpu.scale(&mut want, 0.37, len).expect("cpu");
-        gpu.scale(&mut got, 0.37, len).expect("gpu");
+        cpu.scale(view_mut(&mut want, [len]), 0.37).expect("cpu");
+        gpu.scale(view_mut(&mut got, [len]), 0.37).expect("gpu");
         assert_bitwise(&format!("scale {len}"), &download(gpu, &got, len), &want);
 
         let mut want = a.clone();
         let mut got = upload(gpu, &a);
-        cpu.softcap(&mut want, 3.0, len).expect("cpu");
-        gpu.softcap(&mut got, 3.0, len).expect("gpu");
+        cpu.softcap(view_mut(&mut want, [len]), 3.0).expect("cpu");
+        gpu.softcap(view_mut(&mut got, [len]), 3.0).expect("gpu");
         assert_close(&format!("softcap {len}"), &download(gpu, &got, len), &want, TRANSCENDENTAL);
-        assert!(gpu.softcap(&mut got, 0.0, len).is_err(), "a cap of 0 is refused");
+        assert!(gpu.softcap(view_mut(&mut got, [len]), 0.0).is_err(), "a cap of 0 is refused");
     }
     for (n, dim) in [(1, 7), (5, 96), (3, 1000)] {
         let x = random(&mut rng, n * dim, 4.0);
@@ -62,29 +63,30 @@ fn activations_gates_and_copies_match_cpu() {
             let gate = random(&mut rng, n * gate_dim, 6.0);
             let mut want = x.clone();
             let mut got = upload(gpu, &x);
-            cpu.sigmoid_gate(&mut want, &gate, n, dim, gate_dim).expect("cpu");
-            gpu.sigmoid_gate(&mut got, &upload(gpu, &gate), n, dim, gate_dim).expect("gpu");
+            cpu.sigmoid_gate(view_mut(&mut want, [n, dim]), view(&gate, [n, gate_dim])).expect("cpu");
+            gpu.sigmoid_gate(view_mut(&mut got, [n, dim]), view(&upload(gpu, &gate), [n, gate_dim])).expect("gpu");
             assert_close(&format!("sigmoid_gate {n}x{dim} / {gate_dim}"), &download(gpu, &got, n * dim), &want, TRANSCENDENTAL);
         }
         // A block of columns of every row, nothing past it.
         let (col, width) = (dim / 3, dim - dim / 3 - dim / 5);
         let mut want = vec![0f32; n * width];
         let mut got = poisoned(gpu, n * width + 3);
-        cpu.copy_cols(&x, dim, col, &mut want, width, n).expect("cpu");
-        gpu.copy_cols(&upload(gpu, &x), dim, col, &mut got, width, n).expect("gpu");
+        cpu.copy_cols(view(&x, [n, dim]), col, view_mut(&mut want, [n, width])).expect("cpu");
+        gpu.copy_cols(view(&upload(gpu, &x), [n, dim]), col, view_mut(&mut got, [n, width])).expect("gpu");
         let got = download(gpu, &got, n * width + 3);
         assert_bitwise(&format!("copy_cols {n}x{dim} [{col}, +{width})"), &got[..n * width], &want);
         assert!(got[n * width..].iter().all(|v| v.is_nan()), "copy_cols wrote past its rows");
-        assert!(gpu.copy_cols(&upload(gpu, &x), dim, col, &mut poisoned(gpu, n * dim), dim, n).is_err(), "columns past the row are refused");
+        let (gx, mut past) = (upload(gpu, &x), poisoned(gpu, n * dim));
+        assert!(gpu.copy_cols(view(&gx, [n, dim]), col, view_mut(&mut past, [n, dim])).is_err(), "columns past the row are refused");
     }
     for (n, heads) in [(1, 4), (7, 32), (33, 3)] {
         // Gate pre-activations up to 30 in magnitude reach softplus's linear branch.
         let (g, beta) = (random(&mut rng, n * heads, 30.0), random(&mut rng, n * heads, 6.0));
         let (a, dt) = (random(&mut rng, heads, 2.0), random(&mut rng, heads, 1.0));
         let (mut wg, mut wb) = (g.clone(), beta.clone());
-        cpu.delta_net_gates(&mut wg, &mut wb, &a, &dt, n, heads).expect("cpu");
-        let (mut gg, mut gb) = (upload(gpu, &g), upload(gpu, &beta));
-        gpu.delta_net_gates(&mut gg, &mut gb, &upload(gpu, &a), &upload(gpu, &dt), n, heads).expect("gpu");
+        cpu.delta_net_gates(view_mut(&mut wg, [n, heads]), view_mut(&mut wb, [n, heads]), view(&a, [heads]), view(&dt, [heads])).expect("cpu");
+        let (mut gg, mut gb, ga, gdt) = (upload(gpu, &g), upload(gpu, &beta), upload(gpu, &a), upload(gpu, &dt));
+        gpu.delta_net_gates(view_mut(&mut gg, [n, heads]), view_mut(&mut gb, [n, heads]), view(&ga, [heads]), view(&gdt, [heads])).expect("gpu");
         assert_close(&format!("delta_net_gates g {n}x{heads}"), &download(gpu, &gg, n * heads), &wg, TRANSCENDENTAL);
         assert_close(&format!("delta_net_gates beta {n}x{heads}"), &download(gpu, &gb, n * heads), &wb, TRANSCENDENTAL);
     }
@@ -113,13 +115,15 @@ fn router_bias_and_combine_match_cpu() {
         let scale = random(&mut rng, n_experts, 2.0);
         for renormalize in [false, true] {
             for with_scale in [false, true] {
-                let p = RouterParams { n_experts, n_used, renormalize };
-                let s = with_scale.then_some(&scale);
+                let p = RouterParams { renormalize };
+                let s = with_scale.then(|| view(&scale, [n_experts]));
                 let (mut want_ids, mut want_w) = (vec![0f32; n * n_used], vec![0f32; n * n_used]);
-                cpu.moe_route(&logits, s, &mut want_ids, &mut want_w, n, &p).expect("cpu");
+                let (logits_shape, chosen) = ([n, n_experts], [n, n_used]);
+                cpu.moe_route(view(&logits, logits_shape), s, view_mut(&mut want_ids, chosen), view_mut(&mut want_w, chosen), &p).expect("cpu");
                 let (mut ids, mut w) = (poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
-                let gs = with_scale.then(|| upload(gpu, &scale));
-                gpu.moe_route(&upload(gpu, &logits), gs.as_ref(), &mut ids, &mut w, n, &p).expect("gpu");
+                let (gs, gl) = (with_scale.then(|| upload(gpu, &scale)), upload(gpu, &logits));
+                let gs = gs.as_ref().map(|s| view(s, [n_experts]));
+                gpu.moe_route(view(&gl, logits_shape), gs, view_mut(&mut ids, chosen), view_mut(&mut w, chosen), &p).expect("gpu");
                 let what = format!("router {n} tokens, top {n_used} of {n_experts}, renormalize {renormalize}, scale {with_scale}");
                 assert_bitwise(&format!("{what}: ids"), &download(gpu, &ids, n * n_used), &want_ids);
                 assert_close(&format!("{what}: weights"), &download(gpu, &w, n * n_used), &want_w, TRANSCENDENTAL);
@@ -131,15 +135,18 @@ fn router_bias_and_combine_match_cpu() {
         let (x, bias) = (random(&mut rng, n * n_used * dim, 2.0), random(&mut rng, n_experts * dim, 1.0));
         let mut want = x.clone();
         let mut got = upload(gpu, &x);
-        cpu.moe_add_bias(&mut want, &bias, &ids, n, n_used, dim).expect("cpu");
-        gpu.moe_add_bias(&mut got, &upload(gpu, &bias), &upload(gpu, &ids), n, n_used, dim).expect("gpu");
+        let (slots, experts, chosen) = ([n, n_used, dim], [n_experts, dim], [n, n_used]);
+        cpu.moe_add_bias(view_mut(&mut want, slots), view(&bias, experts), view(&ids, chosen)).expect("cpu");
+        let (gbias, gids) = (upload(gpu, &bias), upload(gpu, &ids));
+        gpu.moe_add_bias(view_mut(&mut got, slots), view(&gbias, experts), view(&gids, chosen)).expect("gpu");
         assert_bitwise(&format!("moe_add_bias {n}x{n_used}x{dim}"), &download(gpu, &got, n * n_used * dim), &want);
 
         let weights = random(&mut rng, n * n_used, 1.0);
         let mut want = vec![0f32; n * dim];
         let mut got = poisoned(gpu, n * dim);
-        cpu.moe_combine(&x, &weights, &mut want, n, n_used, dim).expect("cpu");
-        gpu.moe_combine(&upload(gpu, &x), &upload(gpu, &weights), &mut got, n, n_used, dim).expect("gpu");
+        cpu.moe_combine(view(&x, slots), view(&weights, chosen), view_mut(&mut want, [n, dim])).expect("cpu");
+        let (gx, gw) = (upload(gpu, &x), upload(gpu, &weights));
+        gpu.moe_combine(view(&gx, slots), view(&gw, chosen), view_mut(&mut got, [n, dim])).expect("gpu");
         // The GPU contracts each weight-value product into its sum (fma).
         assert_close(&format!("moe_combine {n}x{n_used}x{dim}"), &download(gpu, &got, n * dim), &want, 1e-6);
     }
@@ -162,13 +169,15 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
             let gids = upload(gpu, &ids);
             for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
                 let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
+                let x_shape: Shape = if input == ExpertInput::PerSlot { [n, n_used, cols].into() } else { [n, cols].into() };
+                let (chosen, out_shape) = ([n, n_used], [n, n_used, rows]);
                 let x = random(&mut rng, in_rows * cols, 1.0);
                 let gx = upload(gpu, &x);
                 let what = format!("{ty} experts {n_experts}x{rows}x{cols}, {n} tokens x {n_used}, {input:?}");
                 let mut want = vec![0f32; n * n_used * rows];
-                cpu.moe_matmul(&cw, &x, &ids, &mut want, n, n_used, input).expect("cpu");
+                cpu.moe_matmul(&cw, view(&x, x_shape), view(&ids, chosen), view_mut(&mut want, out_shape), input).expect("cpu");
                 let mut got = poisoned(gpu, n * n_used * rows);
-                gpu.moe_matmul(&gw, &gx, &gids, &mut got, n, n_used, input).unwrap_or_else(|e| panic!("{what}: {e}"));
+                gpu.moe_matmul(&gw, view(&gx, x_shape), view(&gids, chosen), view_mut(&mut got, out_shape), input).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let got = download(gpu, &got, n * n_used * rows);
                 // As the mat-vec: int8 activations for quantized experts (about 0.5% relative
                 // L2), f32 for float ones.
@@ -179,7 +188,8 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
                 for slot in [0, n * n_used - 1] {
                     let row = if input == ExpertInput::PerSlot { slot } else { slot / n_used };
                     let mut one = poisoned(gpu, rows);
-                    gpu.matmul(&gw[ids[slot] as usize], &upload(gpu, &x[row * cols..(row + 1) * cols]), &mut one, 1).expect("gpu matmul");
+                    let x_row = upload(gpu, &x[row * cols..(row + 1) * cols]);
+                    gpu.matmul(&gw[ids[slot] as usize], view(&x_row, [1, cols]), view_mut(&mut one, [1, rows])).expect("gpu matmul");
                     assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), 1e-6);
                 }
             }
@@ -190,10 +200,14 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
             let x = random(&mut rng, n * cols, 1.0);
             let len = n * n_used * rows;
             let mut want = vec![0f32; len];
-            cpu.moe_gate_up_swiglu(&cw, &cu, &x, &ids, &mut vec![0f32; len], &mut vec![0f32; len], &mut want, n, n_used, rows).expect("cpu");
+            let (chosen, slots) = ([n, n_used], [n, n_used, rows]);
+            let (mut c1, mut c2) = (vec![0f32; len], vec![0f32; len]);
+            let scratch = [view_mut(&mut c1, slots), view_mut(&mut c2, slots)];
+            cpu.moe_gate_up_swiglu([&cw, &cu], view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want, slots)).expect("cpu");
             let mut got = poisoned(gpu, len);
-            let (mut s1, mut s2) = (poisoned(gpu, len), poisoned(gpu, len));
-            gpu.moe_gate_up_swiglu(&gw, &gu, &upload(gpu, &x), &gids, &mut s1, &mut s2, &mut got, n, n_used, rows).expect("gpu");
+            let (mut s1, mut s2, gx) = (poisoned(gpu, len), poisoned(gpu, len), upload(gpu, &x));
+            let scratch = [view_mut(&mut s1, slots), view_mut(&mut s2, slots)];
+            gpu.moe_gate_up_swiglu([&gw, &gu], view(&gx, [n, cols]), view(&gids, chosen), scratch, view_mut(&mut got, slots)).expect("gpu");
             let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 2e-2 };
             assert_close(&format!("{ty} expert SwiGLU {n_experts}x{rows}x{cols}, {n} tokens x {n_used}"), &download(gpu, &got, len), &want, tolerance);
 
@@ -202,7 +216,8 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
             bad[0] = n_experts as f32;
             let mut got = poisoned(gpu, n * n_used * rows);
             let x = upload(gpu, &random(&mut rng, n * cols, 1.0));
-            gpu.moe_matmul(&gw, &x, &upload(gpu, &bad), &mut got, n, n_used, ExpertInput::PerToken).expect("gpu");
+            let gbad = upload(gpu, &bad);
+            gpu.moe_matmul(&gw, view(&x, [n, cols]), view(&gbad, [n, n_used]), view_mut(&mut got, [n, n_used, rows]), ExpertInput::PerToken).expect("gpu");
             let got = download(gpu, &got, n * n_used * rows);
             assert!(got[..rows].iter().all(|v| v.is_nan()), "{ty}: a bad expert id must give NaN");
         }
@@ -238,10 +253,13 @@ fn sliding_window_and_sink_attention_match_cpu() {
                     assert_close(&what, &got, &want, attention_tolerance(&pair.plan));
                     let n = pair.plan.n_tokens();
                     let q = random(&mut rng, n * n_heads * head_dim, 3.0);
-                    let mut want = vec![0f32; q.len()];
-                    pair.cpu.attention_sinks(&q, &caches.cpu, &sinks, &mut want, &pair.cpu_step, n, &p).expect("cpu");
-                    let mut got = poisoned(&pair.gpu, q.len());
-                    pair.gpu.attention_sinks(&upload(&pair.gpu, &q), &caches.gpu, &gpu_sinks, &mut got, &pair.gpu_step, n, &p).expect("gpu");
+                    let (mut want, shape) = (vec![0f32; q.len()], [n, n_heads * head_dim]);
+                    pair.cpu
+                        .attention_sinks(view(&q, shape), &caches.cpu, view(&sinks, [n_heads]), view_mut(&mut want, shape), &pair.cpu_step, &p)
+                        .expect("cpu");
+                    let (mut got, gq) = (poisoned(&pair.gpu, q.len()), upload(&pair.gpu, &q));
+                    let gsinks = view(&gpu_sinks, [n_heads]);
+                    pair.gpu.attention_sinks(view(&gq, shape), &caches.gpu, gsinks, view_mut(&mut got, shape), &pair.gpu_step, &p).expect("gpu");
                     assert_close(&format!("{what} with sinks"), &download(&pair.gpu, &got, q.len()), &want, attention_tolerance(&pair.plan));
                 }
             }
@@ -281,21 +299,29 @@ fn delta_net_convolution_and_recurrence_match_cpu() {
             let what = format!("DeltaNet {n_k_heads}/{n_v_heads} heads of {head_dim}, seqs {shape:?}");
 
             let x = random(&mut rng, n * c, 1.0);
+            let (rows, weight, conv_states, slot_shape) = ([n, c], [c, p.conv_kernel], [n_slots, p.conv_state()], [slots.len()]);
             let (mut want_conv, mut want_state) = (vec![0f32; n * c], conv_state.clone());
-            pair.cpu.ssm_conv(&x, &conv_weight, &mut want_state, &slots, &mut want_conv, &pair.cpu_step, n, &p).expect("cpu");
-            let (mut got_conv, mut got_state) = (poisoned(&pair.gpu, n * c), upload(&pair.gpu, &conv_state));
-            pair.gpu.ssm_conv(&upload(&pair.gpu, &x), &gconv_weight, &mut got_state, &gslots, &mut got_conv, &pair.gpu_step, n, &p).expect("gpu");
+            let state = StateSlots { state: view_mut(&mut want_state, conv_states), slots: view(&slots, slot_shape) };
+            pair.cpu.ssm_conv(view(&x, rows), view(&conv_weight, weight), state, view_mut(&mut want_conv, rows), &pair.cpu_step, &p).expect("cpu");
+            let (mut got_conv, mut got_state, gx) = (poisoned(&pair.gpu, n * c), upload(&pair.gpu, &conv_state), upload(&pair.gpu, &x));
+            let state = StateSlots { state: view_mut(&mut got_state, conv_states), slots: view(&gslots, slot_shape) };
+            pair.gpu.ssm_conv(view(&gx, rows), view(&gconv_weight, weight), state, view_mut(&mut got_conv, rows), &pair.gpu_step, &p).expect("gpu");
             assert_close(&format!("{what}: convolution"), &download(&pair.gpu, &got_conv, n * c), &want_conv, TRANSCENDENTAL);
             assert_close(&format!("{what}: convolution state"), &download(&pair.gpu, &got_state, conv_state.len()), &want_state, 1e-7);
 
             // Gates as delta_net_gates leaves them: log decays below 0, strengths in (0, 1).
             let g: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| -0.6 * (v + 1.0)).collect();
             let beta: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| 0.5 * (v + 1.0)).collect();
+            let (heads, outs, ssm_states) = ([n, nv], [n, nv * head_dim], [n_slots, p.ssm_state()]);
             let (mut want_out, mut want_ssm) = (vec![0f32; n * nv * head_dim], ssm_state.clone());
-            pair.cpu.delta_net(&want_conv, &g, &beta, &mut want_ssm, &slots, &mut want_out, &pair.cpu_step, n, &p).expect("cpu");
+            let state = StateSlots { state: view_mut(&mut want_ssm, ssm_states), slots: view(&slots, slot_shape) };
+            let gates = [view(&g, heads), view(&beta, heads)];
+            pair.cpu.delta_net(view(&want_conv, rows), gates, state, view_mut(&mut want_out, outs), &pair.cpu_step, &p).expect("cpu");
             let (mut got_out, mut got_ssm) = (poisoned(&pair.gpu, n * nv * head_dim), upload(&pair.gpu, &ssm_state));
-            let (gg, gb) = (upload(&pair.gpu, &g), upload(&pair.gpu, &beta));
-            pair.gpu.delta_net(&upload(&pair.gpu, &want_conv), &gg, &gb, &mut got_ssm, &gslots, &mut got_out, &pair.gpu_step, n, &p).expect("gpu");
+            let (gg, gb, gconv) = (upload(&pair.gpu, &g), upload(&pair.gpu, &beta), upload(&pair.gpu, &want_conv));
+            let state = StateSlots { state: view_mut(&mut got_ssm, ssm_states), slots: view(&gslots, slot_shape) };
+            let gates = [view(&gg, heads), view(&gb, heads)];
+            pair.gpu.delta_net(view(&gconv, rows), gates, state, view_mut(&mut got_out, outs), &pair.gpu_step, &p).expect("gpu");
             // The CPU runs spans of two or more tokens in its chunked form, which equals the
             // recurrence the GPU runs up to f32 rounding (kiln-core measures 5e-7..1.1e-6).
             assert_close(&format!("{what}: outputs"), &download(&pair.gpu, &got_out, n * nv * head_dim), &want_out, 1e-5);

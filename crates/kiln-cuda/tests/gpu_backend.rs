@@ -10,7 +10,7 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionParams, Backend, BackendError, RopeKind, RopeParams, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, Qkv, RopeKind, RopeParams, WeightSource};
 use kiln_core::plan::{KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, KV_BLOCK_SIZE};
 use kiln_core::sampling::{self, SamplingParams};
 use kiln_cuda::matvec::MAX_MATVEC_TOKENS;
@@ -31,9 +31,9 @@ fn rms_norm_matches_cpu() {
         let x = random(&mut rng, rows * dim, 3.0);
         let weight: Vec<f32> = random(&mut rng, dim, 0.5).iter().map(|w| 1.0 + w).collect();
         let mut want = vec![0f32; rows * dim];
-        pair.cpu.rms_norm(&x.clone(), &weight, &mut want, rows, dim, 1e-5).expect("cpu");
-        let mut out = poisoned(&pair.gpu, rows * dim);
-        pair.gpu.rms_norm(&upload(&pair.gpu, &x), &upload(&pair.gpu, &weight), &mut out, rows, dim, 1e-5).expect("gpu");
+        pair.cpu.rms_norm(view(&x, [rows, dim]), view(&weight, [dim]), view_mut(&mut want, [rows, dim]), 1e-5).expect("cpu");
+        let (mut out, gx, gw) = (poisoned(&pair.gpu, rows * dim), upload(&pair.gpu, &x), upload(&pair.gpu, &weight));
+        pair.gpu.rms_norm(view(&gx, [rows, dim]), view(&gw, [dim]), view_mut(&mut out, [rows, dim]), 1e-5).expect("gpu");
         // f32 sums of up to 8192 squares in another order: ~1e-7 relative per value.
         assert_close(&format!("rms_norm {rows}x{dim}"), &download(&pair.gpu, &out, rows * dim), &want, 2e-6);
     }
@@ -48,32 +48,32 @@ fn pointwise_ops_match_cpu() {
     for (n, dim) in [(1, 7), (5, 4096), (3, 1000), (8, 33)] {
         let (x, bias) = (random(&mut rng, n * dim, 4.0), random(&mut rng, dim, 1.0));
         let mut want = x.clone();
-        cpu.add_bias(&mut want, &bias, n, dim).expect("cpu");
-        let mut got = upload(gpu, &x);
-        gpu.add_bias(&mut got, &upload(gpu, &bias), n, dim).expect("gpu");
+        cpu.add_bias(view_mut(&mut want, [n, dim]), view(&bias, [dim])).expect("cpu");
+        let (mut got, gbias) = (upload(gpu, &x), upload(gpu, &bias));
+        gpu.add_bias(view_mut(&mut got, [n, dim]), view(&gbias, [dim])).expect("gpu");
         assert_bitwise(&format!("add_bias {n}x{dim}"), &download(gpu, &got, n * dim), &want);
     }
     for len in [1, 1000, 65_537] {
         let (x, y) = (random(&mut rng, len, 4.0), random(&mut rng, len, 4.0));
         let mut want = x.clone();
-        cpu.add(&mut want, &y, len).expect("cpu");
-        let mut got = upload(gpu, &x);
-        gpu.add(&mut got, &upload(gpu, &y), len).expect("gpu");
+        cpu.add(view_mut(&mut want, [len]), view(&y, [len])).expect("cpu");
+        let (mut got, gx, gy) = (upload(gpu, &x), upload(gpu, &x), upload(gpu, &y));
+        gpu.add(view_mut(&mut got, [len]), view(&gy, [len])).expect("gpu");
         assert_bitwise(&format!("add {len}"), &download(gpu, &got, len), &want);
 
         let mut want = vec![0f32; len];
-        cpu.swiglu(&x, &y, &mut want, len).expect("cpu");
+        cpu.swiglu(view(&x, [len]), view(&y, [len]), view_mut(&mut want, [len])).expect("cpu");
         let mut got = poisoned(gpu, len);
-        gpu.swiglu(&upload(gpu, &x), &upload(gpu, &y), &mut got, len).expect("gpu");
+        gpu.swiglu(view(&gx, [len]), view(&gy, [len]), view_mut(&mut got, [len])).expect("gpu");
         // expf and Rust's exp differ by an ulp or two.
         assert_close(&format!("swiglu {len}"), &download(gpu, &got, len), &want, 1e-6);
 
         // copy: exactly the first `len` values, nothing past them (those stay poisoned).
         let src = random(&mut rng, len + 5, 1.0);
         let mut want = vec![f32::NAN; len + 9];
-        cpu.copy(&src, &mut want, len).expect("cpu");
-        let mut got = poisoned(gpu, len + 9);
-        gpu.copy(&upload(gpu, &src), &mut got, len).expect("gpu");
+        cpu.copy(view(&src, [len]), view_mut(&mut want, [len])).expect("cpu");
+        let (mut got, gsrc) = (poisoned(gpu, len + 9), upload(gpu, &src));
+        gpu.copy(view(&gsrc, [len]), view_mut(&mut got, [len])).expect("gpu");
         let got = download(gpu, &got, len + 9);
         assert_bitwise(&format!("copy {len}"), &got[..len], &want[..len]);
         assert!(got[len..].iter().all(|v| v.to_bits() == u32::MAX), "copy {len}: wrote past the end");
@@ -103,9 +103,9 @@ fn gather_rows_copies_the_plans_logit_rows() {
         for dim in [64, 4096, 37] {
             let src = random(&mut rng, n * dim, 1.0);
             let mut want = vec![0f32; rows * dim];
-            pair.cpu.gather_rows(&src, &mut want, &pair.cpu_step, dim).expect("cpu");
-            let mut got = poisoned(&pair.gpu, rows * dim);
-            pair.gpu.gather_rows(&upload(&pair.gpu, &src), &mut got, &pair.gpu_step, dim).expect("gpu");
+            pair.cpu.gather_rows(view(&src, [n, dim]), view_mut(&mut want, [rows, dim]), &pair.cpu_step).expect("cpu");
+            let (mut got, gsrc) = (poisoned(&pair.gpu, rows * dim), upload(&pair.gpu, &src));
+            pair.gpu.gather_rows(view(&gsrc, [n, dim]), view_mut(&mut got, [rows, dim]), &pair.gpu_step).expect("gpu");
             assert_bitwise(&format!("gather_rows {:?} of {n} tokens, dim {dim}", pair.plan.logit_rows), &download(&pair.gpu, &got, rows * dim), &want);
         }
     }
@@ -120,13 +120,13 @@ fn rope_matches_cpu_for_both_pairings_deep_into_the_context() {
         for (n_heads, head_dim, n_rot) in [(4, 64, 64), (8, 128, 128), (2, 8, 8), (3, 80, 32)] {
             for (n, pos0) in [(1, 0), (3, 17), (8, 2999), (1, 4095)] {
                 pair.set_positions(n, pos0);
-                let p = RopeParams { kind, n_heads, head_dim, n_rot };
+                let (p, shape, table) = (RopeParams { kind }, [n, n_heads, head_dim], [n_rot / 2]);
                 let inv_freq: Vec<f32> = (0..n_rot / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / n_rot as f32)).collect();
                 let x = random(&mut rng, n * n_heads * head_dim, 2.0);
                 let mut want = x.clone();
-                pair.cpu.rope(&mut want, &inv_freq, &pair.cpu_step, n, &p).expect("cpu");
-                let mut got = upload(&pair.gpu, &x);
-                pair.gpu.rope(&mut got, &upload(&pair.gpu, &inv_freq), &pair.gpu_step, n, &p).expect("gpu");
+                pair.cpu.rope(view_mut(&mut want, shape), view(&inv_freq, table), &pair.cpu_step, &p).expect("cpu");
+                let (mut got, gfreq) = (upload(&pair.gpu, &x), upload(&pair.gpu, &inv_freq));
+                pair.gpu.rope(view_mut(&mut got, shape), view(&gfreq, table), &pair.gpu_step, &p).expect("gpu");
                 // Same f32 angle on both sides; sincosf and Rust's sin_cos differ by an ulp or two.
                 let what = format!("rope {kind:?} {n_heads}x{head_dim} rot {n_rot}, {n} tokens at {pos0}");
                 assert_close(&what, &download(&pair.gpu, &got, x.len()), &want, 2e-6);
@@ -157,8 +157,9 @@ fn kv_store_writes_exactly_the_step_rows() {
                     let blocks = table(&mut rng, shuffle, pos0 + n);
                     pair.set_chunks(&[Chunk { n, pos0, table: blocks.clone() }]);
                     let (k, v) = (random(&mut rng, n * width, 1.0), random(&mut rng, n * width, 1.0));
-                    pair.cpu.kv_store(&k, &v, &mut caches.cpu, &pair.cpu_step, n).expect("cpu");
-                    pair.gpu.kv_store(&upload(&pair.gpu, &k), &upload(&pair.gpu, &v), &mut caches.gpu, &pair.gpu_step, n).expect("gpu");
+                    pair.cpu.kv_store(view(&k, [n, width]), view(&v, [n, width]), &mut caches.cpu, &pair.cpu_step).expect("cpu");
+                    let (gk, gv) = (upload(&pair.gpu, &k), upload(&pair.gpu, &v));
+                    pair.gpu.kv_store(view(&gk, [n, width]), view(&gv, [n, width]), &mut caches.gpu, &pair.gpu_step).expect("gpu");
 
                     pair.set_chunks(&decode_reads(&blocks, pos0..pos0 + n));
                     let (got, want) = attend(&pair, &caches, &mut rng, &p);
@@ -240,7 +241,7 @@ fn fused_prologue_matches_the_separate_cpu_ops() {
     for (with_norm, kind) in [(false, RopeKind::Normal), (true, RopeKind::Neox), (true, RopeKind::Normal)] {
         for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32)] {
             let kv_width = n_kv_heads * head_dim;
-            let rope = RopeParams { kind, n_heads, head_dim, n_rot };
+            let (rope, freqs) = (RopeParams { kind }, [n_rot / 2]);
             let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
             let inv_freq: Vec<f32> = (0..n_rot / 2).map(|i| 1e6f32.powf(-2.0 * i as f32 / n_rot as f32)).collect();
             let gpu_freq = upload(&pair.gpu, &inv_freq);
@@ -256,20 +257,22 @@ fn fused_prologue_matches_the_separate_cpu_ops() {
                     let (q_norm, k_norm) = (random(&mut rng, head_dim, 1.0), random(&mut rng, head_dim, 1.0));
 
                     let cpu = &pair.cpu;
+                    let (q_shape, k_shape, v_shape) = ([n, n_heads, head_dim], [n, n_kv_heads, head_dim], [n, kv_width]);
                     let (mut want_q, mut want_k) = (q.clone(), k.clone());
                     if with_norm {
-                        cpu.rms_norm(&q, &q_norm, &mut want_q, n * n_heads, head_dim, 1e-6).expect("cpu");
-                        cpu.rms_norm(&k, &k_norm, &mut want_k, n * n_kv_heads, head_dim, 1e-6).expect("cpu");
+                        cpu.rms_norm(view(&q, q_shape), view(&q_norm, [head_dim]), view_mut(&mut want_q, q_shape), 1e-6).expect("cpu");
+                        cpu.rms_norm(view(&k, k_shape), view(&k_norm, [head_dim]), view_mut(&mut want_k, k_shape), 1e-6).expect("cpu");
                     }
-                    cpu.rope(&mut want_q, &inv_freq, &pair.cpu_step, n, &rope).expect("cpu");
-                    cpu.rope(&mut want_k, &inv_freq, &pair.cpu_step, n, &RopeParams { n_heads: n_kv_heads, ..rope }).expect("cpu");
-                    cpu.kv_store(&want_k, &v, &mut caches.cpu, &pair.cpu_step, n).expect("cpu");
+                    cpu.rope(view_mut(&mut want_q, q_shape), view(&inv_freq, freqs), &pair.cpu_step, &rope).expect("cpu");
+                    cpu.rope(view_mut(&mut want_k, k_shape), view(&inv_freq, freqs), &pair.cpu_step, &rope).expect("cpu");
+                    cpu.kv_store(view(&want_k, v_shape), view(&v, v_shape), &mut caches.cpu, &pair.cpu_step).expect("cpu");
 
                     let gpu = &pair.gpu;
                     let (mut gq, mut gk, gv) = (upload(gpu, &q), upload(gpu, &k), upload(gpu, &v));
                     let (gqn, gkn) = (upload(gpu, &q_norm), upload(gpu, &k_norm));
-                    let norms = with_norm.then_some((&gqn, &gkn, 1e-6));
-                    gpu.qk_norm_rope_store(&mut gq, &mut gk, &gv, norms, &gpu_freq, &mut caches.gpu, &pair.gpu_step, n, &rope, n_kv_heads).expect("gpu");
+                    let norms = with_norm.then(|| (view(&gqn, [head_dim]), view(&gkn, [head_dim]), 1e-6));
+                    let qkv = Qkv { q: view_mut(&mut gq, q_shape), k: view_mut(&mut gk, k_shape), v: view(&gv, v_shape) };
+                    gpu.qk_norm_rope_store(qkv, norms, view(&gpu_freq, freqs), &rope, &mut caches.gpu, &pair.gpu_step).expect("gpu");
                     // As rms_norm and rope above: a few ulps per value.
                     assert_close(&format!("{what}: q"), &download(gpu, &gq, q.len()), &want_q, 2e-6);
 
@@ -302,18 +305,19 @@ fn embed_and_weight_ops_match_cpu() {
             let (cw, gw) = (pair.cpu.upload_weight(src.clone()).expect("cpu"), pair.gpu.upload_weight(src).expect("gpu"));
 
             let mut want = vec![0f32; n * cols];
-            pair.cpu.embed(&cw, &pair.cpu_step, &mut want, n).expect("cpu");
+            let (ins, outs) = ([n, cols], [n, rows]);
+            pair.cpu.embed(&cw, &pair.cpu_step, view_mut(&mut want, ins)).expect("cpu");
             let mut got = poisoned(&pair.gpu, n * cols);
-            pair.gpu.embed(&gw, &pair.gpu_step, &mut got, n).expect("gpu");
+            pair.gpu.embed(&gw, &pair.gpu_step, view_mut(&mut got, ins)).expect("gpu");
             // Both dequantize the same bytes with exact scale products.
             assert_close(&what("embed"), &download(&pair.gpu, &got, n * cols), &want, 1e-7);
 
             let x = random(&mut rng, n * cols, 1.0);
             let gx = upload(&pair.gpu, &x);
             let mut want = vec![0f32; n * rows];
-            pair.cpu.matmul(&cw, &x, &mut want, n).expect("cpu");
+            pair.cpu.matmul(&cw, view(&x, ins), view_mut(&mut want, outs)).expect("cpu");
             let mut got = poisoned(&pair.gpu, n * rows);
-            pair.gpu.matmul(&gw, &gx, &mut got, n).expect("gpu");
+            pair.gpu.matmul(&gw, view(&gx, ins), view_mut(&mut got, outs)).expect("gpu");
             // Quantized weights meet activations rounded to int8 per 16 values in the mat-vec
             // kernels (documented at about 0.5% relative L2 of the f32 product); float weights
             // in the mat-vec kernels compute in f32 from exactly dequantized weights. Beyond 8
@@ -330,19 +334,22 @@ fn embed_and_weight_ops_match_cpu() {
 
             let residual = random(&mut rng, n * rows, 1.0);
             let mut want_sum = residual.clone();
-            pair.cpu.matmul_add(&cw, &x, &mut want_sum, &mut vec![0f32; n * rows], n, rows).expect("cpu");
-            let mut got_sum = upload(&pair.gpu, &residual);
-            pair.gpu.matmul_add(&gw, &gx, &mut got_sum, &mut poisoned(&pair.gpu, n * rows), n, rows).expect("gpu");
+            let mut tmp = vec![0f32; n * rows];
+            pair.cpu.matmul_add(&cw, view(&x, ins), view_mut(&mut want_sum, outs), view_mut(&mut tmp, outs)).expect("cpu");
+            let (mut got_sum, mut gtmp) = (upload(&pair.gpu, &residual), poisoned(&pair.gpu, n * rows));
+            pair.gpu.matmul_add(&gw, view(&gx, ins), view_mut(&mut got_sum, outs), view_mut(&mut gtmp, outs)).expect("gpu");
             assert_close(&what("matmul_add"), &download(&pair.gpu, &got_sum, n * rows), &want_sum, tolerance);
 
             let up_src = random_weight(&mut rng, ty, rows, cols);
             let (cu, gu) = (pair.cpu.upload_weight(up_src.clone()).expect("cpu"), pair.gpu.upload_weight(up_src).expect("gpu"));
             let mut want = vec![0f32; n * rows];
             let (mut s1, mut s2) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            pair.cpu.ffn_gate_up(&cw, &cu, &x, &mut s1, &mut s2, &mut want, n, rows).expect("cpu");
+            let scratch = [view_mut(&mut s1, outs), view_mut(&mut s2, outs)];
+            pair.cpu.ffn_gate_up([&cw, &cu], view(&x, ins), scratch, view_mut(&mut want, outs)).expect("cpu");
             let mut got = poisoned(&pair.gpu, n * rows);
             let (mut g1, mut g2) = (poisoned(&pair.gpu, n * rows), poisoned(&pair.gpu, n * rows));
-            pair.gpu.ffn_gate_up(&gw, &gu, &gx, &mut g1, &mut g2, &mut got, n, rows).expect("gpu");
+            let scratch = [view_mut(&mut g1, outs), view_mut(&mut g2, outs)];
+            pair.gpu.ffn_gate_up([&gw, &gu], view(&gx, ins), scratch, view_mut(&mut got, outs)).expect("gpu");
             assert_close(&what("ffn_gate_up"), &download(&pair.gpu, &got, n * rows), &want, 2.0 * tolerance);
         }
     }
@@ -372,7 +379,8 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let norm: Vec<f32> = random(&mut rng, dim, 0.5).iter().map(|w| 1.0 + w).collect();
                 let (gx, g_norm) = (upload(gpu, &x), upload(gpu, &norm));
                 let mut h = poisoned(gpu, n * dim);
-                gpu.rms_norm(&gx, &g_norm, &mut h, n, dim, eps).expect("rms_norm");
+                let (rows, q_out, kv_out) = ([n, dim], [n, q_rows], [n, kv_rows]);
+                gpu.rms_norm(view(&gx, rows), view(&g_norm, [dim]), view_mut(&mut h, rows), eps).expect("rms_norm");
                 let separate = |w: &matvec::GpuWeight, rows: usize| {
                     let mut out = poisoned(gpu, n * rows);
                     matvec::matmul(device, w, &h, &mut out, n).expect("matmul");
@@ -403,7 +411,9 @@ fn fused_norm_quantize_matches_norm_then_product() {
 
                 let (mut q, mut k, mut v) = (poisoned(gpu, n * q_rows), poisoned(gpu, n * kv_rows), poisoned(gpu, n * kv_rows));
                 let mut scratch = poisoned(gpu, n * dim);
-                gpu.norm_matmul_qkv(&gx, &g_norm, eps, &mut scratch, wq, wk, wv, &mut q, &mut k, &mut v, n, dim).expect("norm_matmul_qkv");
+                let out = [view_mut(&mut q, q_out), view_mut(&mut k, kv_out), view_mut(&mut v, kv_out)];
+                let norm_eps = (view(&g_norm, [dim]), eps);
+                gpu.norm_matmul_qkv(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, wk, wv], out).expect("norm_matmul_qkv");
                 assert_close(&what("norm_matmul_qkv q"), &download(gpu, &q, n * q_rows), &want_q, exact);
                 assert_close(&what("norm_matmul_qkv k"), &download(gpu, &k, n * kv_rows), &want_k, exact);
                 assert_close(&what("norm_matmul_qkv v"), &download(gpu, &v, n * kv_rows), &want_v, exact);
@@ -414,7 +424,9 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let mut cpu_h = vec![0f32; n * dim];
                 let mut cpu_q = vec![0f32; n * q_rows];
                 let (mut cpu_k, mut cpu_v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
-                pair.cpu.norm_matmul_qkv(&x, &norm, eps, &mut cpu_h, &cw[0], &cw[1], &cw[2], &mut cpu_q, &mut cpu_k, &mut cpu_v, n, dim).expect("cpu");
+                let out = [view_mut(&mut cpu_q, q_out), view_mut(&mut cpu_k, kv_out), view_mut(&mut cpu_v, kv_out)];
+                let cpu_norm = (view(&norm, [dim]), eps);
+                pair.cpu.norm_matmul_qkv(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[1], &cw[2]], out).expect("cpu");
                 assert_close(&what("norm_matmul_qkv q vs cpu"), &download(gpu, &q, n * q_rows), &cpu_q, tolerance);
 
                 let mut want_ffn = poisoned(gpu, n * q_rows);
@@ -422,12 +434,17 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let want_ffn = download(gpu, &want_ffn, n * q_rows);
                 let mut got = poisoned(gpu, n * q_rows);
                 let (mut gate, mut up) = (poisoned(gpu, n * q_rows), poisoned(gpu, n * q_rows));
-                gpu.norm_ffn_gate_up(&gx, &g_norm, eps, &mut scratch, wq, w_up, &mut gate, &mut up, &mut got, n, dim, q_rows).expect("norm_ffn_gate_up");
+                let gate_up = [view_mut(&mut gate, q_out), view_mut(&mut up, q_out)];
+                gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, w_up], gate_up, view_mut(&mut got, q_out))
+                    .expect("norm_ffn_gate_up");
                 let got = download(gpu, &got, n * q_rows);
                 assert_close(&what("norm_ffn_gate_up"), &got, &want_ffn, exact);
                 let mut cpu_out = vec![0f32; n * q_rows];
                 let (mut s1, mut s2) = (vec![0f32; n * q_rows], vec![0f32; n * q_rows]);
-                pair.cpu.norm_ffn_gate_up(&x, &norm, eps, &mut cpu_h, &cw[0], &cw[3], &mut s1, &mut s2, &mut cpu_out, n, dim, q_rows).expect("cpu");
+                let gate_up = [view_mut(&mut s1, q_out), view_mut(&mut s2, q_out)];
+                pair.cpu
+                    .norm_ffn_gate_up(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[3]], gate_up, view_mut(&mut cpu_out, q_out))
+                    .expect("cpu");
                 // silu(g) * u combines the errors of two products.
                 assert_close(&what("norm_ffn_gate_up vs cpu"), &got, &cpu_out, 2.0 * tolerance);
             }
@@ -447,7 +464,8 @@ fn captured_steps_replay_with_each_steps_values() {
     let mut pair = Pair::new(1, 0);
     let (n_heads, n_kv_heads, head_dim, n_ctx) = (8, 2, 64, 512);
     let (q_width, kv_width) = (n_heads * head_dim, n_kv_heads * head_dim);
-    let rope = RopeParams { kind: RopeKind::Neox, n_heads, head_dim, n_rot: head_dim };
+    let rope = RopeParams { kind: RopeKind::Neox };
+    let (q_heads, k_heads, table_len) = ([1, n_heads, head_dim], [1, n_kv_heads, head_dim], [head_dim / 2]);
     let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: n_ctx, scale: 0.125, window: None };
     let inv_freq: Vec<f32> = (0..head_dim / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / head_dim as f32)).collect();
     let gpu_freq = upload(&pair.gpu, &inv_freq);
@@ -463,11 +481,11 @@ fn captured_steps_replay_with_each_steps_values() {
         let (mut cq, mut ck) = (q.clone(), k.clone());
         let mut c_out = vec![0f32; q_width];
         let cpu = &pair.cpu;
-        cpu.rope(&mut cq, &inv_freq, &pair.cpu_step, 1, &rope).expect("cpu");
-        cpu.rope(&mut ck, &inv_freq, &pair.cpu_step, 1, &RopeParams { n_heads: n_kv_heads, ..rope }).expect("cpu");
-        cpu.kv_store(&ck, &v, &mut caches.cpu, &pair.cpu_step, 1).expect("cpu");
-        cpu.attention(&cq, &caches.cpu, &mut c_out, &pair.cpu_step, 1, &attn).expect("cpu");
-        cpu.sample(&c_out, q_width, &mut pair.cpu_step).expect("cpu");
+        cpu.rope(view_mut(&mut cq, q_heads), view(&inv_freq, table_len), &pair.cpu_step, &rope).expect("cpu");
+        cpu.rope(view_mut(&mut ck, k_heads), view(&inv_freq, table_len), &pair.cpu_step, &rope).expect("cpu");
+        cpu.kv_store(view(&ck, [1, kv_width]), view(&v, [1, kv_width]), &mut caches.cpu, &pair.cpu_step).expect("cpu");
+        cpu.attention(view(&cq, [1, q_width]), &caches.cpu, view_mut(&mut c_out, [1, q_width]), &pair.cpu_step, &attn).expect("cpu");
+        cpu.sample(view(&c_out, [1, q_width]), &mut pair.cpu_step).expect("cpu");
 
         // Host uploads stay outside the recorded step, as in the model.
         let gpu = &pair.gpu;
@@ -476,11 +494,11 @@ fn captured_steps_replay_with_each_steps_values() {
         gpu.write(&mut gv, &v).expect("write");
         let (step, cache) = (&mut pair.gpu_step, &mut caches.gpu);
         gpu.run_step(7, &mut || {
-            gpu.rope(&mut gq, &gpu_freq, step, 1, &rope)?;
-            gpu.rope(&mut gk, &gpu_freq, step, 1, &RopeParams { n_heads: n_kv_heads, ..rope })?;
-            gpu.kv_store(&gk, &gv, cache, step, 1)?;
-            gpu.attention(&gq, cache, &mut g_out, step, 1, &attn)?;
-            gpu.sample(&g_out, q_width, step)
+            gpu.rope(view_mut(&mut gq, q_heads), view(&gpu_freq, table_len), step, &rope)?;
+            gpu.rope(view_mut(&mut gk, k_heads), view(&gpu_freq, table_len), step, &rope)?;
+            gpu.kv_store(view(&gk, [1, kv_width]), view(&gv, [1, kv_width]), cache, step)?;
+            gpu.attention(view(&gq, [1, q_width]), cache, view_mut(&mut g_out, [1, q_width]), step, &attn)?;
+            gpu.sample(view(&g_out, [1, q_width]), step)
         })
         .expect("run_step");
         let got = download(gpu, &g_out, q_width);

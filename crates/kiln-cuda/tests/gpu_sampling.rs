@@ -17,8 +17,9 @@ use backends::*;
 
 fn sample_both(pair: &mut Pair, logits: &[f32], gpu_logits: &CudaSlice<f32>, p: &SamplingParams, history: &[u32], draw: u64) -> (u32, u32) {
     pair.set_step(&[], 0, p, history, draw);
-    pair.cpu.sample(&logits.to_vec(), logits.len(), &mut pair.cpu_step).expect("cpu sample");
-    pair.gpu.sample(gpu_logits, logits.len(), &mut pair.gpu_step).expect("gpu sample");
+    let (cpu_logits, shape) = (logits.to_vec(), [1, logits.len()]);
+    pair.cpu.sample(view(&cpu_logits, shape), &mut pair.cpu_step).expect("cpu sample");
+    pair.gpu.sample(view(gpu_logits, shape), &mut pair.gpu_step).expect("gpu sample");
     (pair.cpu_tokens(1)[0], pair.gpu_tokens(1)[0])
 }
 
@@ -167,7 +168,7 @@ fn whole_vocabulary_sampling_follows_the_exact_distribution() {
         let (mut observed, mut outside) = (vec![0f64; buckets], 0);
         for draw in 0..draws {
             pair.set_step(&[], 0, &SamplingParams { seed: 77, ..params }, &history, draw);
-            pair.gpu.sample(&gpu_logits, n_vocab, &mut pair.gpu_step).expect("sample");
+            pair.gpu.sample(view(&gpu_logits, [1, n_vocab]), &mut pair.gpu_step).expect("sample");
             match bucket_of[pair.gpu_tokens(1)[0] as usize] {
                 usize::MAX => outside += 1,
                 bucket => observed[bucket] += 1.0,
@@ -203,10 +204,10 @@ fn sampler_speed_on_a_large_vocabulary() {
     for (what, params) in cases {
         pair.set_step(&[], 0, &params, &history, 3);
         let runs = 50;
-        pair.gpu.sample(&logits, n_vocab, &mut pair.gpu_step).expect("warm-up");
+        pair.gpu.sample(view(&logits, [1, n_vocab]), &mut pair.gpu_step).expect("warm-up");
         start.record(&stream).expect("record");
         for _ in 0..runs {
-            pair.gpu.sample(&logits, n_vocab, &mut pair.gpu_step).expect("sample");
+            pair.gpu.sample(view(&logits, [1, n_vocab]), &mut pair.gpu_step).expect("sample");
         }
         end.record(&stream).expect("record");
         end.synchronize().expect("sync");
@@ -222,7 +223,7 @@ fn gpu_histogram(pair: &mut Pair, logits: &[f32], params: &SamplingParams, draws
     let mut counts = vec![0usize; logits.len()];
     for draw in 0..draws {
         pair.set_step(&[], 0, params, &[], draw);
-        pair.gpu.sample(&gpu_logits, logits.len(), &mut pair.gpu_step).expect("sample");
+        pair.gpu.sample(view(&gpu_logits, [1, logits.len()]), &mut pair.gpu_step).expect("sample");
         counts[pair.gpu_tokens(1)[0] as usize] += 1;
     }
     counts.iter().map(|&c| c as f64 / draws as f64).collect()
@@ -311,8 +312,9 @@ fn each_sequence_of_a_step_samples_its_own_row() {
                 .collect();
             pair.set_plan(&seqs);
             assert_eq!(pair.plan.logit_rows.len(), n_rows);
-            pair.cpu.sample(&logits, n_vocab, &mut pair.cpu_step).expect("cpu sample");
-            pair.gpu.sample(&upload(&pair.gpu, &logits), n_vocab, &mut pair.gpu_step).expect("gpu sample");
+            let (shape, gpu_logits) = ([n_rows, n_vocab], upload(&pair.gpu, &logits));
+            pair.cpu.sample(view(&logits, shape), &mut pair.cpu_step).expect("cpu sample");
+            pair.gpu.sample(view(&gpu_logits, shape), &mut pair.gpu_step).expect("gpu sample");
             let (cpu, gpu) = (pair.cpu_tokens(k), pair.gpu_tokens(k));
             for (i, p) in params.iter().enumerate() {
                 let row = pair.plan.samples[i].logit_row as usize;

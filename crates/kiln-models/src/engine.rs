@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kiln_core::plan::{FlatPlan, LogitRows, SampleSpec, SeqStep, StepCapacity};
-use kiln_core::{Backend, BackendError, GroupHandle, KvType, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, BackendError, DeviceBuffer, GroupHandle, KvType, SamplingParams, KV_BLOCK_SIZE};
 
 use crate::error::{ModelError, Result};
 use crate::forward::{attention_params, forward, Pass, Workspace};
@@ -370,7 +370,7 @@ impl<B: Backend> Engine<B> {
             let pass = Pass { b, w, step, n: s.n, n_rows: s.n_rows, max_seq_len: s.max_seq_len, reduce };
             forward(&pass, &mut pool.caches, states.as_mut(), ws)?;
             if sample && s.n_samples > 0 {
-                b.sample(&ws.logits, w.config.n_vocab, step)?;
+                b.sample(ws.logits.rows(s.n_rows, w.config.n_vocab)?, step)?;
             }
             Ok(())
         };

@@ -3,7 +3,7 @@
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
 use kiln_core::backend::{AttentionParams, Result};
-use kiln_core::{AllReduce, Backend, BackendError, ExpertInput, RopeParams, RouterParams};
+use kiln_core::{AllReduce, Backend, BackendError, DeviceBuffer, ExpertInput, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut};
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
@@ -149,28 +149,29 @@ pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], states
 
 /// llama, qwen2, qwen3, qwen3moe, Mixtral, gpt-oss, Qwen3.5 (attention or Gated DeltaNet).
 fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], mut states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
-    b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    b.embed(&p.w.token_embd, p.step, a.x.rows_mut(n, e)?)?;
     for (lc, l) in c.layers.iter().zip(&p.w.layers) {
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
                 attention(p, at, aw, &l.attn_norm, caches, a)?;
+                let att = a.att.rows(n, at.n_head * at.head_dim)?;
                 match (&aw.wo_bias, p.reduce) {
-                    (None, None) => b.matmul_add(&aw.wo, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?,
+                    (None, None) => b.matmul_add(&aw.wo, att, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?,
                     (bias, _) => {
-                        b.matmul(&aw.wo, &a.att, &mut a.tmp, n)?;
-                        sum_over_ranks(p, &mut a.tmp)?;
+                        b.matmul(&aw.wo, att, a.tmp.rows_mut(n, e)?)?;
+                        sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
                         if let Some(bias) = bias {
-                            b.add_bias(&mut a.tmp, bias, n, c.n_embd)?;
+                            b.add_bias(a.tmp.rows_mut(n, e)?, bias.whole())?;
                         }
-                        b.add(&mut a.x, &a.tmp, n * c.n_embd)?;
+                        b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?)?;
                     }
                 }
             }
             (Mixer::DeltaNet(d), MixerWeights::DeltaNet(dw)) => {
                 let states = states.as_deref_mut().ok_or_else(|| BackendError::BadPlan("a DeltaNet layer without recurrent states".into()))?;
                 delta_net(p, d, dw, &l.attn_norm, states, a)?;
-                b.matmul_add(&dw.out, &a.att, &mut a.x, &mut a.tmp, n, c.n_embd)?;
+                b.matmul_add(&dw.out, a.att.rows(n, d.v_width())?, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?;
             }
             _ => return Err(BackendError::BadPlan("layer weights do not match the layer's mixer".into())),
         }
@@ -189,28 +190,30 @@ fn delta_net<B: Backend>(
     states: &mut RecurrentStates<B>,
     a: &mut Workspace<B>,
 ) -> Result<()> {
-    let (b, c, n, s) = (p.b, &p.w.config, p.n, &mut a.dn);
+    let (b, c, n, e, s) = (p.b, &p.w.config, p.n, p.w.config.n_embd, &mut a.dn);
+    let (conv_dim, heads, v_width) = (d.conv_dim(), d.n_v_heads, d.v_width());
     let params = recurrent::params(d);
-    b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-    b.matmul(&w.qkv, &a.h, &mut s.qkv, n)?;
-    b.matmul(&w.z, &a.h, &mut s.z, n)?;
-    b.matmul(&w.alpha, &a.h, &mut s.g, n)?;
-    b.matmul(&w.beta, &a.h, &mut s.beta, n)?;
-    b.delta_net_gates(&mut s.g, &mut s.beta, &w.a, &w.dt_bias, n, d.n_v_heads)?;
-    let (conv, ssm) = (&mut states.conv[d.state], &mut states.ssm[d.state]);
-    b.ssm_conv(&s.qkv, &w.conv, conv, &states.slots, &mut s.conv, p.step, n, &params)?;
-    b.delta_net(&s.conv, &s.g, &s.beta, ssm, &states.slots, &mut s.out, p.step, n, &params)?;
-    b.rms_norm(&s.out, &w.norm, &mut s.normed, n * d.n_v_heads, d.head_dim, c.rms_eps)?;
-    b.swiglu(&s.z, &s.normed, &mut a.att, n * d.v_width())
+    b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+    let h = a.h.rows(n, e)?;
+    b.matmul(&w.qkv, h, s.qkv.rows_mut(n, conv_dim)?)?;
+    b.matmul(&w.z, h, s.z.rows_mut(n, v_width)?)?;
+    b.matmul(&w.alpha, h, s.g.rows_mut(n, heads)?)?;
+    b.matmul(&w.beta, h, s.beta.rows_mut(n, heads)?)?;
+    b.delta_net_gates(s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?, w.a.whole(), w.dt_bias.whole())?;
+    let [conv, ssm] = states.layer(d.state, &params)?;
+    b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
+    b.delta_net(s.conv.rows(n, conv_dim)?, [s.g.rows(n, heads)?, s.beta.rows(n, heads)?], ssm, s.out.rows_mut(n, v_width)?, p.step, &params)?;
+    b.rms_norm(s.out.view([n, heads, d.head_dim])?, w.norm.whole(), s.normed.view_mut([n, heads, d.head_dim])?, c.rms_eps)?;
+    b.swiglu(s.z.rows(n, v_width)?, s.normed.rows(n, v_width)?, a.att.rows_mut(n, v_width)?)
 }
 
 /// gemma3, gemma4: scaled embeddings, every block's output normed before its residual add;
 /// Gemma 4's per-layer embeddings and output scales where the model has them.
 fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
-    b.embed(&p.w.token_embd, p.step, &mut a.x, n)?;
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    b.embed(&p.w.token_embd, p.step, a.x.rows_mut(n, e)?)?;
     if let Some(s) = c.embd_scale {
-        b.scale(&mut a.x, s, n * c.n_embd)?;
+        b.scale(a.x.rows_mut(n, e)?, s)?;
     }
     if let Some(inputs) = &p.w.per_layer_inputs {
         per_layer_inputs(p, inputs, a)?;
@@ -220,7 +223,7 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B
             return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
         };
         attention(p, at, aw, &l.attn_norm, caches, a)?;
-        b.matmul(&aw.wo, &a.att, &mut a.tmp, n)?;
+        b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a)?;
         ffn(p, lc, l, a, Out::Scratch)?;
         norm_add(p, l.post_ffn_norm.as_ref(), a)?;
@@ -228,7 +231,7 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B
             per_layer_block(p, pl, i, a)?;
         }
         if let Some(s) = l.output_scale {
-            b.scale(&mut a.x, s, n * c.n_embd)?;
+            b.scale(a.x.rows_mut(n, e)?, s)?;
         }
     }
     lm_head(p, a)
@@ -237,37 +240,37 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B
 /// Gemma 4's per-layer inputs from the (scaled) embeddings in `x`:
 /// `(norm(proj(x) / sqrt(n_embd)) + ple_embd(token) * sqrt(width)) / sqrt(2)`, per layer.
 fn per_layer_inputs<B: Backend>(p: &Pass<B>, inputs: &PerLayerInputs<B>, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
-    let d = c.per_layer_embd.unwrap_or(0);
-    let len = n * c.n_layer * d;
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    let (d, layers) = (c.per_layer_embd.unwrap_or(0), c.n_layer);
+    let width = layers * d;
     let [proj, normed] = &mut a.ple_scratch;
-    b.embed(&inputs.token_embd, p.step, &mut a.ple, n)?;
-    b.scale(&mut a.ple, (d as f32).sqrt(), len)?;
-    b.matmul(&inputs.model_proj, &a.x, proj, n)?;
-    b.scale(proj, 1.0 / (c.n_embd as f32).sqrt(), len)?;
-    b.rms_norm(proj, &inputs.proj_norm, normed, n * c.n_layer, d, c.rms_eps)?;
-    b.add(&mut a.ple, normed, len)?;
-    b.scale(&mut a.ple, std::f32::consts::FRAC_1_SQRT_2, len)
+    b.embed(&inputs.token_embd, p.step, a.ple.rows_mut(n, width)?)?;
+    b.scale(a.ple.rows_mut(n, width)?, (d as f32).sqrt())?;
+    b.matmul(&inputs.model_proj, a.x.rows(n, e)?, proj.rows_mut(n, width)?)?;
+    b.scale(proj.rows_mut(n, width)?, 1.0 / (e as f32).sqrt())?;
+    b.rms_norm(proj.view([n, layers, d])?, inputs.proj_norm.whole(), normed.view_mut([n, layers, d])?, c.rms_eps)?;
+    b.add(a.ple.rows_mut(n, width)?, normed.rows(n, width)?)?;
+    b.scale(a.ple.rows_mut(n, width)?, std::f32::consts::FRAC_1_SQRT_2)
 }
 
 /// Layer `layer`'s per-layer embedding block: `x += norm(proj(gelu(gate(x)) * input))`.
 fn per_layer_block<B: Backend>(p: &Pass<B>, pl: &PerLayerWeights<B>, layer: usize, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let d = c.per_layer_embd.unwrap_or(0);
     let [input, gate, act] = &mut a.ple_layer;
-    b.copy_cols(&a.ple, c.n_layer * d, layer * d, input, d, n)?;
-    b.matmul(&pl.gate, &a.x, gate, n)?;
-    b.geglu(gate, input, act, n * d)?;
-    b.matmul(&pl.proj, act, &mut a.tmp, n)?;
+    b.copy_cols(a.ple.rows(n, c.n_layer * d)?, layer * d, input.rows_mut(n, d)?)?;
+    b.matmul(&pl.gate, a.x.rows(n, e)?, gate.rows_mut(n, d)?)?;
+    b.geglu(gate.rows(n, d)?, input.rows(n, d)?, act.rows_mut(n, d)?)?;
+    b.matmul(&pl.proj, act.rows(n, d)?, a.tmp.rows_mut(n, e)?)?;
     norm_add(p, Some(&pl.norm), a)
 }
 
 /// `x += rms_norm(tmp)`.
 fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace<B>) -> Result<()> {
-    let (c, len) = (&p.w.config, p.n * p.w.config.n_embd);
+    let (c, n, e) = (&p.w.config, p.n, p.w.config.n_embd);
     let norm = norm.ok_or_else(|| BackendError::BadPlan("a Gemma block without its post-norm".into()))?;
-    p.b.rms_norm(&a.tmp, norm, &mut a.h, p.n, c.n_embd, c.rms_eps)?;
-    p.b.add(&mut a.x, &a.h, len)
+    p.b.rms_norm(a.tmp.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+    p.b.add(a.x.rows_mut(n, e)?, a.h.rows(n, e)?)
 }
 
 /// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
@@ -281,59 +284,70 @@ fn attention<B: Backend>(
     caches: &mut [B::KvCache],
     a: &mut Workspace<B>,
 ) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
-    let (q_width, kv_width) = (at.n_head * at.head_dim, at.kv_width());
-    let rope = &c.ropes[at.rope];
-    let q_rope = RopeParams { kind: c.rope_kind, n_heads: at.n_head, head_dim: at.head_dim, n_rot: rope.n_rot };
-    let table = &p.w.rope_tables[at.rope];
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
+    let (q_width, kv_width) = (heads * hd, at.kv_width());
+    // A gated attention's query projection also holds its gate.
+    let q_proj = if at.gated { 2 * q_width } else { q_width };
+    let rope = RopeParams { kind: c.rope_kind };
+    let table = p.w.rope_tables[at.rope].whole();
     let cache = caches.get_mut(at.cache).ok_or_else(|| BackendError::BadPlan(format!("no KV cache {}", at.cache)))?;
     match (at.kv, &l.wk) {
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
-            b.norm_matmul_qkv(&a.x, norm, c.rms_eps, &mut a.h, &l.wq, wk, wv, &mut a.q, &mut a.k, &mut a.v, n, c.n_embd)?;
+            let qkv = [a.q.rows_mut(n, q_proj)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
+            b.norm_matmul_qkv(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv)?;
         }
         (KvSource::Shared { .. }, None) => {
-            b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            b.matmul(&l.wq, &a.h, &mut a.q, n)?;
+            b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+            b.matmul(&l.wq, a.h.rows(n, e)?, a.q.rows_mut(n, q_proj)?)?;
         }
         _ => return Err(BackendError::BadPlan("layer weights do not match the layer's KV source".into())),
     }
     if at.gated {
         // Each head's query is followed by its output gate.
-        let (hd, rows) = (at.head_dim, n * at.n_head);
-        b.copy_cols(&a.q, 2 * hd, hd, &mut a.q_gate, hd, rows)?;
-        b.copy_cols(&a.q, 2 * hd, 0, &mut a.q_normed, hd, rows)?;
-        b.copy(&a.q_normed, &mut a.q, n * q_width)?;
+        let rows = n * heads;
+        b.copy_cols(a.q.rows(rows, 2 * hd)?, hd, a.q_gate.rows_mut(rows, hd)?)?;
+        b.copy_cols(a.q.rows(rows, 2 * hd)?, 0, a.q_normed.rows_mut(rows, hd)?)?;
+        b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
     }
     if l.wk.is_some() {
         if let Some([bq, bk, bv]) = &l.bias {
-            b.add_bias(&mut a.q, bq, n, q_width)?;
-            b.add_bias(&mut a.k, bk, n, kv_width)?;
-            b.add_bias(&mut a.v, bv, n, kv_width)?;
+            b.add_bias(a.q.rows_mut(n, q_width)?, bq.whole())?;
+            b.add_bias(a.k.rows_mut(n, kv_width)?, bk.whole())?;
+            b.add_bias(a.v.rows_mut(n, kv_width)?, bv.whole())?;
         }
         let v = match &l.v_norm {
             Some(ones) => {
-                b.rms_norm(&a.v, ones, &mut a.v_normed, n * at.n_head_kv, at.head_dim, c.rms_eps)?;
-                &a.v_normed
+                b.rms_norm(a.v.view([n, kv_heads, hd])?, ones.whole(), a.v_normed.view_mut([n, kv_heads, hd])?, c.rms_eps)?;
+                a.v_normed.rows(n, kv_width)?
             }
-            None => &a.v,
+            None => a.v.rows(n, kv_width)?,
         };
-        let qk_norm = l.q_norm.as_ref().zip(l.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps));
-        b.attention_prologue(&mut a.q, &mut a.k, v, qk_norm, (&mut a.q_normed, &mut a.k_normed), table, cache, p.step, n, &q_rope, at.n_head_kv)?;
+        let qk_norm = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => {
+                let scratch = [a.q_normed.view_mut([n, heads, hd])?, a.k_normed.view_mut([n, kv_heads, hd])?];
+                Some(QkNorm { q: qn.whole(), k: kn.whole(), eps: c.rms_eps, scratch })
+            }
+            _ => None,
+        };
+        let qkv = Qkv { q: a.q.view_mut([n, heads, hd])?, k: a.k.view_mut([n, kv_heads, hd])?, v };
+        b.attention_prologue(qkv, qk_norm, table, &rope, cache, p.step)?;
     } else {
         if let Some(qn) = &l.q_norm {
-            b.rms_norm(&a.q, qn, &mut a.q_normed, n * at.n_head, at.head_dim, c.rms_eps)?;
-            b.copy(&a.q_normed, &mut a.q, n * q_width)?;
+            b.rms_norm(a.q.view([n, heads, hd])?, qn.whole(), a.q_normed.view_mut([n, heads, hd])?, c.rms_eps)?;
+            b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
         }
-        b.rope(&mut a.q, table, p.step, n, &q_rope)?;
+        b.rope(a.q.view_mut([n, heads, hd])?, table, p.step, &rope)?;
     }
     let params = attention_params(at, p.max_seq_len);
+    let (q, out) = (a.q.rows(n, q_width)?, a.att.rows_mut(n, q_width)?);
     match &l.sinks {
-        Some(sinks) => b.attention_sinks(&a.q, cache, sinks, &mut a.att, p.step, n, &params)?,
-        None => b.attention(&a.q, cache, &mut a.att, p.step, n, &params)?,
+        Some(sinks) => b.attention_sinks(q, cache, sinks.whole(), out, p.step, &params)?,
+        None => b.attention(q, cache, out, p.step, &params)?,
     }
     if at.gated {
-        b.sigmoid_gate(&mut a.att, &a.q_gate, n, q_width, q_width)?;
+        b.sigmoid_gate(a.att.rows_mut(n, q_width)?, a.q_gate.rows(n, q_width)?)?;
     }
     Ok(())
 }
@@ -350,18 +364,18 @@ enum Out {
 /// The layer's feed-forward of `norm(x)`: dense gated FFN or mixture of experts (with Gemma 4's
 /// dense FFN beside it).
 fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
-    let len = n * c.n_embd;
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     match (&l.ffn, &lc.ffn) {
         (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
             dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
+            let act = a.act.rows(n, *n_ff)?;
             match (out, p.reduce) {
-                (Out::AddToResidual, None) => b.matmul_add(&d.down, &a.act, &mut a.x, &mut a.tmp, n, c.n_embd),
+                (Out::AddToResidual, None) => b.matmul_add(&d.down, act, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
                 (out, _) => {
-                    b.matmul(&d.down, &a.act, &mut a.tmp, n)?;
-                    sum_over_ranks(p, &mut a.tmp)?;
+                    b.matmul(&d.down, act, a.tmp.rows_mut(n, e)?)?;
+                    sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
                     match out {
-                        Out::AddToResidual => b.add(&mut a.x, &a.tmp, len),
+                        Out::AddToResidual => b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?),
                         Out::Scratch => Ok(()),
                     }
                 }
@@ -372,28 +386,28 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
                 (Some(side), Some(n_ff)) => {
                     // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x)))
                     dense_activation(p, &side.ffn, &l.ffn_norm, n_ff, a)?;
-                    b.matmul(&side.ffn.down, &a.act, &mut a.tmp, n)?;
-                    b.rms_norm(&a.tmp, &side.post_norm, &mut a.ffn_out, n, c.n_embd, c.rms_eps)?;
+                    b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.tmp.rows_mut(n, e)?)?;
+                    b.rms_norm(a.tmp.rows(n, e)?, side.post_norm.whole(), a.ffn_out.rows_mut(n, e)?, c.rms_eps)?;
                     moe(p, m, mc, &side.moe_norm, a)?;
-                    b.rms_norm(&a.tmp, &side.moe_post_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-                    b.add(&mut a.ffn_out, &a.h, len)?;
-                    b.copy(&a.ffn_out, &mut a.tmp, len)?;
+                    b.rms_norm(a.tmp.rows(n, e)?, side.moe_post_norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+                    b.add(a.ffn_out.rows_mut(n, e)?, a.h.rows(n, e)?)?;
+                    b.copy(a.ffn_out.rows(n, e)?, a.tmp.rows_mut(n, e)?)?;
                 }
                 (None, None) => {
                     moe(p, m, mc, &l.ffn_norm, a)?;
                     if let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) {
                         // tmp += sigmoid(norm(x) · gate) * shared(norm(x))
                         dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
-                        b.matmul(&shared.ffn.down, &a.act, &mut a.ffn_out, n)?;
-                        b.matmul(&shared.gate, &a.h, &mut a.shared_gate, n)?;
-                        b.sigmoid_gate(&mut a.ffn_out, &a.shared_gate, n, c.n_embd, 1)?;
-                        b.add(&mut a.tmp, &a.ffn_out, len)?;
+                        b.matmul(&shared.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                        b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
+                        b.sigmoid_gate(a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?)?;
+                        b.add(a.tmp.rows_mut(n, e)?, a.ffn_out.rows(n, e)?)?;
                     }
                 }
                 _ => return Err(BackendError::BadPlan("the dense FFN beside the experts is missing".into())),
             }
             match out {
-                Out::AddToResidual => b.add(&mut a.x, &a.tmp, len),
+                Out::AddToResidual => b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?),
                 Out::Scratch => Ok(()),
             }
         }
@@ -401,24 +415,27 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
     }
 }
 
-/// A row-parallel product's `[n][n_embd]` partial sums added up over the tensor-parallel ranks.
-fn sum_over_ranks<B: Backend>(p: &Pass<B>, x: &mut B::Buffer) -> Result<()> {
+/// A row-parallel product's partial sums added up over the tensor-parallel ranks.
+fn sum_over_ranks<B: Backend>(p: &Pass<B>, x: TensorMut<B::Buffer>) -> Result<()> {
     match p.reduce {
-        Some(r) => r.sum(p.b, x, p.n * p.w.config.n_embd),
+        Some(r) => r.sum(p.b, x),
         None => Ok(()),
     }
 }
 
 /// `act = act(gate(norm(x))) * up(norm(x))`, ready for the down projection.
 fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, n_ff: usize, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n) = (p.b, &p.w.config, p.n);
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     match c.activation {
-        Activation::Silu => b.norm_ffn_gate_up(&a.x, norm, c.rms_eps, &mut a.h, &d.gate, &d.up, &mut a.gate, &mut a.up, &mut a.act, n, c.n_embd, n_ff),
+        Activation::Silu => {
+            let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
+            b.norm_ffn_gate_up(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], scratch, a.act.rows_mut(n, n_ff)?)
+        }
         act => {
-            b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-            b.matmul(&d.gate, &a.h, &mut a.gate, n)?;
-            b.matmul(&d.up, &a.h, &mut a.up, n)?;
-            gated_activation(b, act, a, n * n_ff)
+            b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+            b.matmul(&d.gate, a.h.rows(n, e)?, a.gate.rows_mut(n, n_ff)?)?;
+            b.matmul(&d.up, a.h.rows(n, e)?, a.up.rows_mut(n, n_ff)?)?;
+            gated_activation(b, act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
         }
     }
 }
@@ -426,61 +443,66 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
 /// Mixture of experts of `norm(x)` into `tmp`: route, each chosen expert's gated FFN, and the
 /// weighted sum of their outputs.
 fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n, k) = (p.b, &p.w.config, p.n, mc.n_used);
-    let router = RouterParams { n_experts: mc.n_expert, n_used: k, renormalize: mc.renormalize };
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
     if let Some(router_norm) = &m.router_norm {
-        b.rms_norm(&a.x, router_norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-        b.matmul(&m.router, &a.h, &mut a.router, n)?;
-        b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
+        b.rms_norm(a.x.rows(n, e)?, router_norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+        b.matmul(&m.router, a.h.rows(n, e)?, a.router.rows_mut(n, n_expert)?)?;
+        b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
     } else {
-        b.rms_norm(&a.x, norm, &mut a.h, n, c.n_embd, c.rms_eps)?;
-        b.matmul(&m.router, &a.h, &mut a.router, n)?;
+        b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
+        b.matmul(&m.router, a.h.rows(n, e)?, a.router.rows_mut(n, n_expert)?)?;
     }
     if let Some(bias) = &m.router_bias {
-        b.add_bias(&mut a.router, bias, n, mc.n_expert)?;
+        b.add_bias(a.router.rows_mut(n, n_expert)?, bias.whole())?;
     }
-    b.moe_route(&a.router, m.expert_scale.as_ref(), &mut a.expert_ids, &mut a.expert_weights, n, &router)?;
-    let ids = &a.expert_ids;
+    let scale = m.expert_scale.as_ref().map(|s| s.whole());
+    let router = RouterParams { renormalize: mc.renormalize };
+    b.moe_route(a.router.rows(n, n_expert)?, scale, a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?, &router)?;
+    let (h, ids, slots) = (a.h.rows(n, e)?, a.expert_ids.rows(n, k)?, [n, k, ff]);
     match (&m.expert_bias, c.activation) {
-        (None, Activation::Silu) => b.moe_gate_up_swiglu(&m.gate, &m.up, &a.h, ids, &mut a.gate, &mut a.up, &mut a.act, n, k, mc.n_ff)?,
+        (None, Activation::Silu) => {
+            let scratch = [a.gate.view_mut(slots)?, a.up.view_mut(slots)?];
+            b.moe_gate_up_swiglu([&m.gate, &m.up], h, ids, scratch, a.act.view_mut(slots)?)?
+        }
         (bias, act) => {
-            b.moe_matmul(&m.gate, &a.h, ids, &mut a.gate, n, k, ExpertInput::PerToken)?;
-            b.moe_matmul(&m.up, &a.h, ids, &mut a.up, n, k, ExpertInput::PerToken)?;
+            b.moe_matmul(&m.gate, h, ids, a.gate.view_mut(slots)?, ExpertInput::PerToken)?;
+            b.moe_matmul(&m.up, h, ids, a.up.view_mut(slots)?, ExpertInput::PerToken)?;
             if let Some([gate, up, _]) = bias {
-                b.moe_add_bias(&mut a.gate, gate, ids, n, k, mc.n_ff)?;
-                b.moe_add_bias(&mut a.up, up, ids, n, k, mc.n_ff)?;
+                b.moe_add_bias(a.gate.view_mut(slots)?, gate.rows(n_expert, ff)?, ids)?;
+                b.moe_add_bias(a.up.view_mut(slots)?, up.rows(n_expert, ff)?, ids)?;
             }
-            gated_activation(b, act, a, n * k * mc.n_ff)?;
+            gated_activation(b, act, a.gate.view(slots)?, a.up.view(slots)?, a.act.view_mut(slots)?)?;
         }
     }
-    b.moe_matmul(&m.down, &a.act, &a.expert_ids, &mut a.expert_out, n, k, ExpertInput::PerSlot)?;
+    b.moe_matmul(&m.down, a.act.view(slots)?, ids, a.expert_out.view_mut([n, k, e])?, ExpertInput::PerSlot)?;
     if let Some([_, _, down]) = &m.expert_bias {
-        b.moe_add_bias(&mut a.expert_out, down, &a.expert_ids, n, k, c.n_embd)?;
+        b.moe_add_bias(a.expert_out.view_mut([n, k, e])?, down.rows(n_expert, e)?, ids)?;
     }
-    b.moe_combine(&a.expert_out, &a.expert_weights, &mut a.tmp, n, k, c.n_embd)
+    b.moe_combine(a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?, a.tmp.rows_mut(n, e)?)
 }
 
-/// `act = act(gate) * up` over `len` values.
-fn gated_activation<B: Backend>(b: &B, act: Activation, a: &mut Workspace<B>, len: usize) -> Result<()> {
+/// `out = act(gate) * up`.
+fn gated_activation<B: Backend>(b: &B, act: Activation, gate: Tensor<B::Buffer>, up: Tensor<B::Buffer>, out: TensorMut<B::Buffer>) -> Result<()> {
     match act {
-        Activation::Silu => b.swiglu(&a.gate, &a.up, &mut a.act, len),
-        Activation::GeluTanh => b.geglu(&a.gate, &a.up, &mut a.act, len),
-        Activation::SwiGluOai { alpha, limit } => b.swiglu_oai(&a.gate, &a.up, &mut a.act, len, alpha, limit),
+        Activation::Silu => b.swiglu(gate, up, out),
+        Activation::GeluTanh => b.geglu(gate, up, out),
+        Activation::SwiGluOai { alpha, limit } => b.swiglu_oai(gate, up, out, alpha, limit),
     }
 }
 
 /// Final norm and output projection of the rows that produce logits, soft-capped where the
 /// architecture caps them.
 fn lm_head<B: Backend>(p: &Pass<B>, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, rows) = (p.b, &p.w.config, p.n_rows);
+    let (b, c, rows, e) = (p.b, &p.w.config, p.n_rows, p.w.config.n_embd);
     if rows == 0 {
         return Ok(());
     }
-    b.gather_rows(&a.x, &mut a.rows, p.step, c.n_embd)?;
-    b.rms_norm(&a.rows, &p.w.output_norm, &mut a.h, rows, c.n_embd, c.rms_eps)?;
-    b.matmul(p.w.lm_head(), &a.h, &mut a.logits, rows)?;
+    b.gather_rows(a.x.rows(p.n, e)?, a.rows.rows_mut(rows, e)?, p.step)?;
+    b.rms_norm(a.rows.rows(rows, e)?, p.w.output_norm.whole(), a.h.rows_mut(rows, e)?, c.rms_eps)?;
+    b.matmul(p.w.lm_head(), a.h.rows(rows, e)?, a.logits.rows_mut(rows, c.n_vocab)?)?;
     if let Some(cap) = c.final_softcap {
-        b.softcap(&mut a.logits, cap, rows * c.n_vocab)?;
+        b.softcap(a.logits.rows_mut(rows, c.n_vocab)?, cap)?;
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! convolution state and a delta-rule state in every such layer, in numbered slots that a
 //! sequence holds from its first step until it is released.
 
-use kiln_core::{Backend, DeltaNetParams};
+use kiln_core::{Backend, DeltaNetParams, DeviceBuffer, StateSlots};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -15,6 +15,7 @@ pub(crate) struct RecurrentStates<B: Backend> {
     pub slots: B::Buffer,
     free: Vec<u32>,
     host_slots: Vec<f32>,
+    n_slots: usize,
 }
 
 /// The recurrent ops' parameters of a DeltaNet layer.
@@ -36,7 +37,16 @@ impl<B: Backend> RecurrentStates<B> {
             ssm.push(b.alloc(n_slots * p.ssm_state(), &format!("DeltaNet {i} state"))?);
         }
         let slots = b.alloc(n_slots, "state slots")?;
-        Ok(Some(RecurrentStates { conv, ssm, slots, free: (0..n_slots as u32).rev().collect(), host_slots: Vec::with_capacity(n_slots) }))
+        Ok(Some(RecurrentStates { conv, ssm, slots, free: (0..n_slots as u32).rev().collect(), host_slots: Vec::with_capacity(n_slots), n_slots }))
+    }
+
+    /// DeltaNet layer `i`'s convolution and delta-rule states, each with the step's slots.
+    pub fn layer(&mut self, i: usize, p: &DeltaNetParams) -> kiln_core::backend::Result<[StateSlots<'_, B::Buffer>; 2]> {
+        let slots = self.slots.whole();
+        Ok([
+            StateSlots { state: self.conv[i].view_mut([self.n_slots, p.conv_state()])?, slots },
+            StateSlots { state: self.ssm[i].view_mut([self.n_slots, p.ssm_state()])?, slots },
+        ])
     }
 
     pub fn take(&mut self) -> Result<u32> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln_core::backend::AttentionParams;
 use kiln_core::plan::{BatchPlan, FlatPlan, LogitRows, SeqStep, StepCapacity};
-use kiln_core::{Backend, CpuBackend, KvCacheSpec, KvType, KV_BLOCK_SIZE};
+use kiln_core::{Backend, CpuBackend, DeviceBuffer, KvCacheSpec, KvType, KV_BLOCK_SIZE};
 use kiln_gguf::GgufFile;
 use kiln_models::checks::{compare, run_alone, run_staggered};
 use kiln_models::{Engine, EngineOptions, KvBudget, ModelError, SeqWork, Sequence, Weights};
@@ -144,12 +144,13 @@ fn paged_attention_equals_contiguous_attention() {
                 .unwrap();
             let mut step = backend.alloc_step(&cap, spec.n_blocks).unwrap();
             backend.write_step(&mut step, &plan).unwrap();
-            backend.kv_store(&k, &v, &mut cache, &step, len).unwrap();
+            backend.kv_store(k.rows(len, width).unwrap(), v.rows(len, width).unwrap(), &mut cache, &step).unwrap();
             let mut out = vec![f32::NAN; q.len()];
+            let (qv, ov) = (q.rows(len, n_heads * head_dim).unwrap(), out.rows_mut(len, n_heads * head_dim).unwrap());
             if with_sinks {
-                backend.attention_sinks(&q, &cache, &sinks, &mut out, &step, len, &params).unwrap();
+                backend.attention_sinks(qv, &cache, sinks.whole(), ov, &step, &params).unwrap();
             } else {
-                backend.attention(&q, &cache, &mut out, &step, len, &params).unwrap();
+                backend.attention(qv, &cache, ov, &step, &params).unwrap();
             }
             outs.push(out);
         }
@@ -212,16 +213,17 @@ fn steps_over_blocks_without_memory_are_errors() {
     let mut step = backend.alloc_step(&cap, spec.n_blocks).unwrap();
     backend.write_step(&mut step, &plan).unwrap();
     let kv = vec![0.5f32; 2 * 32];
-    let err = backend.kv_store(&kv, &kv, &mut cache, &step, 2).unwrap_err().to_string();
+    let kv = kv.rows(2, 32).unwrap();
+    let err = backend.kv_store(kv, kv, &mut cache, &step).unwrap_err().to_string();
     assert!(err.contains("block 5") && err.contains("only 2 blocks"), "{err}");
     let params = AttentionParams { n_heads: 2, n_kv_heads: 2, head_dim: 16, max_seq_len: 256, scale: 0.25, window: None };
     let q = vec![0.1f32; 2 * 32];
     let mut out = vec![0f32; 2 * 32];
-    assert!(backend.attention(&q, &cache, &mut out, &step, 2, &params).is_err());
+    assert!(backend.attention(q.rows(2, 32).unwrap(), &cache, out.rows_mut(2, 32).unwrap(), &step, &params).is_err());
     assert!(backend.grow_kv(&mut cache, 9).is_err());
     backend.grow_kv(&mut cache, 6).unwrap();
-    backend.kv_store(&kv, &kv, &mut cache, &step, 2).unwrap();
-    backend.attention(&q, &cache, &mut out, &step, 2, &params).unwrap();
+    backend.kv_store(kv, kv, &mut cache, &step).unwrap();
+    backend.attention(q.rows(2, 32).unwrap(), &cache, out.rows_mut(2, 32).unwrap(), &step, &params).unwrap();
     // A step object of a smaller cache refuses the plan outright.
     let mut small = backend.alloc_step(&cap, 4).unwrap();
     assert!(backend.write_step(&mut small, &plan).unwrap_err().to_string().contains("4-block cache"));

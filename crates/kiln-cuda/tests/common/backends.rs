@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use kiln_core::backend::{AttentionParams, Backend, WeightSource};
 use kiln_core::plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 use kiln_core::sampling::SamplingParams;
-use kiln_core::CpuBackend;
+use kiln_core::{CpuBackend, DeviceBuffer, Shape, Tensor, TensorMut};
 use kiln_cuda::cudarc::driver::CudaSlice;
 use kiln_cuda::CudaBackend;
 use kiln_quant::GgmlType;
@@ -34,6 +34,15 @@ pub fn exclusive_gpu() -> GpuUse {
 
 pub fn gpu() -> CudaBackend {
     CudaBackend::new(0).unwrap_or_else(|e| panic!("opening GPU 0: {e}"))
+}
+
+/// `buf` viewed as `shape`, which the test sized it for.
+pub fn view<T: DeviceBuffer>(buf: &T, shape: impl Into<Shape>) -> Tensor<'_, T> {
+    buf.view(shape).expect("a view the buffer holds")
+}
+
+pub fn view_mut<T: DeviceBuffer>(buf: &mut T, shape: impl Into<Shape>) -> TensorMut<'_, T> {
+    buf.view_mut(shape).expect("a view the buffer holds")
 }
 
 pub fn random(rng: &mut ChaCha8Rng, len: usize, scale: f32) -> Vec<f32> {
@@ -263,8 +272,10 @@ impl Caches {
         pair.cpu.write_step(&mut self.cpu_fill, &plan).expect("cpu write_step");
         pair.gpu.write_step(&mut self.gpu_fill, &plan).expect("gpu write_step");
         let (k, v) = (random(rng, len * self.width, 1.0), random(rng, len * self.width, 1.0));
-        pair.cpu.kv_store(&k, &v, &mut self.cpu, &self.cpu_fill, len).expect("cpu kv_store");
-        pair.gpu.kv_store(&upload(&pair.gpu, &k), &upload(&pair.gpu, &v), &mut self.gpu, &self.gpu_fill, len).expect("gpu kv_store");
+        let shape = [len, self.width];
+        pair.cpu.kv_store(view(&k, shape), view(&v, shape), &mut self.cpu, &self.cpu_fill).expect("cpu kv_store");
+        let (gk, gv) = (upload(&pair.gpu, &k), upload(&pair.gpu, &v));
+        pair.gpu.kv_store(view(&gk, shape), view(&gv, shape), &mut self.gpu, &self.gpu_fill).expect("gpu kv_store");
     }
 
     /// Random rows everywhere: every row of both caches holds the same values.
@@ -279,11 +290,12 @@ pub fn attend(pair: &Pair, caches: &Caches, rng: &mut ChaCha8Rng, p: &AttentionP
     let n = pair.plan.n_tokens();
     // Amplitude 3 against keys in [-1, 1): scores of a few units, so the softmax is neither
     // flat nor one-hot.
+    let shape = [n, p.n_heads * p.head_dim];
     let q = random(rng, n * p.n_heads * p.head_dim, 3.0);
     let mut want = vec![0f32; q.len()];
-    pair.cpu.attention(&q, &caches.cpu, &mut want, &pair.cpu_step, n, p).expect("cpu attention");
-    let mut got = poisoned(&pair.gpu, q.len());
-    pair.gpu.attention(&upload(&pair.gpu, &q), &caches.gpu, &mut got, &pair.gpu_step, n, p).expect("gpu attention");
+    pair.cpu.attention(view(&q, shape), &caches.cpu, view_mut(&mut want, shape), &pair.cpu_step, p).expect("cpu attention");
+    let (gq, mut got) = (upload(&pair.gpu, &q), poisoned(&pair.gpu, q.len()));
+    pair.gpu.attention(view(&gq, shape), &caches.gpu, view_mut(&mut got, shape), &pair.gpu_step, p).expect("gpu attention");
     (download(&pair.gpu, &got, q.len()), want)
 }
 
