@@ -76,7 +76,7 @@ fn load(backend: Arc<kiln_cuda::CudaBackend>, path: &Path, kv: KvType) -> Model<
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn new_architectures_match_their_references_on_cuda() {
-    let _gpu_use = shared_gpu();
+    let _gpu_use = exclusive_gpu();
     let backend = Arc::new(gpu());
     let mut report = Vec::new();
     let mut failures = Vec::new();
@@ -144,7 +144,7 @@ fn new_architectures_match_their_references_on_cuda() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn batched_equals_alone_on_the_new_architectures() {
-    let _gpu_use = shared_gpu();
+    let _gpu_use = exclusive_gpu();
     let backend = Arc::new(gpu());
     let mut failures = Vec::new();
     for (path, r) in arch_files() {

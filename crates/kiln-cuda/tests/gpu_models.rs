@@ -129,7 +129,7 @@ fn one_token_bounds(name: &str) -> (f64, f64) {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn models_match_the_float64_references() {
-    let _gpu_use = shared_gpu();
+    let _gpu_use = exclusive_gpu();
     let gpu = Arc::new(gpu());
     let cpu = Arc::new(CpuBackend::exact());
     let mut failures = Vec::new();
@@ -203,7 +203,7 @@ fn models_match_the_float64_references() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn overlapped_graphs_decode_as_serial_ones() {
-    let _gpu_use = shared_gpu();
+    let _gpu_use = exclusive_gpu();
     let overlapped = Arc::new(gpu());
     let serial = Arc::new(
         CudaBackend::with_config(0, RegistryConfig { graph_edges: GraphEdges::Serial, ..Default::default() }).unwrap_or_else(|e| panic!("opening GPU 0: {e}")),
@@ -248,7 +248,7 @@ fn trace_rel_l2(alone: &Trace, batched: &Trace) -> f64 {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn batched_sequences_match_each_sequence_alone() {
-    let _gpu_use = shared_gpu();
+    let _gpu_use = exclusive_gpu();
     let mut rng = rng("batched_vs_alone");
     let backend = Arc::new(gpu());
     let models = kiln_testdata::path("models");

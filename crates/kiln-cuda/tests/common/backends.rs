@@ -16,7 +16,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 /// Tests share the GPU; the timing tests hold it alone, so their numbers are not diluted by
-/// other tests' kernels.
+/// other tests' kernels, and so do the tests that record step graphs: a capture in progress is
+/// invalidated when another thread synchronizes the device (seen in the batched-vs-alone tests).
 static GPU_USE: RwLock<()> = RwLock::new(());
 
 pub enum GpuUse {
