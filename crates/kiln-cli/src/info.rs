@@ -84,7 +84,12 @@ fn list_gpus(as_json: bool) -> CliResult {
                 "total_memory_bytes": d.total_memory_bytes, "free_memory_bytes": d.free_memory_bytes, "multiprocessors": d.multiprocessor_count})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let links: Vec<_> = if devices.len() > 1 { kiln_cuda::peer_links()? } else { Vec::new() };
+        let links: Vec<_> = links
+            .iter()
+            .map(|l| json!({"from": l.from, "to": l.to, "peer_access": l.access, "native_atomics": l.native_atomics, "performance_rank": l.performance_rank}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json!({"devices": rows, "peer_links": links}))?);
         return Ok(());
     }
     if devices.is_empty() {

@@ -192,3 +192,20 @@ fn same_seed_same_output() {
     let c = kiln().args(["run", "-n", "40", "--temp", "0.9", "-s", "99"]).output().unwrap();
     assert_ne!(a.stdout, c.stdout, "different seeds should differ");
 }
+
+/// `-tp N` that the model or the host cannot take is refused before anything runs; one that
+/// fits runs on the CPU's simulated ranks and prints the unsplit model's greedy text.
+#[test]
+fn tensor_parallel_splits_are_checked() {
+    let model = stories();
+    let m = model.to_str().unwrap();
+    expect_error(&["run", "-m", m, "-tp", "3", "--device", "cpu", "-n", "4"], "8 query heads");
+    expect_error(&["run", "-m", m, "-tp", "0", "--device", "cpu", "-n", "4"], "at least one rank");
+    expect_error(&["bench", "-m", m, "-tp", "3", "--device", "cpu", "-p", "8", "-n", "0", "-r", "1"], "cannot split the model over 3 ranks");
+    let text = |extra: &[&str]| {
+        let out = kiln().args(["run", "-m", m, "--device", "cpu", "-n", "12", "--temp", "0"]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(text(&["-tp", "2"]), text(&[]));
+}
