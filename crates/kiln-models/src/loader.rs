@@ -130,22 +130,8 @@ impl<B: Backend> Loader<'_, B> {
 
     /// Values `part` of a vector.
     fn vector_part(&self, name: &str, len: usize, part: Range<usize>) -> Result<B::Buffer> {
-        if part == (0..len) {
-            return self.vector(name, len);
-        }
-        let t = &self.file.tensors()[self.find(name)?];
-        if t.dims != [len as u64] {
-            return Err(ModelError::WrongShape { name: name.into(), expected: vec![len as u64], found: t.dims.clone() });
-        }
-        let mut host = vec![0f32; len];
-        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
-            name: name.into(),
-            ty: t.ty,
-            role: "a bias vector",
-        })?;
-        let mut buf = self.backend.alloc(part.len(), name)?;
-        self.backend.write(&mut buf, &host[part])?;
-        Ok(buf)
+        let host = self.host_values(name, &[len], "a norm or bias vector")?;
+        self.upload(name, &host[part])
     }
 
     /// A vector times `scale`.
@@ -159,21 +145,26 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn values(&self, name: &str, dims: &[usize], scale: f32) -> Result<B::Buffer> {
+        let mut host = self.host_values(name, dims, "a norm or bias vector")?;
+        host.iter_mut().for_each(|v| *v *= scale);
+        self.upload(name, &host)
+    }
+
+    /// A tensor of exactly `dims` dequantized on the host.
+    fn host_values(&self, name: &str, dims: &[usize], role: &'static str) -> Result<Vec<f32>> {
         let t = &self.file.tensors()[self.find(name)?];
         let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         if t.dims != want {
             return Err(ModelError::WrongShape { name: name.into(), expected: want, found: t.dims.clone() });
         }
-        let len = dims.iter().product();
-        let mut host = vec![0f32; len];
-        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType {
-            name: name.into(),
-            ty: t.ty,
-            role: "a norm or bias vector",
-        })?;
-        host.iter_mut().for_each(|v| *v *= scale);
-        let mut buf = self.backend.alloc(len, name)?;
-        self.backend.write(&mut buf, &host)?;
+        let mut host = vec![0f32; dims.iter().product()];
+        kiln_quant::dequantize(t.ty, self.file.tensor_data(t), &mut host).map_err(|_| ModelError::WrongType { name: name.into(), ty: t.ty, role })?;
+        Ok(host)
+    }
+
+    fn upload(&self, name: &str, values: &[f32]) -> Result<B::Buffer> {
+        let mut buf = self.backend.alloc(values.len(), name)?;
+        self.backend.write(&mut buf, values)?;
         Ok(buf)
     }
 
@@ -188,9 +179,7 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn ones(&self, len: usize) -> Result<B::Buffer> {
-        let mut buf = self.backend.alloc(len, "unit norm weights")?;
-        self.backend.write(&mut buf, &vec![1.0; len])?;
-        Ok(buf)
+        self.upload("unit norm weights", &vec![1.0; len])
     }
 
     fn has(&self, name: &str) -> bool {
