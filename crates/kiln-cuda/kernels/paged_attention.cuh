@@ -187,3 +187,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const u16* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(shared_address(p)));
 }
+
+// out * 1/sum of a softmax whose max is m (log2 units), with the sink logit (log2 units,
+// `has_sink`) joining the row: its max and its sum, without a value.
+__device__ __forceinline__ float softmax_norm(float m, float sum, float sink, bool has_sink) {
+    if (!has_sink) {
+        return 1.0f / sum;
+    }
+    const float top = fmaxf(m, sink);
+    const float keep = exp2f(m - top);
+    return keep / (sum * keep + exp2f(sink - top));
+}

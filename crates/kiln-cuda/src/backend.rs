@@ -528,7 +528,7 @@ impl Backend for CudaBackend {
 
     fn prepare(&self, weights: &[&GpuWeight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {
         let mut keys: Vec<_> = weights.iter().flat_map(|w| matvec::module_keys(w)).collect();
-        keys.push(crate::paged_attention::module_key(&paged_params(attention, kv)));
+        keys.extend(crate::paged_attention::module_keys(&paged_params(attention, kv)));
         keys.push(("rope", vec![("K_TYPE", kv_type_code(kv.k_type)), ("V_TYPE", kv_type_code(kv.v_type))]));
         self.device.registry().prepare(&keys).map_err(backend_error)?;
         weights.iter().try_for_each(|w| matvec::resolve_matmat_kernels(&self.device, w)).map_err(backend_error)

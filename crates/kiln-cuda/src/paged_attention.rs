@@ -1,5 +1,5 @@
 //! Attention over the paged, typed KV cache for every token of a batched step
-//! (`kernels/paged_attention.cu`). Each token attends causally to its own sequence's positions,
+//! (`kernels/paged_attention.cu`, prefill in `kernels/paged_prefill.cu`). Each token attends causally to its own sequence's positions,
 //! read through that sequence's block table in the step block (`kernels/plan.cuh`).
 //!
 //! Two paths: the split (flash-decoding) kernels, whose grid depends on shapes only, so a
@@ -38,7 +38,7 @@ const TUNE_MAX_ROWS: usize = 1 << 20;
 /// fastest count as ties, won by the fewest splits (smaller partials, cheaper reduce).
 const TUNE_ROUNDS: usize = 3;
 const TUNE_SLACK: f64 = 1.02;
-/// `paged_attention.cu`'s FA_THREADS and FA_KV.
+/// `paged_prefill.cu`'s FA_THREADS and FA_KV.
 const FA_THREADS: u32 = 128;
 const FA_KV: usize = 64;
 /// Cap on the split partials; long batches use fewer splits instead.
@@ -502,12 +502,11 @@ fn tuning_step(n_tokens: usize, positions: usize, cache_blocks: usize) -> Result
     Ok(words)
 }
 
-/// The module of the attention kernels for these shapes, for [`crate::KernelRegistry::prepare`].
-pub fn module_key(p: &PagedAttentionParams) -> (&'static str, Vec<(&'static str, i64)>) {
-    (
-        "paged_attention",
-        vec![("HEAD_DIM", p.head_dim as i64), ("GROUP", p.group() as i64), ("K_TYPE", kv_type_code(p.k_type)), ("V_TYPE", kv_type_code(p.v_type))],
-    )
+/// The modules of the attention kernels for these shapes (decode, prefill), for
+/// [`crate::KernelRegistry::prepare`].
+pub fn module_keys(p: &PagedAttentionParams) -> [(&'static str, Vec<(&'static str, i64)>); 2] {
+    let defines = vec![("HEAD_DIM", p.head_dim as i64), ("GROUP", p.group() as i64), ("K_TYPE", kv_type_code(p.k_type)), ("V_TYPE", kv_type_code(p.v_type))];
+    [("paged_attention", defines.clone()), ("paged_prefill", defines)]
 }
 
 impl State {
@@ -532,7 +531,7 @@ impl State {
                     .occupancy_max_active_blocks_per_multiprocessor(DEC_THREADS, split_shared, None)
                     .map_err(CudaError::driver("querying paged_attention_split occupancy"))?;
                 let resident_blocks = (per_multiprocessor as usize).max(1) * device.info().multiprocessor_count as usize;
-                let prefill = load("paged_attention_prefill")?;
+                let prefill = device.registry().function("paged_prefill", "paged_attention_prefill", &defines)?;
                 let shared = prefill_shared_bytes(key.head_dim);
                 prefill
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
