@@ -184,15 +184,24 @@ fn float_weights_are_exact_up_to_summation_order() {
 
 /// Throughput of the integer matmul on Qwen3-0.6B's FFN shape at every SIMD level of this CPU (run with --ignored --nocapture;
 /// one thread, best of several runs, so that other load on the machine matters less).
+/// `KILN_THROUGHPUT_TYPES=Q5_1,IQ4_XS` and `KILN_THROUGHPUT_N=1,64` choose other formats and token counts.
 #[test]
 #[ignore]
 fn matmul_throughput() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     let mut rng = Rng(14);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
+    let types: Vec<GgmlType> = match std::env::var("KILN_THROUGHPUT_TYPES") {
+        Ok(list) => list.split(',').map(|t| GgmlType::from_name(t).unwrap_or_else(|| panic!("unknown type {t}"))).collect(),
+        Err(_) => vec![GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0],
+    };
+    let ns: Vec<usize> = match std::env::var("KILN_THROUGHPUT_N") {
+        Ok(list) => list.split(',').map(|n| n.parse().expect("token counts")).collect(),
+        Err(_) => vec![1, 2, 4, 8, 16, 64],
+    };
+    for ty in types {
         let (rows, cols) = (3072, 1024);
         let (w, _) = weight(ty, rows, cols, &mut rng);
-        for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| [1, 2, 4, 8, 16, 64].map(|n| (l, n))) {
+        for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| ns.iter().map(move |&n| (l, n))) {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
             let backend = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: level });
             let w = backend.upload_weight(w.clone()).unwrap();

@@ -1,0 +1,188 @@
+//! Fused AVX2 kernels of the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4
+//! (through [`blocks32`]) and Q8_0.
+
+use std::arch::x86_64::*;
+
+use kiln_quant::{e8m0_half, E2M1_X2, IQ4_NL_CODEBOOK};
+
+use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum};
+use crate::cpu_int::acts::QuantizedActs;
+
+/// How a block's nibbles become codes.
+const PLAIN: u8 = 0;
+/// IQ4_NL's signed codebook (through `vpshufb`, then the sign trick).
+const IQ4_NL: u8 = 1;
+/// MXFP4's E2M1 values times 2, plus 12 (unsigned, below 64), through `vpshufb`.
+const MXFP4: u8 = 2;
+
+/// The 32-value block formats: `BYTES` per block, the scale first (f16 d, or MXFP4's e8m0
+/// exponent byte), then an f16 min when `HAS_MIN`, the u32 fifth bits at `QH_AT` (0: none),
+/// the 16 nibble bytes at `QS_AT` (value j low, j + 16 high); value = d * (code - bias) + m,
+/// the code being the nibble (or 5-bit value) or its codebook entry as `CODES` says. Four
+/// blocks a step: their scales are converted and multiplied together, and two accumulators
+/// take turns.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, const HAS_MIN: bool, const CODES: u8>(
+    row: &[u8],
+    acts: &QuantizedActs,
+    t: usize,
+    bias: f32,
+) -> f32 {
+    let cols = acts.cols;
+    let blocks = cols / 32;
+    let qs = acts.qs.as_ptr().add(t * cols);
+    let (act_scale, sums) = (&acts.scale[t * blocks..][..blocks], &acts.scaled_sum32[t * blocks..][..blocks]);
+    let row = &row[..blocks * BYTES];
+    let mask = _mm_set1_epi8(0x0f);
+    let table = match CODES {
+        IQ4_NL => _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_CODEBOOK.as_ptr().cast())),
+        MXFP4 => {
+            let shifted: [i8; 16] = std::array::from_fn(|i| E2M1_X2[i] + 12);
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(shifted.as_ptr().cast()))
+        }
+        _ => _mm256_setzero_si256(),
+    };
+    let block_dot = |b: usize| {
+        let block = &row[b * BYTES..(b + 1) * BYTES];
+        // SAFETY: the block holds its 16 nibble bytes at QS_AT; values 32b..32b+32 are in the activations.
+        let w = _mm_loadu_si128(block.as_ptr().add(QS_AT).cast());
+        let mut u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(w), mask), _mm_and_si128(w, mask));
+        if QH_AT != 0 {
+            let qh = u32::from_le_bytes([block[QH_AT], block[QH_AT + 1], block[QH_AT + 2], block[QH_AT + 3]]);
+            u = _mm256_or_si256(u, _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
+        }
+        let a = _mm256_loadu_si256(qs.add(32 * b).cast());
+        let dot = match CODES {
+            IQ4_NL => dot_signed(_mm256_shuffle_epi8(table, u), a),
+            MXFP4 => dot_small(_mm256_shuffle_epi8(table, u), a),
+            _ => dot_small(u, a),
+        };
+        _mm256_cvtepi32_ps(dot)
+    };
+    let scale_of = |b: usize| if CODES == MXFP4 { e8m0_half(row[b * BYTES]) } else { f16_at(row, b * BYTES) };
+    // The scales of blocks b..b+4 (or the f16 at byte `at` of each), as f32.
+    let scales4 = |b: usize, at: usize| {
+        if CODES == MXFP4 {
+            _mm_setr_ps(scale_of(b), scale_of(b + 1), scale_of(b + 2), scale_of(b + 3))
+        } else {
+            let bits = (0..4).fold(0u64, |acc, i| acc | u64::from(u16::from_le_bytes([row[(b + i) * BYTES + at], row[(b + i) * BYTES + at + 1]])) << (16 * i));
+            _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
+        }
+    };
+    let (mut main, mut rest) = ([_mm256_setzero_ps(); 2], _mm_setzero_ps());
+    let mut b = 0;
+    while b + 4 <= blocks {
+        let d = scales4(b, 0);
+        let mut c = [0f32; 4];
+        // SAFETY: blocks b..b+4 have activation scales and sums.
+        _mm_storeu_ps(c.as_mut_ptr(), _mm_mul_ps(d, _mm_loadu_ps(act_scale.as_ptr().add(b))));
+        if bias != 0.0 || HAS_MIN {
+            let offset = if HAS_MIN { scales4(b, 2) } else { _mm_setzero_ps() };
+            rest = _mm_fmadd_ps(_mm_fnmadd_ps(_mm_set1_ps(bias), d, offset), _mm_loadu_ps(sums.as_ptr().add(b)), rest);
+        }
+        for (i, &c) in c.iter().enumerate() {
+            main[i % 2] = _mm256_fmadd_ps(block_dot(b + i), _mm256_set1_ps(c), main[i % 2]);
+        }
+        b += 4;
+    }
+    let mut tail = 0f32;
+    for b in b..blocks {
+        let d = scale_of(b);
+        main[0] = _mm256_fmadd_ps(block_dot(b), _mm256_set1_ps(d * act_scale[b]), main[0]);
+        let offset = if HAS_MIN { f16_at(row, b * BYTES + 2) } else { 0.0 };
+        tail += (offset - bias * d) * sums[b];
+    }
+    let rest = _mm_add_ps(rest, _mm_movehl_ps(rest, rest));
+    hsum(_mm256_add_ps(main[0], main[1])) + _mm_cvtss_f32(_mm_add_ss(rest, _mm_shuffle_ps::<1>(rest, rest))) + tail
+}
+
+/// Q4_0: 18-byte blocks (f16 d, 16 nibble bytes); u = q, bias 8.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `row` holds `acts.cols` values of the format.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<18, 2, 0, false, PLAIN>(row, acts, t, 8.0)
+}
+
+/// Q4_1: 20-byte blocks (f16 d, f16 m, 16 nibble bytes); value = d * q + m.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_1(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<20, 4, 0, true, PLAIN>(row, acts, t, 0.0)
+}
+
+/// Q5_0: 22-byte blocks (f16 d, u32 fifth bits, 16 nibble bytes); u = 5-bit code, bias 16.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<22, 6, 2, false, PLAIN>(row, acts, t, 16.0)
+}
+
+/// Q5_1: 24-byte blocks (f16 d, f16 m, u32 fifth bits, 16 nibble bytes); value = d * u + m.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_1(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<24, 8, 4, true, PLAIN>(row, acts, t, 0.0)
+}
+
+/// IQ4_NL: Q4_0's layout with codebook values (signed, through the sign trick; no bias).
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn iq4_nl(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<18, 2, 0, false, IQ4_NL>(row, acts, t, 0.0)
+}
+
+/// MXFP4: 17-byte blocks (e8m0 exponent, 16 nibble bytes of E2M1 codes); u = 2 * value + 12,
+/// bias 12, scale `e8m0_half`.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn mxfp4(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    blocks32::<17, 1, 0, false, MXFP4>(row, acts, t, 12.0)
+}
+
+/// Q8_0: 34-byte blocks (f16 d, 32 signed codes), by the sign trick.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let cols = acts.cols;
+    let blocks = cols / 32;
+    let qs = acts.qs.as_ptr().add(t * cols);
+    let act_scale = &acts.scale[t * blocks..][..blocks];
+    let row = &row[..blocks * 34];
+    let block_dot = |b: usize| {
+        // SAFETY: block b's 32 codes follow its scale; values 32b..32b+32 are in the activations.
+        let s = _mm256_loadu_si256(row.as_ptr().add(34 * b + 2).cast());
+        let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(s), _mm256_sign_epi8(_mm256_loadu_si256(qs.add(32 * b).cast()), s));
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    };
+    let mut main = [_mm256_setzero_ps(); 2];
+    let mut b = 0;
+    while b + 4 <= blocks {
+        let bits = (0..4).fold(0u64, |acc, i| acc | u64::from(u16::from_le_bytes([row[34 * (b + i)], row[34 * (b + i) + 1]])) << (16 * i));
+        let mut c = [0f32; 4];
+        // SAFETY: blocks b..b+4 have activation scales.
+        _mm_storeu_ps(c.as_mut_ptr(), _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)), _mm_loadu_ps(act_scale.as_ptr().add(b))));
+        for (i, &c) in c.iter().enumerate() {
+            main[i % 2] = _mm256_fmadd_ps(block_dot(b + i), _mm256_set1_ps(c), main[i % 2]);
+        }
+        b += 4;
+    }
+    for (b, &a) in act_scale.iter().enumerate().skip(b) {
+        main[0] = _mm256_fmadd_ps(block_dot(b), _mm256_set1_ps(f16_at(row, 34 * b) * a), main[0]);
+    }
+    hsum(_mm256_add_ps(main[0], main[1]))
+}
