@@ -1,11 +1,11 @@
 //! Fused AVX2 kernels of the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4
-//! (through [`blocks32`]) and Q8_0.
+//! (through [`blocks32`]) and Q8_0; and NVFP4's 64-value blocks.
 
 use std::arch::x86_64::*;
 
-use kiln_quant::{e8m0_half, E2M1_X2, IQ4_NL_CODEBOOK};
+use kiln_quant::{e8m0_half, ue4m3_half, E2M1_X2, IQ4_NL_CODEBOOK};
 
-use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum};
+use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum, hsum128};
 use crate::cpu_int::acts::QuantizedActs;
 
 /// How a block's nibbles become codes.
@@ -185,4 +185,48 @@ pub unsafe fn q8_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
         main[0] = _mm256_fmadd_ps(block_dot(b), _mm256_set1_ps(f16_at(row, 34 * b) * a), main[0]);
     }
     hsum(_mm256_add_ps(main[0], main[1]))
+}
+
+/// `ue4m3_half` of every byte, built once.
+fn ue4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|b| ue4m3_half(b as u8)))
+}
+
+/// NVFP4: 36-byte blocks of 64 (4 unsigned E4M3 scales, one per 16 values; 32 nibble bytes,
+/// group g's codes in bytes 8g..8g+8, value i low and i + 8 high); u = 2 * E2M1 value + 12,
+/// bias 12. A block's nibbles are unpacked at once and put in value order by unpacking 64-bit
+/// halves; lanes 0-3 of a 32-value dot belong to its first group, 4-7 to its second.
+///
+/// # Safety
+/// As [`q4_0`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn nvfp4(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
+    let cols = acts.cols;
+    let qs = acts.qs.as_ptr().add(t * cols);
+    let (act_scale, sums) = (acts.scale.as_ptr().add(t * cols / 32), acts.scaled_sum16.as_ptr().add(t * cols / 16));
+    let scales = ue4m3_table();
+    let shifted: [i8; 16] = std::array::from_fn(|i| E2M1_X2[i] + 12);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(shifted.as_ptr().cast()));
+    let low = _mm256_set1_epi8(0x0f);
+    let groups = [_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)];
+    let (mut main, mut bias_terms) = ([_mm256_setzero_ps(); 2], _mm_setzero_ps());
+    for b in 0..cols / 64 {
+        let block = &row[36 * b..36 * (b + 1)];
+        let ws = _mm_setr_ps(scales[usize::from(block[0])], scales[usize::from(block[1])], scales[usize::from(block[2])], scales[usize::from(block[3])]);
+        // SAFETY (loads): the block's 32 nibble bytes; activation scales 2b, 2b + 1, sums 4b..4b+4, codes 64b..64b+64 of token t.
+        bias_terms = _mm_fmadd_ps(ws, _mm_loadu_ps(sums.add(4 * b)), bias_terms);
+        let a2 = _mm_castsi128_ps(_mm_loadl_epi64(act_scale.add(2 * b).cast()));
+        let c = _mm256_castps128_ps256(_mm_mul_ps(ws, _mm_unpacklo_ps(a2, a2)));
+        let x = _mm256_loadu_si256(block.as_ptr().add(4).cast());
+        let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low));
+        let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(x), low));
+        let (g02, g13) = (_mm256_unpacklo_epi64(lo, hi), _mm256_unpackhi_epi64(lo, hi));
+        let chunks = [_mm256_permute2x128_si256::<0x20>(g02, g13), _mm256_permute2x128_si256::<0x31>(g02, g13)];
+        for (j, &u) in chunks.iter().enumerate() {
+            let dot = dot_small(u, _mm256_loadu_si256(qs.add(64 * b + 32 * j).cast()));
+            main[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(c, groups[j]), main[j]);
+        }
+    }
+    hsum(_mm256_add_ps(main[0], main[1])) - 12.0 * hsum128(bias_terms)
 }

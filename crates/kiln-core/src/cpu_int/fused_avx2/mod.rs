@@ -26,6 +26,7 @@ pub fn kernel(ty: GgmlType) -> Option<FusedRow> {
         GgmlType::Q8_0 => blocks32::q8_0,
         GgmlType::IQ4_NL => blocks32::iq4_nl,
         GgmlType::MXFP4 => blocks32::mxfp4,
+        GgmlType::NVFP4 => blocks32::nvfp4,
         GgmlType::Q2_K => kquants::q2_k,
         GgmlType::Q3_K => kquants::q3_k,
         GgmlType::Q4_K => kquants::q4_k,
@@ -75,6 +76,14 @@ fn bit_bytes(bits: u32) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn hsum(v: __m256) -> f32 {
     super::avx2::hsum(v)
+}
+
+/// The sum of the 4 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum128(v: __m128) -> f32 {
+    let half = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps::<1>(half, half)))
 }
 
 /// Eight bytes (the low 64 bits of `v`) as f32.
