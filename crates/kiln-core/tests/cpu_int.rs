@@ -184,7 +184,9 @@ fn float_weights_are_exact_up_to_summation_order() {
 
 /// Throughput of the integer matmul on Qwen3-0.6B's FFN shape at every SIMD level of this CPU (run with --ignored --nocapture;
 /// one thread, best of several runs, so that other load on the machine matters less).
-/// `KILN_THROUGHPUT_TYPES=Q5_1,IQ4_XS` and `KILN_THROUGHPUT_N=1,64` choose other formats and token counts.
+/// `KILN_THROUGHPUT_TYPES=Q5_1,IQ4_XS`, `KILN_THROUGHPUT_N=1,64` and `KILN_THROUGHPUT_SHAPE=512x4096`
+/// (rows x cols; 512 x 1024 fits in a 512 KiB L2 in the 4-bit formats) choose other formats, token
+/// counts and shapes.
 #[test]
 #[ignore]
 fn matmul_throughput() {
@@ -199,7 +201,13 @@ fn matmul_throughput() {
         Err(_) => vec![1, 2, 4, 8, 16, 64],
     };
     for ty in types {
-        let (rows, cols) = (3072, 1024);
+        let (rows, cols) = match std::env::var("KILN_THROUGHPUT_SHAPE") {
+            Ok(shape) => {
+                let (r, c) = shape.split_once('x').expect("ROWSxCOLS");
+                (r.parse().expect("rows"), c.parse().expect("cols"))
+            }
+            Err(_) => (3072, 1024),
+        };
         let (w, _) = weight(ty, rows, cols, &mut rng);
         for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| ns.iter().map(move |&n| (l, n))) {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
