@@ -186,11 +186,13 @@ fn float_weights_are_exact_up_to_summation_order() {
 /// one thread, best of several runs, so that other load on the machine matters less).
 /// `KILN_THROUGHPUT_TYPES=Q5_1,IQ4_XS`, `KILN_THROUGHPUT_N=1,64` and `KILN_THROUGHPUT_SHAPE=512x4096`
 /// (rows x cols; 512 x 1024 fits in a 512 KiB L2 in the 4-bit formats) choose other formats, token
-/// counts and shapes.
+/// counts and shapes; `KILN_THROUGHPUT_THREADS` and `KILN_THROUGHPUT_REPS` the threads (1) and
+/// the repetitions the best is taken of (7).
 #[test]
 #[ignore]
 fn matmul_throughput() {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let threads = std::env::var("KILN_THROUGHPUT_THREADS").map_or(1, |t| t.parse().expect("threads"));
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let mut rng = Rng(14);
     let types: Vec<GgmlType> = match std::env::var("KILN_THROUGHPUT_TYPES") {
         Ok(list) => list.split(',').map(|t| GgmlType::from_name(t).unwrap_or_else(|| panic!("unknown type {t}"))).collect(),
@@ -217,7 +219,7 @@ fn matmul_throughput() {
             backend.write(&mut xb, &x).unwrap();
             let mut out = backend.alloc(n * rows, "out").unwrap();
             let best = pool.install(|| {
-                (0..7)
+                (0..std::env::var("KILN_THROUGHPUT_REPS").map_or(7, |r| r.parse().expect("repetitions")))
                     .map(|_| {
                         let start = std::time::Instant::now();
                         backend.matmul(&w, &xb, &mut out, n).unwrap();

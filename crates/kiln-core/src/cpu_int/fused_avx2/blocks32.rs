@@ -1,5 +1,5 @@
-//! Fused AVX2 kernels of the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4
-//! (through [`blocks32`]) and Q8_0; and NVFP4's 64-value blocks.
+//! Fused AVX2 kernels of the 32-value block formats: Q4_0, Q4_1, Q5_0, Q5_1, MXFP4
+//! (through [`blocks32`]), IQ4_NL and Q8_0; and NVFP4's 64-value blocks.
 
 use std::arch::x86_64::*;
 
@@ -10,15 +10,13 @@ use crate::cpu_int::acts::QuantizedActs;
 
 /// How a block's nibbles become codes.
 const PLAIN: u8 = 0;
-/// IQ4_NL's signed codebook (through `vpshufb`, then the sign trick).
-const IQ4_NL: u8 = 1;
 /// MXFP4's E2M1 values times 2, plus 12 (unsigned, below 64), through `vpshufb`.
-const MXFP4: u8 = 2;
+const MXFP4: u8 = 1;
 
 /// The 32-value block formats: `BYTES` per block, the scale first (f16 d, or MXFP4's e8m0
 /// exponent byte), then an f16 min when `HAS_MIN`, the u32 fifth bits at `QH_AT` (0: none),
 /// the 16 nibble bytes at `QS_AT` (value j low, j + 16 high); value = d * (code - bias) + m,
-/// the code being the nibble (or 5-bit value) or its codebook entry as `CODES` says. Four
+/// the code being the nibble (or 5-bit value), or its MXFP4 value as `CODES` says. Four
 /// blocks a step: their scales are converted and multiplied together, and two accumulators
 /// take turns.
 #[inline]
@@ -36,7 +34,6 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
     let row = &row[..blocks * BYTES];
     let mask = _mm_set1_epi8(0x0f);
     let table = match CODES {
-        IQ4_NL => _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_CODEBOOK.as_ptr().cast())),
         MXFP4 => {
             let shifted: [i8; 16] = std::array::from_fn(|i| E2M1_X2[i] + 12);
             _mm256_broadcastsi128_si256(_mm_loadu_si128(shifted.as_ptr().cast()))
@@ -54,7 +51,6 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
         }
         let a = _mm256_loadu_si256(qs.add(32 * b).cast());
         let dot = match CODES {
-            IQ4_NL => dot_signed(_mm256_shuffle_epi8(table, u), a),
             MXFP4 => dot_small(_mm256_shuffle_epi8(table, u), a),
             _ => dot_small(u, a),
         };
@@ -145,13 +141,46 @@ pub unsafe fn q5_1(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     blocks32::<24, 8, 4, true, PLAIN>(row, acts, t, 0.0)
 }
 
-/// IQ4_NL: Q4_0's layout with codebook values (signed, through the sign trick; no bias).
+/// IQ4_NL: Q4_0's layout with codebook values (signed, through the sign trick; no bias). Two
+/// blocks share each unpacking step (one vector holds both blocks' nibble bytes; their codebook
+/// values are put in value order by two 128-bit permutes), four blocks share their scales' step.
 ///
 /// # Safety
 /// As [`q4_0`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq4_nl(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
-    blocks32::<18, 2, 0, false, IQ4_NL>(row, acts, t, 0.0)
+    let cols = acts.cols;
+    let blocks = cols / 32;
+    let qs = acts.qs.as_ptr().add(t * cols);
+    let act_scale = &acts.scale[t * blocks..][..blocks];
+    let row = &row[..blocks * 18];
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_CODEBOOK.as_ptr().cast()));
+    let mask = _mm256_set1_epi8(0x0f);
+    let dot = |s: __m256i, b: usize| _mm256_cvtepi32_ps(dot_signed(s, _mm256_loadu_si256(qs.add(32 * b).cast())));
+    let mut main = [_mm256_setzero_ps(); 2];
+    let mut b = 0;
+    while b + 4 <= blocks {
+        // SAFETY: blocks b..b+4 lie inside the row and have activation scales; values 32b..32b+128 are in the activations.
+        let mut c = [0f32; 4];
+        _mm_storeu_ps(c.as_mut_ptr(), _mm_mul_ps(f16x4(row.as_ptr().add(18 * b), 18), _mm_loadu_ps(act_scale.as_ptr().add(b))));
+        for pair in 0..2 {
+            let p = row.as_ptr().add(18 * (b + 2 * pair) + 2);
+            let w = _mm256_loadu2_m128i(p.add(18).cast(), p.cast());
+            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(w, mask));
+            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask));
+            let first = b + 2 * pair;
+            main[0] = _mm256_fmadd_ps(dot(_mm256_permute2x128_si256::<0x20>(lo, hi), first), _mm256_set1_ps(c[2 * pair]), main[0]);
+            main[1] = _mm256_fmadd_ps(dot(_mm256_permute2x128_si256::<0x31>(lo, hi), first + 1), _mm256_set1_ps(c[2 * pair + 1]), main[1]);
+        }
+        b += 4;
+    }
+    for (b, &a) in act_scale.iter().enumerate().skip(b) {
+        // SAFETY: block b lies inside the row.
+        let w = _mm_loadu_si128(row.as_ptr().add(18 * b + 2).cast());
+        let u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(w), _mm256_castsi256_si128(mask)), _mm_and_si128(w, _mm256_castsi256_si128(mask)));
+        main[0] = _mm256_fmadd_ps(dot(_mm256_shuffle_epi8(table, u), b), _mm256_set1_ps(f16_at(row, 18 * b) * a), main[0]);
+    }
+    hsum(_mm256_add_ps(main[0], main[1]))
 }
 
 /// MXFP4: 17-byte blocks (e8m0 exponent, 16 nibble bytes of E2M1 codes); u = 2 * value + 12,

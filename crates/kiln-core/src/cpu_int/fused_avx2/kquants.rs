@@ -270,22 +270,35 @@ unsafe fn one_scale_chunks(acts: &QuantizedActs, t: usize, first_value: usize, d
 }
 
 /// TQ2_0: 66-byte blocks of 256 (64 bytes of 2-bit codes laid out as Q2_K's, f16 d):
-/// value = d * (q - 1), bias 1.
+/// value = d * (q - 1), bias 1. The block's 8 coefficients and its bias term are vector
+/// operations, and each 32 values' codes come from one running shift.
 ///
 /// # Safety
 /// As [`q2_k`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tq2_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
-    let (mut main, mut bias_terms) = ([_mm256_setzero_ps(); 2], 0f32);
+    let cols = acts.cols;
+    let qs = acts.qs.as_ptr().add(t * cols);
+    let (act_scale, sums) = (acts.scale.as_ptr().add(t * cols / 32), acts.scaled_sum32.as_ptr().add(t * cols / 32));
+    let (mut main, mut bias_terms) = ([_mm256_setzero_ps(); 2], _mm256_setzero_ps());
     let three = _mm256_set1_epi8(3);
-    for b in 0..acts.cols / 256 {
+    for b in 0..cols / 256 {
         let block = &row[66 * b..66 * (b + 1)];
-        // SAFETY: the block's 64 code bytes.
-        let q = [_mm256_loadu_si256(block.as_ptr().cast()), _mm256_loadu_si256(block.as_ptr().add(32).cast())];
-        let codes: [__m256i; 8] = std::array::from_fn(|j| _mm256_and_si256(_mm256_srl_epi16(q[j / 4], _mm_cvtsi32_si128(2 * (j % 4) as i32)), three));
-        one_scale_chunks(acts, t, 256 * b, f16_at(block, 64), &codes, &mut main, &mut bias_terms);
+        let d = _mm256_set1_ps(f16_at(block, 64));
+        let mut c = [0f32; 8];
+        // SAFETY (loads): the block's 64 code bytes; 8 activation scales and sums and 256 codes of token t.
+        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(act_scale.add(8 * b))));
+        bias_terms = _mm256_fmadd_ps(d, _mm256_loadu_ps(sums.add(8 * b)), bias_terms);
+        for h in 0..2 {
+            let mut q = _mm256_loadu_si256(block.as_ptr().add(32 * h).cast());
+            for k in 0..4 {
+                let dot = dot_small(_mm256_and_si256(q, three), _mm256_loadu_si256(qs.add(256 * b + 128 * h + 32 * k).cast()));
+                main[k % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(c[4 * h + k]), main[k % 2]);
+                q = _mm256_srli_epi16::<2>(q);
+            }
+        }
     }
-    hsum(_mm256_add_ps(main[0], main[1])) - bias_terms
+    hsum(_mm256_add_ps(main[0], main[1])) - hsum(bias_terms)
 }
 
 /// Q1_0: 18-byte blocks of 128 (f16 d, 16 bytes of sign bits, LSB first): value = d * (2b - 1),
