@@ -184,15 +184,34 @@ fn float_weights_are_exact_up_to_summation_order() {
 
 /// Throughput of the integer matmul on Qwen3-0.6B's FFN shape at every SIMD level of this CPU (run with --ignored --nocapture;
 /// one thread, best of several runs, so that other load on the machine matters less).
+/// `KILN_THROUGHPUT_TYPES=Q5_1,IQ4_XS`, `KILN_THROUGHPUT_N=1,64` and `KILN_THROUGHPUT_SHAPE=512x4096`
+/// (rows x cols; 512 x 1024 fits in a 512 KiB L2 in the 4-bit formats) choose other formats, token
+/// counts and shapes; `KILN_THROUGHPUT_THREADS` and `KILN_THROUGHPUT_REPS` the threads (1) and
+/// the repetitions the best is taken of (7).
 #[test]
 #[ignore]
 fn matmul_throughput() {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let threads = std::env::var("KILN_THROUGHPUT_THREADS").map_or(1, |t| t.parse().expect("threads"));
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let mut rng = Rng(14);
-    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
-        let (rows, cols) = (3072, 1024);
+    let types: Vec<GgmlType> = match std::env::var("KILN_THROUGHPUT_TYPES") {
+        Ok(list) => list.split(',').map(|t| GgmlType::from_name(t).unwrap_or_else(|| panic!("unknown type {t}"))).collect(),
+        Err(_) => vec![GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0],
+    };
+    let ns: Vec<usize> = match std::env::var("KILN_THROUGHPUT_N") {
+        Ok(list) => list.split(',').map(|n| n.parse().expect("token counts")).collect(),
+        Err(_) => vec![1, 2, 4, 8, 16, 64],
+    };
+    for ty in types {
+        let (rows, cols) = match std::env::var("KILN_THROUGHPUT_SHAPE") {
+            Ok(shape) => {
+                let (r, c) = shape.split_once('x').expect("ROWSxCOLS");
+                (r.parse().expect("rows"), c.parse().expect("cols"))
+            }
+            Err(_) => (3072, 1024),
+        };
         let (w, _) = weight(ty, rows, cols, &mut rng);
-        for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| [1, 2, 4, 8, 16, 64].map(|n| (l, n))) {
+        for (level, n) in levels().into_iter().filter(|&l| l != SimdLevel::Scalar).flat_map(|l| ns.iter().map(move |&n| (l, n))) {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.normal()).collect();
             let backend = CpuBackend::with_options(CpuOptions { matmul: CpuMatmul::Quantized, simd: level });
             let w = backend.upload_weight(w.clone()).unwrap();
@@ -200,7 +219,7 @@ fn matmul_throughput() {
             backend.write(&mut xb, &x).unwrap();
             let mut out = backend.alloc(n * rows, "out").unwrap();
             let best = pool.install(|| {
-                (0..7)
+                (0..std::env::var("KILN_THROUGHPUT_REPS").map_or(7, |r| r.parse().expect("repetitions")))
                     .map(|_| {
                         let start = std::time::Instant::now();
                         backend.matmul(&w, xb.rows(n, w.cols).unwrap(), out.rows_mut(n, w.rows).unwrap()).unwrap();
