@@ -469,7 +469,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
         Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open)?),
-        None => devices::gpus(args.split, open).map_err(|e| eprintln!("kiln bench: no usable GPU: {e}; running on the CPU")).ok(),
+        None => devices::gpus_if_any("kiln bench", args.split, open)?,
     };
     match (gpu, args.batched) {
         (Some(gpus), false) => bench_with(gpus, file, &path, &args),

@@ -65,6 +65,20 @@ pub fn cpu(split: SplitArgs, make: impl Fn() -> CpuBackend) -> CliResult<Devices
     })
 }
 
+/// The GPUs when `--device` is not given: `None` (the caller runs on the CPU, after `command`
+/// says why) on a machine without a usable GPU; an error on one whose GPUs cannot take the
+/// request (`-tp` larger than their count), which must not quietly become a CPU simulation.
+pub fn gpus_if_any(command: &str, split: SplitArgs, open: impl Fn(usize) -> CliResult<CudaBackend>) -> CliResult<Option<Devices<CudaBackend>>> {
+    match gpus(split, open) {
+        Ok(devices) => Ok(Some(devices)),
+        Err(e) if split.tensor_parallel.is_some() && kiln_cuda::device_count().unwrap_or(0) > 0 => Err(e),
+        Err(e) => {
+            eprintln!("{command}: no usable GPU: {e}; running on the CPU");
+            Ok(None)
+        }
+    }
+}
+
 /// GPU 0 (made by `open`), or GPUs 0..N for `-tp N`, joined by NCCL.
 pub fn gpus(split: SplitArgs, open: impl Fn(usize) -> CliResult<CudaBackend>) -> CliResult<Devices<CudaBackend>> {
     let Some(ranks) = split.tensor_parallel else { return Ok(Devices::One(Arc::new(open(0)?))) };

@@ -155,7 +155,7 @@ pub fn run(args: RunArgs) -> CliResult {
     let gpu = match args.device {
         Some(DeviceKind::Cpu) => None,
         Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open_gpu_at)?),
-        None => devices::gpus(args.split, open_gpu_at).map_err(|e| eprintln!("kiln: no usable GPU: {e}; running on the CPU")).ok(),
+        None => devices::gpus_if_any("kiln", args.split, open_gpu_at)?,
     };
     match gpu {
         Some(gpus) => load_and_generate(gpus, file, &tokenizer, &args),

@@ -115,7 +115,7 @@ pub fn serve(args: ServeArgs) -> CliResult {
         let gpu = match args.device {
             Some(DeviceKind::Cpu) => None,
             Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open_gpu_at).map_err(|e| e.to_string())?),
-            None => devices::gpus(args.split, open_gpu_at).map_err(|e| eprintln!("kiln serve: no usable GPU: {e}; running on the CPU")).ok(),
+            None => devices::gpus_if_any("kiln serve", args.split, open_gpu_at).map_err(|e| e.to_string())?,
         };
         let result = match gpu {
             Some(gpus) => load_and_run(gpus, &args, slot),

@@ -192,6 +192,31 @@ impl<T> Clone for Tensor<'_, T> {
 
 impl<T> Copy for Tensor<'_, T> {}
 
+/// The shape accessors both view types share.
+macro_rules! view_accessors {
+    () => {
+        pub fn shape(&self) -> Shape {
+            self.shape
+        }
+
+        pub fn dtype(&self) -> DType {
+            T::DTYPE
+        }
+
+        pub fn numel(&self) -> usize {
+            self.shape.numel()
+        }
+
+        pub fn rows(&self) -> usize {
+            self.shape.rows()
+        }
+
+        pub fn cols(&self) -> usize {
+            self.shape.cols()
+        }
+    };
+}
+
 impl<'a, T: DeviceBuffer> Tensor<'a, T> {
     /// A view of `shape` over the start of `buf`; an error when `buf` is shorter.
     pub fn new(buf: &'a T, shape: impl Into<Shape>) -> Result<Self> {
@@ -204,25 +229,7 @@ impl<'a, T: DeviceBuffer> Tensor<'a, T> {
         self.buf
     }
 
-    pub fn shape(&self) -> Shape {
-        self.shape
-    }
-
-    pub fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-
-    pub fn numel(&self) -> usize {
-        self.shape.numel()
-    }
-
-    pub fn rows(&self) -> usize {
-        self.shape.rows()
-    }
-
-    pub fn cols(&self) -> usize {
-        self.shape.cols()
-    }
+    view_accessors!();
 
     /// The same values as another shape of as many elements.
     pub fn reshape(self, shape: impl Into<Shape>) -> Result<Self> {
@@ -263,25 +270,7 @@ impl<'a, T: DeviceBuffer> TensorMut<'a, T> {
         self.buf
     }
 
-    pub fn shape(&self) -> Shape {
-        self.shape
-    }
-
-    pub fn dtype(&self) -> DType {
-        T::DTYPE
-    }
-
-    pub fn numel(&self) -> usize {
-        self.shape.numel()
-    }
-
-    pub fn rows(&self) -> usize {
-        self.shape.rows()
-    }
-
-    pub fn cols(&self) -> usize {
-        self.shape.cols()
-    }
+    view_accessors!();
 
     /// A read-only view of the same values.
     pub fn as_ref(&self) -> Tensor<'_, T> {
