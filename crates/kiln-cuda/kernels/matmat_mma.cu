@@ -87,6 +87,24 @@ __device__ __forceinline__ void matmat_two(const W& gate, const W& up, const u16
 // x: f16 activations [n][cols] with cols a multiple of 8; partials: the split-K sums.
 #define MM_ARGS const u16* x, u32 cols, u32 n, float* out, u32 rows, float* partials
 #define MM_PASS x, cols, n, out, rows, partials
+#if MMA_PIPE == 2
+// Experts over groups of slots (a prompt's or a large batch's mixture of experts): the slots
+// were sorted by expert into groups of up to MMA_BN that share one (moe_group_slots), their
+// rows gathered into MMA_BN consecutive rows per group, so the token block g = blockIdx.x is
+// group g and multiplies by expert group_expert[g], whose weight descriptor is table[expert].
+// Blocks of groups from *n_groups on exit at once.
+#define MM_GROUP_ARGS const u32 *group_expert, const u32 *n_groups, MM_ARGS, u32 accumulate
+#define MM_GROUP_PASS group_expert, n_groups, MM_PASS, accumulate
+template <class W>
+__device__ __forceinline__ void matmat_group(const W* table, const u32* group_expert, const u32* n_groups, const u16* x, u32 ld,
+                                             u32 n, float* out, u32 rows, float* partials, u32 accumulate) {
+    if (blockIdx.x >= *n_groups) {
+        return;
+    }
+    const W w = table[group_expert[blockIdx.x]];
+    matmat_body<W, 1>(w, w, x, ld, n, out, rows, accumulate, partials);
+}
+#endif
 #else
 #include "mma_tile.cuh"
 #define MM_ARGS const float* x, u32 cols, u32 n, float* out, u32 rows
@@ -198,6 +216,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q8_0(QuantRows<FmtQ8_0> gate, QuantRows<FmtQ8_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q8_0(const QuantRows<FmtQ8_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(2)
@@ -207,6 +230,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_0(QuantRows<FmtQ4_0> gate, QuantRows<FmtQ4_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q4_0(const QuantRows<FmtQ4_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(3)
@@ -216,6 +244,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_1(QuantRows<FmtQ4_1> gate, QuantRows<FmtQ4_1> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q4_1(const QuantRows<FmtQ4_1>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(6)
@@ -225,6 +258,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_0(QuantRows<FmtQ5_0> gate, QuantRows<FmtQ5_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q5_0(const QuantRows<FmtQ5_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(7)
@@ -234,6 +272,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_1(QuantRows<FmtQ5_1> gate, QuantRows<FmtQ5_1> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q5_1(const QuantRows<FmtQ5_1>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(20)
@@ -243,6 +286,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq4_nl(QuantRows<FmtIQ4_NL> gate, QuantRows<FmtIQ4_NL> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq4_nl(const QuantRows<FmtIQ4_NL>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(41)
@@ -252,6 +300,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q1_0(QuantRows<FmtQ1_0> gate, QuantRows<FmtQ1_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q1_0(const QuantRows<FmtQ1_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(10)
@@ -261,6 +314,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q2_k(QuantRows<FmtQ2_K> gate, QuantRows<FmtQ2_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q2_k(const QuantRows<FmtQ2_K>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(11)
@@ -270,6 +328,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q3_k(QuantRows<FmtQ3_K> gate, QuantRows<FmtQ3_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q3_k(const QuantRows<FmtQ3_K>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(12)
@@ -279,6 +342,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q4_k(QuantRows<FmtQ4_K> gate, QuantRows<FmtQ4_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q4_k(const QuantRows<FmtQ4_K>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(13)
@@ -288,6 +356,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q5_k(QuantRows<FmtQ5_K> gate, QuantRows<FmtQ5_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q5_k(const QuantRows<FmtQ5_K>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(14)
@@ -297,6 +370,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q6_k(QuantRows<FmtQ6_K> gate, QuantRows<FmtQ6_K> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q6_k(const QuantRows<FmtQ6_K>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(23)
@@ -306,6 +384,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq4_xs(QuantRows<FmtIQ4_XS> gate, QuantRows<FmtIQ4_XS> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq4_xs(const QuantRows<FmtIQ4_XS>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(35)
@@ -315,6 +398,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_tq2_0(QuantRows<FmtTQ2_0> gate, QuantRows<FmtTQ2_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_tq2_0(const QuantRows<FmtTQ2_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(42)
@@ -324,6 +412,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_q2_0(QuantRows<FmtQ2_0> gate, QuantRows<FmtQ2_0> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q2_0(const QuantRows<FmtQ2_0>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(39)
@@ -333,6 +426,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_mxfp4(QuantRows<FmtMXFP4> gate, QuantRows<FmtMXFP4> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_mxfp4(const QuantRows<FmtMXFP4>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(40)
@@ -342,6 +440,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_nvfp4(QuantRows<FmtNVFP4> gate, QuantRows<FmtNVFP4> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_nvfp4(const QuantRows<FmtNVFP4>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(16)
@@ -351,6 +454,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_xxs(QuantRows<FmtIQ2_XXS> gate, QuantRows<FmtIQ2_XXS> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq2_xxs(const QuantRows<FmtIQ2_XXS>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(17)
@@ -360,6 +468,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_xs(QuantRows<FmtIQ2_XS> gate, QuantRows<FmtIQ2_XS> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq2_xs(const QuantRows<FmtIQ2_XS>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(22)
@@ -369,6 +482,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq2_s(QuantRows<FmtIQ2_S> gate, QuantRows<FmtIQ2_S> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq2_s(const QuantRows<FmtIQ2_S>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(18)
@@ -378,6 +496,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq3_xxs(QuantRows<FmtIQ3_XXS> gate, QuantRows<FmtIQ3_XXS> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq3_xxs(const QuantRows<FmtIQ3_XXS>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(21)
@@ -387,6 +510,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq3_s(QuantRows<FmtIQ3_S> gate, QuantRows<FmtIQ3_S> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq3_s(const QuantRows<FmtIQ3_S>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(19)
@@ -396,6 +524,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq1_s(QuantRows<FmtIQ1_S> gate, QuantRows<FmtIQ1_S> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq1_s(const QuantRows<FmtIQ1_S>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(29)
@@ -405,4 +538,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_swiglu_iq1_m(QuantRows<FmtIQ1_M> gate, QuantRows<FmtIQ1_M> up, MM_ARGS) {
     matmat_two(gate, up, MM_PASS);
 }
+#if MMA_PIPE == 2
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq1_m(const QuantRows<FmtIQ1_M>* table, MM_GROUP_ARGS) {
+    matmat_group(table, MM_GROUP_PASS);
+}
+#endif
 #endif

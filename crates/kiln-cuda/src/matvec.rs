@@ -46,7 +46,7 @@ use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
-pub use experts::ExpertProducts;
+pub use experts::{grouped_ways, ExpertProducts};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;
@@ -120,6 +120,10 @@ enum Kernel {
         tile: usize,
         swiglu: bool,
     },
+    /// Experts over groups of gathered slots (`matmat_groups_*`), streaming tiles only.
+    MatmatGroups {
+        tile: usize,
+    },
     /// The f16 activation conversion or the split-K reduction, from `tile`'s module.
     MatmatAux {
         tile: usize,
@@ -130,21 +134,22 @@ enum Kernel {
 
 impl KernelSlots {
     const MATVECS: usize = MatvecKind::COUNT * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
-    const COUNT: usize = Self::MATVECS + 4 * MATMAT_TILES + 1;
+    const COUNT: usize = Self::MATVECS + 5 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
             Kernel::Matvec { ntok, kind, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * MatvecKind::COUNT + kind.index(),
             Kernel::Matmat { tile, swiglu } => Self::MATVECS + 2 * tile + usize::from(swiglu),
             Kernel::MatmatAux { tile, reduce } => Self::MATVECS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
-            Kernel::Embed => Self::MATVECS + 4 * MATMAT_TILES,
+            Kernel::MatmatGroups { tile } => Self::MATVECS + 4 * MATMAT_TILES + tile,
+            Kernel::Embed => Self::MATVECS + 5 * MATMAT_TILES,
         };
         if let Some(function) = self.0[index].get() {
             return Ok(function);
         }
         let (source, name, defines) = kernel_id(storage, kernel);
         let function = device.registry().function(source, &name, &defines)?;
-        if let Kernel::Matmat { tile, .. } = kernel {
+        if let Kernel::Matmat { tile, .. } | Kernel::MatmatGroups { tile } = kernel {
             let shared = MMA_TILES[tile].shared_bytes();
             if shared > 0 {
                 function
@@ -221,6 +226,11 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let mut defines = MMA_TILES[tile].defines();
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
             ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), defines)
+        }
+        Kernel::MatmatGroups { tile } => {
+            let mut defines = MMA_TILES[tile].defines();
+            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
+            ("matmat_mma", format!("matmat_groups_{suffix}"), defines)
         }
         Kernel::MatmatAux { tile, reduce } => {
             let mut defines = MMA_TILES[tile].defines();
@@ -724,21 +734,28 @@ mod tests {
     #[test]
     fn mat_mat_pairs_are_guarded_by_their_type() {
         let source = include_str!("../kernels/matmat_mma.cu");
-        let mut guard = None;
+        let (mut guard, mut nested) = (None, 0);
         let mut seen = 0;
         for line in source.lines() {
             if let Some(id) = line.strip_prefix("#if MMA_WANTS(").and_then(|r| r.strip_suffix(')')) {
                 guard = Some(id.parse::<i64>().expect("numeric type id"));
+            } else if line.starts_with("#if") && guard.is_some() {
+                nested += 1;
             } else if line == "#endif" {
-                guard = None;
+                if nested > 0 {
+                    nested -= 1;
+                } else {
+                    guard = None;
+                }
             } else if let Some(rest) = line.split(") matmat_").nth(1) {
                 let name = rest.split('(').next().unwrap();
-                let suffix = name.strip_prefix("swiglu_").unwrap_or(name);
+                let suffix = name.strip_prefix("swiglu_").or_else(|| name.strip_prefix("groups_")).unwrap_or(name);
                 assert_eq!(guard, Some(kernel_type_id(suffix)), "matmat_{name} is not under its type's guard");
                 seen += 1;
             }
         }
-        assert_eq!(seen, 54);
+        // Every format's pair, and the grouped expert product of each quantized one.
+        assert_eq!(seen, 54 + 24);
     }
 
     /// Every kernel the host can ask for is declared in the source it is looked up in.
@@ -756,9 +773,12 @@ mod tests {
         assert_eq!(storages.len(), 28, "every format of the module docs");
         for storage in &storages {
             let mut kernels = vec![Kernel::Embed];
-            for tile in 0..MATMAT_TILES {
+            for (tile, shape) in MMA_TILES.iter().enumerate() {
                 kernels.extend([Kernel::Matmat { tile, swiglu: false }, Kernel::Matmat { tile, swiglu: true }]);
                 kernels.extend([Kernel::MatmatAux { tile, reduce: false }, Kernel::MatmatAux { tile, reduce: true }]);
+                if shape.is_streaming() && matches!(storage, Storage::Quant { .. }) {
+                    kernels.push(Kernel::MatmatGroups { tile });
+                }
             }
             for ntok in 1..=MAX_MATVEC_TOKENS {
                 for shape in 0..MATVEC_SHAPES.len() {

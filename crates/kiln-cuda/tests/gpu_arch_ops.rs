@@ -224,6 +224,49 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
     }
 }
 
+/// Every way of the grouped expert product (the mat-vec over groups of 8 slots and each
+/// tensor-core tile over groups of its token count) against the CPU: groups cut at awkward
+/// counts, experts nobody chose, rows and columns off the tile sizes, both input layouts.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn grouped_expert_products_match_cpu_on_every_way() {
+    let mut rng = rng("arch_expert_groups");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    let products = kiln_cuda::matvec::ExpertProducts::default();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::MXFP4, GgmlType::Q4_0, GgmlType::IQ4_XS, GgmlType::Q5_K, GgmlType::Q2_K] {
+        for (n_experts, rows, cols, n, n_used) in [(8, 300, 512, 64, 4), (4, 33, 256, 100, 2), (16, 200, 768, 77, 3), (128, 40, 256, 64, 8)] {
+            let sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("expert {e}"), ty, rows, cols, &random(&mut rng, rows * cols, 1.0))).collect();
+            let cw: Vec<_> = sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
+            let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
+            // Skewed choices: expert 0 takes most tokens (several full groups), the last never.
+            let mut ids = random_ids(&mut rng, n, n_used, n_experts - 1);
+            for t in (0..n).step_by(2) {
+                if !ids[t * n_used..(t + 1) * n_used].contains(&0.0) {
+                    ids[t * n_used] = 0.0;
+                }
+            }
+            let gids = upload(gpu, &ids);
+            for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
+                let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
+                let x_shape: Shape = if input == ExpertInput::PerSlot { [n, n_used, cols].into() } else { [n, cols].into() };
+                let x = random(&mut rng, in_rows * cols, 1.0);
+                let gx = upload(gpu, &x);
+                let mut want = vec![0f32; n * n_used * rows];
+                cpu.moe_matmul(&cw, view(&x, x_shape), view(&ids, [n, n_used]), view_mut(&mut want, [n, n_used, rows]), input).expect("cpu");
+                for way in 0..kiln_cuda::matvec::grouped_ways() {
+                    let what = format!("{ty} experts {n_experts}x{rows}x{cols}, {n} tokens x {n_used}, {input:?}, way {way}");
+                    let mut got = poisoned(gpu, n * n_used * rows);
+                    products.matmul_grouped_way(gpu.device(), &gw, &gx, &gids, &mut got, n, n_used, input, way).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    // int8 activations (way 0, about 0.5% relative L2) or f16 ones (3e-4), and
+                    // the CPU's own int8 activations.
+                    assert_close(&what, &download(gpu, &got, n * n_used * rows), &want, 1e-2);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn sliding_window_and_sink_attention_match_cpu() {

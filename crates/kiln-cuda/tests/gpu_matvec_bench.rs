@@ -204,3 +204,59 @@ fn matmat_throughput_on_8b_shapes() {
     }
     report("matmat throughput", failures);
 }
+
+/// Prints the grouped expert product (a prompt's mixture of experts) on real MoE shapes, every
+/// way forced and `matmul`'s measured pick: Qwen3-30B-A3B (128 experts of 768 x 2048, 8 per
+/// token; gate/up Q4_K, down Q6_K) and gpt-oss-20b (32 experts of 2880 x 2880 MXFP4, 4 per
+/// token), at 512 and 64 tokens. GB/s counts each chosen expert's bytes once.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn expert_groups_on_moe_shapes() {
+    const RUNS: usize = 5;
+    let mut rng = rng("expert_groups");
+    let products = matvec::ExpertProducts::default();
+    println!("{:<24} {:>4} {:<10} {:>9} {:>8} {:>8}", "experts", "n", "way", "ms", "TFLOP/s", "GB/s");
+    let mut failures = Vec::new();
+    for (label, ty, n_experts, rows, cols, n_used) in [
+        ("qwen3-30b-a3b gate Q4_K", GgmlType::Q4_K, 128, 768, 2048, 8),
+        ("qwen3-30b-a3b down Q6_K", GgmlType::Q6_K, 128, 2048, 768, 8),
+        ("gpt-oss-20b MXFP4", GgmlType::MXFP4, 32, 2880, 2880, 4),
+    ] {
+        let experts: Vec<_> = (0..n_experts).map(|_| matvec::upload_weight(device(), &benchmark_weight(&mut rng, ty, rows, cols)).expect("upload")).collect();
+        let expert_bytes = experts[0].device_bytes();
+        for n in [512, 64] {
+            let mut all: Vec<usize> = (0..n_experts).collect();
+            let ids: Vec<f32> = (0..n)
+                .flat_map(|_| {
+                    rand::seq::SliceRandom::shuffle(all.as_mut_slice(), &mut rng);
+                    all[..n_used].iter().map(|&e| e as f32).collect::<Vec<_>>()
+                })
+                .collect();
+            let chosen = ids.iter().map(|&e| e as usize).collect::<std::collections::HashSet<_>>().len();
+            let (x, ids) = (upload_f32(&random_f32(&mut rng, n * cols)), upload_f32(&ids));
+            let mut out = device().alloc_zeros::<f32>(n * n_used * rows, "benchmark output").expect("alloc");
+            let flops = 2.0 * (n * n_used * rows * cols) as f64;
+            let line = |way: String, ms: f64| {
+                println!(
+                    "{label:<24} {n:>4} {way:<10} {ms:>9.4} {:>8.1} {:>8.0}",
+                    flops / (ms * 1e-3) / 1e12,
+                    (chosen * expert_bytes) as f64 / (ms * 1e-3) / 1e9
+                );
+            };
+            let ms =
+                median_ms(RUNS, 4, |_| products.matmul(device(), &experts, &x, &ids, &mut out, n, n_used, kiln_core::ExpertInput::PerToken).expect("matmul"));
+            line("auto".into(), ms);
+            for way in 0..matvec::grouped_ways() {
+                let ms = median_ms(RUNS, 4, |_| {
+                    products.matmul_grouped_way(device(), &experts, &x, &ids, &mut out, n, n_used, kiln_core::ExpertInput::PerToken, way).expect("grouped")
+                });
+                line(format!("way {way}"), ms);
+            }
+            let result = device().download(&out).expect("download");
+            if !result.iter().all(|v| v.is_finite()) {
+                failures.push(format!("{label} n={n}: non-finite outputs"));
+            }
+        }
+    }
+    report("expert groups", failures);
+}

@@ -2,6 +2,9 @@
 //! every (token, chosen expert) slot multiplies its input row by the expert the router picked,
 //! whose id the kernel reads from device memory. Nothing goes back to the host, so the product
 //! sits inside a captured decode graph, and a token reads only its chosen experts' weights.
+//! Past 8 tokens the slots are sorted into groups by expert and each group multiplied at
+//! once, by the grouped mat-vec or the tensor-core mat-mat (`matmat_groups_*`), whichever
+//! measured faster for the shape.
 //!
 //! The kernel finds the experts through a device table of their weight descriptors (one per
 //! expert), made on the first product over that set of experts and kept for later ones: the
@@ -9,12 +12,12 @@
 //! never describe other weights than the ones it was made for.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::ExpertInput;
 
-use super::matmat::is_capturing;
+use super::matmat::{fastest, gpu_key, group_tiles, is_capturing, launch_groups};
 use super::matvec_shape::{default_shape, MatvecKind, MATVEC_SHAPES};
 use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
 use crate::{CudaDevice, CudaError};
@@ -23,7 +26,7 @@ const OP: &str = "matmul_experts";
 
 /// Slots one launch covers (the grid's y dimension is at most 65535).
 const MAX_SLOTS_PER_LAUNCH: usize = 65535;
-/// Slots of one expert per group of the grouped product (its kernels' NTOK).
+/// Slots of one expert per group of the grouped mat-vec (its kernels' NTOK).
 const GROUP: usize = MAX_MATVEC_TOKENS;
 /// `arch_ops.cu`'s GROUP_THREADS and GROUP_MAX_EXPERTS.
 const GROUP_THREADS: u32 = 1024;
@@ -41,6 +44,42 @@ pub struct ExpertProducts {
     /// The grouped product's buffers, grown like the inputs (predecessors kept).
     grouping: Mutex<Option<Grouping>>,
     retired_groupings: Mutex<Vec<Grouping>>,
+}
+
+/// How a grouped product multiplies its groups: the mat-vec over groups of [`GROUP`] slots
+/// (int8 activations), or the tensor-core mat-mat with streaming tile `tile`, whose token count
+/// is the group size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GroupedWay {
+    Matvec,
+    Tiles { tile: usize, group: usize },
+}
+
+impl GroupedWay {
+    fn group(self) -> usize {
+        match self {
+            GroupedWay::Matvec => GROUP,
+            GroupedWay::Tiles { group, .. } => group,
+        }
+    }
+}
+
+/// Which way is fastest depends on the expert shape and on how many slots an expert gets on
+/// average, so it is measured on the first uncaptured product of each (GPU, shape, type,
+/// slots-per-expert bucket) and remembered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct GroupedKey {
+    gpu: usize,
+    rows: usize,
+    cols: usize,
+    ty: u32,
+    /// log2 of the slots per expert, rounded up.
+    per_expert: u32,
+}
+
+fn tuned_ways() -> &'static Mutex<HashMap<GroupedKey, GroupedWay>> {
+    static TUNED: OnceLock<Mutex<HashMap<GroupedKey, GroupedWay>>> = OnceLock::new();
+    TUNED.get_or_init(Default::default)
 }
 
 /// Where the grouped product sorts a step's slots: each group's slots and expert, the group
@@ -85,15 +124,9 @@ impl ExpertProducts {
         n_used: usize,
         input: ExpertInput,
     ) -> Result<(), CudaError> {
-        let first = experts.first().ok_or_else(|| invalid(OP, "a product over no experts"))?;
-        if let Some(w) = experts.iter().find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols)) {
-            return Err(invalid(OP, format!("expert {} ({} {}x{}) among experts of {} {}x{}", w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols)));
-        }
+        let first = check_experts(experts, x, ids, out, n, n_used, input)?;
         let slots = n * n_used;
         let in_rows = if input == ExpertInput::PerSlot { slots } else { n };
-        check_len(OP, "ids", ids.len(), slots)?;
-        check_len(OP, "x", x.len(), in_rows * first.cols)?;
-        check_len(OP, "out", out.len(), slots * first.rows)?;
         if slots == 0 {
             return Ok(());
         }
@@ -107,8 +140,8 @@ impl ExpertProducts {
         // weights are read once per group of GROUP slots rather than once per slot.
         let max_groups = slots.div_ceil(GROUP) + experts.len().min(slots);
         if n > MAX_MATVEC_TOKENS && !float && experts.len() <= GROUP_MAX_EXPERTS && max_groups <= MAX_SLOTS_PER_LAUNCH {
-            let call = GroupedCall { experts, table, x, ids, n_used, input, slots, max_groups, capturing };
-            return self.matmul_grouped(device, call, out);
+            let call = GroupedCall { experts, table, x, ids, n_used, input, slots, capturing };
+            return self.matmul_grouped(device, &call, out);
         }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
@@ -143,6 +176,33 @@ impl ExpertProducts {
             unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the expert product of {}", first.name)))?;
         }
         Ok(())
+    }
+
+    /// [`ExpertProducts::matmul`] over groups of slots, forced to way `way` (below
+    /// [`grouped_ways`]: 0 the mat-vec over groups of 8 slots, then the tensor-core tiles), for
+    /// tests and benchmarks; `matmul` measures the ways and picks one itself. Quantized experts
+    /// only, uncaptured.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_grouped_way(
+        &self,
+        device: &CudaDevice,
+        experts: &[GpuWeight],
+        x: &CudaSlice<f32>,
+        ids: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        n: usize,
+        n_used: usize,
+        input: ExpertInput,
+        way: usize,
+    ) -> Result<(), CudaError> {
+        let first = check_experts(experts, x, ids, out, n, n_used, input)?;
+        if !matches!(first.storage, Storage::Quant { .. }) || experts.len() > GROUP_MAX_EXPERTS {
+            return Err(invalid(OP, format!("grouped products take at most {GROUP_MAX_EXPERTS} quantized experts")));
+        }
+        let way = all_ways().nth(way).ok_or_else(|| invalid(OP, format!("way {way} of {}", grouped_ways())))?;
+        let table = self.table(device, experts, false)?;
+        let call = GroupedCall { experts, table, x, ids, n_used, input, slots: n * n_used, capturing: false };
+        self.grouped_with(device, &call, way, out)
     }
 
     /// `out[s] = silu(x_t . gate[ids[s]]) * (x_t . up[ids[s]])` for the `n * n_used` slots of
@@ -229,47 +289,67 @@ impl ExpertProducts {
     }
 
     /// The grouped product: sort the slots by expert into groups (moe_group_slots), gather
-    /// their input rows group by group, quantize them, multiply each group by its expert
-    /// (matvec_expert_groups) and scatter the rows back to the slots.
-    fn matmul_grouped(&self, device: &CudaDevice, call: GroupedCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-        let GroupedCall { experts, table, x, ids, n_used, input, slots, max_groups, capturing } = call;
+    /// their input rows group by group, multiply each group by its expert (the mat-vec over
+    /// groups of 8 or the tensor-core mat-mat over groups of a streaming tile's token count,
+    /// whichever measured faster for this shape) and scatter the rows back to the slots.
+    fn matmul_grouped(&self, device: &CudaDevice, call: &GroupedCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        let first = &call.experts[0];
+        let per_expert = call.slots.div_ceil(call.experts.len()).next_power_of_two().trailing_zeros();
+        let key = GroupedKey { gpu: gpu_key(device), rows: first.rows, cols: first.cols, ty: first.ty.id(), per_expert };
+        let remembered = tuned_ways().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+        let way = match remembered {
+            Some(way) => way,
+            None if call.capturing => GroupedWay::Matvec,
+            None => {
+                let ways: Vec<GroupedWay> = all_ways().collect();
+                let way = fastest(device, "expert group shapes", &ways, |way| self.grouped_with(device, call, way, out))?;
+                tuned_ways().lock().unwrap_or_else(PoisonError::into_inner).insert(key, way);
+                way
+            }
+        };
+        self.grouped_with(device, call, way, out)
+    }
+
+    /// The grouped product with `way`.
+    fn grouped_with(&self, device: &CudaDevice, call: &GroupedCall, way: GroupedWay, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        let &GroupedCall { experts, table, x, ids, n_used, input, slots, capturing } = call;
         let first = &experts[0];
-        let entries = max_groups * GROUP;
+        let group = way.group();
+        let max_groups = slots.div_ceil(group) + experts.len().min(slots);
+        let entries = max_groups * group;
         let mut grouping = self.grouping.lock().unwrap_or_else(PoisonError::into_inner);
-        let fits = |g: &Grouping| g.group_expert.len() >= max_groups && g.x.len() >= entries * first.cols && g.out.len() >= entries * first.rows;
+        let fits = |g: &Grouping| {
+            g.group_slot.len() >= entries && g.group_expert.len() >= max_groups && g.x.len() >= entries * first.cols && g.out.len() >= entries * first.rows
+        };
         if !grouping.as_ref().is_some_and(fits) {
             if capturing {
                 return Err(invalid(OP, format!("{slots} expert slots need larger grouping buffers inside a graph capture")));
             }
             let have = |f: fn(&Grouping) -> usize| grouping.as_ref().map_or(0, f);
-            let groups = max_groups.max(have(|g| g.group_expert.len())).next_power_of_two();
-            let x_len = (entries * first.cols).max(have(|g| g.x.len())).next_power_of_two();
-            let out_len = (entries * first.rows).max(have(|g| g.out.len())).next_power_of_two();
             let grown = Grouping {
-                group_slot: device.alloc_zeros(groups * GROUP, "expert group slots")?,
-                group_expert: device.alloc_zeros(groups, "expert group experts")?,
+                group_slot: device.alloc_zeros(entries.max(have(|g| g.group_slot.len())).next_power_of_two(), "expert group slots")?,
+                group_expert: device.alloc_zeros(max_groups.max(have(|g| g.group_expert.len())).next_power_of_two(), "expert group experts")?,
                 n_groups: device.alloc_zeros(1, "expert group count")?,
-                x: device.alloc_zeros(x_len, "expert group inputs")?,
-                out: device.alloc_zeros(out_len, "expert group outputs")?,
+                x: device.alloc_zeros((entries * first.cols).max(have(|g| g.x.len())).next_power_of_two(), "expert group inputs")?,
+                out: device.alloc_zeros((entries * first.rows).max(have(|g| g.out.len())).next_power_of_two(), "expert group outputs")?,
             };
             if let Some(old) = grouping.replace(grown) {
                 self.retired_groupings.lock().unwrap_or_else(PoisonError::into_inner).push(old);
             }
         }
         let g = grouping.as_mut().expect("made above");
-        let inputs = self.quantized_input(device, first.cols, entries, capturing)?;
-        let q = &inputs[&first.cols];
         let function = |name: &str| device.registry().function("arch_ops", name, &[]);
         let (sort, gather, scatter) = (function("moe_group_slots")?, function("moe_gather_rows")?, function("moe_scatter_rows")?);
         let (slots32, experts32, group32, max_groups32) =
-            (to_u32(OP, "slots", slots)?, to_u32(OP, "experts", experts.len())?, GROUP as u32, to_u32(OP, "groups", max_groups)?);
+            (to_u32(OP, "slots", slots)?, to_u32(OP, "experts", experts.len())?, to_u32(OP, "group", group)?, to_u32(OP, "groups", max_groups)?);
         let (rows32, cols32, n_used32, per_slot) =
             (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let stream = device.stream();
         let one_block = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (GROUP_THREADS, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: moe_group_slots(ids, n_slots, n_experts, group, max_groups, group_slot,
         // group_expert, n_groups, out, rows): ids hold `slots` values, the group buffers
-        // max_groups groups (sized above), out slots * rows values (checked by the caller).
+        // max_groups groups of `group` (sized above), out slots * rows values (checked by the
+        // caller).
         unsafe {
             stream
                 .launch_builder(&sort)
@@ -304,27 +384,14 @@ impl ExpertProducts {
                 .launch(super::stride_launch(entries * first.cols))
         }
         .map_err(CudaError::driver("launching moe_gather_rows"))?;
-        q.fill(device, &g.x, entries)?;
-        let shape = default_shape(GROUP);
-        let product = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: GROUP, kind: MatvecKind::ExpertGroups, shape })?;
-        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertGroups);
-        let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: matvec_expert_groups_* (matvec_{legacy,kquant}.cu): the table holds one
-        // descriptor per expert, the sort kernel wrote only valid experts into group_expert,
-        // the quantized rows and the outputs hold entries = max_groups * GROUP rows.
-        unsafe {
-            stream
-                .launch_builder(product)
-                .arg(&table)
-                .arg(&g.group_expert)
-                .arg(&g.n_groups)
-                .arg(&q.codes)
-                .arg(&q.scales)
-                .arg(&mut g.out)
-                .arg(&rows32)
-                .launch(cfg)
+        match way {
+            GroupedWay::Matvec => self.matvec_groups(device, first, table, g, entries, max_groups32)?,
+            GroupedWay::Tiles { tile, .. } => {
+                if !launch_groups(device, first, table, &g.group_expert, &g.n_groups, &g.x, &mut g.out, max_groups, tile)? {
+                    return Err(invalid(OP, format!("{slots} expert slots need a larger f16 scratch inside a graph capture")));
+                }
+            }
         }
-        .map_err(CudaError::driver(format!("launching the grouped expert product of {}", first.name)))?;
         let scatter_len = (entries * first.rows) as u64;
         // SAFETY: moe_scatter_rows(out, src, group_slot, n_groups, group, rows, n): every slot
         // id in group_slot is below `slots`, whose rows `out` holds.
@@ -341,6 +408,37 @@ impl ExpertProducts {
                 .launch(super::stride_launch(entries * first.rows))
         }
         .map_err(CudaError::driver("launching moe_scatter_rows"))?;
+        Ok(())
+    }
+
+    /// The grouped mat-vec: the gathered rows quantized to int8, each group of [`GROUP`] rows
+    /// multiplied by its expert.
+    fn matvec_groups(&self, device: &CudaDevice, first: &GpuWeight, table: u64, g: &mut Grouping, entries: usize, max_groups32: u32) -> Result<(), CudaError> {
+        let inputs = self.quantized_input(device, first.cols, entries, is_capturing(device))?;
+        let q = &inputs[&first.cols];
+        q.fill(device, &g.x, entries)?;
+        let rows32 = to_u32(OP, "rows", first.rows)?;
+        let shape = default_shape(GROUP);
+        let product = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: GROUP, kind: MatvecKind::ExpertGroups, shape })?;
+        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertGroups);
+        let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matvec_expert_groups_* (matvec_{legacy,kquant}.cu): the table holds one
+        // descriptor per expert, the sort kernel wrote only valid experts into group_expert,
+        // the quantized rows and the outputs hold entries = max_groups * GROUP rows.
+        unsafe {
+            device
+                .stream()
+                .launch_builder(product)
+                .arg(&table)
+                .arg(&g.group_expert)
+                .arg(&g.n_groups)
+                .arg(&q.codes)
+                .arg(&q.scales)
+                .arg(&mut g.out)
+                .arg(&rows32)
+                .launch(cfg)
+        }
+        .map_err(CudaError::driver(format!("launching the grouped expert product of {}", first.name)))?;
         Ok(())
     }
 
@@ -361,6 +459,38 @@ impl ExpertProducts {
     }
 }
 
+/// The ways a grouped product can run: the mat-vec, then the tensor-core tiles.
+fn all_ways() -> impl Iterator<Item = GroupedWay> {
+    [GroupedWay::Matvec].into_iter().chain(group_tiles().map(|(tile, group)| GroupedWay::Tiles { tile, group }))
+}
+
+/// How many ways [`ExpertProducts::matmul_grouped_way`] takes.
+pub fn grouped_ways() -> usize {
+    all_ways().count()
+}
+
+/// Checks an expert product's operands; the first expert, whose type and shape all share.
+fn check_experts<'a>(
+    experts: &'a [GpuWeight],
+    x: &CudaSlice<f32>,
+    ids: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    n: usize,
+    n_used: usize,
+    input: ExpertInput,
+) -> Result<&'a GpuWeight, CudaError> {
+    let first = experts.first().ok_or_else(|| invalid(OP, "a product over no experts"))?;
+    if let Some(w) = experts.iter().find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols)) {
+        return Err(invalid(OP, format!("expert {} ({} {}x{}) among experts of {} {}x{}", w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols)));
+    }
+    let slots = n * n_used;
+    let in_rows = if input == ExpertInput::PerSlot { slots } else { n };
+    check_len(OP, "ids", ids.len(), slots)?;
+    check_len(OP, "x", x.len(), in_rows * first.cols)?;
+    check_len(OP, "out", out.len(), slots * first.rows)?;
+    Ok(first)
+}
+
 /// The operands of one grouped product.
 struct GroupedCall<'a> {
     experts: &'a [GpuWeight],
@@ -370,6 +500,5 @@ struct GroupedCall<'a> {
     n_used: usize,
     input: ExpertInput,
     slots: usize,
-    max_groups: usize,
     capturing: bool,
 }

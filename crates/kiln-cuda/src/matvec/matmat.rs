@@ -106,6 +106,10 @@ impl MmaTile {
         self.depth > 0
     }
 
+    pub(super) fn is_streaming(self) -> bool {
+        self.stream
+    }
+
     /// Dynamic shared memory of the pipelined and streaming bodies: max(MMA_W_BYTES (none when
     /// streaming) + MMA_X_BYTES, the depth-split reduction) of mma_pipe.cuh / mma_stream.cuh;
     /// 0 for the original body (static).
@@ -413,6 +417,76 @@ pub(super) fn fastest<C: Copy>(device: &CudaDevice, what: &str, candidates: &[C]
         }
     }
     best.map(|(_, c)| c).ok_or_else(|| invalid("tuning", format!("no candidate {what}")))
+}
+
+/// The streaming tiles (indices into [`MMA_TILES`]) and their token counts: the group sizes an
+/// expert product over gathered slots may use ([`launch_groups`]).
+pub(super) fn group_tiles() -> impl Iterator<Item = (usize, usize)> {
+    MMA_TILES.iter().enumerate().filter(|(_, t)| t.is_streaming()).map(|(i, t)| (i, t.tokens as usize))
+}
+
+/// The expert product over groups of gathered slots on tensor cores (`matmat_groups_*`):
+/// `x` holds `groups` groups of `tile`'s token count of rows of `first.cols` values, group g
+/// multiplies by the weight whose descriptor is `table[group_expert[g]]` (all of `first`'s
+/// type and shape) into `out` (rows of `first.rows`); groups from `n_groups` (on the device)
+/// on are skipped. False (nothing launched) when the f16 scratch would need growing inside a
+/// capture.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_groups(
+    device: &CudaDevice,
+    first: &GpuWeight,
+    table: u64,
+    group_expert: &CudaSlice<u32>,
+    n_groups: &CudaSlice<u32>,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    groups: usize,
+    tile: usize,
+) -> Result<bool, CudaError> {
+    const OP: &str = "matmul_expert_groups";
+    let t = MMA_TILES[tile];
+    if !t.is_streaming() {
+        return Err(invalid(OP, format!("tile {tile} is not a streaming tile")));
+    }
+    let n = groups * t.tokens as usize;
+    check_len(OP, "x", x.len(), n * first.cols)?;
+    check_len(OP, "out", out.len(), n * first.rows)?;
+    let (rows32, cols32, n32, groups32) =
+        (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?, to_u32(OP, "n", n)?, to_u32(OP, "groups", groups)?);
+    let (row_blocks, _) = t.grid(first.rows, n, false);
+    if row_blocks > 65_535 {
+        return Err(invalid(OP, format!("{} rows exceed one launch's 65535 blocks of {}", first.rows, t.slots)));
+    }
+    let ld = first.cols.next_multiple_of(8);
+    let ld32 = to_u32(OP, "padded cols", ld)?;
+    let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
+    let s = map.entry(device_key(device)).or_default();
+    let capturing = is_capturing(device);
+    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")?
+        || !ensure(device, &mut s.partials, &mut s.retired_partials, 1, capturing, "split-K partials")?
+    {
+        return Ok(false);
+    }
+    let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
+    let failed = |what: &str| CudaError::driver(format!("launching the grouped expert {what} of {}", first.name));
+    let convert = first.kernels.get(device, &first.storage, Kernel::MatmatAux { tile, reduce: false })?;
+    let mut launch = device.stream().launch_builder(convert);
+    launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
+    // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
+    unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(failed("f16 conversion"))?;
+
+    let function = first.kernels.get(device, &first.storage, Kernel::MatmatGroups { tile })?;
+    let cfg = LaunchConfig { grid_dim: (groups32, row_blocks as u32, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: t.shared_bytes() };
+    let accumulate = 0u32;
+    let mut launch = device.stream().launch_builder(function);
+    launch.arg(&table).arg(group_expert).arg(n_groups).arg(half).arg(&ld32).arg(&n32).arg(out).arg(&rows32).arg(partials).arg(&accumulate);
+    // SAFETY: matches matmat_groups_* (matmat_mma.cu): the table holds one descriptor per
+    // expert of first's type and shape, group_expert `groups` valid expert ids (written by
+    // moe_group_slots), half n * ld f16 values and out n * rows (checked); one depth split, so
+    // partials are not read; shared_bytes is what the body lays out (the limit was raised
+    // when the function was looked up).
+    unsafe { launch.launch(cfg) }.map_err(failed("mat-mat"))?;
+    Ok(true)
 }
 
 /// Launches one product with `choice`; false (nothing launched) when a pipelined shape would
