@@ -42,7 +42,7 @@ make_model() { # name shape type pure
     local path="$DIR/$1.gguf" pure=()
     [ "$4" = 1 ] && pure=(--pure)
     [ -f "$path" ] && return 0
-    "$KILN" dev random-model "$path.part" --shape "$2" --type "$3" "${pure[@]}" > "$LOG/$1.make.log" 2>&1 && mv "$path.part" "$path" ||
+    "$KILN" dev random-model "$path.part" --shape "$2" --type "$3" --distinct-rows 64 "${pure[@]}" > "$LOG/$1.make.log" 2>&1 && mv "$path.part" "$path" ||
         echo "could not make $1: $(tail -1 "$LOG/$1.make.log")" >&2
 }
 # Four at a time: each quantizer run is multi-threaded already; more only adds memory.

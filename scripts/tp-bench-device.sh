@@ -27,7 +27,7 @@ done
 model() { # shape -> path, made once
     local path="$DIR/$1-Q4_K_M.gguf"
     if [ ! -f "$path" ]; then
-        "$KILN" dev random-model "$path.part" --shape "$1" --type Q4_K_M > /dev/null 2>&1 && mv "$path.part" "$path" || echo "FAILED: making $1" >&2
+        "$KILN" dev random-model "$path.part" --shape "$1" --type Q4_K_M --distinct-rows 64 > /dev/null 2>&1 && mv "$path.part" "$path" || echo "FAILED: making $1" >&2
     fi
     echo "$path"
 }

@@ -39,6 +39,10 @@ pub struct RandomModelArgs {
     /// Every quantizable tensor in TYPE, without the mix's per-tensor choices.
     #[arg(long)]
     pub pure: bool,
+    /// Every weight matrix repeats its first N rows (routers keep all theirs): a file for speed
+    /// measurements only, written many times faster, with the same bytes to read per token.
+    #[arg(long, value_name = "N")]
+    pub distinct_rows: Option<usize>,
     /// Threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
@@ -66,7 +70,11 @@ fn random_model(args: RandomModelArgs) -> CliResult {
         None => shape.default_file_type(),
     };
     let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: false };
-    let model = RandomModel::new(shape, args.seed);
+    let model = match args.distinct_rows {
+        Some(0) => return Err("--distinct-rows must be at least 1".into()),
+        Some(rows) => RandomModel::new(shape, args.seed).with_distinct_rows(rows),
+        None => RandomModel::new(shape, args.seed),
+    };
     if args.dry_run {
         return dry_run(&model, &options);
     }

@@ -269,6 +269,8 @@ fn fill_normal(seed: u64, dist: Distribution, out: &mut [f32]) {
 pub struct RandomModel {
     shape: ModelShape,
     seed: u64,
+    /// Weight matrices repeat their first this many rows (see [`RandomModel::with_distinct_rows`]).
+    distinct_rows: Option<usize>,
     tensors: Vec<TensorInfo>,
     inits: Vec<Init>,
 }
@@ -316,7 +318,19 @@ impl RandomModel {
         if !s.tied_embeddings {
             add_init("output.weight".into(), vec![s.n_embd, s.n_vocab], Init::Matrix);
         }
-        RandomModel { shape, seed, tensors, inits }
+        RandomModel { shape, seed, distinct_rows: None, tensors, inits }
+    }
+
+    /// Every weight matrix repeats its first `rows` rows (routers and other F32 matrices keep
+    /// all theirs, so routing is unchanged): a file for speed measurements, written in a small
+    /// fraction of the time, with the same bytes per token to read.
+    pub fn with_distinct_rows(mut self, rows: usize) -> RandomModel {
+        self.distinct_rows = Some(rows.max(1));
+        self
+    }
+
+    fn period(&self, index: usize) -> Option<usize> {
+        self.distinct_rows.filter(|_| self.inits[index] == Init::Matrix)
     }
 
     pub fn shape(&self) -> &ModelShape {
@@ -381,6 +395,7 @@ impl RandomModel {
             }
             return;
         }
+        let row = self.period(index).map_or(row, |p| row % p);
         let seed = self.seed ^ splitmix64(name_hash(&t.name) ^ splitmix64(row as u64));
         fill_normal(seed, self.inits[index].distribution(&t.dims), out);
     }
@@ -418,6 +433,10 @@ impl TensorSource for RandomModel {
     fn row_f32(&self, index: usize, row: usize, out: &mut [f32]) -> Result<()> {
         self.original_row(index, row, out);
         Ok(())
+    }
+
+    fn row_period(&self, index: usize) -> Option<usize> {
+        self.period(index)
     }
 }
 

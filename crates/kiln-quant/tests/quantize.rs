@@ -456,3 +456,36 @@ fn random_model_is_kiln_quantize_of_its_f16_original() {
         assert!(a == b, "{shape_name}: the random Q4_K_M model differs from `kiln quantize` of its F16 version");
     }
 }
+
+/// With distinct rows, a weight matrix's rows repeat its first rows, those first rows are the
+/// full model's own bytes, and the F32 matrices and norms are untouched: the file has the
+/// full file's layout and size.
+#[test]
+fn distinct_rows_repeat_the_full_models_first_rows() {
+    const ROWS: usize = 3;
+    let dir = TempDir::new();
+    let shape = find_shape("tiny-qwen3").unwrap();
+    let (full, fast) = (dir.path("full.gguf"), dir.path("fast.gguf"));
+    RandomModel::new(shape, 5).write(&full, &options("Q4_K_M"), &()).unwrap();
+    RandomModel::new(shape, 5).with_distinct_rows(ROWS).write(&fast, &options("Q4_K_M"), &()).unwrap();
+    let (full, fast) = (GgufFile::open(&full).unwrap(), GgufFile::open(&fast).unwrap());
+    assert_eq!(full.tensors().len(), fast.tensors().len());
+    let mut repeated = 0;
+    for (a, b) in full.tensors().iter().zip(fast.tensors()) {
+        assert_eq!((&a.name, a.ty, &a.dims), (&b.name, b.ty, &b.dims));
+        let (x, y) = (full.tensor_data(a), fast.tensor_data(b));
+        assert_eq!(x.len(), y.len(), "{}", a.name);
+        let n_rows = (a.n_elements() / a.dims[0]) as usize;
+        if a.dims.len() < 2 || n_rows <= ROWS {
+            assert_eq!(x, y, "{}: a norm or short matrix must not change", a.name);
+            continue;
+        }
+        let row = x.len() / n_rows;
+        assert_eq!(x[..ROWS * row], y[..ROWS * row], "{}: the first rows are the full model's", a.name);
+        for r in ROWS..n_rows {
+            assert_eq!(y[r * row..(r + 1) * row], y[(r % ROWS) * row..(r % ROWS + 1) * row], "{} row {r}", a.name);
+        }
+        repeated += 1;
+    }
+    assert!(repeated >= 7, "only {repeated} matrices repeat their rows");
+}

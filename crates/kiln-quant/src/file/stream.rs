@@ -19,6 +19,12 @@ pub trait TensorSource: Sync {
 
     /// Writes row `row` of tensor `index` as f32 values into `out` (one row).
     fn row_f32(&self, index: usize, row: usize, out: &mut [f32]) -> Result<()>;
+
+    /// `Some(p)` when row `r` of tensor `index` always equals row `r % p`: the writer then
+    /// converts the first `p` rows only and repeats their bytes.
+    fn row_period(&self, _index: usize) -> Option<usize> {
+        None
+    }
 }
 
 /// Progress notifications; every method has a do-nothing default.
@@ -62,29 +68,45 @@ fn convert_tensor(plan: &TensorPlan, index: usize, source: &dyn TensorSource, ou
     let row_len = plan.row_len();
     let n_rows = (plan.n_elements() / row_len as u64) as usize;
     let row_bytes = bytes_of(plan.dst_type, row_len as u64) as usize;
+    if let Some(period) = source.row_period(index).filter(|&p| p > 0 && p < n_rows) {
+        let mut distinct = vec![0u8; period * row_bytes];
+        convert_rows(plan, index, source, 0, &mut distinct)?;
+        for first in (0..n_rows).step_by(period) {
+            let n = period.min(n_rows - first);
+            out.write_all(&distinct[..n * row_bytes]).map_err(ConvertError::Io)?;
+            progress.advanced((n * row_len) as u64);
+        }
+        return Ok(());
+    }
     let rows_per_chunk = (CHUNK_ELEMENTS / row_len).clamp(1, n_rows.max(1));
-    // Short rows are batched so each rayon task has enough work to be worth it.
-    let min_rows_per_task = (4096 / row_len).max(1);
     let mut buf = vec![0u8; rows_per_chunk * row_bytes];
     for first in (0..n_rows).step_by(rows_per_chunk) {
         let n = rows_per_chunk.min(n_rows - first);
         let chunk = &mut buf[..n * row_bytes];
-        chunk
-            .par_chunks_mut(row_bytes)
-            .with_min_len(min_rows_per_task)
-            .enumerate()
-            .try_for_each_init(
-                || vec![0f32; row_len],
-                |scratch, (i, dst)| {
-                    source.row_f32(index, first + i, scratch)?;
-                    crate::quantize(plan.dst_type, scratch, dst).map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
-                },
-            )
-            .map_err(ConvertError::Quantize)?;
+        convert_rows(plan, index, source, first, chunk)?;
         out.write_all(chunk).map_err(ConvertError::Io)?;
         progress.advanced((n * row_len) as u64);
     }
     Ok(())
+}
+
+/// Converts the rows from `first` on of tensor `index` that fit in `dst`, rows in parallel.
+fn convert_rows(plan: &TensorPlan, index: usize, source: &dyn TensorSource, first: usize, dst: &mut [u8]) -> Result<(), ConvertError> {
+    let row_len = plan.row_len();
+    let row_bytes = bytes_of(plan.dst_type, row_len as u64) as usize;
+    // Short rows are batched so each rayon task has enough work to be worth it.
+    let min_rows_per_task = (4096 / row_len).max(1);
+    dst.par_chunks_mut(row_bytes)
+        .with_min_len(min_rows_per_task)
+        .enumerate()
+        .try_for_each_init(
+            || vec![0f32; row_len],
+            |scratch, (i, dst)| {
+                source.row_f32(index, first + i, scratch)?;
+                crate::quantize(plan.dst_type, scratch, dst).map_err(|source| QuantizeError::Quant { tensor: plan.name.clone(), source })
+            },
+        )
+        .map_err(ConvertError::Quantize)
 }
 
 enum ConvertError {
