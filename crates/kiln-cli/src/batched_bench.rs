@@ -140,10 +140,9 @@ pub fn run<B: Backend>(devices: Devices<B>, file: Arc<GgufFile>, args: &BenchArg
     let mut memory = MemoryWatch::start(&*backend);
     let options = EngineOptions { max_seq_len: max_len, max_batch_tokens: n_batch, max_seqs, ..EngineOptions::default() };
     let mut engine = devices.engine(&args.kv, &file, options)?;
-    let options = engine.options().clone();
     let config = engine.weights().config.clone();
     let mut draw = TokenDraw { state: 0x9E37_79B9_7F4A_7C15, n_vocab: config.n_vocab as u32 };
-    eprintln!("kiln bench --batched: {}, backend {}", crate::kv_args::describe(engine.pool().spec().n_blocks, &config, &options), backend.name());
+    eprintln!("kiln bench --batched: {}, backend {}", crate::kv_args::describe(&engine), backend.name());
     // Warm-up: kernels load and tune, and every batch size records its decode graph, before any timing.
     for &pp in &a.npp {
         for &b in &a.npl {
@@ -166,7 +165,7 @@ pub fn run<B: Backend>(devices: Devices<B>, file: Arc<GgufFile>, args: &BenchArg
         }
     }
     let weights_mib = file.tensors().iter().map(|t| t.n_bytes).sum::<u64>() as f64 / (1u64 << 20) as f64;
-    let kv_mib = engine.pool().usable_bytes() as f64 / (1u64 << 20) as f64;
+    let kv_mib = engine.kv_usable_bytes() as f64 / (1u64 << 20) as f64;
     match memory.peak_mib() {
         Some(peak) => eprintln!(
             "kiln bench --batched: device memory peak {peak:.0} MiB (weights {weights_mib:.0} MiB in the file, KV {kv_mib:.0} MiB backed, most blocks in use {peak_blocks})"

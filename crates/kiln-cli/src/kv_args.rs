@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Args;
 use kiln_core::{Backend, KvType};
 use kiln_gguf::GgufFile;
-use kiln_models::{EngineOptions, KvBudget, KvPool, Weights};
+use kiln_models::{Engine, EngineOptions, KvBudget, Weights};
 
 use crate::CliResult;
 
@@ -88,16 +88,36 @@ impl KvArgs {
     }
 }
 
-/// One line on the KV cache a run may use: types, block budget and its bytes.
-pub fn describe(pool_blocks: usize, c: &kiln_models::ModelConfig, options: &EngineOptions) -> String {
-    let block = KvPool::<kiln_core::CpuBackend>::block_bytes_of(&c.kv_widths(), options.k_type, options.v_type);
-    format!(
-        "KV cache K {} V {}, up to {pool_blocks} blocks of {} positions ({:.1} MiB), taken as sequences grow",
+/// One line on the KV cache a run may use: types, each pool's block budget and its bytes.
+pub fn describe<B: Backend>(engine: &Engine<B>) -> String {
+    let options = engine.options();
+    let mib = |pool: &kiln_models::KvPool<B>| (pool.spec().n_blocks as u64 * pool.bytes_per_block()) as f64 / (1u64 << 20) as f64;
+    let pool = engine.pool();
+    let mut line = format!(
+        "KV cache K {} V {}, up to {} blocks of {} positions ({:.1} MiB), taken as sequences grow",
         options.k_type,
         options.v_type,
+        pool.spec().n_blocks,
         kiln_core::KV_BLOCK_SIZE,
-        (pool_blocks as u64 * block) as f64 / (1u64 << 20) as f64
-    )
+        mib(pool)
+    );
+    if let (Some(window_pool), Some(window)) = (engine.window_pool(), engine.window()) {
+        line += &format!(
+            "; sliding-window layers (window {window}) in a pool of their own, up to {} blocks ({:.1} MiB), keeping only the blocks their window reaches",
+            window_pool.spec().n_blocks,
+            mib(window_pool)
+        );
+    }
+    line
+}
+
+/// Blocks in use now: "N blocks in use", and the window pool's beside them when there is one.
+pub fn blocks_in_use<B: Backend>(engine: &Engine<B>) -> String {
+    let full = engine.pool().allocator().in_use();
+    match engine.window_pool() {
+        Some(window) => format!("{full} blocks in use, {} in the sliding-window pool", window.allocator().in_use()),
+        None => format!("{full} blocks in use"),
+    }
 }
 
 /// Device memory in use by this process, as the lowest free memory seen against the free

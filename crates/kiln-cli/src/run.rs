@@ -186,12 +186,12 @@ fn generate_with<B: Backend>(backend: Arc<B>, mut model: Model<B>, tokenizer: &T
         if ranks > 1 { format!(" x {ranks} ranks (tensor parallel)") } else { String::new() },
         sampling.seed
     );
-    eprintln!("kiln: {}", crate::kv_args::describe(model.engine().pool().spec().n_blocks, &model.config, model.engine().options()));
+    eprintln!("kiln: {}", crate::kv_args::describe(model.engine()));
     stream_generation(&mut model, tokenizer, &prompt, sampling, args)?;
     memory.sample(&*backend);
     if let Some(peak) = memory.peak_mib() {
-        let kv_mib = model.engine().pool().usable_bytes() as f64 / (1u64 << 20) as f64;
-        eprintln!("device memory: {peak:.0} MiB in use (KV cache {kv_mib:.1} MiB of it, {} blocks in use)", model.engine().pool().allocator().in_use());
+        let kv_mib = model.engine().kv_usable_bytes() as f64 / (1u64 << 20) as f64;
+        eprintln!("device memory: {peak:.0} MiB in use (KV cache {kv_mib:.1} MiB of it, {})", crate::kv_args::blocks_in_use(model.engine()));
     }
     Ok(())
 }

@@ -96,13 +96,12 @@ fn load_and_run<B: Backend>(devices: Devices<B>, args: &ServeArgs, slot: EngineS
     let max_seq_len = if args.ctx_size > 0 { args.ctx_size } else { config.n_ctx_train };
     let options = EngineOptions { max_seq_len, max_batch_tokens: STEP_TOKENS.max(parallel), max_seqs: parallel, ..EngineOptions::default() };
     let engine = devices.engine(&args.kv, &file, options)?;
-    let options = engine.options().clone();
     eprintln!(
         "kiln serve: {} ({}), backend {}, {parallel} parallel sequences of up to {max_seq_len} tokens; {}",
         config.name.as_deref().unwrap_or("model"),
         config.arch.name(),
         backend.name(),
-        crate::kv_args::describe(engine.pool().spec().n_blocks, &config, &options)
+        crate::kv_args::describe(&engine)
     );
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     slot.run(engine, tokenizer, &name)?;

@@ -55,6 +55,7 @@ pub(crate) fn attention(
     check_len("attention tokens in the step", plan.n_tokens(), n)?;
     check_len("attention cache width", cache.spec.width, p.n_kv_heads * hd)?;
     plan.check_usable(cache.usable_rows() / KV_BLOCK_SIZE)?;
+    plan.check_window(p.window)?;
     // A token's positions are split by its own span alone, never by what else is in the step,
     // so a sequence's result does not depend on the batch it runs in.
     let span_of = |t: usize| {

@@ -28,6 +28,6 @@ pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};
 pub use cpu_int::SimdLevel;
 pub use cpu_simd::Simd;
-pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE};
+pub use plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, StepCapacity, KV_BLOCK_SIZE, RELEASED_BLOCK};
 pub use sampling::SamplingParams;
 pub use tensor::{DType, DeviceBuffer, Shape, Tensor, TensorMut};

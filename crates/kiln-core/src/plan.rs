@@ -17,6 +17,11 @@ use crate::sampling::SamplingParams;
 /// the q8_0 block, so a cache row never shares a quantization block with another row.
 pub const KV_BLOCK_SIZE: usize = 32;
 
+/// A block-table entry whose block went back to the pool: every position in it lies before any
+/// window still to be read (a sliding-window layer's table). No kernel reads such an entry;
+/// [`FlatPlan::check_window`] refuses a layer whose window would reach one.
+pub const RELEASED_BLOCK: u32 = u32::MAX;
+
 /// Query tokens per prefill attention tile ([`FlatPlan::tiles`]).
 pub const Q_TILE: usize = 64;
 
@@ -116,7 +121,8 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`: the positions `0..pos0` are already in the cache.
     pub pos0: usize,
-    /// Physical KV blocks covering positions `0..pos0 + tokens.len()`, in order.
+    /// Physical KV blocks covering positions `0..pos0 + tokens.len()`, in order; entries before
+    /// the window of every query may be [`RELEASED_BLOCK`].
     pub blocks: &'a [u32],
     pub logits: LogitRows,
     /// Samples from the last token's logits (needs `logits` other than `None`).
@@ -197,6 +203,9 @@ pub struct FlatPlan {
     /// One past the highest block id any table names (0 for an empty plan): the cache must have
     /// memory behind blocks `0..blocks_end` before the step runs.
     pub blocks_end: u32,
+    /// The widest sliding window that every token's table still covers, when some table has
+    /// released blocks; `None`: every table is whole, so any attention can read it.
+    pub widest_window: Option<u32>,
 }
 
 /// `need` = (tokens, sequences, block-table entries, logit rows, history tokens) against `cap`.
@@ -209,6 +218,20 @@ fn check_counts(cap: &StepCapacity, need: [usize; 5]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checks an attention of `window` (`None`: global) against the widest window a step's tables
+/// still cover ([`FlatPlan::widest_window`]), for backends that keep only that number.
+pub fn check_window_reach(widest: Option<u32>, window: Option<usize>) -> Result<()> {
+    match (widest, window) {
+        (Some(widest), None) => {
+            Err(BackendError::BadPlan(format!("global attention over block tables that released blocks (they cover a window of {widest})")))
+        }
+        (Some(widest), Some(w)) if w > widest as usize => {
+            Err(BackendError::BadPlan(format!("a sliding window of {w} positions over block tables that cover only {widest}")))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn u32_of(what: &str, value: usize) -> Result<u32> {
@@ -231,6 +254,7 @@ impl FlatPlan {
             tiles: Vec::with_capacity(cap.tokens.div_ceil(Q_TILE) + cap.seqs),
             max_kv_len: 0,
             blocks_end: 0,
+            widest_window: None,
         }
     }
 
@@ -248,6 +272,7 @@ impl FlatPlan {
         self.tiles.clear();
         self.max_kv_len = 0;
         self.blocks_end = 0;
+        self.widest_window = None;
     }
 
     /// Flattens `plan` in place (no allocation once the arrays have grown to `cap`). `cache_blocks`
@@ -288,10 +313,21 @@ impl FlatPlan {
                 s.blocks.len() * KV_BLOCK_SIZE
             )));
         }
-        if let Some(&bad) = s.blocks.iter().find(|&&b| b as usize >= cache_blocks) {
+        let live = |b: &&u32| **b != RELEASED_BLOCK;
+        if let Some(&bad) = s.blocks.iter().filter(live).find(|&&b| b as usize >= cache_blocks) {
             return Err(BackendError::BadPlan(format!("sequence {index} names block {bad}; the cache holds {cache_blocks}")));
         }
-        self.blocks_end = self.blocks_end.max(s.blocks.iter().max().map_or(0, |&b| b + 1));
+        // Released entries lead the table: the first position whose block is still held.
+        let live_from = s.blocks.iter().rposition(|&b| b == RELEASED_BLOCK).map_or(0, |i| (i + 1) * KV_BLOCK_SIZE);
+        if live_from > s.pos0 {
+            return Err(BackendError::BadPlan(format!("sequence {index} feeds position {} but its block was released", s.pos0)));
+        }
+        if live_from > 0 {
+            // The first token sees the least: its window may reach back to `live_from`.
+            let reach = u32_of("window", s.pos0 + 1 - live_from)?;
+            self.widest_window = Some(self.widest_window.map_or(reach, |w| w.min(reach)));
+        }
+        self.blocks_end = self.blocks_end.max(s.blocks.iter().filter(live).max().map_or(0, |&b| b + 1));
         if s.sample.is_some() && s.logits == LogitRows::None {
             return Err(BackendError::BadPlan(format!("sequence {index} samples but produces no logits")));
         }
@@ -359,6 +395,7 @@ impl FlatPlan {
         copy(&mut self.tiles, &other.tiles);
         self.max_kv_len = other.max_kv_len;
         self.blocks_end = other.blocks_end;
+        self.widest_window = other.widest_window;
     }
 
     /// Checks that this plan fits `cap` and names no block past `cache_blocks` (a plan built
@@ -380,6 +417,11 @@ impl FlatPlan {
             )));
         }
         Ok(())
+    }
+
+    /// Checks that attention with `window` (`None`: global) reads no released table entry.
+    pub fn check_window(&self, window: Option<usize>) -> Result<()> {
+        check_window_reach(self.widest_window, window)
     }
 
     /// Whether every sequence of the step feeds exactly one token (a decode step).
@@ -470,6 +512,30 @@ mod tests {
         assert!(flat.fill(&BatchPlan { seqs: &[outside] }, &cap(), 8).unwrap_err().to_string().contains("block 9"));
         let many = SeqStep { tokens: &[1; 300], pos0: 0, blocks: &[0; 10], logits: LogitRows::None, sample: None };
         assert!(flat.fill(&BatchPlan { seqs: &[many] }, &cap(), 8).unwrap_err().to_string().contains("300 tokens"));
+    }
+
+    #[test]
+    fn released_entries_are_never_read_and_bound_the_window() {
+        let r = RELEASED_BLOCK;
+        let tokens = [1u32; 3];
+        // Positions 100..103 over a table whose first two blocks went back to the pool.
+        let a = SeqStep { tokens: &tokens, pos0: 100, blocks: &[r, r, 5, 6], logits: LogitRows::None, sample: None };
+        let mut flat = FlatPlan::default();
+        flat.fill(&BatchPlan { seqs: &[a] }, &cap(), 8).unwrap();
+        assert_eq!((flat.blocks_end, flat.widest_window), (7, Some(100 + 1 - 64)));
+        assert_eq!(flat.slots[0], 6 * 32 + 4);
+        assert!(flat.check_window(Some(37)).is_ok());
+        assert!(flat.check_window(Some(38)).unwrap_err().to_string().contains("cover only 37"));
+        assert!(flat.check_window(None).unwrap_err().to_string().contains("global attention"));
+        // A whole table serves any attention; a token whose own block was released is refused.
+        let whole = SeqStep { blocks: &[0, 1, 2, 3], ..a };
+        flat.fill(&BatchPlan { seqs: &[whole, a] }, &cap(), 8).unwrap();
+        assert_eq!(flat.widest_window, Some(37));
+        flat.fill(&BatchPlan { seqs: &[whole] }, &cap(), 8).unwrap();
+        assert!(flat.widest_window.is_none() && flat.check_window(None).is_ok());
+        let own_released = SeqStep { blocks: &[r, r, r, r], ..a };
+        let err = flat.fill(&BatchPlan { seqs: &[own_released] }, &cap(), 8).unwrap_err().to_string();
+        assert!(err.contains("released"), "{err}");
     }
 
     #[test]

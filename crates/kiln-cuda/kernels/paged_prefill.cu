@@ -69,10 +69,11 @@ __device__ __forceinline__ void fa_fetch(float* dst, const u8* cache, u64 rows, 
 }
 
 // Rows kv0..kv0 + FA_KV of one kv head into `dst` ([FA_KV][FA_STRIDE] f16), zeros at
-// positions from kv_end on and at dims from HEAD_DIM on.
+// positions before kv_begin (before every row's window, where the table may hold released
+// entries) or from kv_end on, and at dims from HEAD_DIM on.
 template <int TYPE>
 __device__ __forceinline__ void fa_gather(
-    u16* dst, const u8* cache, const u32* table, u64 rows, u32 width, u32 col0, u32 kv0, u32 kv_end) {
+    u16* dst, const u8* cache, const u32* table, u64 rows, u32 width, u32 col0, u32 kv0, u32 kv_begin, u32 kv_end) {
     constexpr int WORDS = (FA_CHUNK + 1) / 2;
     u32 packed[FA_GATHER][WORDS];
 #pragma unroll
@@ -81,7 +82,7 @@ __device__ __forceinline__ void fa_gather(
         const u32 j = index / FA_ROW_CHUNKS;
         const u32 d = index % FA_ROW_CHUNKS * FA_CHUNK;
         float v[FA_CHUNK];
-        if (j < FA_KV && kv0 + j < kv_end && d < HEAD_DIM) {
+        if (j < FA_KV && kv0 + j >= kv_begin && kv0 + j < kv_end && d < HEAD_DIM) {
             fa_fetch<TYPE>(v, cache, rows, width, cache_row(table, kv0 + j), col0 + d);
         } else {
 #pragma unroll
@@ -191,13 +192,14 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS) paged_attention_prefill
 
     // With a sliding window, tiles wholly before the first row's window are skipped; each row
     // masks the rest of what precedes its own window.
-    const u32 kv_first = window > 0 && pos0 + 1 > window ? (pos0 + 1 - window) / FA_KV * FA_KV : 0;
+    const u32 kv_begin = window > 0 && pos0 + 1 > window ? pos0 + 1 - window : 0;
+    const u32 kv_first = kv_begin / FA_KV * FA_KV;
     for (u32 kv0 = kv_first; kv0 < kv_end; kv0 += FA_KV) {
         // Gather K, then V: each thread's loads are issued together and packed to f16 at once,
         // which keeps only FA_GATHER chunks of one tensor in registers.
         __syncthreads();
-        fa_gather<K_TYPE>(k_s, k_cache, table, rows, width, col0, kv0, kv_end);
-        fa_gather<V_TYPE>(v_s, v_cache, table, rows, width, col0, kv0, kv_end);
+        fa_gather<K_TYPE>(k_s, k_cache, table, rows, width, col0, kv0, kv_begin, kv_end);
+        fa_gather<V_TYPE>(v_s, v_cache, table, rows, width, col0, kv0, kv_begin, kv_end);
         __syncthreads();
         // Warps whose rows all precede this tile have nothing to add.
         if (kv0 > warp_last) {

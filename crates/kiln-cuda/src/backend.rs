@@ -183,6 +183,7 @@ impl CudaBackend {
         let n = shapes::attention(q.shape(), out.shape(), sinks.map(|s| s.shape()), p)?;
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
+        kiln_core::plan::check_window_reach(step.widest_window, p.window)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         let view = cache.view();

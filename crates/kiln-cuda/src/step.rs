@@ -45,6 +45,8 @@ pub struct CudaStep {
     pub(crate) decode_only: bool,
     /// One past the highest block the plan reads (`FlatPlan::blocks_end`).
     pub(crate) blocks_end: usize,
+    /// The widest window the plan's block tables cover (`FlatPlan::widest_window`).
+    pub(crate) widest_window: Option<u32>,
 }
 
 impl CudaStep {
@@ -76,6 +78,7 @@ impl CudaStep {
             n_tiles: 0,
             decode_only: false,
             blocks_end: 0,
+            widest_window: None,
         })
     }
 
@@ -95,6 +98,7 @@ impl CudaStep {
         self.n_tiles = plan.tiles.len();
         self.decode_only = plan.is_decode_only();
         self.blocks_end = plan.blocks_end as usize;
+        self.widest_window = plan.widest_window;
         Ok(())
     }
 

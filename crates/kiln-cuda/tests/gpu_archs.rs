@@ -19,7 +19,7 @@ use kiln_core::plan::KvType;
 use kiln_core::SamplingParams;
 use kiln_gguf::GgufFile;
 use kiln_models::checks::{compare, run_alone, run_staggered};
-use kiln_models::{EngineOptions, Logits, Model, ModelOptions, Weights};
+use kiln_models::{Engine, EngineOptions, Logits, Model, ModelOptions, Weights};
 use serde_json::Value;
 #[path = "common/backends.rs"]
 mod backends;
@@ -182,4 +182,83 @@ fn batched_equals_alone_on_the_new_architectures() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Sliding-window layers release the KV blocks that leave their window (`kiln_models::window_kv`):
+/// on gemma3, gemma4 and gpt-oss (window 8), a 300-token prompt fed in chunks of 64 (the prefill
+/// kernel over tables whose first entries are released) then 40 decode steps (the split decode
+/// kernels in captured graphs, teacher-forced) stay within the batch test's bound of the CPU's
+/// exact engine, which releases them too and equals a pass that keeps them
+/// (kiln-models/tests/window_release.rs); a table entry read after its release shows as errors
+/// of order 1. Sequences of mixed lengths, many windows long, batched equal each alone.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn released_window_blocks_keep_the_logits_on_cuda() {
+    let _gpu_use = exclusive_gpu();
+    let backend = Arc::new(gpu());
+    let cpu = Arc::new(kiln_core::CpuBackend::exact());
+    let windowed = ["tiny-gemma3-Q4_K.gguf", "tiny-gemma4-Q4_K.gguf", "tiny-gpt-oss-MXFP4.gguf"];
+    let mut failures = Vec::new();
+    for (path, r) in arch_files().into_iter().filter(|(p, _)| windowed.iter().any(|n| p.ends_with(n))) {
+        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let bound = 6.0 * r["llamacpp"]["rel_l2"].as_f64().expect("rel_l2");
+        let file = Arc::new(GgufFile::open(&path).unwrap_or_else(|e| panic!("{name}: {e}")));
+        let options = EngineOptions { max_seq_len: 352, max_batch_tokens: 64, k_type: KvType::F16, v_type: KvType::F16, ..EngineOptions::default() };
+        let tokens: Vec<u32> = (0..340).map(|i| (i * 37 % 511 + 1) as u32).collect();
+        let mut gpu_engine = Engine::new(backend.clone(), Arc::new(Weights::load(&*backend, &file).expect("weights")), &options).expect("engine");
+        let mut cpu_engine = Engine::new(cpu.clone(), Arc::new(Weights::load(&*cpu, &file).expect("weights")), &options).expect("engine");
+        let got = feed_past_the_window(&mut gpu_engine, &tokens, 300);
+        let want = feed_past_the_window(&mut cpu_engine, &tokens, 300);
+        let diff: f64 = got.iter().zip(&want).map(|(g, w)| (f64::from(*g) - f64::from(*w)).powi(2)).sum();
+        let rel = (diff / want.iter().map(|w| f64::from(*w).powi(2)).sum::<f64>()).sqrt();
+        eprintln!("{name}: 340 positions, window blocks released: rel_l2 {rel:.2e} against the CPU (bound {bound:.2e})");
+        if rel > bound {
+            failures.push(format!("{name}: released window blocks: rel_l2 {rel:.2e} > {bound:.2e}"));
+        }
+
+        let weights = Arc::new(Weights::load(&*backend, &file).expect("weights"));
+        let prompts: Vec<Vec<u32>> = [3usize, 40, 100, 150].iter().map(|&n| tokens[..n].to_vec()).collect();
+        let options = EngineOptions { max_seq_len: 192, max_batch_tokens: 320, ..options };
+        let batched = run_staggered(&backend, &weights, &options, &prompts, 30).unwrap_or_else(|e| panic!("{name}: staggered: {e}"));
+        for (prompt, b) in prompts.iter().zip(&batched) {
+            let alone = run_alone(&backend, &weights, &options, prompt, 30).unwrap_or_else(|e| panic!("{name}: alone: {e}"));
+            // Up to and including the first step whose tokens differ (later ones continue different texts).
+            let steps = alone.tokens.iter().zip(&b.tokens).position(|(x, y)| x != y).map_or(alone.tokens.len(), |s| s + 1);
+            let (mut diff, mut norm) = (0f64, 0f64);
+            for (x, y) in alone.logits[..steps].iter().flatten().zip(b.logits[..steps].iter().flatten()) {
+                diff += (f64::from(*x) - f64::from(*y)).powi(2);
+                norm += f64::from(*x).powi(2);
+            }
+            let rel = (diff / norm.max(1e-30)).sqrt();
+            eprintln!("{name}: prompt of {} + 30 tokens: batched vs alone rel_l2 {rel:.2e}", prompt.len());
+            if rel > bound {
+                failures.push(format!("{name}: prompt of {}: batched vs alone rel_l2 {rel:.2e} > {bound:.2e}", prompt.len()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Feeds `tokens` to one sequence, the first `prompt` in chunks of 64 and the rest one at a time
+/// (each step samples, so decode steps replay graphs, but the given token is fed next), and
+/// returns the last logits of every step; the sequence never holds more than 3 window blocks.
+fn feed_past_the_window<B: kiln_core::Backend>(engine: &mut Engine<B>, tokens: &[u32], prompt: usize) -> Vec<f32> {
+    use kiln_models::{SeqWork, Sequence};
+    let mut seq = Sequence::new(tokens[..prompt].to_vec(), SamplingParams::greedy());
+    let mut rows = Vec::new();
+    let mut step = |engine: &mut Engine<B>, seq: &mut Sequence, n: usize| {
+        let work = SeqWork { seq, n_tokens: n, logits: kiln_core::plan::LogitRows::Last, sample: true };
+        engine.step(&mut [work]).unwrap_or_else(|e| panic!("step: {e}"));
+        rows.extend_from_slice(engine.logits().expect("logits"));
+    };
+    while seq.n_pending() > 0 {
+        let n = seq.n_pending().min(64);
+        step(engine, &mut seq, n);
+    }
+    for &t in &tokens[prompt..] {
+        seq.tokens.push(t);
+        step(engine, &mut seq, 1);
+        assert!(seq.window_blocks_held() <= 3, "{} window blocks held", seq.window_blocks_held());
+    }
+    rows
 }

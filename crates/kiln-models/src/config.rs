@@ -119,6 +119,13 @@ impl RopeScaling {
     }
 }
 
+/// One KV cache: its row width and the widest sliding window of the layers that read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheLayout {
+    pub width: usize,
+    pub window: Option<usize>,
+}
+
 /// Model-wide hyper-parameters, and each layer's own settings in `layers`. The model-wide
 /// head and FFN sizes are those of the first layer, for display.
 #[derive(Clone, Debug)]
@@ -228,6 +235,23 @@ impl ModelConfig {
     /// Row widths of the KV caches, one per layer that stores its own keys and values.
     pub fn kv_widths(&self) -> Vec<usize> {
         self.layers.iter().filter_map(LayerConfig::attention).filter(|a| matches!(a.kv, KvSource::Own { .. })).map(AttentionConfig::kv_width).collect()
+    }
+
+    /// The KV caches in the order of [`ModelConfig::kv_widths`], each with the widest sliding
+    /// window of the layers that read it (`None` when one of them attends globally).
+    pub fn kv_caches(&self) -> Vec<KvCacheLayout> {
+        let mut caches = Vec::new();
+        for a in self.layers.iter().filter_map(LayerConfig::attention) {
+            match a.kv {
+                KvSource::Own { .. } => caches.push(KvCacheLayout { width: a.kv_width(), window: a.window }),
+                KvSource::Shared { .. } => {
+                    if let Some(c) = caches.get_mut(a.cache) {
+                        c.window = c.window.zip(a.window).map(|(x, y)| x.max(y));
+                    }
+                }
+            }
+        }
+        caches
     }
 
     fn rope_scaling(file: &GgufFile, a: &str, n_rot: usize) -> Result<RopeScaling> {

@@ -1,6 +1,7 @@
-//! The batched engine: shared [`Weights`], a paged [`KvPool`], a [`Workspace`] sized once for
-//! the largest step, and [`Engine::step`], which runs one forward pass over any mix of
-//! sequences (prefill chunks and single decode tokens) and samples each one that asks.
+//! The batched engine: shared [`Weights`], a paged [`KvPool`] (and a second one for
+//! sliding-window layers, `window_kv`), a [`Workspace`] sized once for the largest step, and
+//! [`Engine::step`], which runs one forward pass over any mix of sequences (prefill chunks and
+//! single decode tokens) and samples each one that asks.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use crate::forward::{attention_params, forward, Pass, Workspace};
 use crate::kv_pool::{KvBudget, KvPool};
 use crate::recurrent::RecurrentStates;
 use crate::weights::Weights;
+use crate::window_kv::{plan_pools, CacheSlot, LayerCaches, WindowKv};
 
 /// One sequence: its tokens, its KV blocks and how many of its tokens they hold.
 #[derive(Debug, Default)]
@@ -26,6 +28,12 @@ pub struct Sequence {
     /// Hybrid models: the sequence's recurrent state slot, and how many tokens that state holds.
     state_slot: Option<u32>,
     state_len: usize,
+    /// Sliding-window models: the table of the window pool, indexed like `blocks`, whose first
+    /// `window_released` entries went back to the pool ([`kiln_core::RELEASED_BLOCK`]); the
+    /// sequence can resume from `window_resume_from` cached tokens on, not before.
+    pub(crate) window_blocks: Vec<u32>,
+    pub(crate) window_released: usize,
+    pub(crate) window_resume_from: usize,
 }
 
 impl Sequence {
@@ -35,7 +43,14 @@ impl Sequence {
 
     /// An empty sequence with room for `max_len` tokens, so that growing to it allocates nothing.
     pub fn with_capacity(max_len: usize, sampling: SamplingParams) -> Sequence {
-        Sequence { tokens: Vec::with_capacity(max_len), blocks: Vec::with_capacity(max_len.div_ceil(KV_BLOCK_SIZE)), sampling, ..Default::default() }
+        let blocks = max_len.div_ceil(KV_BLOCK_SIZE);
+        Sequence {
+            tokens: Vec::with_capacity(max_len),
+            blocks: Vec::with_capacity(blocks),
+            window_blocks: Vec::with_capacity(blocks),
+            sampling,
+            ..Default::default()
+        }
     }
 
     /// Tokens whose keys and values are in the cache.
@@ -52,18 +67,29 @@ impl Sequence {
         &self.blocks
     }
 
-    /// New blocks a step feeding its next `n_tokens` tokens takes from the pool.
+    /// The window pool's table: entries wholly before the window are [`kiln_core::RELEASED_BLOCK`].
+    pub fn window_blocks(&self) -> &[u32] {
+        &self.window_blocks
+    }
+
+    /// Window-pool blocks the sequence holds now.
+    pub fn window_blocks_held(&self) -> usize {
+        self.window_blocks.len().saturating_sub(self.window_released)
+    }
+
+    /// New blocks a step feeding its next `n_tokens` tokens takes from the (full) pool.
     pub fn blocks_to_feed(&self, n_tokens: usize) -> usize {
         (self.n_cached + n_tokens).div_ceil(KV_BLOCK_SIZE).saturating_sub(self.blocks.len())
     }
 
     /// Forgets everything after the first `n` cached tokens (the blocks stay with the sequence).
-    /// A hybrid model's recurrent state cannot go back: there, truncating below the cached
-    /// tokens keeps the tokens but none of the cache, and the next step feeds them all again.
+    /// A hybrid model's recurrent state cannot go back, nor can a sliding-window cache whose
+    /// blocks before the new end were released: there, truncating below what they hold keeps
+    /// the tokens but none of the cache, and the next step feeds them all again.
     pub fn truncate(&mut self, n: usize) {
         self.n_cached = self.n_cached.min(n);
         self.tokens.truncate(n);
-        if self.state_slot.is_some() && self.n_cached < self.state_len {
+        if (self.state_slot.is_some() && self.n_cached < self.state_len) || self.n_cached < self.window_resume_from {
             self.n_cached = 0;
         }
     }
@@ -92,7 +118,9 @@ pub struct EngineOptions {
     pub max_history: usize,
     pub k_type: KvType,
     pub v_type: KvType,
-    /// The pool's limit; `None`: every sequence at its full length.
+    /// The KV memory limit; `None`: every sequence at its full length. With sliding-window
+    /// layers, a byte budget is split between the two pools and a block budget counts the full
+    /// pool's blocks (the window pool gets what its sequences can hold, `window_kv`).
     pub kv_budget: Option<KvBudget>,
 }
 
@@ -115,6 +143,10 @@ pub struct Engine<B: Backend> {
     backend: Arc<B>,
     weights: Arc<Weights<B>>,
     pool: KvPool<B>,
+    /// The sliding-window layers' pool, step and plan, when the model has such layers.
+    window: Option<WindowKv<B>>,
+    /// Which pool holds each KV cache.
+    cache_slots: Vec<CacheSlot>,
     ws: Workspace<B>,
     step: B::Step,
     plan: FlatPlan,
@@ -155,11 +187,20 @@ impl<B: Backend> Engine<B> {
             logit_rows,
             history: options.max_seqs * options.max_history,
         };
-        let budget = options.kv_budget.unwrap_or(KvBudget::Blocks(options.max_seqs * blocks_per_seq));
         let b = &*backend;
-        let pool = KvPool::with_widths(b, &c.kv_widths(), options.k_type, options.v_type, budget)?;
+        let types = (options.k_type, options.v_type);
+        let pools = plan_pools(&c.kv_caches(), options.kv_budget, (options.max_seqs, options.max_batch_tokens, options.max_seq_len), types)?;
+        let pool = KvPool::with_widths(b, &pools.full_widths, options.k_type, options.v_type, pools.full_budget)?;
+        let window = match pools.window {
+            Some((widths, budget, window)) => Some(WindowKv::new(b, &widths, types, budget, window, &capacity)?),
+            None => None,
+        };
         if let Some(first) = c.layers.iter().find_map(crate::config::LayerConfig::attention) {
-            b.prepare(&weights.matrices(), &attention_params(first, options.max_seq_len), pool.spec())?;
+            let spec = match (&window, pools.slots.get(first.cache)) {
+                (Some(w), Some(slot)) if slot.windowed => w.pool.spec(),
+                _ => pool.spec(),
+            };
+            b.prepare(&weights.matrices(), &attention_params(first, options.max_seq_len), spec)?;
         }
         let ws = Workspace::new(b, c, options.max_batch_tokens, logit_rows)?;
         let step = b.alloc_step(&capacity, pool.spec().n_blocks)?;
@@ -169,6 +210,8 @@ impl<B: Backend> Engine<B> {
             backend,
             weights,
             pool,
+            window,
+            cache_slots: pools.slots,
             ws,
             step,
             plan: FlatPlan::with_capacity(&capacity),
@@ -210,13 +253,43 @@ impl<B: Backend> Engine<B> {
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }
+    /// The pool of the global layers' caches (of every cache without sliding-window layers).
     pub fn pool(&self) -> &KvPool<B> {
         &self.pool
     }
 
-    /// Returns a sequence's blocks to the pool (it keeps its tokens, none cached).
+    /// The sliding-window layers' pool, when the model has one.
+    pub fn window_pool(&self) -> Option<&KvPool<B>> {
+        self.window.as_ref().map(|w| &w.pool)
+    }
+
+    /// The window of the window pool's layers (the widest of them).
+    pub fn window(&self) -> Option<usize> {
+        self.window.as_ref().map(|w| w.window)
+    }
+
+    /// Trailing window blocks a prefix must bring for the next query to see its whole window
+    /// ([`Engine::attach_prefix`]); `None` without a window pool.
+    pub fn prefix_window_entries(&self) -> Option<usize> {
+        self.window.as_ref().map(WindowKv::prefix_entries)
+    }
+
+    /// New window-pool blocks a step feeding `seq`'s next `n_tokens` tokens takes (0 without one).
+    pub fn window_blocks_to_feed(&self, seq: &Sequence, n_tokens: usize) -> usize {
+        self.window.as_ref().map_or(0, |w| w.blocks_to_feed(seq, n_tokens))
+    }
+
+    /// Bytes of KV cache backed by memory now, in both pools.
+    pub fn kv_usable_bytes(&self) -> u64 {
+        self.pool.usable_bytes() + self.window_pool().map_or(0, KvPool::usable_bytes)
+    }
+
+    /// Returns a sequence's blocks to the pools (it keeps its tokens, none cached).
     pub fn release(&mut self, seq: &mut Sequence) {
         self.pool.release(&mut seq.blocks);
+        if let Some(w) = &mut self.window {
+            w.release_all(seq);
+        }
         seq.n_cached = 0;
         if let (Some(states), Some(slot)) = (&mut self.states, seq.state_slot.take()) {
             states.release(slot);
@@ -228,9 +301,15 @@ impl<B: Backend> Engine<B> {
     /// `blocks.len() * KV_BLOCK_SIZE` tokens (a shared prefix): each block gets one more
     /// reference and those tokens count as cached. At least one token must stay to be fed, so
     /// the block the sequence writes next is its own and shared blocks are never written.
-    pub fn attach_prefix(&mut self, seq: &mut Sequence, blocks: &[u32]) -> Result<()> {
+    /// `window_blocks` are the same positions' window-pool blocks ([`kiln_core::RELEASED_BLOCK`]
+    /// where released), of which the last [`Engine::prefix_window_entries`] must be held; without a
+    /// window pool they are ignored.
+    pub fn attach_prefix(&mut self, seq: &mut Sequence, blocks: &[u32], window_blocks: &[u32]) -> Result<()> {
         let n_cached = blocks.len() * KV_BLOCK_SIZE;
-        if !seq.blocks.is_empty() || seq.n_cached != 0 {
+        if self.window.is_some() && window_blocks.len() != blocks.len() {
+            return Err(ModelError::BadKvBlock(format!("a prefix of {} blocks comes with {} window blocks", blocks.len(), window_blocks.len())));
+        }
+        if !seq.blocks.is_empty() || !seq.window_blocks.is_empty() || seq.n_cached != 0 {
             return Err(ModelError::BadKvBlock("a prefix can only be attached to a sequence without blocks".into()));
         }
         if n_cached >= seq.tokens.len() {
@@ -239,6 +318,12 @@ impl<B: Backend> Engine<B> {
         for (i, &b) in blocks.iter().enumerate() {
             if let Err(e) = self.pool.blocks.retain(b) {
                 blocks[..i].iter().for_each(|&r| drop(self.pool.blocks.release(r)));
+                return Err(e);
+            }
+        }
+        if let Some(w) = &mut self.window {
+            if let Err(e) = w.attach(seq, window_blocks) {
+                blocks.iter().for_each(|&r| drop(self.pool.blocks.release(r)));
                 return Err(e);
             }
         }
@@ -257,12 +342,26 @@ impl<B: Backend> Engine<B> {
         self.pool.blocks.release(block)
     }
 
+    fn window_allocator(&mut self) -> Result<&mut crate::kv_pool::BlockAllocator> {
+        self.window.as_mut().map(|w| &mut w.pool.blocks).ok_or_else(|| ModelError::BadKvBlock("the model has no window pool".into()))
+    }
+
+    /// [`Engine::retain_block`] for a block of the window pool.
+    pub fn retain_window_block(&mut self, block: u32) -> Result<()> {
+        self.window_allocator()?.retain(block)
+    }
+
+    /// Drops a reference taken with [`Engine::retain_window_block`].
+    pub fn release_window_block(&mut self, block: u32) -> Result<()> {
+        self.window_allocator()?.release(block)
+    }
+
     /// Runs one step over `work` and returns the sampled tokens, one per work item that
     /// samples, in order. Blocks are taken from the pool first; when it runs out, nothing
     /// runs and the error says how many were missing, so the caller can wait or fail.
     pub fn step(&mut self, work: &mut [SeqWork]) -> Result<&[u32]> {
         let vocab = self.weights.config.n_vocab;
-        let mut needed = 0;
+        let (mut needed, mut needed_window) = (0, 0);
         for w in work.iter() {
             let end = w.seq.n_cached + w.n_tokens;
             if w.n_tokens == 0 || end > w.seq.tokens.len() {
@@ -289,9 +388,16 @@ impl<B: Backend> Engine<B> {
                 });
             }
             needed += w.seq.blocks_to_feed(w.n_tokens);
+            needed_window += self.window_blocks_to_feed(w.seq, w.n_tokens);
         }
         if needed > self.pool.blocks.available() {
             return Err(ModelError::OutOfKvBlocks { needed, available: self.pool.blocks.available(), capacity: self.pool.blocks.capacity() });
+        }
+        if let Some(window) = &self.window {
+            let blocks = &window.pool.blocks;
+            if needed_window > blocks.available() {
+                return Err(ModelError::OutOfKvBlocks { needed: needed_window, available: blocks.available(), capacity: blocks.capacity() });
+            }
         }
         if let Some(states) = &mut self.states {
             for w in work.iter_mut() {
@@ -304,9 +410,15 @@ impl<B: Backend> Engine<B> {
         for w in work.iter_mut() {
             let end = w.seq.n_cached + w.n_tokens;
             self.pool.reserve(&self.backend, &mut w.seq.blocks, end)?;
+            if let Some(window) = &mut self.window {
+                window.reserve(&self.backend, w.seq, end)?;
+            }
         }
 
         self.plan.clear();
+        if let Some(window) = &mut self.window {
+            window.plan.clear();
+        }
         let cache_blocks = self.pool.spec().n_blocks;
         for w in work.iter() {
             let s = &*w.seq;
@@ -315,8 +427,14 @@ impl<B: Backend> Engine<B> {
             let logits = if w.sample && w.logits == LogitRows::None { LogitRows::Last } else { w.logits };
             let seq_step = SeqStep { tokens: &s.tokens[s.n_cached..s.n_cached + w.n_tokens], pos0: s.n_cached, blocks: &s.blocks, logits, sample };
             self.plan.push(&seq_step, &self.capacity, cache_blocks)?;
+            if let Some(window) = &mut self.window {
+                window.push(&seq_step, s, &self.capacity)?;
+            }
         }
         self.backend.write_step(&mut self.step, &self.plan)?;
+        if let Some(window) = &mut self.window {
+            self.backend.write_step(&mut window.step, &window.plan)?;
+        }
 
         let n_samples = self.plan.samples.len();
         let graph_key = (self.plan.is_decode_only() && n_samples > 0).then(|| self.plan.shape_key());
@@ -325,6 +443,10 @@ impl<B: Backend> Engine<B> {
         for peer in &mut self.peers {
             peer.pool.back(&*peer.backend, usable)?;
             peer.backend.write_step(&mut peer.step, &self.plan)?;
+            if let (Some(mine), Some(theirs)) = (&self.window, &mut peer.window) {
+                theirs.pool.back(&*peer.backend, mine.pool.blocks.usable())?;
+                peer.backend.write_step(&mut theirs.step, &mine.plan)?;
+            }
         }
         if let Err(e) = self.run_ranks(shape) {
             // A failed step may have advanced some layers' recurrent states: feed again from 0.
@@ -343,6 +465,9 @@ impl<B: Backend> Engine<B> {
             w.seq.n_cached += w.n_tokens;
             w.seq.draws += u64::from(w.sample);
             w.seq.state_len = w.seq.n_cached;
+            if let Some(window) = &mut self.window {
+                window.release_behind(w.seq);
+            }
         }
         Ok(&self.sampled)
     }
@@ -366,9 +491,11 @@ impl<B: Backend> Engine<B> {
     fn run_rank(&mut self, s: StepShape, sample: bool) -> kiln_core::backend::Result<()> {
         let (b, w, pool, ws, step, states, reduce) =
             (&*self.backend, &*self.weights, &mut self.pool, &mut self.ws, &mut self.step, &mut self.states, self.reduce.as_deref());
+        let (window, slots) = (&mut self.window, &self.cache_slots);
         let mut run = || -> kiln_core::backend::Result<()> {
             let pass = Pass { b, w, step, n: s.n, n_rows: s.n_rows, max_seq_len: s.max_seq_len, reduce };
-            forward(&pass, &mut pool.caches, states.as_mut(), ws)?;
+            let mut caches = LayerCaches { full: &mut pool.caches, step, window: window.as_mut().map(|w| (&mut w.pool.caches[..], &w.step)), slots };
+            forward(&pass, &mut caches, states.as_mut(), ws)?;
             if sample && s.n_samples > 0 {
                 b.sample(ws.logits.rows(s.n_rows, w.config.n_vocab)?, step)?;
             }

@@ -10,6 +10,7 @@ use crate::recurrent::{self, RecurrentStates};
 use crate::weights::{
     AttentionWeights, DeltaNetWeights, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights,
 };
+use crate::window_kv::LayerCaches;
 
 /// Activation buffers, allocated once for the largest step and the widest layer.
 pub(crate) struct Workspace<B: Backend> {
@@ -140,7 +141,7 @@ pub(crate) fn attention_params(a: &AttentionConfig, max_seq_len: usize) -> Atten
 
 /// The forward pass of the step's tokens: embeddings, the decoder blocks, then the LM head over
 /// the rows that produce logits.
-pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
+pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
     match p.w.config.arch.block_style() {
         BlockStyle::PreNorm => pre_norm(p, caches, states, a),
         BlockStyle::Gemma => gemma(p, caches, a),
@@ -148,7 +149,7 @@ pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], states
 }
 
 /// llama, qwen2, qwen3, qwen3moe, Mixtral, gpt-oss, Qwen3.5 (attention or Gated DeltaNet).
-fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], mut states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
+fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     b.embed(&p.w.token_embd, p.step, a.x.rows_mut(n, e)?)?;
     for (lc, l) in c.layers.iter().zip(&p.w.layers) {
@@ -209,7 +210,7 @@ fn delta_net<B: Backend>(
 
 /// gemma3, gemma4: scaled embeddings, every block's output normed before its residual add;
 /// Gemma 4's per-layer embeddings and output scales where the model has them.
-fn gemma<B: Backend>(p: &Pass<B>, caches: &mut [B::KvCache], a: &mut Workspace<B>) -> Result<()> {
+fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     b.embed(&p.w.token_embd, p.step, a.x.rows_mut(n, e)?)?;
     if let Some(s) = c.embd_scale {
@@ -275,13 +276,14 @@ fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace
 
 /// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
 /// the layer has its own), biases, q/k/v norms, rope with the layer's table, the step's K/V
-/// stored, then paged attention over the layer's cache and window.
+/// stored, then paged attention over the layer's cache and window (both read through the step
+/// of the cache's pool).
 fn attention<B: Backend>(
     p: &Pass<B>,
     at: &AttentionConfig,
     l: &AttentionWeights<B>,
     norm: &B::Buffer,
-    caches: &mut [B::KvCache],
+    caches: &mut LayerCaches<B>,
     a: &mut Workspace<B>,
 ) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
@@ -291,7 +293,7 @@ fn attention<B: Backend>(
     let q_proj = if at.gated { 2 * q_width } else { q_width };
     let rope = RopeParams { kind: c.rope_kind };
     let table = p.w.rope_tables[at.rope].whole();
-    let cache = caches.get_mut(at.cache).ok_or_else(|| BackendError::BadPlan(format!("no KV cache {}", at.cache)))?;
+    let (cache, step) = caches.get(at.cache)?;
     match (at.kv, &l.wk) {
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
@@ -332,19 +334,19 @@ fn attention<B: Backend>(
             _ => None,
         };
         let qkv = Qkv { q: a.q.view_mut([n, heads, hd])?, k: a.k.view_mut([n, kv_heads, hd])?, v };
-        b.attention_prologue(qkv, qk_norm, table, &rope, cache, p.step)?;
+        b.attention_prologue(qkv, qk_norm, table, &rope, cache, step)?;
     } else {
         if let Some(qn) = &l.q_norm {
             b.rms_norm(a.q.view([n, heads, hd])?, qn.whole(), a.q_normed.view_mut([n, heads, hd])?, c.rms_eps)?;
             b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
         }
-        b.rope(a.q.view_mut([n, heads, hd])?, table, p.step, &rope)?;
+        b.rope(a.q.view_mut([n, heads, hd])?, table, step, &rope)?;
     }
     let params = attention_params(at, p.max_seq_len);
     let (q, out) = (a.q.rows(n, q_width)?, a.att.rows_mut(n, q_width)?);
     match &l.sinks {
-        Some(sinks) => b.attention_sinks(q, cache, sinks.whole(), out, p.step, &params)?,
-        None => b.attention(q, cache, out, p.step, &params)?,
+        Some(sinks) => b.attention_sinks(q, cache, sinks.whole(), out, step, &params)?,
+        None => b.attention(q, cache, out, step, &params)?,
     }
     if at.gated {
         b.sigmoid_gate(a.att.rows_mut(n, q_width)?, a.q_gate.rows(n, q_width)?)?;

@@ -191,7 +191,12 @@ impl<B: Backend> KvPool<B> {
 
     /// Bytes of the blocks backed by memory now.
     pub fn usable_bytes(&self) -> u64 {
-        self.blocks.usable() as u64 * Self::block_bytes_of(&self.widths, self.spec.k_type, self.spec.v_type)
+        self.blocks.usable() as u64 * self.bytes_per_block()
+    }
+
+    /// Bytes one block takes over every cache of the pool.
+    pub fn bytes_per_block(&self) -> u64 {
+        Self::block_bytes_of(&self.widths, self.spec.k_type, self.spec.v_type)
     }
 }
 

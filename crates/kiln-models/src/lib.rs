@@ -14,8 +14,11 @@ pub mod model;
 mod recurrent;
 pub mod tensor_parallel;
 pub mod weights;
+pub mod window_kv;
 
-pub use config::{Activation, Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig, RopeConfig};
+pub use config::{
+    Activation, Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvCacheLayout, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig, RopeConfig,
+};
 pub use engine::{Engine, EngineOptions, SeqWork, Sequence};
 pub use error::ModelError;
 pub use generate::{generate, GenerateParams, GenerationStats, StopReason};

@@ -265,7 +265,7 @@ fn attached_prefix_blocks_give_the_same_logits_as_recomputing() {
     let shared = &first.blocks()[..2].to_vec();
 
     let mut second = Sequence::new(prompt.clone(), Default::default());
-    engine.attach_prefix(&mut second, shared).unwrap();
+    engine.attach_prefix(&mut second, shared, &[]).unwrap();
     assert_eq!((second.n_cached(), second.n_pending(), second.blocks_to_feed(6)), (64, 6, 1));
     assert!(shared.iter().all(|&b| engine.pool().allocator().refs(b) == 2));
     engine.step(&mut [SeqWork { seq: &mut second, n_tokens: 6, logits: LogitRows::Last, sample: false }]).unwrap();
@@ -274,10 +274,10 @@ fn attached_prefix_blocks_give_the_same_logits_as_recomputing() {
 
     // A prefix covering every token, or a sequence that already has blocks, is refused untouched.
     let mut whole = Sequence::new(prompt[..64].to_vec(), Default::default());
-    assert!(matches!(engine.attach_prefix(&mut whole, shared), Err(ModelError::BadKvBlock(_))));
-    assert!(matches!(engine.attach_prefix(&mut second, shared), Err(ModelError::BadKvBlock(_))));
+    assert!(matches!(engine.attach_prefix(&mut whole, shared, &[]), Err(ModelError::BadKvBlock(_))));
+    assert!(matches!(engine.attach_prefix(&mut second, shared, &[]), Err(ModelError::BadKvBlock(_))));
     let mut stale = Sequence::new(prompt.clone(), Default::default());
-    assert!(engine.attach_prefix(&mut stale, &[shared[0], 200]).is_err());
+    assert!(engine.attach_prefix(&mut stale, &[shared[0], 200], &[]).is_err());
     assert!(stale.blocks().is_empty() && engine.pool().allocator().refs(shared[0]) == 2);
 
     engine.retain_block(shared[0]).unwrap();

@@ -51,6 +51,10 @@ pub struct Metrics {
     /// Blocks held only by the prefix cache (free to evict).
     pub kv_blocks_cached: AtomicU64,
     pub kv_blocks_total: AtomicU64,
+    /// The same three of the sliding-window layers' pool (0 on a model without one).
+    pub kv_window_blocks_used: AtomicU64,
+    pub kv_window_blocks_cached: AtomicU64,
+    pub kv_window_blocks_total: AtomicU64,
     pub prefix_cache_hit_tokens_total: AtomicU64,
     pub preemptions_total: AtomicU64,
     pub rejected_total: AtomicU64,
@@ -73,6 +77,9 @@ impl Metrics {
         metric("kiln_kv_blocks_used", "gauge", "KV blocks held by running sequences.", &self.kv_blocks_used);
         metric("kiln_kv_blocks_cached", "gauge", "KV blocks held only by the prefix cache.", &self.kv_blocks_cached);
         metric("kiln_kv_blocks_total", "gauge", "KV blocks in the pool.", &self.kv_blocks_total);
+        metric("kiln_kv_window_blocks_used", "gauge", "Sliding-window layers' KV blocks held by running sequences.", &self.kv_window_blocks_used);
+        metric("kiln_kv_window_blocks_cached", "gauge", "Sliding-window layers' KV blocks held only by the prefix cache.", &self.kv_window_blocks_cached);
+        metric("kiln_kv_window_blocks_total", "gauge", "KV blocks in the sliding-window layers' pool (0: the model has none).", &self.kv_window_blocks_total);
         metric(
             "kiln_prefix_cache_hit_tokens_total",
             "counter",

@@ -3,41 +3,69 @@
 //! earlier one (a system prompt, the conversation so far) takes those blocks instead of
 //! computing them. The cache holds one reference to each block it indexes; a block only the
 //! cache holds is free to evict, least recently used first.
+//!
+//! On a model with sliding-window layers an entry also holds the window-pool block of its
+//! positions when that block was still held as the entry was indexed (sequences release the
+//! window blocks that fall out of their window, `kiln_models::window_kv`). A prefix is reused
+//! only up to the deepest block whose last [`kiln_models::Engine::prefix_window_entries`]
+//! entries all carry their window blocks, so the next query sees its whole window and the
+//! logits equal those of computing the prefix; a shorter match is taken over a longer one
+//! without them. Window blocks only the cache holds are evicted on their own (the entry stays,
+//! for its full block) when the window pool runs short.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 
-use kiln_core::{Backend, KV_BLOCK_SIZE};
+use kiln_core::{Backend, KV_BLOCK_SIZE, RELEASED_BLOCK};
 use kiln_models::{BlockAllocator, Engine, ModelError};
 
-/// Who counts block references: the engine in the server, a bare allocator in tests.
+/// Which of the engine's pools a block is from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// The pool of the global layers (every layer, without sliding windows).
+    Full,
+    /// The sliding-window layers' pool.
+    Window,
+}
+
+/// Who counts block references: the engine in the server, a bare allocator in tests (one
+/// allocator numbering the blocks of both pools).
 pub trait BlockRefs {
-    fn refs(&self, block: u32) -> u32;
-    fn retain(&mut self, block: u32) -> Result<(), ModelError>;
-    fn release(&mut self, block: u32) -> Result<(), ModelError>;
+    fn refs(&self, pool: Pool, block: u32) -> u32;
+    fn retain(&mut self, pool: Pool, block: u32) -> Result<(), ModelError>;
+    fn release(&mut self, pool: Pool, block: u32) -> Result<(), ModelError>;
 }
 
 impl<B: Backend> BlockRefs for Engine<B> {
-    fn refs(&self, block: u32) -> u32 {
-        self.pool().allocator().refs(block)
+    fn refs(&self, pool: Pool, block: u32) -> u32 {
+        match pool {
+            Pool::Full => self.pool().allocator().refs(block),
+            Pool::Window => self.window_pool().map_or(0, |p| p.allocator().refs(block)),
+        }
     }
-    fn retain(&mut self, block: u32) -> Result<(), ModelError> {
-        self.retain_block(block)
+    fn retain(&mut self, pool: Pool, block: u32) -> Result<(), ModelError> {
+        match pool {
+            Pool::Full => self.retain_block(block),
+            Pool::Window => self.retain_window_block(block),
+        }
     }
-    fn release(&mut self, block: u32) -> Result<(), ModelError> {
-        self.release_block(block)
+    fn release(&mut self, pool: Pool, block: u32) -> Result<(), ModelError> {
+        match pool {
+            Pool::Full => self.release_block(block),
+            Pool::Window => self.release_window_block(block),
+        }
     }
 }
 
 impl BlockRefs for BlockAllocator {
-    fn refs(&self, block: u32) -> u32 {
+    fn refs(&self, _: Pool, block: u32) -> u32 {
         BlockAllocator::refs(self, block)
     }
-    fn retain(&mut self, block: u32) -> Result<(), ModelError> {
+    fn retain(&mut self, _: Pool, block: u32) -> Result<(), ModelError> {
         BlockAllocator::retain(self, block)
     }
-    fn release(&mut self, block: u32) -> Result<(), ModelError> {
+    fn release(&mut self, _: Pool, block: u32) -> Result<(), ModelError> {
         BlockAllocator::release(self, block)
     }
 }
@@ -55,6 +83,8 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
 
 struct Entry {
     block: u32,
+    /// Its window-pool block, while the cache holds one.
+    window_block: Option<u32>,
     parent: u64,
     /// Compared on lookup, so a hash collision can never hand out another prompt's keys.
     tokens: Box<[u32]>,
@@ -65,6 +95,9 @@ struct Entry {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
     pub blocks: Vec<u32>,
+    /// Their window-pool blocks ([`RELEASED_BLOCK`] where the cache holds none); empty on a
+    /// model without a window pool.
+    pub window_blocks: Vec<u32>,
     /// The chain hash of the last matched block ([`ROOT_HASH`] when none).
     pub last_hash: u64,
 }
@@ -75,9 +108,17 @@ pub struct PrefixCache {
     /// Entries by last use (a unique tick each), oldest first.
     by_use: BTreeMap<u64, u64>,
     clock: u64,
+    /// Sliding-window models: the trailing entries whose window blocks a match must hold.
+    window_entries: Option<usize>,
 }
 
 impl PrefixCache {
+    /// A cache for a model whose matches need their last `window_entries` window blocks
+    /// (`None`: a model without a window pool).
+    pub fn new(window_entries: Option<usize>) -> PrefixCache {
+        PrefixCache { window_entries, ..PrefixCache::default() }
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -99,36 +140,67 @@ impl PrefixCache {
         }
     }
 
-    /// The longest run of cached full blocks that `tokens` starts with, at most `max_blocks`.
+    /// The longest run of cached full blocks that `tokens` starts with, at most `max_blocks`
+    /// (on a sliding-window model, the longest whose window blocks the next query needs are held).
     pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> PrefixMatch {
-        let mut found = PrefixMatch { blocks: Vec::new(), last_hash: ROOT_HASH };
+        let mut found = PrefixMatch::default();
         let mut hashes = Vec::new();
+        let mut parent = ROOT_HASH;
         for chunk in tokens.chunks_exact(KV_BLOCK_SIZE).take(max_blocks) {
-            let h = chain_hash(found.last_hash, chunk);
+            let h = chain_hash(parent, chunk);
             match self.entries.get(&h) {
-                Some(e) if e.parent == found.last_hash && *e.tokens == *chunk => {
+                Some(e) if e.parent == parent && *e.tokens == *chunk => {
                     found.blocks.push(e.block);
-                    found.last_hash = h;
+                    found.window_blocks.push(e.window_block.unwrap_or(RELEASED_BLOCK));
+                    parent = h;
                     hashes.push(h);
                 }
                 _ => break,
             }
         }
+        match self.window_entries {
+            Some(reach) => {
+                let whole = |d: usize| found.window_blocks[d.saturating_sub(reach)..d].iter().all(|&b| b != RELEASED_BLOCK);
+                let depth = (0..=found.blocks.len()).rev().find(|&d| whole(d)).unwrap_or(0);
+                found.blocks.truncate(depth);
+                found.window_blocks.truncate(depth);
+                hashes.truncate(depth);
+            }
+            None => found.window_blocks.clear(),
+        }
+        found.last_hash = hashes.last().copied().unwrap_or(ROOT_HASH);
         self.touch(&hashes);
         found
     }
 
     /// Indexes `block`, a full block holding `tokens` after the chain `parent`, taking a
-    /// reference to it. Returns the block's chain hash. When the same contents are already
-    /// cached (another sequence computed them too) the cache keeps its own block.
-    pub fn insert(&mut self, refs: &mut impl BlockRefs, parent: u64, tokens: &[u32], block: u32) -> Result<u64, ModelError> {
+    /// reference to it and to `window_block`, its window-pool block if the sequence still holds
+    /// it. Returns the block's chain hash. When the same contents are already cached (another
+    /// sequence computed them too) the cache keeps its own block, and takes the window block
+    /// if it had none.
+    pub fn insert(&mut self, refs: &mut impl BlockRefs, parent: u64, tokens: &[u32], block: u32, window_block: Option<u32>) -> Result<u64, ModelError> {
         debug_assert_eq!(tokens.len(), KV_BLOCK_SIZE);
         let h = chain_hash(parent, tokens);
-        if !self.entries.contains_key(&h) {
-            refs.retain(block)?;
-            self.clock += 1;
-            self.entries.insert(h, Entry { block, parent, tokens: tokens.into(), last_use: self.clock });
-            self.by_use.insert(self.clock, h);
+        let window_block = window_block.filter(|&b| self.window_entries.is_some() && b != RELEASED_BLOCK);
+        match self.entries.get_mut(&h) {
+            Some(e) => {
+                if let (None, Some(w)) = (e.window_block, window_block) {
+                    refs.retain(Pool::Window, w)?;
+                    e.window_block = Some(w);
+                }
+            }
+            None => {
+                refs.retain(Pool::Full, block)?;
+                if let Some(w) = window_block {
+                    if let Err(e) = refs.retain(Pool::Window, w) {
+                        drop(refs.release(Pool::Full, block));
+                        return Err(e);
+                    }
+                }
+                self.clock += 1;
+                self.entries.insert(h, Entry { block, window_block, parent, tokens: tokens.into(), last_use: self.clock });
+                self.by_use.insert(self.clock, h);
+            }
         }
         Ok(h)
     }
@@ -152,7 +224,31 @@ impl PrefixCache {
 
     /// Blocks that only the cache holds.
     pub fn evictable(&self, refs: &impl BlockRefs) -> usize {
-        self.entries.values().filter(|e| refs.refs(e.block) == 1).count()
+        self.entries.values().filter(|e| refs.refs(Pool::Full, e.block) == 1).count()
+    }
+
+    /// Window-pool blocks that only the cache holds.
+    pub fn evictable_window(&self, refs: &impl BlockRefs) -> usize {
+        self.entries.values().filter_map(|e| e.window_block).filter(|&w| refs.refs(Pool::Window, w) == 1).count()
+    }
+
+    /// Frees up to `n` window-pool blocks that only the cache holds, least recently used first
+    /// (their entries stay, for their full blocks); returns how many it freed.
+    pub fn evict_window(&mut self, refs: &mut impl BlockRefs, n: usize) -> usize {
+        let mut freed = 0;
+        for h in self.by_use.values() {
+            if freed == n {
+                break;
+            }
+            let e = self.entries.get_mut(h).expect("indexed entry");
+            if let Some(w) = e.window_block.filter(|&w| refs.refs(Pool::Window, w) == 1) {
+                e.window_block = None;
+                let released = refs.release(Pool::Window, w);
+                debug_assert!(released.is_ok(), "{released:?}");
+                freed += 1;
+            }
+        }
+        freed
     }
 
     /// Frees up to `n` blocks that only the cache holds, least recently used first; returns
@@ -163,16 +259,20 @@ impl PrefixCache {
             if victims.len() == n {
                 break;
             }
-            if refs.refs(self.entries[&h].block) == 1 {
+            if refs.refs(Pool::Full, self.entries[&h].block) == 1 {
                 victims.push((tick, h));
             }
         }
         for &(tick, h) in &victims {
             self.by_use.remove(&tick);
             let e = self.entries.remove(&h).expect("indexed entry");
-            // The cache's own reference, counted when it was inserted.
-            let released = refs.release(e.block);
+            // The cache's own references, counted when it was inserted.
+            let released = refs.release(Pool::Full, e.block);
             debug_assert!(released.is_ok(), "{released:?}");
+            if let Some(w) = e.window_block {
+                let released = refs.release(Pool::Window, w);
+                debug_assert!(released.is_ok(), "{released:?}");
+            }
         }
         victims.len()
     }
@@ -195,7 +295,7 @@ mod tests {
     fn insert_all(cache: &mut PrefixCache, a: &mut BlockAllocator, toks: &[u32], blocks: &[u32]) -> u64 {
         let mut h = ROOT_HASH;
         for (chunk, &b) in toks.chunks_exact(KV_BLOCK_SIZE).zip(blocks) {
-            h = cache.insert(a, h, chunk, b).unwrap();
+            h = cache.insert(a, h, chunk, b, None).unwrap();
         }
         h
     }
@@ -222,7 +322,7 @@ mod tests {
         assert!(cache.lookup(&shifted, 10).blocks.is_empty());
         // Inserting contents already cached keeps the cached block and takes no reference.
         let dup = take(&mut a, 1);
-        cache.insert(&mut a, ROOT_HASH, &first[..KV_BLOCK_SIZE], dup[0]).unwrap();
+        cache.insert(&mut a, ROOT_HASH, &first[..KV_BLOCK_SIZE], dup[0], None).unwrap();
         assert_eq!((cache.len(), a.refs(dup[0])), (3, 1));
     }
 
@@ -255,6 +355,40 @@ mod tests {
         a.release(old_blocks[0]).unwrap();
         assert_eq!(cache.evict(&mut a, 10), 1);
         assert!(cache.is_empty());
+        assert_eq!(a.in_use(), 0);
+    }
+
+    #[test]
+    fn window_models_match_only_where_the_window_blocks_are_held() {
+        let mut a = BlockAllocator::new(16);
+        let mut cache = PrefixCache::new(Some(1));
+        let toks = tokens(4 * KV_BLOCK_SIZE, 3);
+        let (blocks, window) = (take(&mut a, 4), take(&mut a, 4));
+        // Indexed by a sequence that had already released its first two window blocks.
+        let mut h = ROOT_HASH;
+        for (i, chunk) in toks.chunks_exact(KV_BLOCK_SIZE).enumerate() {
+            h = cache.insert(&mut a, h, chunk, blocks[i], (i >= 2).then_some(window[i])).unwrap();
+        }
+        let r = RELEASED_BLOCK;
+        let m = cache.lookup(&toks, 10);
+        assert_eq!((m.blocks, m.window_blocks, m.last_hash), (blocks.clone(), vec![r, r, window[2], window[3]], h));
+        assert_eq!(cache.lookup(&toks, 3).blocks, blocks[..3]);
+        // Diverging in the third block: the two blocks before it lack the window block the
+        // next query needs, so nothing is reused.
+        let mut other = toks.clone();
+        other[2 * KV_BLOCK_SIZE + 1] += 1;
+        assert_eq!(cache.lookup(&other, 10), PrefixMatch::default());
+        // The sequence ends: its window blocks are the cache's alone, and go oldest first (the
+        // chain's end), leaving the match one block shorter.
+        for &b in blocks.iter().chain(&window) {
+            a.release(b).unwrap();
+        }
+        assert_eq!((cache.evictable(&a), cache.evictable_window(&a)), (4, 2));
+        assert_eq!(cache.evict_window(&mut a, 1), 1);
+        assert_eq!(a.refs(window[3]), 0);
+        assert_eq!(cache.lookup(&toks, 10).blocks, blocks[..3]);
+        // Evicting the entries drops their window blocks too.
+        assert_eq!(cache.evict(&mut a, 10), 4);
         assert_eq!(a.in_use(), 0);
     }
 }

@@ -2,9 +2,9 @@
 //! it. Handlers submit requests through a channel and receive their tokens through another.
 //! Between steps it admits waiting requests (taking shared prefix blocks from the
 //! [`PrefixCache`]), and every step decodes one token of each running sequence and spends the
-//! rest of the token budget on prompt chunks. When blocks run out it evicts cached blocks,
-//! then preempts the newest running sequence, which waits at the front of the queue and is
-//! recomputed later.
+//! rest of the token budget on prompt chunks. When blocks of either pool (the full one, and
+//! the sliding-window layers' one) run out it evicts cached blocks, then preempts the newest
+//! running sequence, which waits at the front of the queue and is recomputed later.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_core::plan::LogitRows;
-use kiln_core::{Backend, SamplingParams, KV_BLOCK_SIZE};
+use kiln_core::{Backend, SamplingParams, KV_BLOCK_SIZE, RELEASED_BLOCK};
+use kiln_models::window_kv::window_blocks_per_seq;
 use kiln_models::{Engine, SeqWork, Sequence};
 use tokio::sync::{mpsc, oneshot};
 
@@ -213,7 +214,9 @@ impl<B: Backend> Scheduler<B> {
         let mut eog = eog.to_vec();
         eog.sort_unstable();
         metrics.kv_blocks_total.store(engine.pool().allocator().capacity() as u64, Relaxed);
-        Scheduler { engine, cache: PrefixCache::default(), config, eog, metrics, commands, waiting: VecDeque::new(), running: Vec::new(), next_order: 0 }
+        metrics.kv_window_blocks_total.store(engine.window_pool().map_or(0, |p| p.allocator().capacity()) as u64, Relaxed);
+        let cache = PrefixCache::new(engine.prefix_window_entries());
+        Scheduler { engine, cache, config, eog, metrics, commands, waiting: VecDeque::new(), running: Vec::new(), next_order: 0 }
     }
 
     /// Serves requests until a shutdown command or until every handle is gone.
@@ -321,6 +324,17 @@ impl<B: Backend> Scheduler<B> {
         self.engine.pool().allocator().available() + self.cache.evictable(&self.engine)
     }
 
+    /// [`Scheduler::obtainable`] in the window pool (0 without one).
+    fn obtainable_window(&self) -> usize {
+        self.engine.window_pool().map_or(0, |p| p.allocator().available()) + self.cache.evictable_window(&self.engine)
+    }
+
+    /// Whether the window pool has room for one more sequence beside the running ones (one
+    /// block each to grow); always without a window pool.
+    fn window_room_for_one_more(&self) -> bool {
+        self.engine.window().is_none_or(|w| window_blocks_per_seq(w) + self.running.len() <= self.obtainable_window())
+    }
+
     /// Starts waiting requests, in order, while there are slots and blocks for their prompts
     /// (leaving a block for each running sequence to grow).
     fn admit(&mut self) {
@@ -332,11 +346,11 @@ impl<B: Backend> Scheduler<B> {
             let refs = self.engine.pool().allocator();
             let shared_now_evictable = found.blocks.iter().filter(|&&b| refs.refs(b) == 1).count();
             let need = tokens.len().div_ceil(KV_BLOCK_SIZE) - found.blocks.len() + self.running.len();
-            if need > self.obtainable() - shared_now_evictable {
+            if need > self.obtainable() - shared_now_evictable || !self.window_room_for_one_more() {
                 break;
             }
             let mut a = self.waiting.pop_front().expect("front checked");
-            if let Err(e) = self.engine.attach_prefix(&mut a.seq, &found.blocks) {
+            if let Err(e) = self.engine.attach_prefix(&mut a.seq, &found.blocks, &found.window_blocks) {
                 a.finish(Event::Failed(format!("prefix cache: {e}")));
                 continue;
             }
@@ -355,7 +369,8 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Decodes first, one token each, then prompt chunks in admission order within the budget.
-    fn plan(&mut self) -> usize {
+    /// Returns the blocks the step takes from the full pool and from the window pool.
+    fn plan(&mut self) -> (usize, usize) {
         let mut budget = self.config.step_tokens;
         for a in self.running.iter_mut() {
             a.planned = None;
@@ -372,16 +387,21 @@ impl<B: Backend> Scheduler<B> {
                 a.planned = Some((n, n == pending));
             }
         }
-        self.running.iter().filter_map(|a| a.planned.map(|(n, _)| a.seq.blocks_to_feed(n))).sum()
+        let planned = || self.running.iter().filter_map(|a| a.planned.map(|(n, _)| (a, n)));
+        (planned().map(|(a, n)| a.seq.blocks_to_feed(n)).sum(), planned().map(|(a, n)| self.engine.window_blocks_to_feed(&a.seq, n)).sum())
     }
 
     /// Plans a step that the pool has blocks for, evicting cached blocks and then preempting
     /// the newest sequences as needed. False when nothing can run.
     fn plan_within_blocks(&mut self) -> bool {
         loop {
-            let needed = self.plan();
+            let (needed, needed_window) = self.plan();
             let available = self.engine.pool().allocator().available();
-            if needed <= available || self.cache.evict(&mut self.engine, needed - available) >= needed - available {
+            let full_fits = needed <= available || self.cache.evict(&mut self.engine, needed - available) >= needed - available;
+            let available_window = self.engine.window_pool().map_or(0, |p| p.allocator().available());
+            let window_fits = needed_window <= available_window
+                || self.cache.evict_window(&mut self.engine, needed_window - available_window) >= needed_window - available_window;
+            if full_fits && window_fits {
                 return true;
             }
             let newest = (0..self.running.len()).max_by_key(|&i| self.running[i].order).expect("running is not empty");
@@ -431,7 +451,9 @@ impl<B: Backend> Scheduler<B> {
             let Some((_, sample)) = a.planned else { continue };
             while (a.registered + 1) * KV_BLOCK_SIZE <= a.seq.n_cached() {
                 let r = a.registered;
-                match self.cache.insert(&mut self.engine, a.chain, &a.seq.tokens[r * KV_BLOCK_SIZE..(r + 1) * KV_BLOCK_SIZE], a.seq.blocks()[r]) {
+                let window_block = a.seq.window_blocks().get(r).copied().filter(|&b| b != RELEASED_BLOCK);
+                let tokens = &a.seq.tokens[r * KV_BLOCK_SIZE..(r + 1) * KV_BLOCK_SIZE];
+                match self.cache.insert(&mut self.engine, a.chain, tokens, a.seq.blocks()[r], window_block) {
                     Ok(h) => a.chain = h,
                     Err(e) => tracing::error!("prefix cache: {e}"),
                 }
@@ -510,6 +532,11 @@ impl<B: Backend> Scheduler<B> {
         m.requests_waiting.store(self.waiting.len() as u64, Relaxed);
         m.kv_blocks_used.store((self.engine.pool().allocator().in_use() - cached_only) as u64, Relaxed);
         m.kv_blocks_cached.store(cached_only as u64, Relaxed);
+        if let Some(window) = self.engine.window_pool() {
+            let cached_only = self.cache.evictable_window(&self.engine);
+            m.kv_window_blocks_used.store((window.allocator().in_use() - cached_only) as u64, Relaxed);
+            m.kv_window_blocks_cached.store(cached_only as u64, Relaxed);
+        }
     }
 }
 
