@@ -12,6 +12,8 @@
 // kiln-test-defines: HEAD_DIM=80,GROUP=7,K_TYPE=1,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=4,GROUP=1,K_TYPE=0,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=256,GROUP=2,K_TYPE=0,V_TYPE=0
+// kiln-test-defines: HEAD_DIM=512,GROUP=8,K_TYPE=1,V_TYPE=1
+// kiln-test-defines: HEAD_DIM=512,GROUP=2,K_TYPE=2,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=3,GROUP=1,K_TYPE=1,V_TYPE=2
 // kiln-test-defines: HEAD_DIM=64,GROUP=8,K_TYPE=1,V_TYPE=1
 // kiln-waits-for-inputs

@@ -43,8 +43,11 @@ const FA_THREADS: u32 = 128;
 const FA_KV: usize = 64;
 /// Cap on the split partials; long batches use fewer splits instead.
 const WORKSPACE_MAX_BYTES: usize = 64 << 20;
-/// Largest head dimension: the prefill kernel's K and V tiles must fit shared memory.
-pub const MAX_HEAD_DIM: usize = 256;
+/// Largest head dimension (Gemma 4's global layers: 512): the prefill kernel's K and V tiles
+/// must fit shared memory.
+pub const MAX_HEAD_DIM: usize = 512;
+/// Dynamic shared memory a block may opt into on sm_90 (227 KiB).
+const MAX_SHARED_BYTES: usize = 227 * 1024;
 
 /// Shapes of one layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -230,6 +233,17 @@ impl PagedAttentionParams {
         }
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
             return Err(invalid(format!("head dimension {} (supported: 1 to {MAX_HEAD_DIM})", self.head_dim)));
+        }
+        let decode_bytes = decode_shared_bytes(&Key { head_dim: self.head_dim, group: self.group(), k_type: self.k_type, v_type: self.v_type });
+        if decode_bytes > MAX_SHARED_BYTES {
+            return Err(invalid(format!(
+                "a {} K / {} V cache with heads of {} values needs {} KiB of shared memory per decode block (at most {}); use an f16 or q8_0 cache",
+                self.k_type,
+                self.v_type,
+                self.head_dim,
+                decode_bytes / 1024,
+                MAX_SHARED_BYTES / 1024
+            )));
         }
         if self.max_seq_len == 0 {
             return Err(invalid("max_seq_len is 0".into()));
@@ -690,7 +704,9 @@ mod tests {
         assert!(p.check(&counts, q, q, k, v, 100).is_ok());
         let err = |p: PagedAttentionParams, k, v, q| p.check(&counts, q, q, k, v, 100).unwrap_err().to_string();
         assert!(err(PagedAttentionParams { n_kv_heads: 5, ..p }, k, v, q).contains("evenly"));
-        assert!(err(PagedAttentionParams { head_dim: 512, ..p }, k, v, q).contains("head dimension"));
+        assert!(err(PagedAttentionParams { head_dim: 1024, ..p }, k, v, q).contains("head dimension"));
+        let f32_cache = PagedAttentionParams { head_dim: 512, k_type: KvType::F32, v_type: KvType::F32, ..p };
+        assert!(err(f32_cache, k, v, q).contains("use an f16 or q8_0 cache"));
         assert!(err(p, k - 1, v, q).contains("K cache"));
         assert!(err(p, k, v - 1, q).contains("V cache"));
         assert!(err(p, k, v, q - 1).contains("query"));

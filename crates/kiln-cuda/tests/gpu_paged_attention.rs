@@ -6,7 +6,7 @@
 //! Every case uses random caches in every type pair, shuffled physical blocks, several
 //! sequences of different lengths per step (1, 31, 32, 33 ... 4096 positions), decode-only and
 //! prefill steps (including chunks that continue an existing prefix), GQA groups 1 to 8 and
-//! head dims 8, 64, 128 and 256. Outputs are poisoned (NaN) before each run and every one is checked.
+//! head dims 8, 64, 128, 256 and 512. Outputs are poisoned (NaN) before each run and every one is checked.
 //! Each test checks every case and reports all failures at the end.
 
 mod common;
@@ -279,6 +279,9 @@ fn shapes() -> Vec<Shape> {
         shape(80, 7, 1, (KvType::F16, KvType::F16)),
         // Two 64 KiB decode stages (f32 rows of 1 KiB) instead of three.
         shape(256, 2, 1, (KvType::F32, KvType::F16)),
+        // Gemma 4's global layers: heads of 512 values, 8 query heads a kv head.
+        shape(512, 8, 1, (KvType::F16, KvType::F16)),
+        shape(512, 2, 2, (KvType::Q8_0, KvType::F16)),
         shape(128, 8, 1, (KvType::Q8_0, KvType::Q8_0)),
         shape(128, 1, 3, (KvType::F32, KvType::F16)),
         shape(128, 2, 2, (KvType::Q8_0, KvType::F16)),
