@@ -20,7 +20,7 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
 use crate::graph::StepGraphExec;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ExpertProducts, GpuWeight, QuantizedActivations};
+use crate::matvec::{self, ExpertCall, ExpertProducts, GpuWeight, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
@@ -381,7 +381,8 @@ impl Backend for CudaBackend {
     fn moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
         let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
         let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
-        self.experts.matmul(&self.device, experts, x.buf(), ids.buf(), out.buf_mut(), n, n_used, input).map_err(backend_error)
+        let call = ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
+        self.experts.matmul(&self.device, call, out.buf_mut()).map_err(backend_error)
     }
 
     fn moe_add_bias(&self, x: ViewMut, bias: View, ids: View) -> Result<()> {

@@ -46,7 +46,7 @@ use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
-pub use experts::{grouped_ways, ExpertProducts};
+pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;

@@ -257,7 +257,8 @@ fn grouped_expert_products_match_cpu_on_every_way() {
                 for way in 0..kiln_cuda::matvec::grouped_ways() {
                     let what = format!("{ty} experts {n_experts}x{rows}x{cols}, {n} tokens x {n_used}, {input:?}, way {way}");
                     let mut got = poisoned(gpu, n * n_used * rows);
-                    products.matmul_grouped_way(gpu.device(), &gw, &gx, &gids, &mut got, n, n_used, input, way).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: &gx, ids: &gids, n, n_used, input };
+                    products.matmul_grouped_way(gpu.device(), call, &mut got, way).unwrap_or_else(|e| panic!("{what}: {e}"));
                     // int8 activations (way 0, about 0.5% relative L2) or f16 ones (3e-4), and
                     // the CPU's own int8 activations.
                     assert_close(&what, &download(gpu, &got, n * n_used * rows), &want, 1e-2);

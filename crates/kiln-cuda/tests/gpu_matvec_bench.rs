@@ -236,6 +236,7 @@ fn expert_groups_on_moe_shapes() {
             let (x, ids) = (upload_f32(&random_f32(&mut rng, n * cols)), upload_f32(&ids));
             let mut out = device().alloc_zeros::<f32>(n * n_used * rows, "benchmark output").expect("alloc");
             let flops = 2.0 * (n * n_used * rows * cols) as f64;
+            let call = matvec::ExpertCall { experts: &experts, x: &x, ids: &ids, n, n_used, input: kiln_core::ExpertInput::PerToken };
             let line = |way: String, ms: f64| {
                 println!(
                     "{label:<24} {n:>4} {way:<10} {ms:>9.4} {:>8.1} {:>8.0}",
@@ -243,13 +244,10 @@ fn expert_groups_on_moe_shapes() {
                     (chosen * expert_bytes) as f64 / (ms * 1e-3) / 1e9
                 );
             };
-            let ms =
-                median_ms(RUNS, 4, |_| products.matmul(device(), &experts, &x, &ids, &mut out, n, n_used, kiln_core::ExpertInput::PerToken).expect("matmul"));
+            let ms = median_ms(RUNS, 4, |_| products.matmul(device(), call, &mut out).expect("matmul"));
             line("auto".into(), ms);
             for way in 0..matvec::grouped_ways() {
-                let ms = median_ms(RUNS, 4, |_| {
-                    products.matmul_grouped_way(device(), &experts, &x, &ids, &mut out, n, n_used, kiln_core::ExpertInput::PerToken, way).expect("grouped")
-                });
+                let ms = median_ms(RUNS, 4, |_| products.matmul_grouped_way(device(), call, &mut out, way).expect("grouped"));
                 line(format!("way {way}"), ms);
             }
             let result = device().download(&out).expect("download");

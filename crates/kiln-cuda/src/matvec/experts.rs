@@ -112,19 +112,9 @@ impl ExpertProducts {
     /// one type and shape. The first call over a set of experts (and any call needing more
     /// input rows than before) must not be inside a graph capture; the engine runs every
     /// step shape once uncaptured first.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul(
-        &self,
-        device: &CudaDevice,
-        experts: &[GpuWeight],
-        x: &CudaSlice<f32>,
-        ids: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        n_used: usize,
-        input: ExpertInput,
-    ) -> Result<(), CudaError> {
-        let first = check_experts(experts, x, ids, out, n, n_used, input)?;
+    pub fn matmul(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        let ExpertCall { experts, x, ids, n, n_used, input } = call;
+        let first = call.check(out)?;
         let slots = n * n_used;
         let in_rows = if input == ExpertInput::PerSlot { slots } else { n };
         if slots == 0 {
@@ -140,8 +130,7 @@ impl ExpertProducts {
         // weights are read once per group of GROUP slots rather than once per slot.
         let max_groups = slots.div_ceil(GROUP) + experts.len().min(slots);
         if n > MAX_MATVEC_TOKENS && !float && experts.len() <= GROUP_MAX_EXPERTS && max_groups <= MAX_SLOTS_PER_LAUNCH {
-            let call = GroupedCall { experts, table, x, ids, n_used, input, slots, capturing };
-            return self.matmul_grouped(device, &call, out);
+            return self.matmul_grouped(device, &GroupedCall { call, table, capturing }, out);
         }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
@@ -182,27 +171,15 @@ impl ExpertProducts {
     /// [`grouped_ways`]: 0 the mat-vec over groups of 8 slots, then the tensor-core tiles), for
     /// tests and benchmarks; `matmul` measures the ways and picks one itself. Quantized experts
     /// only, uncaptured.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_grouped_way(
-        &self,
-        device: &CudaDevice,
-        experts: &[GpuWeight],
-        x: &CudaSlice<f32>,
-        ids: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        n: usize,
-        n_used: usize,
-        input: ExpertInput,
-        way: usize,
-    ) -> Result<(), CudaError> {
-        let first = check_experts(experts, x, ids, out, n, n_used, input)?;
+    pub fn matmul_grouped_way(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>, way: usize) -> Result<(), CudaError> {
+        let experts = call.experts;
+        let first = call.check(out)?;
         if !matches!(first.storage, Storage::Quant { .. }) || experts.len() > GROUP_MAX_EXPERTS {
             return Err(invalid(OP, format!("grouped products take at most {GROUP_MAX_EXPERTS} quantized experts")));
         }
         let way = all_ways().nth(way).ok_or_else(|| invalid(OP, format!("way {way} of {}", grouped_ways())))?;
         let table = self.table(device, experts, false)?;
-        let call = GroupedCall { experts, table, x, ids, n_used, input, slots: n * n_used, capturing: false };
-        self.grouped_with(device, &call, way, out)
+        self.grouped_with(device, &GroupedCall { call, table, capturing: false }, way, out)
     }
 
     /// `out[s] = silu(x_t . gate[ids[s]]) * (x_t . up[ids[s]])` for the `n * n_used` slots of
@@ -293,8 +270,9 @@ impl ExpertProducts {
     /// groups of 8 or the tensor-core mat-mat over groups of a streaming tile's token count,
     /// whichever measured faster for this shape) and scatter the rows back to the slots.
     fn matmul_grouped(&self, device: &CudaDevice, call: &GroupedCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-        let first = &call.experts[0];
-        let per_expert = call.slots.div_ceil(call.experts.len()).next_power_of_two().trailing_zeros();
+        let (experts, slots) = (call.call.experts, call.call.n * call.call.n_used);
+        let first = &experts[0];
+        let per_expert = slots.div_ceil(experts.len()).next_power_of_two().trailing_zeros();
         let key = GroupedKey { gpu: gpu_key(device), rows: first.rows, cols: first.cols, ty: first.ty.id(), per_expert };
         let remembered = tuned_ways().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
         let way = match remembered {
@@ -312,7 +290,8 @@ impl ExpertProducts {
 
     /// The grouped product with `way`.
     fn grouped_with(&self, device: &CudaDevice, call: &GroupedCall, way: GroupedWay, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-        let &GroupedCall { experts, table, x, ids, n_used, input, slots, capturing } = call;
+        let &GroupedCall { call: ExpertCall { experts, x, ids, n, n_used, input }, table, capturing } = call;
+        let slots = n * n_used;
         let first = &experts[0];
         let group = way.group();
         let max_groups = slots.div_ceil(group) + experts.len().min(slots);
@@ -469,36 +448,39 @@ pub fn grouped_ways() -> usize {
     all_ways().count()
 }
 
-/// Checks an expert product's operands; the first expert, whose type and shape all share.
-fn check_experts<'a>(
-    experts: &'a [GpuWeight],
-    x: &CudaSlice<f32>,
-    ids: &CudaSlice<f32>,
-    out: &CudaSlice<f32>,
-    n: usize,
-    n_used: usize,
-    input: ExpertInput,
-) -> Result<&'a GpuWeight, CudaError> {
-    let first = experts.first().ok_or_else(|| invalid(OP, "a product over no experts"))?;
-    if let Some(w) = experts.iter().find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols)) {
-        return Err(invalid(OP, format!("expert {} ({} {}x{}) among experts of {} {}x{}", w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols)));
-    }
-    let slots = n * n_used;
-    let in_rows = if input == ExpertInput::PerSlot { slots } else { n };
-    check_len(OP, "ids", ids.len(), slots)?;
-    check_len(OP, "x", x.len(), in_rows * first.cols)?;
-    check_len(OP, "out", out.len(), slots * first.rows)?;
-    Ok(first)
+/// The operands of an expert product: `n` tokens choosing `n_used` experts each (their ids in
+/// `ids`, `[n][n_used]`), the input rows `x` per token or per slot as `input` says.
+#[derive(Clone, Copy)]
+pub struct ExpertCall<'a> {
+    pub experts: &'a [GpuWeight],
+    pub x: &'a CudaSlice<f32>,
+    pub ids: &'a CudaSlice<f32>,
+    pub n: usize,
+    pub n_used: usize,
+    pub input: ExpertInput,
 }
 
-/// The operands of one grouped product.
+impl<'a> ExpertCall<'a> {
+    /// Checks the operands against each other and `out`; the first expert, whose type and
+    /// shape all share.
+    fn check(&self, out: &CudaSlice<f32>) -> Result<&'a GpuWeight, CudaError> {
+        let first = self.experts.first().ok_or_else(|| invalid(OP, "a product over no experts"))?;
+        if let Some(w) = self.experts.iter().find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols)) {
+            return Err(invalid(OP, format!("expert {} ({} {}x{}) among experts of {} {}x{}", w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols)));
+        }
+        let slots = self.n * self.n_used;
+        let in_rows = if self.input == ExpertInput::PerSlot { slots } else { self.n };
+        check_len(OP, "ids", self.ids.len(), slots)?;
+        check_len(OP, "x", self.x.len(), in_rows * first.cols)?;
+        check_len(OP, "out", out.len(), slots * first.rows)?;
+        Ok(first)
+    }
+}
+
+/// The operands of one grouped product: the call, its experts' device table, and whether the
+/// stream is being captured.
 struct GroupedCall<'a> {
-    experts: &'a [GpuWeight],
+    call: ExpertCall<'a>,
     table: u64,
-    x: &'a CudaSlice<f32>,
-    ids: &'a CudaSlice<f32>,
-    n_used: usize,
-    input: ExpertInput,
-    slots: usize,
     capturing: bool,
 }
