@@ -307,7 +307,7 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         if self.options.matmul == CpuMatmul::Quantized && cpu_int::float::supports(self.options.simd, w) {
-            cpu_int::float::matmul(self.simd, w, x, n, dst);
+            cpu_int::float::matmul(self.options.simd, self.simd, w, x, n, dst);
             return Ok(());
         }
         // Blocks of rows amortize rayon's scheduling over the small rows of tiny models.
