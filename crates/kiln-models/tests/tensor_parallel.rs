@@ -55,7 +55,8 @@ fn greedy(mut next: impl FnMut(&[u32]) -> u32, prompt: &[u32], n: usize) -> Vec<
 /// (the fast backend) that rounding difference can flip an activation code later on (every
 /// slice starts on a quantization block, so nothing else differs): measured 1.4e-3 on
 /// tiny-llama Q8_0, where int8 activations themselves move the logits 1.1e-2 from exact; the
-/// bound is a quarter of that model's own int8 error. Greedy tokens equal in every case.
+/// bound is a quarter of that model's own int8 error, and never below the f32 one. Greedy
+/// tokens equal in every case.
 #[test]
 fn sharded_logits_and_tokens_equal_unsharded() {
     let cases: [(PathBuf, fn() -> CpuBackend); 6] = [
@@ -74,7 +75,9 @@ fn sharded_logits_and_tokens_equal_unsharded() {
         let want = full.forward(&prompt, Logits::All).unwrap().to_vec();
         let exact = Model::load(Arc::new(CpuBackend::exact()), file.clone(), &options()).unwrap().forward(&prompt, Logits::All).unwrap().to_vec();
         let int8_error = rel_l2(&want, &exact);
-        let bound = if int8_error == 0.0 { 1e-5 } else { int8_error / 4.0 };
+        // Float weights on the fast backend are f32 products too (only summed in another order
+        // than the exact backend's), so they get the f32 rounding bound as well.
+        let bound = (int8_error / 4.0).max(1e-5);
         full.reset();
         let want_tokens = greedy(|t| full.prompt(t, &SamplingParams::greedy()).unwrap(), &prompt, 12);
         for ranks in [2, 4] {
