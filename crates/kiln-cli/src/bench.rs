@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// llama-batched-bench instead: many sequences decoded together (`--npp`, `--ntg`, `--npl`).
     #[arg(long)]
     pub batched: bool,
+    /// After the table, each decode step graph's kernels with their times (GPU only): every
+    /// graph is replayed once more, serially, with an event after each kernel.
+    #[arg(long)]
+    pub kernel_profile: bool,
     #[command(flatten)]
     pub batched_args: crate::batched_bench::BatchedArgs,
 }
@@ -471,9 +475,25 @@ pub fn bench(args: BenchArgs) -> CliResult {
         Some(DeviceKind::Cuda) => Some(devices::gpus(args.split, open)?),
         None => devices::gpus_if_any("kiln bench", args.split, open)?,
     };
+    if args.kernel_profile && gpu.is_none() {
+        return Err("--kernel-profile times the kernels of GPU step graphs; this run is on the CPU".into());
+    }
     match (gpu, args.batched) {
-        (Some(gpus), false) => bench_with(gpus, file, &path, &args),
-        (Some(gpus), true) => crate::batched_bench::run(gpus, file, &args),
+        (Some(gpus), batched) => {
+            let lead = gpus.lead();
+            if args.kernel_profile {
+                lead.profile_step_graphs();
+            }
+            if batched {
+                crate::batched_bench::run(gpus, file, &args)?;
+            } else {
+                bench_with(gpus, file, &path, &args)?;
+            }
+            if args.kernel_profile {
+                crate::kernel_profile::print(&lead.step_profiles(), &mut std::io::stdout().lock())?;
+            }
+            Ok(())
+        }
         (None, batched) => {
             args.cpu_kernels.backend()?;
             let cpu = devices::cpu(args.split, || args.cpu_kernels.backend().expect("checked above"))?;

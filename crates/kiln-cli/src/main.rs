@@ -5,6 +5,7 @@ mod bench;
 mod chat;
 mod devices;
 mod info;
+mod kernel_profile;
 mod kld;
 mod kv_args;
 mod perplexity;

@@ -460,6 +460,19 @@ pub trait Backend: Send + Sync + 'static {
         self.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
     }
 
+    /// `residual[t] += sum_j weights[t][j] * y[t][j]` ([`Backend::moe_combine`] added to the
+    /// residual), using `tmp` (of `residual`'s shape) as scratch.
+    fn moe_combine_add(
+        &self,
+        y: Tensor<Self::Buffer>,
+        weights: Tensor<Self::Buffer>,
+        residual: TensorMut<Self::Buffer>,
+        mut tmp: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        self.moe_combine(y, weights, tmp.reborrow())?;
+        self.add(residual, tmp.as_ref())
+    }
+
     /// `residual += x·Wᵀ`, using `tmp` (of `residual`'s shape) as scratch.
     fn matmul_add(&self, w: &Self::Weight, x: Tensor<Self::Buffer>, residual: TensorMut<Self::Buffer>, mut tmp: TensorMut<Self::Buffer>) -> Result<()> {
         self.matmul(w, x, tmp.reborrow())?;

@@ -76,8 +76,9 @@ extern "C" __global__ void moe_add_bias_f32(float* x, const float* bias, const f
     }
 }
 
-// out[t][d] = sum_j weights[t][j] * y[t][j][d] over n = tokens * dim values.
-extern "C" __global__ void moe_combine_f32(float* out, const float* y, const float* weights, u32 n_used, u32 dim, u64 n) {
+// out[t][d] = sum_j weights[t][j] * y[t][j][d] (+= when accumulating) over n = tokens * dim values.
+extern "C" __global__ void moe_combine_f32(float* out, const float* y, const float* weights, u32 n_used, u32 dim, u64 n,
+                                           u32 accumulate) {
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u64 t = i / dim;
         const u32 d = i % dim;
@@ -85,14 +86,26 @@ extern "C" __global__ void moe_combine_f32(float* out, const float* y, const flo
         for (u32 j = 0; j < n_used; ++j) {
             total += weights[t * n_used + j] * y[(t * n_used + j) * dim + d];
         }
-        out[i] = total;
+        out[i] = accumulate ? out[i] + total : total;
     }
 }
 
-// The router of one token per 32-thread block: softmax over n_experts logits (kept in dynamic
-// shared memory), the n_used (at most ROUTE_MAX_USED) most probable in order, a tie going to
-// the lower id, renormalized when asked, each times expert_scale[id] when given. Grid (tokens).
+// Float order as unsigned order (0 stays below every real value: it marks "taken").
+__device__ __forceinline__ u32 route_key(float f) {
+    const u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float route_logit(u32 key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// The router of one token per 32-thread block: softmax over n_experts logits, the n_used (at
+// most ROUTE_MAX_USED) most probable in order, a tie going to the lower id, renormalized when
+// asked, each times expert_scale[id] when given. Up to 32 * ROUTE_REGS experts stay in
+// registers (one warp-wide max and min per choice); more go through dynamic shared memory.
+// Grid (tokens).
 #define ROUTE_MAX_USED 64
+#define ROUTE_REGS 8
 extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
     const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
     extern __shared__ float route_logits[];
@@ -101,49 +114,96 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
     const u32 t = blockIdx.x;
     const u32 lane = threadIdx.x;
     const float* row = logits + (u64)t * n_experts;
-    float max_logit = __int_as_float(0xff800000);
-    for (u32 e = lane; e < n_experts; e += 32) {
-        route_logits[e] = row[e];
-        max_logit = fmaxf(max_logit, row[e]);
-    }
-    max_logit = warp_max(max_logit);
-    float total = 0.0f;
-    for (u32 e = lane; e < n_experts; e += 32) {
-        total += expf(route_logits[e] - max_logit);
-    }
-    total = warp_sum(total);
+    const float minus_inf = __int_as_float(0xff800000);
     float chosen_sum = 0.0f;
-    for (u32 j = 0; j < n_used; ++j) {
-        const u32 none = 0xffffffffu;
-        float best = 0.0f;
-        u32 best_id = none;
-        for (u32 e = lane; e < n_experts; e += 32) {
-            bool taken = false;
-            for (u32 i = 0; i < j; ++i) {
-                taken |= chosen[i] == e;
-            }
-            const float l = route_logits[e];
-            if (!taken && (best_id == none || l > best)) {
-                best = l;
-                best_id = e;
-            }
-        }
+    if (n_experts <= 32 * ROUTE_REGS) {
+        u32 key[ROUTE_REGS];
+        float max_logit = minus_inf;
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-            const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-            if (other_id != none && (best_id == none || other > best || (other == best && other_id < best_id))) {
-                best = other;
-                best_id = other_id;
+        for (int i = 0; i < ROUTE_REGS; ++i) {
+            const u32 e = lane + 32 * i;
+            const float l = e < n_experts ? row[e] : minus_inf;
+            key[i] = e < n_experts ? route_key(l) : 0u;
+            max_logit = fmaxf(max_logit, l);
+        }
+        max_logit = warp_max(max_logit);
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROUTE_REGS; ++i) {
+            if (lane + 32 * i < n_experts) {
+                total += expf(route_logit(key[i]) - max_logit);
             }
         }
-        const float w = expf(best - max_logit) / total;
-        chosen_sum += w;
-        if (lane == 0) {
-            chosen[j] = best_id;
-            chosen_weight[j] = w;
+        total = warp_sum(total);
+        for (u32 j = 0; j < n_used; ++j) {
+            u32 best = 0, best_i = 0;
+#pragma unroll
+            for (int i = 0; i < ROUTE_REGS; ++i) {
+                if (key[i] > best) {
+                    best = key[i];
+                    best_i = i;
+                }
+            }
+            const u32 top = __reduce_max_sync(0xffffffffu, best);
+            const u32 id = __reduce_min_sync(0xffffffffu, best == top ? lane + 32 * best_i : 0xffffffffu);
+#pragma unroll
+            for (int i = 0; i < ROUTE_REGS; ++i) {
+                if (lane + 32 * i == id) {
+                    key[i] = 0u;
+                }
+            }
+            const float w = expf(route_logit(top) - max_logit) / total;
+            chosen_sum += w;
+            if (lane == 0) {
+                chosen[j] = id;
+                chosen_weight[j] = w;
+            }
         }
         __syncwarp();
+    } else {
+        float max_logit = minus_inf;
+        for (u32 e = lane; e < n_experts; e += 32) {
+            route_logits[e] = row[e];
+            max_logit = fmaxf(max_logit, row[e]);
+        }
+        max_logit = warp_max(max_logit);
+        float total = 0.0f;
+        for (u32 e = lane; e < n_experts; e += 32) {
+            total += expf(route_logits[e] - max_logit);
+        }
+        total = warp_sum(total);
+        for (u32 j = 0; j < n_used; ++j) {
+            const u32 none = 0xffffffffu;
+            float best = 0.0f;
+            u32 best_id = none;
+            for (u32 e = lane; e < n_experts; e += 32) {
+                bool taken = false;
+                for (u32 i = 0; i < j; ++i) {
+                    taken |= chosen[i] == e;
+                }
+                const float l = route_logits[e];
+                if (!taken && (best_id == none || l > best)) {
+                    best = l;
+                    best_id = e;
+                }
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+                const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+                if (other_id != none && (best_id == none || other > best || (other == best && other_id < best_id))) {
+                    best = other;
+                    best_id = other_id;
+                }
+            }
+            const float w = expf(best - max_logit) / total;
+            chosen_sum += w;
+            if (lane == 0) {
+                chosen[j] = best_id;
+                chosen_weight[j] = w;
+            }
+            __syncwarp();
+        }
     }
     for (u32 j = lane; j < n_used; j += 32) {
         float w = chosen_weight[j];

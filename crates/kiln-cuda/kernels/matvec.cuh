@@ -2,7 +2,8 @@
 //
 // One warp computes ROWS_PER_WARP rows (of each of NW weights: 2 for the fused SwiGLU) for all
 // NTOK tokens, so every activation load serves ROWS_PER_WARP * NW rows. A block is MV_WARPS
-// warps; grid = ceil(rows / (MV_WARPS * ROWS_PER_WARP)) (SwiGLU: SWIGLU_ROWS_PER_WARP).
+// warps in MV_GROUPS groups of MV_SPLIT warps sharing rows; grid = ceil(rows / (MV_GROUPS *
+// ROWS_PER_WARP)) (SwiGLU: SWIGLU_ROWS_PER_WARP).
 //
 // Quantized weights meet activations quantized to int8 per 16 values (matvec_input.cu): a lane
 // multiplies its 16-value weight chunk with the matching activation chunk by four dp4a, then
@@ -22,6 +23,14 @@ static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4, "R
 
 #define MV_WARPS 4
 #define MV_THREADS (MV_WARPS * 32)
+// Warps that share one group of rows, each taking every MV_SPLIT-th step of the row and their
+// sums added in finish_rows: more loads in flight per row for long, few rows (the FFN down
+// product) without giving up the activation reuse of several rows per warp.
+#ifndef MV_SPLIT
+#define MV_SPLIT 1
+#endif
+static_assert(MV_SPLIT == 1 || MV_SPLIT == 2 || MV_SPLIT == 4, "MV_SPLIT must be 1, 2 or 4");
+#define MV_GROUPS (MV_WARPS / MV_SPLIT)
 // The fused SwiGLU reads two weights, so it needs half the rows per warp for the same reuse.
 #define SWIGLU_ROWS_PER_WARP (ROWS_PER_WARP > 1 ? ROWS_PER_WARP / 2 : 1)
 // Tiles whose weight loads are issued together before any is decoded (memory-level
@@ -95,6 +104,22 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
         }
     }
     float total = warp_sum_many<V>(v);
+    if (MV_SPLIT > 1) {
+        // The group's warps add their parts in a fixed order; its first warp writes.
+        __shared__ float split_sums[MV_WARPS][32];
+        const u32 warp = threadIdx.x >> 5;
+        const u32 group = warp / MV_SPLIT;
+        split_sums[warp][threadIdx.x & 31] = total;
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(MV_SPLIT * 32) : "memory");
+        if (warp % MV_SPLIT != 0) {
+            return;
+        }
+        total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MV_SPLIT; ++i) {
+            total += split_sums[group * MV_SPLIT + i][threadIdx.x & 31];
+        }
+    }
     // With two weights, lane l < HALF holds the gate value and lane l + HALF the matching up.
     const float up = NW == 2 ? __shfl_xor_sync(0xffffffffu, total, HALF) : 0.0f;
     const u32 lane = threadIdx.x & 31;
@@ -163,9 +188,10 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
     const u32 lane = threadIdx.x & 31;
-    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    const u32 row0 = (block * MV_GROUPS + (threadIdx.x >> 5) / MV_SPLIT) * RPW;
+    const u32 part = (threadIdx.x >> 5) % MV_SPLIT;
     if (row0 >= rows) {
-        return;
+        return;  // the whole group: its barrier in finish_rows counts only its own warps
     }
     const u32 tiles = w[0].tiles;
     WarpRows<R, RPW> rows_of(row0, rows, tiles);
@@ -173,10 +199,10 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
     const u64 ds_stride = (u64)tiles * 32;
     // The first batch of weights is on its way while the kernel before this one finishes.
     typename F::Raw raw[MV_BATCH][R];
-    fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, 0, lane);
+    fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, lane);
     wait_for_inputs();
-    for (u32 t0 = 0; t0 < tiles; t0 += MV_BATCH) {
-        if (t0 > 0) {
+    for (u32 t0 = part * MV_BATCH; t0 < tiles; t0 += MV_BATCH * MV_SPLIT) {
+        if (t0 > part * MV_BATCH) {
             fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, t0, lane);
         }
 #pragma unroll
@@ -231,9 +257,10 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
     const u32 lane = threadIdx.x & 31;
-    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    const u32 row0 = (block * MV_GROUPS + (threadIdx.x >> 5) / MV_SPLIT) * RPW;
+    const u32 part = (threadIdx.x >> 5) % MV_SPLIT;
     if (row0 >= rows) {
-        return;
+        return;  // the whole group: its barrier in finish_rows counts only its own warps
     }
     const u32 tiles = w[0].tiles;
     const u32 steps = (tiles + 1) / 2;
@@ -242,10 +269,10 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
     typename ChunkPair<F>::Raw raw[MV_BATCH][R];
-    fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, 0, lane);
+    fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, lane);
     wait_for_inputs();
-    for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
-        if (s0 > 0) {
+    for (u32 s0 = part * MV_BATCH; s0 < steps; s0 += MV_BATCH * MV_SPLIT) {
+        if (s0 > part * MV_BATCH) {
             fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, s0, lane);
         }
 #pragma unroll
@@ -329,9 +356,10 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
     constexpr int R = NW * RPW;
     constexpr u32 CHUNKS = G::CHUNKS;
     const u32 lane = threadIdx.x & 31;
-    const u32 row0 = (block * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    const u32 row0 = (block * MV_GROUPS + (threadIdx.x >> 5) / MV_SPLIT) * RPW;
+    const u32 part = (threadIdx.x >> 5) % MV_SPLIT;
     if (row0 >= rows) {
-        return;
+        return;  // the whole group: its barrier in finish_rows counts only its own warps
     }
     const u32 tiles = w[0].tiles;
     const u32 groups = tiles * (32 / CHUNKS);
@@ -340,10 +368,10 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
     const u64 x_stride = (u64)tiles * TILE_VALUES;
     const u64 ds_stride = (u64)tiles * 32;
     typename F::Raw raw[MV_BATCH][R];
-    fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, 0, groups, lane);
+    fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, groups, lane);
     wait_for_inputs();
-    for (u32 s0 = 0; s0 < steps; s0 += MV_BATCH) {
-        if (s0 > 0) {
+    for (u32 s0 = part * MV_BATCH; s0 < steps; s0 += MV_BATCH * MV_SPLIT) {
+        if (s0 > part * MV_BATCH) {
             fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, s0, groups, lane);
         }
 #pragma unroll
@@ -471,6 +499,100 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
     finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
 }
 
+// One token: the MV_WARPS warps of a block share one row (of each of NW weights), every thread
+// streaming eight values per 16-byte load with FV_ROW_BATCH loads in flight. A block per row
+// keeps all SMs busy even for short products (the 1024-row K/V projections) and halves the
+// load count of matvec_float's lane-per-four-values loop. Block `row` computes that row.
+#define FV_ROW_BATCH 4
+template <class W, int NW>
+__device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
+                                                 u32 rows, u32 accumulate, u32 row) {
+    constexpr u32 STEP = 8 * MV_THREADS;
+    if (row >= rows) {
+        return;
+    }
+    uint4 raw[FV_ROW_BATCH][NW][W::RAW8];
+    auto fetch = [&](u32 c0) {
+#pragma unroll
+        for (int b = 0; b < FV_ROW_BATCH; ++b) {
+            const u32 c = c0 + STEP * b;
+#pragma unroll
+            for (int k = 0; k < NW; ++k) {
+                if (c < cols) {
+                    w[k].load8(row, c, raw[b][k]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < W::RAW8; ++i) {
+                        raw[b][k][i] = make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+        }
+    };
+    float acc[NW];
+#pragma unroll
+    for (int k = 0; k < NW; ++k) {
+        acc[k] = 0.0f;
+    }
+    const u32 first = 8 * threadIdx.x;
+    fetch(first);
+    wait_for_inputs();
+    for (u32 c0 = first; c0 < cols; c0 += STEP * FV_ROW_BATCH) {
+        if (c0 != first) {
+            fetch(c0);
+        }
+#pragma unroll
+        for (int b = 0; b < FV_ROW_BATCH; ++b) {
+            const u32 c = c0 + STEP * b;
+            if (c >= cols) {
+                break;
+            }
+            // cols is a multiple of 4: the second half of the eight is either all in or all out.
+            const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + c));
+            const float4 x1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(x + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int k = 0; k < NW; ++k) {
+                float v[8];
+                W::expand8(raw[b][k], v);
+                float a = acc[k];
+                a = fmaf(v[0], x0.x, a);
+                a = fmaf(v[1], x0.y, a);
+                a = fmaf(v[2], x0.z, a);
+                a = fmaf(v[3], x0.w, a);
+                a = fmaf(v[4], x1.x, a);
+                a = fmaf(v[5], x1.y, a);
+                a = fmaf(v[6], x1.z, a);
+                acc[k] = fmaf(v[7], x1.w, a);
+            }
+        }
+    }
+    __shared__ float partial[NW][MV_WARPS];
+#pragma unroll
+    for (int k = 0; k < NW; ++k) {
+        const float total = warp_sum(acc[k]);
+        if ((threadIdx.x & 31) == 0) {
+            partial[k][threadIdx.x >> 5] = total;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total[NW];
+#pragma unroll
+        for (int k = 0; k < NW; ++k) {
+            total[k] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MV_WARPS; ++i) {
+                total[k] += partial[k][i];
+            }
+        }
+        if (NW == 2) {
+            out[row] = silu(total[0]) * total[NW - 1];
+        } else {
+            out[row] = accumulate ? out[row] + total[0] : total[0];
+        }
+    }
+}
+
 // Entry-point bodies, so each format's kernels are one line each. The grouped formats
 // (FmtGrouped) and those with wide chunk pairs take their own loops.
 template <class F, int NW>
@@ -509,7 +631,7 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
 
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
-    constexpr u32 PER_BLOCK = MV_WARPS * ROWS_PER_WARP;
+    constexpr u32 PER_BLOCK = MV_GROUPS * ROWS_PER_WARP;
     const u32 blocks_a = (rows_a + PER_BLOCK - 1) / PER_BLOCK;
     const u32 blocks_b = (rows_b + PER_BLOCK - 1) / PER_BLOCK;
     u32 block = blockIdx.x;
@@ -569,7 +691,7 @@ __device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
     const u32 slot = slot0 + blockIdx.y;
-    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_WARPS * ROWS_PER_WARP);
+    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_GROUPS * ROWS_PER_WARP);
     if (e >= n_experts) {
         return;
     }
@@ -592,7 +714,7 @@ __device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) 
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
     const u32 slot = slot0 + blockIdx.y;
-    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_WARPS * SWIGLU_ROWS_PER_WARP);
+    const u32 e = block_expert(ids, slot, n_experts, out, rows, MV_GROUPS * SWIGLU_ROWS_PER_WARP);
     if (e >= n_experts) {
         return;
     }

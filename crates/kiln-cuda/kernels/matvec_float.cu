@@ -1,5 +1,6 @@
 // Mat-vec of F32, F16 and BF16 weights (rows of `stride` elements) against f32 activations
-// x [NTOK][cols], cols a multiple of 4; all arithmetic in f32. See matvec.cuh.
+// x [NTOK][cols], cols a multiple of 4; all arithmetic in f32. See matvec.cuh. One token takes
+// matvec_float_row (a block per row); the expert products keep matvec_float's warp rows.
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
 // kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
 // kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
@@ -10,17 +11,58 @@ template <class W>
 __device__ __forceinline__ void matvec_float_one(const W& w, const float* x, u32 cols, float* out, u32 rows,
                                                  u32 accumulate) {
     const W weights[1] = {w};
-    matvec_float<W, 1>(weights, x, cols, out, rows, accumulate);
+    if (NTOK == 1) {
+        matvec_float_row<W, 1>(weights, x, cols, out, rows, accumulate, blockIdx.x);
+    } else {
+        matvec_float<W, 1>(weights, x, cols, out, rows, accumulate);
+    }
 }
 
 template <class W>
 __device__ __forceinline__ void matvec_float_two(const W& gate, const W& up, const float* x, u32 cols, float* out,
                                                  u32 rows) {
     const W weights[2] = {gate, up};
-    matvec_float<W, 2>(weights, x, cols, out, rows, 0);
+    if (NTOK == 1) {
+        matvec_float_row<W, 2>(weights, x, cols, out, rows, 0, blockIdx.x);
+    } else {
+        matvec_float<W, 2>(weights, x, cols, out, rows, 0);
+    }
 }
 
 #define FV_ARGS const float* x, u32 cols, float* out, u32 rows
+
+// One token of up to three weights of one kind and width (attention's q, k and v) in one
+// launch: a block per row of a, then of b, then of c (a missing c has no rows).
+template <class W>
+__device__ __forceinline__ void matvec_float_stacked(const W& a, const W& b, const W& c, const float* x, u32 cols,
+                                                     float* out_a, float* out_b, float* out_c, u32 rows_a, u32 rows_b,
+                                                     u32 rows_c) {
+    if (NTOK != 1) {
+        return;  // the host launches the NTOK = 1 module's kernel only
+    }
+    u32 row = blockIdx.x;
+    W w = a;
+    float* out = out_a;
+    u32 rows = rows_a;
+    if (row >= rows_a) {
+        row -= rows_a;
+        w = b;
+        out = out_b;
+        rows = rows_b;
+        if (row >= rows_b) {
+            row -= rows_b;
+            w = c;
+            out = out_c;
+            rows = rows_c;
+        }
+    }
+    const W weights[1] = {w};
+    matvec_float_row<W, 1>(weights, x, cols, out, rows, 0, row);
+}
+
+#define FV_STACKED_PARAMS(W) \
+    W a, W b, W c, const float *x, u32 cols, float *out_a, float *out_b, float *out_c, u32 rows_a, u32 rows_b, u32 rows_c
+#define FV_STACKED_ARGS a, b, c, x, cols, out_a, out_b, out_c, rows_a, rows_b, rows_c
 
 // The expert-indexed product of float experts (see matvec_experts in matvec.cuh).
 template <class W>
@@ -51,6 +93,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f32(Float
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f32(FV_EXPERTS_PARAMS(FloatRows<0>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_f32(FV_STACKED_PARAMS(FloatRows<0>)) {
+    matvec_float_stacked(FV_STACKED_ARGS);
+}
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(FloatRows<1> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
@@ -61,6 +106,9 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f16(Float
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f16(FV_EXPERTS_PARAMS(FloatRows<1>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_f16(FV_STACKED_PARAMS(FloatRows<1>)) {
+    matvec_float_stacked(FV_STACKED_ARGS);
+}
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_bf16(FloatRows<2> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
@@ -70,4 +118,7 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_bf16(Floa
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_bf16(FV_EXPERTS_PARAMS(FloatRows<2>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_bf16(FV_STACKED_PARAMS(FloatRows<2>)) {
+    matvec_float_stacked(FV_STACKED_ARGS);
 }

@@ -4,6 +4,17 @@
 __device__ __forceinline__ void scale_row(float* out, const float* x, const float* weight, u32 dim, float sum_sq,
                                           float eps, u32 first, u32 stride) {
     const float scale = rms_scale(sum_sq, dim, eps);
+    if (float4_row(out, dim) && float4_row(x, dim) && float4_row(weight, dim)) {
+        // Each thread reads whole float4s of x before writing the same ones: in-place is safe.
+        const u32 n4 = dim / 4;
+        for (u32 i = first; i < n4; i += stride) {
+            const float4 v = reinterpret_cast<const float4*>(x)[i];
+            const float4 w = reinterpret_cast<const float4*>(weight)[i];
+            reinterpret_cast<float4*>(out)[i] = make_float4(rms_normed(v.x, scale, w.x), rms_normed(v.y, scale, w.y),
+                                                            rms_normed(v.z, scale, w.z), rms_normed(v.w, scale, w.w));
+        }
+        return;
+    }
     for (u32 i = first; i < dim; i += stride) {
         out[i] = rms_normed(x[i], scale, weight[i]);
     }

@@ -16,12 +16,36 @@ __device__ __forceinline__ float warp_row_sum_sq(const float* xr, u32 dim, u32 l
     return warp_sum(sum_sq);
 }
 
+// Whether a row of `dim` floats at `p` can be read as float4s.
+__device__ __forceinline__ bool float4_row(const void* p, u32 dim) {
+    return (dim & 3) == 0 && (reinterpret_cast<u64>(p) & 15) == 0;
+}
+
 // Sum of squares of a row, thread-strided over a NORM_BLOCK block; every thread gets the total.
+// Each thread issues four loads before it adds any, so one memory latency covers 4096 values.
 // Contains __syncthreads: all threads of the block must call it.
 __device__ __forceinline__ float block_row_sum_sq(const float* xr, u32 dim) {
     float sum_sq = 0.0f;
-    for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
-        sum_sq += xr[i] * xr[i];
+    if (float4_row(xr, dim)) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const u32 n4 = dim / 4;
+        for (u32 base = threadIdx.x; base < n4; base += 4 * NORM_BLOCK) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 i = base + k * NORM_BLOCK;
+                v[k] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                sum_sq += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
+            sum_sq += xr[i] * xr[i];
+        }
     }
     return block_sum<NORM_BLOCK>(sum_sq);
 }

@@ -696,6 +696,31 @@ struct FloatRows {
         }
         return expand(ld_weight_u64(at(row, column)));
     }
+    // Eight consecutive values starting at `first` (a multiple of 8): RAW8 16-byte loads.
+    static constexpr int RAW8 = KIND == 0 ? 2 : 1;
+    __device__ __forceinline__ void load8(u32 row, u32 first, uint4 (&raw)[RAW8]) const {
+#pragma unroll
+        for (int i = 0; i < RAW8; ++i) {
+            raw[i] = ld_weight_u128(at(row, first + 4 * i));
+        }
+    }
+    static __device__ __forceinline__ void expand8(const uint4 (&raw)[RAW8], float (&v)[8]) {
+        if (KIND == 0) {
+#pragma unroll
+            for (int i = 0; i < RAW8; ++i) {
+                const float4 f = expand(raw[i]);
+                v[4 * i] = f.x;
+                v[4 * i + 1] = f.y;
+                v[4 * i + 2] = f.z;
+                v[4 * i + 3] = f.w;
+            }
+        } else {
+            const float4 lo = expand(make_uint2(raw[0].x, raw[0].y));
+            const float4 hi = expand(make_uint2(raw[0].z, raw[0].w));
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+            v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        }
+    }
     __device__ __forceinline__ void values(u32 row, u32 chunk, float (&w)[16]) const {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

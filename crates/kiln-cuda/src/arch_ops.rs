@@ -13,9 +13,10 @@ use kiln_core::shapes;
 use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
 use crate::{CudaBackend, CudaStep};
 
-/// `arch_ops.cu`'s CONV_MAX_KERNEL and ROUTE_MAX_USED; `delta_net.cu`'s largest head.
+/// `arch_ops.cu`'s CONV_MAX_KERNEL, ROUTE_MAX_USED and 32 * ROUTE_REGS; `delta_net.cu`'s largest head.
 const CONV_MAX_KERNEL: usize = 8;
 const ROUTE_MAX_USED: usize = 64;
+const ROUTE_REGISTER_EXPERTS: usize = 256;
 const DELTA_NET_MAX_HEAD_DIM: usize = 128;
 
 impl CudaBackend {
@@ -142,7 +143,7 @@ impl CudaBackend {
             return Ok(());
         }
         let function = self.arch_kernel("moe_route_f32")?;
-        let shared = e * 4;
+        let shared = if e > ROUTE_REGISTER_EXPERTS { e * 4 } else { 0 };
         if shared > self.device().info().max_shared_memory_per_block_optin {
             return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("a router over {e} experts") });
         }
@@ -203,14 +204,16 @@ impl CudaBackend {
         .map_err(launch_error("moe_add_bias_f32"))
     }
 
-    pub(crate) fn launch_moe_combine(&self, y: View, weights: View, mut out: ViewMut) -> Result<()> {
+    /// `out = combine(y, weights)`, or `out += ...` when `accumulate`.
+    pub(crate) fn launch_moe_combine(&self, y: View, weights: View, mut out: ViewMut, accumulate: bool) -> Result<()> {
         let (n, n_used, dim) = shapes::moe_combine(y.shape(), weights.shape(), out.shape())?;
         if n * dim == 0 {
             return Ok(());
         }
         let function = self.arch_kernel("moe_combine_f32")?;
         let (k32, dim32, total) = (to_u32("experts used", n_used)?, to_u32("dim", dim)?, (n * dim) as u64);
-        // SAFETY: moe_combine_f32(out, y, weights, n_used, dim, n); lengths from the views' shapes.
+        let accumulate = u32::from(accumulate);
+        // SAFETY: moe_combine_f32(out, y, weights, n_used, dim, n, accumulate); lengths from the views' shapes.
         unsafe {
             self.device()
                 .stream()
@@ -221,6 +224,7 @@ impl CudaBackend {
                 .arg(&k32)
                 .arg(&dim32)
                 .arg(&total)
+                .arg(&accumulate)
                 .launch(self.grid_stride(n * dim))
         }
         .map(drop)

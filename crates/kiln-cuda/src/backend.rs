@@ -6,7 +6,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
@@ -18,7 +18,7 @@ use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
 use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
-use crate::graph::StepGraphExec;
+use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ExpertCall, ExpertProducts, GpuWeight, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
@@ -85,6 +85,9 @@ pub struct CudaBackend {
     current_step: AtomicU64,
     /// Kernel-to-kernel edges made programmatic in the graphs captured so far.
     overlapped_edges: AtomicUsize,
+    /// Whether each step graph's first replay is followed by a per-node profile of it.
+    profile_graphs: AtomicBool,
+    profiles: Mutex<Vec<StepProfile>>,
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
     max_sample_shared_bytes: usize,
@@ -126,6 +129,8 @@ impl CudaBackend {
             graphs: StepGraphs::default(),
             current_step: AtomicU64::new(0),
             overlapped_edges: AtomicUsize::new(0),
+            profile_graphs: AtomicBool::new(false),
+            profiles: Mutex::new(Vec::new()),
             busy_blocks,
             max_sample_shared_bytes,
         })
@@ -135,6 +140,16 @@ impl CudaBackend {
     /// drains (`GraphEdges::Overlapped`); 0 under `GraphEdges::Serial`.
     pub fn overlapped_graph_edges(&self) -> usize {
         self.overlapped_edges.load(Ordering::Relaxed)
+    }
+
+    /// From now on, profile every step graph once, at its first replay (`step_profiles`).
+    pub fn profile_step_graphs(&self) {
+        self.profile_graphs.store(true, Ordering::Relaxed);
+    }
+
+    /// The profiles taken since `profile_step_graphs`, one per step graph, in capture order.
+    pub fn step_profiles(&self) -> Vec<StepProfile> {
+        self.profiles.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     pub fn device(&self) -> &CudaDevice {
@@ -414,7 +429,11 @@ impl Backend for CudaBackend {
     }
 
     fn moe_combine(&self, y: View, weights: View, out: ViewMut) -> Result<()> {
-        self.launch_moe_combine(y, weights, out)
+        self.launch_moe_combine(y, weights, out, false)
+    }
+
+    fn moe_combine_add(&self, y: View, weights: View, residual: ViewMut, _tmp: ViewMut) -> Result<()> {
+        self.launch_moe_combine(y, weights, residual, true)
     }
 
     fn geglu(&self, gate: View, up: View, out: ViewMut) -> Result<()> {
@@ -523,7 +542,16 @@ impl Backend for CudaBackend {
                 graph.launch().map_err(graph_error("launching"))?;
                 graphs.insert(slot, StepGraph::Captured(graph));
             }
-            Some(StepGraph::Captured(graph)) => graph.launch().map_err(graph_error("launching"))?,
+            Some(StepGraph::Captured(graph)) => {
+                graph.launch().map_err(graph_error("launching"))?;
+                if self.profile_graphs.load(Ordering::Relaxed) {
+                    let mut profiles = self.profiles.lock().unwrap_or_else(PoisonError::into_inner);
+                    if !profiles.iter().any(|p| p.slot == slot) {
+                        let nodes = graph.profile_nodes().map_err(graph_error("profiling"))?;
+                        profiles.push(StepProfile { slot, key, nodes });
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -566,7 +594,14 @@ impl Backend for CudaBackend {
                 self.matmul_qkv_quantized(&qx, w, out, n)
             }
             None => {
-                let [q, k, v] = out;
+                let [mut q, mut k, mut v] = out;
+                for (weight, out) in w.iter().zip([&q, &k, &v]) {
+                    shapes::matmul("matmul_qkv", (weight.rows, weight.cols), x.shape(), out.shape())?;
+                }
+                let mut outs = [q.buf_mut(), k.buf_mut(), v.buf_mut()];
+                if matvec::matmul_stacked_float(&self.device, &w, x.buf(), &mut outs, n).map_err(backend_error)? {
+                    return Ok(());
+                }
                 self.matmul(w[0], x, q)?;
                 self.matmul(w[1], x, k)?;
                 self.matmul(w[2], x, v)

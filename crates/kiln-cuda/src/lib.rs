@@ -49,7 +49,7 @@ pub use cache::{CacheDir, Cubin, CubinCache, CubinKey, CubinOrigin};
 pub use collective::NcclAllReduce;
 pub use device::{device_count, ensure_driver, list_devices, peer_links, CudaDevice, DeviceInfo, PeerLink, POISON_BYTE, STAGING_CHUNK_BYTES};
 pub use error::CudaError;
-pub use graph::GraphEdges;
+pub use graph::{GraphEdges, NodeTime, StepProfile};
 pub use nvrtc::{compile_cubin, ensure_nvrtc, nvrtc_version};
 pub use profile::{profile_range, ProfileRange};
 pub use registry::{KernelRegistry, RegistryConfig};

@@ -50,9 +50,9 @@ pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
 use matmat::{launch_matmat, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub use matvec_shape::matvec_shape;
-use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
+use matvec_shape::{candidates, choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
-pub use stacked::matmul_stacked_quantized;
+pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
 pub const MAX_MATVEC_TOKENS: usize = 8;
@@ -166,11 +166,13 @@ impl KernelSlots {
 /// kernels, so they compile quickly), every mat-mat tile (prompts and large batches) and the
 /// embedding lookup.
 pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
-    let shapes = if w.is_quantized() { 0..MATVEC_SHAPES.len() } else { 0..1 };
     let mut kernels = vec![Kernel::Embed];
     for ntok in 1..=MAX_MATVEC_TOKENS {
-        let float_shape = default_shape(ntok);
-        kernels.extend(shapes.clone().map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: if w.is_quantized() { shape } else { float_shape } }));
+        if w.is_quantized() {
+            kernels.extend(candidates(ntok).map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape }));
+        } else {
+            kernels.push(Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: default_shape(ntok) });
+        }
     }
     kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
     kernels
@@ -219,6 +221,9 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             let mut defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(s.rows_per_warp))];
             if matches!(storage, Storage::Quant { .. }) {
                 defines.extend([("MV_BATCH", i64::from(s.batch)), ("MV_TYPE", kernel_type_id(suffix))]);
+                if s.split > 1 {
+                    defines.push(("MV_SPLIT", i64::from(s.split)));
+                }
             }
             (source, format!("matvec_{}{suffix}", kind.prefix()), defines)
         }
@@ -534,6 +539,11 @@ pub fn matmul_swiglu_quantized(
 /// Launch shapes of the quantized mat-vec (see [`matmul_quantized_with_shape`]).
 pub const MATVEC_SHAPE_COUNT: usize = MATVEC_SHAPES.len();
 
+/// How many warps share a group of rows in launch shape `shape` (1: none).
+pub fn matvec_shape_split(shape: usize) -> u32 {
+    MATVEC_SHAPES.get(shape).map_or(1, |s| s.split)
+}
+
 /// [`matmul_quantized`] (the fused SwiGLU with `up`) with launch shape `shape`
 /// (< [`MATVEC_SHAPE_COUNT`]) whatever measurement would pick, for tests and benchmarks.
 #[allow(clippy::too_many_arguments)]
@@ -686,7 +696,11 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
     let swiglu = up.is_some();
     let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
-    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(kind);
+    // One token of float weights takes a block per row (matvec_float_row).
+    let rows_per_block = match w.storage {
+        Storage::Float { .. } if n == 1 => 1,
+        _ => MATVEC_SHAPES[shape].rows_per_block(kind, MV_WARPS),
+    };
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
     let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);

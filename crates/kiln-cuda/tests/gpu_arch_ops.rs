@@ -109,7 +109,8 @@ fn router_bias_and_combine_match_cpu() {
     let mut rng = rng("arch_router");
     let pair = Pair::new(1, 0);
     let (cpu, gpu) = (&pair.cpu, &pair.gpu);
-    for (n, n_experts, n_used) in [(1, 8, 2), (5, 8, 8), (3, 60, 4), (9, 128, 8), (2, 200, 37)] {
+    // 256 experts are the most the kernel keeps in registers; 257 and 300 take its shared-memory path.
+    for (n, n_experts, n_used) in [(1, 8, 2), (5, 8, 8), (3, 60, 4), (9, 128, 8), (2, 200, 37), (2, 256, 8), (1, 257, 3), (3, 300, 40)] {
         // Continuous random logits: no ties, so the chosen ids must agree exactly.
         let logits = random(&mut rng, n * n_experts, 4.0);
         let scale = random(&mut rng, n_experts, 2.0);

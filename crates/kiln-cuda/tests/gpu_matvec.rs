@@ -169,37 +169,141 @@ fn every_matvec_shape_matches_the_reference() {
     for &ty in FORMATS.iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) {
         let [small, _, big] = column_choices(ty);
         for (rows, cols) in [(37, big), (4099, small)] {
-            let (gate, up) = (HostWeight::random(&mut rng, ty, rows, cols), HostWeight::random(&mut rng, ty, rows, cols));
-            let (gate_gpu, up_gpu) = (gate.upload("gate"), up.upload("up"));
-            for n in 1..=matvec::MAX_MATVEC_TOKENS {
-                let x = random_f32(&mut rng, n * cols);
-                let mut q = QuantizedActivations::new(device(), n, cols).expect("activations");
-                matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
-                let (g, u) = (gate.products(&x, n).0, up.products(&x, n).0);
-                let base = random_f32(&mut rng, n * rows);
-                for shape in 0..matvec::MATVEC_SHAPE_COUNT {
-                    let case = format!("{ty} {rows}x{cols} n={n} shape {shape}");
-                    let mut out = poisoned(n * rows);
-                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, false, shape).expect("matvec");
-                    let got = download(&out, n * rows, &mut failures, &case);
-                    check(&mut failures, &case, &got, &g);
-                    let mut out = upload_f32(&base);
-                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, true, shape).expect("matvec add");
-                    let added: Vec<f32> = download(&out, n * rows, &mut failures, &case).iter().zip(&base).map(|(o, b)| o - b).collect();
-                    check(&mut failures, &format!("{case} add"), &added, &g);
-                    let mut out = poisoned(n * rows);
-                    matvec::matmul_quantized_with_shape(device(), &gate_gpu, Some(&up_gpu), &q, &mut out, n, false, shape).expect("swiglu");
-                    let got = download(&out, n * rows, &mut failures, &case);
-                    check(&mut failures, &format!("{case} swiglu"), &got, &Expected::swiglu(&g, &u));
-                }
-            }
+            let every_shape: Vec<usize> = (0..matvec::MATVEC_SHAPE_COUNT).collect();
+            check_shapes(&mut rng, &mut failures, ty, (rows, cols), 1..=matvec::MAX_MATVEC_TOKENS, &every_shape);
         }
     }
     report("matvec shapes", failures);
 }
 
+/// The split shapes (warps sharing rows, their sums added in finish_rows) on one token, for a
+/// format of each mat-vec loop (paired, single-chunk, grouped) and rows that leave a group or
+/// a block partly empty; quicker than the test above, which covers them too.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn split_shapes_match_the_reference() {
+    let mut rng = rng("matvec split shapes");
+    let mut failures = Vec::new();
+    let split: Vec<usize> = (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_split(s) > 1).collect();
+    assert!(!split.is_empty(), "no split shape to test");
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q2_K, GgmlType::IQ4_XS, GgmlType::Q1_0, GgmlType::TQ2_0] {
+        let [small, _, big] = column_choices(ty);
+        for (rows, cols) in [(37, big), (4099, small), (6, 7 * big)] {
+            check_shapes(&mut rng, &mut failures, ty, (rows, cols), 1..=2, &split);
+        }
+    }
+    report("matvec split shapes", failures);
+}
+
+/// Plain, accumulated and SwiGLU products of a random `ty` weight of `rows` x `cols` with
+/// every launch shape in `shapes` for each token count in `ns`, against the reference.
+fn check_shapes(
+    rng: &mut rand_chacha::ChaCha8Rng,
+    failures: &mut Vec<String>,
+    ty: GgmlType,
+    (rows, cols): (usize, usize),
+    ns: std::ops::RangeInclusive<usize>,
+    shapes: &[usize],
+) {
+    let (gate, up) = (HostWeight::random(rng, ty, rows, cols), HostWeight::random(rng, ty, rows, cols));
+    let (gate_gpu, up_gpu) = (gate.upload("gate"), up.upload("up"));
+    for n in ns {
+        let x = random_f32(rng, n * cols);
+        let mut q = QuantizedActivations::new(device(), n, cols).expect("activations");
+        matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
+        let (g, u) = (gate.products(&x, n).0, up.products(&x, n).0);
+        let base = random_f32(rng, n * rows);
+        for &shape in shapes {
+            let case = format!("{ty} {rows}x{cols} n={n} shape {shape}");
+            let mut out = poisoned(n * rows);
+            matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, false, shape).expect("matvec");
+            let got = download(&out, n * rows, failures, &case);
+            check(failures, &case, &got, &g);
+            let mut out = upload_f32(&base);
+            matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, true, shape).expect("matvec add");
+            let added: Vec<f32> = download(&out, n * rows, failures, &case).iter().zip(&base).map(|(o, b)| o - b).collect();
+            check(failures, &format!("{case} add"), &added, &g);
+            let mut out = poisoned(n * rows);
+            matvec::matmul_quantized_with_shape(device(), &gate_gpu, Some(&up_gpu), &q, &mut out, n, false, shape).expect("swiglu");
+            let got = download(&out, n * rows, failures, &case);
+            check(failures, &format!("{case} swiglu"), &got, &Expected::swiglu(&g, &u));
+        }
+    }
+}
+
 /// Stacked launches give each weight its own product: three weights of one format (q, k, v),
 /// and two of one format then one of another (two launches), for every quantized format.
+/// One token of float weights runs a block per row (`matvec_float_row`), and q/k/v-like
+/// triples one launch (`matmul_stacked_float`): plain, added, SwiGLU and stacked products on
+/// widths that end mid-way through a thread's eight values (4100, 100) and ones that do not.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn float_weights_on_one_token_match_the_reference() {
+    let mut rng = rng("float_one_token");
+    let mut failures = Vec::new();
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for (rows, cols) in [(1, 4100), (1027, 4096), (37, 100), (5, 400)] {
+            let case = format!("{ty} {rows}x{cols}");
+            let hosts: Vec<HostWeight> = [rows, rows, 5, 64].iter().map(|&r| HostWeight::random(&mut rng, ty, r, cols)).collect();
+            let gpu: Vec<GpuWeight> = hosts.iter().map(|h| h.upload("float")).collect();
+            let x = random_f32(&mut rng, cols);
+            let xg = upload_f32(&x);
+            let computed = |h: &HostWeight| h.computed(&x, 1).0;
+
+            let mut out = poisoned(rows);
+            match matvec::matmul(device(), &gpu[0], &xg, &mut out, 1) {
+                Ok(()) => {
+                    let got = download(&out, rows, &mut failures, &case);
+                    check_any(&mut failures, &format!("{case} plain"), &got, &computed(&hosts[0]).iter().collect::<Vec<_>>());
+                }
+                Err(e) => failures.push(format!("{case} plain: {e}")),
+            }
+
+            let residual = random_f32(&mut rng, rows);
+            let mut out = poisoned(rows);
+            device().stream().memcpy_htod(&residual, &mut out.slice_mut(..rows)).expect("upload residual");
+            let mut added = computed(&hosts[0]);
+            for reference in &mut added {
+                reference.values.iter_mut().zip(&residual).for_each(|(w, &r)| *w += f64::from(r));
+            }
+            match matvec::matmul_add(device(), &gpu[0], &xg, &mut out, 1) {
+                Ok(()) => {
+                    let got = download(&out, rows, &mut failures, &case);
+                    check_any(&mut failures, &format!("{case} add"), &got, &added.iter().collect::<Vec<_>>());
+                }
+                Err(e) => failures.push(format!("{case} add: {e}")),
+            }
+
+            let mut out = poisoned(rows);
+            let fused: Vec<Expected> = computed(&hosts[0]).iter().zip(&computed(&hosts[1])).map(|(g, u)| Expected::swiglu(g, u)).collect();
+            match matvec::matmul_swiglu(device(), &gpu[0], &gpu[1], &xg, &mut out, 1) {
+                Ok(()) => {
+                    let got = download(&out, rows, &mut failures, &case);
+                    check_any(&mut failures, &format!("{case} swiglu"), &got, &fused.iter().collect::<Vec<_>>());
+                }
+                Err(e) => failures.push(format!("{case} swiglu: {e}")),
+            }
+
+            for picked in [vec![0, 2, 3], vec![3, 0]] {
+                let weights: Vec<&GpuWeight> = picked.iter().map(|&i| &gpu[i]).collect();
+                let mut outs: Vec<_> = picked.iter().map(|&i| poisoned(hosts[i].rows)).collect();
+                let stacked = format!("{case} stacked {picked:?}");
+                match matvec::matmul_stacked_float(device(), &weights, &xg, &mut outs.iter_mut().collect::<Vec<_>>(), 1) {
+                    Ok(true) => {
+                        for (out, &i) in outs.iter().zip(&picked) {
+                            let got = download(out, hosts[i].rows, &mut failures, &stacked);
+                            check_any(&mut failures, &format!("{stacked} weight {i}"), &got, &computed(&hosts[i]).iter().collect::<Vec<_>>());
+                        }
+                    }
+                    Ok(false) => failures.push(format!("{stacked}: not launched")),
+                    Err(e) => failures.push(format!("{stacked}: {e}")),
+                }
+            }
+        }
+    }
+    report("float_one_token", failures);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn stacked_products_match_each_weight() {

@@ -390,13 +390,17 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
                     dense_activation(p, &side.ffn, &l.ffn_norm, n_ff, a)?;
                     b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.tmp.rows_mut(n, e)?)?;
                     b.rms_norm(a.tmp.rows(n, e)?, side.post_norm.whole(), a.ffn_out.rows_mut(n, e)?, c.rms_eps)?;
-                    moe(p, m, mc, &side.moe_norm, a)?;
+                    moe(p, m, mc, &side.moe_norm, a, Out::Scratch)?;
                     b.rms_norm(a.tmp.rows(n, e)?, side.moe_post_norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
                     b.add(a.ffn_out.rows_mut(n, e)?, a.h.rows(n, e)?)?;
                     b.copy(a.ffn_out.rows(n, e)?, a.tmp.rows_mut(n, e)?)?;
                 }
+                (None, None) if m.shared.is_none() && out == Out::AddToResidual => {
+                    moe(p, m, mc, &l.ffn_norm, a, Out::AddToResidual)?;
+                    return Ok(());
+                }
                 (None, None) => {
-                    moe(p, m, mc, &l.ffn_norm, a)?;
+                    moe(p, m, mc, &l.ffn_norm, a, Out::Scratch)?;
                     if let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) {
                         // tmp += sigmoid(norm(x) · gate) * shared(norm(x))
                         dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
@@ -442,9 +446,9 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
     }
 }
 
-/// Mixture of experts of `norm(x)` into `tmp`: route, each chosen expert's gated FFN, and the
-/// weighted sum of their outputs.
-fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
+/// Mixture of experts of `norm(x)` into `tmp` (or added to `x`): route, each chosen expert's
+/// gated FFN, and the weighted sum of their outputs.
+fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
     if let Some(router_norm) = &m.router_norm {
@@ -481,7 +485,11 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
     if let Some([_, _, down]) = &m.expert_bias {
         b.moe_add_bias(a.expert_out.view_mut([n, k, e])?, down.rows(n_expert, e)?, ids)?;
     }
-    b.moe_combine(a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?, a.tmp.rows_mut(n, e)?)
+    let (y, weights) = (a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?);
+    match out {
+        Out::AddToResidual => b.moe_combine_add(y, weights, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
+        Out::Scratch => b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?),
+    }
 }
 
 /// `out = act(gate) * up`.

@@ -134,7 +134,7 @@ impl ExpertProducts {
         }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
-        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::Experts);
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts, MV_WARPS);
         let (n_experts, n_used32, per_slot) = (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let (out_rows, cols) = (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?);
         let inputs = if float { None } else { Some(self.quantized_input(device, first.cols, in_rows, capturing)?) };
@@ -218,7 +218,7 @@ impl ExpertProducts {
         q.fill(device, x, n)?;
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
-        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertsSwiGlu);
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu, MV_WARPS);
         let (n_experts, n_used32, rows32, slot0) = (to_u32(OP, "experts", gate.len())?, to_u32(OP, "n_used", n_used)?, to_u32(OP, "rows", first.rows)?, 0u32);
         let cfg =
             LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), to_u32(OP, "slots", slots)?, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
@@ -399,7 +399,7 @@ impl ExpertProducts {
         let rows32 = to_u32(OP, "rows", first.rows)?;
         let shape = default_shape(GROUP);
         let product = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: GROUP, kind: MatvecKind::ExpertGroups, shape })?;
-        let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::ExpertGroups);
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertGroups, MV_WARPS);
         let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matvec_expert_groups_* (matvec_{legacy,kquant}.cu): the table holds one
         // descriptor per expert, the sort kernel wrote only valid experts into group_expert,

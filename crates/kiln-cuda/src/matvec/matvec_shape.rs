@@ -18,14 +18,28 @@ use crate::{CudaDevice, CudaError};
 pub(super) struct MatvecShape {
     pub(super) rows_per_warp: u32,
     pub(super) batch: u32,
+    /// Warps sharing one group of rows (MV_SPLIT), each taking every `split`-th step.
+    pub(super) split: u32,
 }
 
 const fn shape(rows_per_warp: u32, batch: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch }
+    MatvecShape { rows_per_warp, batch, split: 1 }
+}
+
+const fn split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape {
+    MatvecShape { rows_per_warp, batch, split }
 }
 
 /// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
-pub(super) const MATVEC_SHAPES: [MatvecShape; 6] = [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2)];
+/// The split ones are candidates for one token only (`candidates`).
+pub(super) const MATVEC_SHAPES: [MatvecShape; 8] =
+    [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2), split_shape(4, 2, 4), split_shape(2, 4, 4)];
+
+/// The shapes measured for `ntok` tokens: the split shapes serve one token, where a long
+/// row's product has the fewest loads in flight per warp.
+pub(super) fn candidates(ntok: usize) -> impl Iterator<Item = usize> + Clone {
+    (0..MATVEC_SHAPES.len()).filter(move |&i| ntok == 1 || MATVEC_SHAPES[i].split == 1)
+}
 
 /// The shape used before (or without) measurement: one row per warp for one token, two for
 /// two or three, four beyond, with four rows' worth of tiles in flight.
@@ -75,6 +89,11 @@ impl MatvecKind {
 }
 
 impl MatvecShape {
+    /// Rows a block of `warps` warps computes.
+    pub(super) fn rows_per_block(self, kind: MatvecKind, warps: u32) -> u32 {
+        warps / self.split * self.rows(kind)
+    }
+
     /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
     pub(super) fn rows(self, kind: MatvecKind) -> u32 {
         match kind {
@@ -122,7 +141,7 @@ pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, launch: impl FnMut
     if is_capturing(device) {
         return Ok(default_shape(key.ntok));
     }
-    let candidates: Vec<usize> = (0..MATVEC_SHAPES.len()).collect();
+    let candidates: Vec<usize> = candidates(key.ntok).collect();
     let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
     tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
     Ok(best)
@@ -144,7 +163,7 @@ mod tests {
     #[test]
     fn shapes_fit_the_kernels_limits() {
         for s in MATVEC_SHAPES {
-            assert!([1, 2, 4].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch), "{s:?}");
+            assert!([1, 2, 4].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
             for ntok in 1..=MAX_MATVEC_TOKENS as u32 {
                 // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
                 let (plain, swiglu) = (s.rows(MatvecKind::Plain), s.rows(MatvecKind::SwiGlu));

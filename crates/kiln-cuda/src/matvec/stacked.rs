@@ -1,13 +1,14 @@
 //! Several weights on one quantized input in one mat-vec launch (`matvec_stacked` in
 //! kernels/matvec.cuh): attention's q, k and v. A launch has a fixed cost (start, ramp-up,
 //! drain) that a small weight does not hide; a decode step of a 1-bit 8B model spends more
-//! time in those than in reading its weights.
+//! time in those than in reading its weights. Float weights of one kind take the same for one
+//! token (`matvec_stacked_f16` and the like in kernels/matvec_float.cu).
 
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::matvec_shape::{choose_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
+use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
 use crate::{CudaDevice, CudaError};
 
@@ -43,6 +44,54 @@ pub fn matmul_stacked_quantized(
         start = end;
     }
     Ok(())
+}
+
+/// `outs[i] = x Wi^T` for one token of f32 activations in one launch, when every weight is a
+/// float of one kind and width; Ok(false), launching nothing, when they are not.
+pub fn matmul_stacked_float(
+    device: &CudaDevice,
+    weights: &[&GpuWeight],
+    x: &CudaSlice<f32>,
+    outs: &mut [&mut CudaSlice<f32>],
+    n: usize,
+) -> Result<bool, CudaError> {
+    const OP: &str = "matmul_stacked_float";
+    let first = weights[0];
+    let same = weights.iter().all(|w| w.ty == first.ty && w.cols == first.cols && matches!(w.storage, Storage::Float { .. }));
+    if n != 1 || !same || weights.len() != outs.len() || !(2..=MAX_STACKED).contains(&weights.len()) || first.cols % 4 != 0 {
+        return Ok(false);
+    }
+    if x.len() < first.cols {
+        return Err(invalid(OP, format!("x holds {} values, {} ({}x{}) needs {}", x.len(), first.name, first.rows, first.cols, first.cols)));
+    }
+    let mut rows = [0u32; MAX_STACKED];
+    for ((r, w), out) in rows.iter_mut().zip(weights).zip(outs.iter()) {
+        if out.len() < w.rows {
+            return Err(invalid(OP, format!("the output of {} holds {} values, the call needs {}", w.name, out.len(), w.rows)));
+        }
+        *r = to_u32(OP, "rows", w.rows)?;
+    }
+    let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Stacked, shape: default_shape(1) })?;
+    let cfg = LaunchConfig { grid_dim: (rows.iter().sum(), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    let cols = to_u32(OP, "cols", first.cols)?;
+    let mut launch = device.stream().launch_builder(function);
+    for i in 0..MAX_STACKED {
+        push_weight(&mut launch, &weights[i.min(weights.len() - 1)].storage);
+    }
+    launch.arg(x).arg(&cols);
+    for out in outs.iter_mut() {
+        launch.arg(&mut **out);
+    }
+    let no_output = 0u64;
+    if weights.len() < MAX_STACKED {
+        launch.arg(&no_output);
+    }
+    launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
+    // SAFETY: the arguments match matvec_stacked_{f32,f16,bf16} (matvec_float.cu): the weights
+    // share one float kind and width, x holds one token of that width and each output its
+    // weight's rows (checked); a missing third weight has no rows, so nothing reads or writes it.
+    unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the stacked float mat-vec of {}", first.name)))?;
+    Ok(true)
 }
 
 fn stackable(a: &GpuWeight, b: &GpuWeight) -> bool {
@@ -82,7 +131,7 @@ fn launch_shape(
 ) -> Result<(), CudaError> {
     let first = weights[0];
     let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: n, kind: MatvecKind::Stacked, shape })?;
-    let rows_per_block = MV_WARPS * MATVEC_SHAPES[shape].rows(MatvecKind::Stacked);
+    let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Stacked, MV_WARPS);
     let mut rows = [0u32; MAX_STACKED];
     for (r, w) in rows.iter_mut().zip(weights) {
         *r = to_u32(OP, "rows", w.rows)?;

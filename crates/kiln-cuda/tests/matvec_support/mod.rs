@@ -377,10 +377,11 @@ pub fn column_choices(ty: GgmlType) -> [usize; 3] {
     }
 }
 
-/// (rows, cols) cases: rows 1, 5, 7, 33 and 4097 (a partial last block of the grid).
+/// (rows, cols) cases: rows 1, 5, 7, 9, 33 and 4097 (a partial last block of the grid); the
+/// float formats' widths are 4 past a multiple of 8 except 4 * mid.
 pub fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
     let [small, mid, big] = column_choices(ty);
-    vec![(1, big), (7, mid), (33, big), (5, small), (4097, small)]
+    vec![(1, big), (7, mid), (33, big), (5, small), (4097, small), (9, 4 * mid)]
 }
 
 /// The mat-mat's references a tile's result must match: the streaming tiles round Q4_K's scales
