@@ -629,29 +629,27 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
         u32 rows_b, u32 rows_c
 #define MV_STACKED_ARGS a, b, c, xq, xds, out_a, out_b, out_c, rows_a, rows_b, rows_c
 
+// Which of a stacked launch's weights block `index` belongs to (0, 1, 2), the first two taking
+// `blocks_a` and `blocks_b` blocks; `index` becomes the block's index within that weight.
+__device__ __forceinline__ u32 stacked_weight(u32& index, u32 blocks_a, u32 blocks_b) {
+    if (index < blocks_a) {
+        return 0;
+    }
+    index -= blocks_a;
+    if (index < blocks_b) {
+        return 1;
+    }
+    index -= blocks_b;
+    return 2;
+}
+
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     constexpr u32 PER_BLOCK = MV_GROUPS * ROWS_PER_WARP;
-    const u32 blocks_a = (rows_a + PER_BLOCK - 1) / PER_BLOCK;
-    const u32 blocks_b = (rows_b + PER_BLOCK - 1) / PER_BLOCK;
     u32 block = blockIdx.x;
-    Planes w = a;
-    float* out = out_a;
-    u32 rows = rows_a;
-    if (block >= blocks_a) {
-        block -= blocks_a;
-        w = b;
-        out = out_b;
-        rows = rows_b;
-        if (block >= blocks_b) {
-            block -= blocks_b;
-            w = c;
-            out = out_c;
-            rows = rows_c;
-        }
-    }
-    const Planes weights[1] = {w};
-    matvec_rows<F, 1>(weights, xq, xds, out, rows, 0, block);
+    const u32 k = stacked_weight(block, (rows_a + PER_BLOCK - 1) / PER_BLOCK, (rows_b + PER_BLOCK - 1) / PER_BLOCK);
+    const Planes weights[1] = {k == 0 ? a : k == 1 ? b : c};
+    matvec_rows<F, 1>(weights, xq, xds, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block);
 }
 
 // Expert-indexed mat-vec (mixture of experts): slot s = slot0 + blockIdx.y of the step's

@@ -41,23 +41,9 @@ __device__ __forceinline__ void matvec_float_stacked(const W& a, const W& b, con
         return;  // the host launches the NTOK = 1 module's kernel only
     }
     u32 row = blockIdx.x;
-    W w = a;
-    float* out = out_a;
-    u32 rows = rows_a;
-    if (row >= rows_a) {
-        row -= rows_a;
-        w = b;
-        out = out_b;
-        rows = rows_b;
-        if (row >= rows_b) {
-            row -= rows_b;
-            w = c;
-            out = out_c;
-            rows = rows_c;
-        }
-    }
-    const W weights[1] = {w};
-    matvec_float_row<W, 1>(weights, x, cols, out, rows, 0, row);
+    const u32 k = stacked_weight(row, rows_a, rows_b);
+    const W weights[1] = {k == 0 ? a : k == 1 ? b : c};
+    matvec_float_row<W, 1>(weights, x, cols, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, row);
 }
 
 #define FV_STACKED_PARAMS(W) \

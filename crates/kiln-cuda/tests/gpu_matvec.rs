@@ -231,8 +231,6 @@ fn check_shapes(
     }
 }
 
-/// Stacked launches give each weight its own product: three weights of one format (q, k, v),
-/// and two of one format then one of another (two launches), for every quantized format.
 /// One token of float weights runs a block per row (`matvec_float_row`), and q/k/v-like
 /// triples one launch (`matmul_stacked_float`): plain, added, SwiGLU and stacked products on
 /// widths that end mid-way through a thread's eight values (4100, 100) and ones that do not.
@@ -304,6 +302,8 @@ fn float_weights_on_one_token_match_the_reference() {
     report("float_one_token", failures);
 }
 
+/// Stacked launches give each weight its own product: three weights of one format (q, k, v),
+/// and two of one format then one of another (two launches), for every quantized format.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn stacked_products_match_each_weight() {

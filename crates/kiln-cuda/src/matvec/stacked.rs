@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
@@ -74,23 +74,23 @@ pub fn matmul_stacked_float(
     let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Stacked, shape: default_shape(1) })?;
     let cfg = LaunchConfig { grid_dim: (rows.iter().sum(), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let cols = to_u32(OP, "cols", first.cols)?;
-    let mut launch = device.stream().launch_builder(function);
-    for i in 0..MAX_STACKED {
-        push_weight(&mut launch, &weights[i.min(weights.len() - 1)].storage);
+    // SAFETY: matvec_stacked_{f32,f16,bf16} (matvec_float.cu) take the weights, then (x, cols),
+    // then the outputs and rows; the weights share one float kind and width, x holds one token
+    // of that width and each output its weight's rows (checked).
+    unsafe {
+        launch_stacked_kernel(
+            device,
+            function,
+            cfg,
+            weights,
+            |launch| {
+                launch.arg(x).arg(&cols);
+            },
+            outs,
+            &rows,
+        )
     }
-    launch.arg(x).arg(&cols);
-    for out in outs.iter_mut() {
-        launch.arg(&mut **out);
-    }
-    let no_output = 0u64;
-    if weights.len() < MAX_STACKED {
-        launch.arg(&no_output);
-    }
-    launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
-    // SAFETY: the arguments match matvec_stacked_{f32,f16,bf16} (matvec_float.cu): the weights
-    // share one float kind and width, x holds one token of that width and each output its
-    // weight's rows (checked); a missing third weight has no rows, so nothing reads or writes it.
-    unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the stacked float mat-vec of {}", first.name)))?;
+    .map_err(CudaError::driver(format!("launching the stacked float mat-vec of {}", first.name)))?;
     Ok(true)
 }
 
@@ -138,22 +138,54 @@ fn launch_shape(
     }
     let blocks: u32 = rows.iter().map(|r| r.div_ceil(rows_per_block)).sum();
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
+    // quantized activations, then the outputs and rows; the weights share one quantized format
+    // and width (`stackable`), the activations hold n tokens of that width (checked) and each
+    // output n times its weight's rows (checked).
+    unsafe {
+        launch_stacked_kernel(
+            device,
+            function,
+            cfg,
+            weights,
+            |launch| {
+                launch.arg(&x.codes).arg(&x.scales);
+            },
+            outs,
+            &rows,
+        )
+    }
+    .map_err(CudaError::driver(format!("launching the {n}-token stacked mat-vec of {}", first.name)))
+}
+
+/// Launches a stacked kernel with its arguments: three weights (the last repeated when there
+/// are two), the input `push_input` adds, the outputs (a null third when there are two: it has
+/// no rows, so no block reads its weight or writes it) and the three row counts.
+///
+/// # Safety
+/// `function` must take exactly those parameters, and each output must hold what its weight's
+/// rows make for the launch's tokens.
+unsafe fn launch_stacked_kernel<'a>(
+    device: &'a CudaDevice,
+    function: &'a CudaFunction,
+    cfg: LaunchConfig,
+    weights: &'a [&GpuWeight],
+    push_input: impl FnOnce(&mut LaunchArgs<'a>),
+    outs: &'a mut [&mut CudaSlice<f32>],
+    rows: &'a [u32; MAX_STACKED],
+) -> Result<(), DriverError> {
     let mut launch = device.stream().launch_builder(function);
     for i in 0..MAX_STACKED {
         push_weight(&mut launch, &weights[i.min(weights.len() - 1)].storage);
     }
-    launch.arg(&x.codes).arg(&x.scales);
+    push_input(&mut launch);
     for out in outs.iter_mut() {
         launch.arg(&mut **out);
     }
-    // A missing third weight has no rows, so no block reads its planes or writes its output.
-    let no_output = 0u64;
+    static NO_OUTPUT: u64 = 0;
     if weights.len() < MAX_STACKED {
-        launch.arg(&no_output);
+        launch.arg(&NO_OUTPUT);
     }
     launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
-    // SAFETY: the arguments match matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh): the weights
-    // share one quantized format and width (`stackable`), the activations hold n tokens of that
-    // width (checked) and each output n times its weight's rows (checked).
-    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token stacked mat-vec of {}", first.name)))
+    launch.launch(cfg).map(drop)
 }
