@@ -90,10 +90,11 @@ extern "C" __global__ void moe_combine_f32(float* out, const float* y, const flo
     }
 }
 
-// Float order as unsigned order (0 stays below every real value: it marks "taken").
+// Float order as unsigned order (0 stays below every real value: it marks "taken"). A NaN
+// logit ranks below every number, as the CPU's `>` comparison leaves it.
 __device__ __forceinline__ u32 route_key(float f) {
     const u32 u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return f != f ? 1u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 __device__ __forceinline__ float route_logit(u32 key) {
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);

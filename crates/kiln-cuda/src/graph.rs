@@ -190,7 +190,9 @@ unsafe fn time_nodes(graph: CUgraph, stream: &Arc<CudaStream>) -> Result<Vec<Nod
     let mut to: Vec<CUgraphNode> = vec![ptr::null_mut(); n_edges];
     let mut data = vec![CUgraphEdgeData { from_port: 0, to_port: 0, type_: 0, reserved: [0; 5] }; n_edges];
     sys::cuGraphGetEdges_v2(graph, from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr(), &mut n_edges).result()?;
-    let index = |node: CUgraphNode| nodes.iter().position(|&n| n == node).expect("an edge's node is one of the graph's nodes");
+    let positions: std::collections::HashMap<CUgraphNode, usize> = nodes.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    // The driver lists every edge's ends among the graph's nodes; anything else is its error.
+    let index = |node: CUgraphNode| positions.get(&node).copied().ok_or(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE));
 
     let mut events = Events(Vec::with_capacity(count + 1));
     let start = events.add()?;
@@ -205,7 +207,7 @@ unsafe fn time_nodes(graph: CUgraph, stream: &Arc<CudaStream>) -> Result<Vec<Nod
     }
     let mut preds: Vec<Vec<usize>> = vec![Vec::new(); count];
     for e in 0..n_edges {
-        let (f, t) = (index(from[e]), index(to[e]));
+        let (f, t) = (index(from[e])?, index(to[e])?);
         sys::cuGraphRemoveDependencies_v2(graph, &from[e], &to[e], &data[e], 1).result()?;
         sys::cuGraphAddDependencies_v2(graph, &after[f].0, &to[e], ptr::null(), 1).result()?;
         preds[t].push(f);
