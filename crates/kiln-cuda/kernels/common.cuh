@@ -25,6 +25,21 @@ __device__ __forceinline__ u16 f32_to_f16_bits(float value) {
     return bits;
 }
 
+// Two f32 -> one f16x2 word (lo in the low half), round to nearest even.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Eight values as f16 at `dst` (16-byte aligned), the tensor-core mat-mat's activations: with
+// `permuted`, in the order the f16 Q4_K / Q6_K decode of the streaming tiles yields values
+// (0, 2, 1, 3, 4, 6, 5, 7).
+__device__ __forceinline__ void store_half8(u16* dst, const float (&v)[8], bool permuted) {
+    const int a = permuted ? 2 : 1, b = permuted ? 1 : 2;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(pack_f16x2(v[0], v[a]), pack_f16x2(v[b], v[3]), pack_f16x2(v[4], v[4 + a]), pack_f16x2(v[4 + b], v[7]));
+}
+
 // bf16 is the top half of an f32, so widening is exact.
 __device__ __forceinline__ float bf16_bits_to_f32(u16 bits) {
     return __uint_as_float(((u32)bits) << 16);

@@ -112,7 +112,13 @@ __device__ __forceinline__ void matmat_group(const W* table, const u32* group_ex
 #endif
 
 // f32 activations [n][cols] -> f16 [n][ld] (ld: cols rounded up to 8, the pad zeroed), 8
-// values per thread, for the pipelined tiles. Compiled in every module, like the reduction.
+// values per thread, for the pipelined tiles, in the order this module's body reads (the host's
+// HalfLayout). Compiled in every module, like the reduction.
+#if MMA_PIPE == 2 && MMA_X_PERMUTED
+#define HALF_PERMUTED true
+#else
+#define HALF_PERMUTED false
+#endif
 extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const float* __restrict__ x, u32 cols, u32 n, u32 ld,
                                                                          u16* __restrict__ xh) {
     const u32 per_token = ld / 8;
@@ -132,17 +138,7 @@ extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const flo
                 v[j] = column + j < cols ? __ldg(p + j) : 0.0f;
             }
         }
-#if MMA_PIPE == 2 && MMA_X_PERMUTED
-        // The fast Q4_K decode of mma_stream.cuh yields values (4k, 4k+2) and (4k+1, 4k+3) per pair.
-        {
-            float t = v[1];
-            v[1] = v[2], v[2] = t;
-            t = v[5];
-            v[5] = v[6], v[6] = t;
-        }
-#endif
-        *reinterpret_cast<uint4*>(xh + (u64)token * ld + column) =
-            make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]), pack_f16x2(v[4], v[5]), pack_f16x2(v[6], v[7]));
+        store_half8(xh + (u64)token * ld + column, v, HALF_PERMUTED);
     }
 }
 

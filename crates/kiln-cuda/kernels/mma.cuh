@@ -23,13 +23,6 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
     return address;
 }
 
-// Two f32 -> one f16x2 word (lo in the low half), round to nearest even.
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 address) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -39,3 +39,42 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_block_f32(floa
     const float sum_sq = block_row_sum_sq(xr, dim);
     scale_row(out + (u64)blockIdx.x * dim, xr, weight, dim, sum_sq, eps, threadIdx.x, NORM_BLOCK);
 }
+
+// rms_norm_{warp,block}_f32's row (bit-identical: the reduction is chosen by width the same
+// way) written to `out` and, in the same pass, as f16 to xh [rows][ld] (ld: dim rounded up to
+// 8, the pad zeroed) in the order mma_half_activations writes for `permuted`: the tensor-core
+// mat-mat's input without a conversion launch. `out` must not alias `x`. Grid: rows.
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_half_f32(float* out, u16* __restrict__ xh, const float* x, const float* weight,
+                                                                           u32 dim, u32 ld, float eps, u32 permuted) {
+    const float* xr = x + (u64)blockIdx.x * dim;
+    const float sum_sq = dim <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(xr, dim, threadIdx.x & 31) : block_row_sum_sq(xr, dim);
+    const float scale = rms_scale(sum_sq, dim, eps);
+    float* row_out = out + (u64)blockIdx.x * dim;
+    u16* row_half = xh + (u64)blockIdx.x * ld;
+    const bool vector = (dim & 7) == 0 && float4_row(xr, dim) && float4_row(row_out, dim) && float4_row(weight, dim);
+    for (u32 first = threadIdx.x * 8; first < ld; first += NORM_BLOCK * 8) {
+        float v[8];
+        if (vector) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float4 a = *reinterpret_cast<const float4*>(xr + first + 4 * h);
+                const float4 w = *reinterpret_cast<const float4*>(weight + first + 4 * h);
+                v[4 * h] = rms_normed(a.x, scale, w.x);
+                v[4 * h + 1] = rms_normed(a.y, scale, w.y);
+                v[4 * h + 2] = rms_normed(a.z, scale, w.z);
+                v[4 * h + 3] = rms_normed(a.w, scale, w.w);
+                *reinterpret_cast<float4*>(row_out + first + 4 * h) = make_float4(v[4 * h], v[4 * h + 1], v[4 * h + 2], v[4 * h + 3]);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const u32 i = first + j;
+                v[j] = i < dim ? rms_normed(xr[i], scale, weight[i]) : 0.0f;
+                if (i < dim) {
+                    row_out[i] = v[j];
+                }
+            }
+        }
+        store_half8(row_half + first, v, permuted != 0);
+    }
+}

@@ -156,12 +156,6 @@ __device__ __forceinline__ void copy_wait() {
 
 // ---- Tensor cores ----
 
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-    u32 bits;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(hi), "f"(lo));
-    return bits;
-}
-
 __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"

@@ -20,7 +20,7 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
 use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ExpertCall, ExpertProducts, GpuWeight, QuantizedActivations};
+use crate::matvec::{self, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
@@ -94,6 +94,33 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
+    /// q, k and v of f32 activations: the float stacked mat-vec, else one product each, the
+    /// mat-mat ones sharing one f16 conversion (`converted`: the scratch holds it already).
+    fn matmul_qkv_f32(&self, w: [&GpuWeight; 3], x: View, out: [ViewMut; 3], n: usize, converted: Option<HalfLayout>) -> Result<()> {
+        let [mut q, mut k, mut v] = out;
+        for (weight, out) in w.iter().zip([&q, &k, &v]) {
+            shapes::matmul("matmul_qkv", (weight.rows, weight.cols), x.shape(), out.shape())?;
+        }
+        let mut outs = [q.buf_mut(), k.buf_mut(), v.buf_mut()];
+        if converted.is_none() && matvec::matmul_stacked_float(&self.device, &w, x.buf(), &mut outs, n).map_err(backend_error)? {
+            return Ok(());
+        }
+        matvec::matmul_shared_input(&self.device, &w, x.buf(), &mut outs, n, converted).map_err(backend_error)
+    }
+
+    /// RMSNorm of `x` into `h` ahead of products of `h` led by `first` (`swiglu`: with its up
+    /// weight): on a measured mat-mat shape the norm also writes `h` in f16 for them, and the
+    /// layout it wrote is returned; else the plain norm, and None.
+    fn norm_for_products(&self, x: View, norm: (View, f32), mut h: ViewMut, first: &GpuWeight, swiglu: bool) -> Result<Option<HalfLayout>> {
+        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        let call = NormCall { x: x.buf(), weight: norm.0.buf(), eps: norm.1, h: h.buf_mut(), n, dim };
+        let converted = matvec::rms_norm_half(&self.device, call, first, swiglu).map_err(backend_error)?;
+        if converted.is_none() {
+            self.rms_norm(x, norm.0, h, norm.1)?;
+        }
+        Ok(converted)
+    }
+
     /// Opens GPU `ordinal` with the default kernel cache.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         Self::with_config(ordinal, RegistryConfig::default())
@@ -593,19 +620,7 @@ impl Backend for CudaBackend {
                 qx.fill(&self.device, x.buf(), n).map_err(backend_error)?;
                 self.matmul_qkv_quantized(&qx, w, out, n)
             }
-            None => {
-                let [mut q, mut k, mut v] = out;
-                for (weight, out) in w.iter().zip([&q, &k, &v]) {
-                    shapes::matmul("matmul_qkv", (weight.rows, weight.cols), x.shape(), out.shape())?;
-                }
-                let mut outs = [q.buf_mut(), k.buf_mut(), v.buf_mut()];
-                if matvec::matmul_stacked_float(&self.device, &w, x.buf(), &mut outs, n).map_err(backend_error)? {
-                    return Ok(());
-                }
-                self.matmul(w[0], x, q)?;
-                self.matmul(w[1], x, k)?;
-                self.matmul(w[2], x, v)
-            }
+            None => self.matmul_qkv_f32(w, x, out, n, None),
         }
     }
 
@@ -618,13 +633,13 @@ impl Backend for CudaBackend {
                 self.matmul_qkv_quantized(&qx, w, out, n)
             }
             None => {
-                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-                self.matmul_qkv(w, h.as_ref(), out)
+                let converted = self.norm_for_products(x, norm, h.reborrow(), w[0], false)?;
+                self.matmul_qkv_f32(w, h.as_ref(), out, n, converted)
             }
         }
     }
 
-    fn norm_ffn_gate_up(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 2], scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+    fn norm_ffn_gate_up(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 2], _scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
@@ -634,8 +649,9 @@ impl Backend for CudaBackend {
                 matvec::matmul_swiglu_quantized(&self.device, w[0], w[1], &qx, out.buf_mut(), n).map_err(backend_error)
             }
             None => {
-                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-                self.ffn_gate_up(w, h.as_ref(), scratch, out)
+                let converted = self.norm_for_products(x, norm, h.reborrow(), w[0], true)?;
+                shapes::matmul("norm_ffn_gate_up", (w[0].rows, w[0].cols), h.shape(), out.shape())?;
+                matvec::matmul_swiglu_converted(&self.device, w[0], w[1], h.buf(), out.buf_mut(), n, converted).map_err(backend_error)
             }
         }
     }

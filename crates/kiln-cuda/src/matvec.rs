@@ -47,8 +47,9 @@ use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
-use matmat::{launch_matmat, MMA_TILES};
+use matmat::{launch_matmat, MatmatCall, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
+pub(crate) use matmat::{rms_norm_half, HalfLayout, NormCall};
 pub use matvec_shape::matvec_shape;
 use matvec_shape::{candidates, choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
@@ -124,10 +125,13 @@ enum Kernel {
     MatmatGroups {
         tile: usize,
     },
-    /// The f16 activation conversion or the split-K reduction, from `tile`'s module.
-    MatmatAux {
+    /// The f16 activation conversion (`mma_half_activations`) of `tile`'s module.
+    MatmatHalf {
         tile: usize,
-        reduce: bool,
+    },
+    /// The split-K reduction (`mma_reduce_splits`) of `tile`'s module.
+    MatmatReduce {
+        tile: usize,
     },
     Embed,
 }
@@ -140,7 +144,8 @@ impl KernelSlots {
         let index = match kernel {
             Kernel::Matvec { ntok, kind, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * MatvecKind::COUNT + kind.index(),
             Kernel::Matmat { tile, swiglu } => Self::MATVECS + 2 * tile + usize::from(swiglu),
-            Kernel::MatmatAux { tile, reduce } => Self::MATVECS + 2 * MATMAT_TILES + 2 * tile + usize::from(reduce),
+            Kernel::MatmatHalf { tile } => Self::MATVECS + 2 * MATMAT_TILES + tile,
+            Kernel::MatmatReduce { tile } => Self::MATVECS + 3 * MATMAT_TILES + tile,
             Kernel::MatmatGroups { tile } => Self::MATVECS + 4 * MATMAT_TILES + tile,
             Kernel::Embed => Self::MATVECS + 5 * MATMAT_TILES,
         };
@@ -237,10 +242,11 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
             ("matmat_mma", format!("matmat_groups_{suffix}"), defines)
         }
-        Kernel::MatmatAux { tile, reduce } => {
+        Kernel::MatmatHalf { tile } | Kernel::MatmatReduce { tile } => {
             let mut defines = MMA_TILES[tile].defines();
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            ("matmat_mma", if reduce { "mma_reduce_splits" } else { "mma_half_activations" }.to_string(), defines)
+            let name = if matches!(kernel, Kernel::MatmatHalf { .. }) { "mma_half_activations" } else { "mma_reduce_splits" };
+            ("matmat_mma", name.to_string(), defines)
         }
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
     }
@@ -511,6 +517,26 @@ pub fn matmul_swiglu(
     product(device, "matmul_swiglu", w_gate, Some(w_up), Input::F32(x), out, n, false)
 }
 
+/// The fused SwiGLU of [`matmul_swiglu`] with `converted` as in [`matmul_shared_input`].
+pub(crate) fn matmul_swiglu_converted(
+    device: &CudaDevice,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    x: &CudaSlice<f32>,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    converted: Option<HalfLayout>,
+) -> Result<(), CudaError> {
+    const OP: &str = "matmul_swiglu";
+    if converted.is_none() || n == 0 || !takes_matmat(w_gate, n) {
+        return matmul_swiglu(device, w_gate, w_up, x, out, n);
+    }
+    check_pair(OP, w_gate, w_up)?;
+    check_len(OP, "out", out.len(), n * w_gate.rows)?;
+    check_len(OP, "x", x.len(), n * w_gate.cols)?;
+    launch_matmat(device, MatmatCall { op: OP, w: w_gate, up: Some(w_up), x, n, accumulate: false }, out, converted).map(drop)
+}
+
 /// [`matmul`] (or [`matmul_add`] when `accumulate`) from activations already quantized by
 /// [`quantize_activations`]; quantized weights and `n <= 8` only.
 pub fn matmul_quantized(
@@ -632,14 +658,14 @@ fn product(
         (Input::F32(x), _) => {
             check_len(op, "x", x.len(), n * w.cols)?;
             match &w.storage {
-                Storage::Quant { .. } if n <= MAX_MATVEC_TOKENS => {
+                _ if takes_matmat(w, n) => return launch_matmat(device, MatmatCall { op, w, up, x, n, accumulate }, out, None).map(drop),
+                Storage::Quant { .. } => {
                     let shared = shared_input(device, w.cols)?;
                     let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
                     return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate }, out);
                 }
-                Storage::Float { .. } if n <= MAX_MATVEC_TOKENS && w.cols % 4 == 0 => input,
-                _ => return launch_matmat(device, op, w, up, x, out, n, accumulate),
+                Storage::Float { .. } => input,
             }
         }
         (Input::Quantized(q), Storage::Quant { .. }) => {
@@ -657,6 +683,45 @@ fn product(
         }
     };
     launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate }, out)
+}
+
+/// Whether `n` tokens of f32 activations times `w` take the mat-mat (tensor cores) rather
+/// than the mat-vec.
+fn takes_matmat(w: &GpuWeight, n: usize) -> bool {
+    match w.storage {
+        Storage::Quant { .. } => n > MAX_MATVEC_TOKENS,
+        Storage::Float { .. } => n > MAX_MATVEC_TOKENS || w.cols % 4 != 0,
+    }
+}
+
+/// `outs[i] = x . ws[i]` for products of one input (q, k and v): where they take the mat-mat,
+/// the input is converted to f16 once for all whose shapes read it in the same layout.
+/// `converted`: the f16 scratch already holds `x` in that layout ([`rms_norm_half`]).
+pub(crate) fn matmul_shared_input(
+    device: &CudaDevice,
+    ws: &[&GpuWeight],
+    x: &CudaSlice<f32>,
+    outs: &mut [&mut CudaSlice<f32>],
+    n: usize,
+    mut converted: Option<HalfLayout>,
+) -> Result<(), CudaError> {
+    const OP: &str = "matmul_shared_input";
+    if ws.len() != outs.len() {
+        return Err(invalid(OP, format!("{} weights for {} outputs", ws.len(), outs.len())));
+    }
+    if let Some(w) = ws.iter().find(|w| w.cols != ws[0].cols) {
+        return Err(invalid(OP, format!("{} takes {} inputs, {} takes {}", w.name, w.cols, ws[0].name, ws[0].cols)));
+    }
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        if n > 0 && takes_matmat(w, n) {
+            check_len(OP, "out", out.len(), n * w.rows)?;
+            check_len(OP, "x", x.len(), n * w.cols)?;
+            converted = launch_matmat(device, MatmatCall { op: OP, w, up: None, x, n, accumulate: false }, out, converted)?;
+        } else {
+            product(device, OP, w, None, Input::F32(x), out, n, false)?;
+        }
+    }
+    Ok(())
 }
 
 /// One mat-vec product's operands, all but the output.

@@ -358,7 +358,9 @@ fn embed_and_weight_ops_match_cpu() {
 /// The fused RMSNorm + int8 quantization (rms_norm_quantize_q8) and the backend ops built on it
 /// (norm_matmul_qkv, norm_ffn_gate_up) against rms_norm followed by the f32-input products.
 /// Row lengths: 4096, odd multiples of 96 (partial 512-value tiles) and rows short enough for
-/// the one-warp norm reduction; 1, 3 and 8 tokens take the mat-vec kernels, 12 the tensor-core mat-mat.
+/// the one-warp norm reduction; 1, 3 and 8 tokens take the mat-vec kernels, 12 and 40 the
+/// tensor-core mat-mat, whose shapes the separate products measure first, so the fused ops
+/// then take the norm that writes the products' f16 input itself.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn fused_norm_quantize_matches_norm_then_product() {
@@ -373,7 +375,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
             let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu weight")).collect();
             let cw: Vec<_> = sources.iter().map(|s| pair.cpu.upload_weight(s.clone()).expect("cpu weight")).collect();
             let (wq, wk, wv, w_up) = (&gw[0], &gw[1], &gw[2], &gw[3]);
-            for n in [1, 3, 8, 12] {
+            for n in [1, 3, 8, 12, 40] {
                 let what = |op: &str| format!("{op} {ty} dim {dim}, {n} tokens");
                 let x = random(&mut rng, n * dim, 3.0);
                 let norm: Vec<f32> = random(&mut rng, dim, 0.5).iter().map(|w| 1.0 + w).collect();
@@ -417,6 +419,11 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 assert_close(&what("norm_matmul_qkv q"), &download(gpu, &q, n * q_rows), &want_q, exact);
                 assert_close(&what("norm_matmul_qkv k"), &download(gpu, &k, n * kv_rows), &want_k, exact);
                 assert_close(&what("norm_matmul_qkv v"), &download(gpu, &v, n * kv_rows), &want_v, exact);
+                if n > matvec::MAX_MATVEC_TOKENS {
+                    // The mat-mat path norms into h itself (rms_norm_half_f32, which also writes
+                    // the products' f16 input): bit for bit rms_norm's values.
+                    assert_eq!(download(gpu, &scratch, n * dim), download(gpu, &h, n * dim), "{}", what("normed rows"));
+                }
                 // Against the CPU as well, so a fault shared by both GPU paths shows: int8
                 // activations cost ~0.5% relative L2 in the mat-vec kernels; the mat-mat (n > 8)
                 // multiplies f16 operands (weights and activations rounded to f16, f32 sums).

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 
 use super::{check_len, check_pair, invalid, push_weight, stride_launch, to_u32, GpuWeight, Kernel, Storage, CHUNK_VALUES, MMA_THREADS};
 use crate::{CudaDevice, CudaError};
@@ -210,6 +210,8 @@ struct Scratch {
     retired_partials: Vec<CudaSlice<f32>>,
     /// Written before each timed run of the autotuner to evict the weight from L2.
     flush: Option<CudaSlice<u8>>,
+    /// norm.cu's rms_norm_half_f32, looked up on first use.
+    norm_half: Option<CudaFunction>,
 }
 
 fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
@@ -286,10 +288,11 @@ pub fn matmul_with_tile(
     check_len(OP, "out", out.len(), n * w.rows)?;
     check_len(OP, "x", x.len(), n * w.cols)?;
     let choice = Choice { tile, splits: default_splits(device, w, n, up.is_some(), tile) };
-    if !launch_choice(device, OP, w, up, x, out, n, accumulate, choice, is_capturing(device))? {
-        return Err(invalid(OP, format!("tile {tile} needs its scratch buffers grown, which a graph capture forbids")));
+    let call = MatmatCall { op: OP, w, up, x, n, accumulate };
+    match launch_choice(device, call, out, choice, is_capturing(device), None)? {
+        Launched::Yes { .. } => Ok(()),
+        Launched::NeedsScratch => Err(invalid(OP, format!("tile {tile} needs its scratch buffers grown, which a graph capture forbids"))),
     }
-    Ok(())
 }
 
 fn default_splits(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, tile: usize) -> usize {
@@ -319,50 +322,142 @@ fn tune_key(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, accumula
     TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, bucket: bucket(n) }
 }
 
+/// One mat-mat product's operands, all but the output.
+#[derive(Clone, Copy)]
+pub(super) struct MatmatCall<'a> {
+    pub op: &'static str,
+    pub w: &'a GpuWeight,
+    /// The up weight of the fused SwiGLU.
+    pub up: Option<&'a GpuWeight>,
+    pub x: &'a CudaSlice<f32>,
+    pub n: usize,
+    pub accumulate: bool,
+}
+
+/// How the shared f16 scratch holds a product's input: mma_half_activations permutes each 8
+/// values for the streaming tiles of Q4_K and Q6_K (their f16 decode yields values in that
+/// order), and leaves them in order for every other pipelined tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HalfLayout {
+    InOrder,
+    Permuted,
+}
+
+impl HalfLayout {
+    fn of(w: &GpuWeight, t: MmaTile) -> HalfLayout {
+        // GGML type ids of Q4_K and Q6_K: the MMA_TYPE values mma_stream.cuh permutes for.
+        if t.stream && matches!(w.ty.id(), 12 | 14) {
+            HalfLayout::Permuted
+        } else {
+            HalfLayout::InOrder
+        }
+    }
+}
+
+/// What a launch did.
+enum Launched {
+    /// The product is enqueued; `half` is what the f16 scratch holds afterwards (the input in
+    /// that layout; None: not known to hold it).
+    Yes { half: Option<HalfLayout> },
+    /// Nothing launched: a pipelined shape would need its scratch grown inside a capture.
+    NeedsScratch,
+}
+
 /// `matmul`'s mat-mat path (`n` > 8): the remembered shape, else (uncaptured) measure them all.
-#[allow(clippy::too_many_arguments)]
+/// `converted`: the f16 scratch already holds `call.x` in that layout (an earlier product on
+/// the same input, with nothing launched on the stream between), so the conversion is skipped
+/// where this product's shape reads the same layout. Returns what the scratch holds afterwards.
 pub(super) fn launch_matmat(
     device: &CudaDevice,
-    op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    x: &CudaSlice<f32>,
+    call: MatmatCall<'_>,
     out: &mut CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
-) -> Result<(), CudaError> {
+    converted: Option<HalfLayout>,
+) -> Result<Option<HalfLayout>, CudaError> {
+    let MatmatCall { w, up, n, accumulate, .. } = call;
     let swiglu = up.is_some();
     let capturing = is_capturing(device);
     let key = tune_key(device, w, n, swiglu, accumulate);
     let remembered = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
-    let choice = match remembered {
-        Some(choice) => choice,
-        None if capturing => Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 },
+    let static_choice = || Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 };
+    let (choice, converted) = match remembered {
+        Some(choice) => (choice, converted),
+        None if capturing => (static_choice(), converted),
         None => {
-            let choice = tune(device, op, w, up, x, n, accumulate)?;
+            let choice = tune(device, call)?;
             tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, choice);
-            choice
+            // The candidates converted the input in their own layouts.
+            (choice, None)
         }
     };
-    if launch_choice(device, op, w, up, x, out, n, accumulate, choice, capturing)? {
-        return Ok(());
+    if let Launched::Yes { half } = launch_choice(device, call, out, choice, capturing, converted)? {
+        return Ok(half);
     }
     // A pipelined choice whose scratch is too small inside a capture: the static shape.
-    let fallback = Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 };
-    launch_choice(device, op, w, up, x, out, n, accumulate, fallback, capturing).map(drop)
+    match launch_choice(device, call, out, static_choice(), capturing, converted)? {
+        Launched::Yes { half } => Ok(half),
+        Launched::NeedsScratch => Err(invalid(call.op, "the static mat-mat shape needs scratch grown inside a capture".to_string())),
+    }
+}
+
+/// An RMSNorm whose output feeds mat-mat products: `h = x / sqrt(mean(x²) + eps) * weight`
+/// over `n` rows of `dim` values.
+pub(crate) struct NormCall<'a> {
+    pub x: &'a CudaSlice<f32>,
+    pub weight: &'a CudaSlice<f32>,
+    pub eps: f32,
+    pub h: &'a mut CudaSlice<f32>,
+    pub n: usize,
+    pub dim: usize,
+}
+
+/// The norm (bit for bit the backend's `rms_norm`) that also writes `h` in f16 into the mat-mat
+/// scratch, in the layout that the remembered shape of `first` (`swiglu`: with its up weight)
+/// reads, so that product skips its conversion: pass the returned layout to it as `converted`.
+/// None, with nothing launched, where `first` does not take a measured pipelined shape for `n`
+/// tokens (or its scratch would have to grow inside a capture): the caller norms as usual.
+pub(crate) fn rms_norm_half(device: &CudaDevice, norm: NormCall<'_>, first: &GpuWeight, swiglu: bool) -> Result<Option<HalfLayout>, CudaError> {
+    const OP: &str = "rms_norm_half";
+    let NormCall { x, weight, eps, h, n, dim } = norm;
+    if n == 0 || first.cols != dim {
+        return Ok(None);
+    }
+    let key = tune_key(device, first, n, swiglu, false);
+    let Some(choice) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied() else {
+        return Ok(None);
+    };
+    let t = MMA_TILES[choice.tile];
+    if !t.pipelined() {
+        return Ok(None);
+    }
+    check_len(OP, "x", x.len(), n * dim)?;
+    check_len(OP, "h", h.len(), n * dim)?;
+    check_len(OP, "norm weight", weight.len(), dim)?;
+    let ld = dim.next_multiple_of(8);
+    let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
+    let s = map.entry(device_key(device)).or_default();
+    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, is_capturing(device), "f16 mat-mat activations")? {
+        return Ok(None);
+    }
+    if s.norm_half.is_none() {
+        s.norm_half = Some(device.registry().function("norm", "rms_norm_half_f32", &[])?);
+    }
+    let (half, function) = (s.half.as_ref().expect("ensured"), s.norm_half.as_ref().expect("looked up"));
+    let layout = HalfLayout::of(first, t);
+    let (dim32, ld32, permuted) = (to_u32(OP, "dim", dim)?, to_u32(OP, "padded dim", ld)?, u32::from(layout == HalfLayout::Permuted));
+    let cfg = LaunchConfig { grid_dim: (to_u32(OP, "rows", n)?, 1, 1), block_dim: (MMA_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = device.stream().launch_builder(function);
+    launch.arg(h).arg(half).arg(x).arg(weight).arg(&dim32).arg(&ld32).arg(&eps).arg(&permuted);
+    // SAFETY: matches norm.cu's rms_norm_half_f32 (NORM_BLOCK = MMA_THREADS = 256 threads); x and
+    // h hold n * dim values, weight dim (checked), half n * ld (ensured); h and x are distinct
+    // buffers (one borrowed mutably, one shared).
+    unsafe { launch.launch(cfg) }.map_err(CudaError::driver("launching rms_norm_half_f32"))?;
+    Ok(Some(layout))
 }
 
 /// Times every candidate on `w` and `x` (outputs into a scratch buffer) and returns the fastest.
-fn tune(
-    device: &CudaDevice,
-    op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    x: &CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
-) -> Result<Choice, CudaError> {
-    let swiglu = up.is_some();
+fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> {
+    let MatmatCall { w, n, .. } = call;
+    let swiglu = call.up.is_some();
     let sms = device.info().multiprocessor_count as usize;
     let steps = |t: MmaTile| t.steps(chunks_per_row(&w.storage));
     let mut candidates = Vec::new();
@@ -384,7 +479,7 @@ fn tune(
         }
     }
     let mut out = device.alloc_zeros::<f32>(n * w.rows, "mat-mat tuning output")?;
-    fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, op, w, up, x, &mut out, n, accumulate, choice, false).map(drop))
+    fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, call, &mut out, choice, false, None).map(drop))
 }
 
 /// The candidate whose `run` takes least time: each runs once untimed (compiling its module,
@@ -469,7 +564,7 @@ pub(super) fn launch_groups(
     }
     let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
     let failed = |what: &str| CudaError::driver(format!("launching the grouped expert {what} of {}", first.name));
-    let convert = first.kernels.get(device, &first.storage, Kernel::MatmatAux { tile, reduce: false })?;
+    let convert = first.kernels.get(device, &first.storage, Kernel::MatmatHalf { tile })?;
     let mut launch = device.stream().launch_builder(convert);
     launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
     // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
@@ -489,21 +584,16 @@ pub(super) fn launch_groups(
     Ok(true)
 }
 
-/// Launches one product with `choice`; false (nothing launched) when a pipelined shape would
-/// need its scratch grown inside a capture.
-#[allow(clippy::too_many_arguments)]
+/// Launches one product with `choice` (see [`launch_matmat`] for `converted`).
 fn launch_choice(
     device: &CudaDevice,
-    op: &'static str,
-    w: &GpuWeight,
-    up: Option<&GpuWeight>,
-    x: &CudaSlice<f32>,
+    call: MatmatCall<'_>,
     out: &mut CudaSlice<f32>,
-    n: usize,
-    accumulate: bool,
     choice: Choice,
     capturing: bool,
-) -> Result<bool, CudaError> {
+    converted: Option<HalfLayout>,
+) -> Result<Launched, CudaError> {
+    let MatmatCall { op, w, up, x, n, accumulate } = call;
     let swiglu = up.is_some();
     let t = MMA_TILES[choice.tile];
     let function = w.kernels.get(device, &w.storage, Kernel::Matmat { tile: choice.tile, swiglu })?;
@@ -529,7 +619,8 @@ fn launch_choice(
         // x holds n * cols values and out n * rows (checked), gate and up share type and shape
         // (checked), and the kernel bounds-checks rows, tokens and columns.
         unsafe { launch.launch(cfg) }.map_err(failed("mat-mat"))?;
-        return Ok(true);
+        // This body reads x itself: the f16 scratch is untouched.
+        return Ok(Launched::Yes { half: converted });
     }
     if row_blocks > 65_535 {
         return Err(invalid(op, format!("{} rows exceed one launch's 65535 blocks of {}", w.rows, t.slots)));
@@ -537,23 +628,26 @@ fn launch_choice(
     let ld = w.cols.next_multiple_of(8);
     let ld32 = to_u32(op, "padded cols", ld)?;
     let splits = choice.splits.max(1);
-    let count32 = to_u32(op, "outputs", n * w.rows)?;
     let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
     let s = map.entry(device_key(device)).or_default();
-    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")? {
-        return Ok(false);
-    }
+    // A grown scratch holds nothing yet.
+    let converted = converted.filter(|_| s.half.as_ref().is_some_and(|h| h.len() >= n * ld));
     let partial_len = if splits > 1 { splits * n * w.rows * if swiglu { 2 } else { 1 } } else { 1 };
-    if !ensure(device, &mut s.partials, &mut s.retired_partials, partial_len, capturing, "split-K partials")? {
-        return Ok(false);
+    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")?
+        || !ensure(device, &mut s.partials, &mut s.retired_partials, partial_len, capturing, "split-K partials")?
+    {
+        return Ok(Launched::NeedsScratch);
     }
     let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
 
-    let convert = w.kernels.get(device, &w.storage, Kernel::MatmatAux { tile: choice.tile, reduce: false })?;
-    let mut launch = device.stream().launch_builder(convert);
-    launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
-    // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
-    unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(failed("f16 conversion"))?;
+    let layout = HalfLayout::of(w, t);
+    if converted != Some(layout) {
+        let convert = w.kernels.get(device, &w.storage, Kernel::MatmatHalf { tile: choice.tile })?;
+        let mut launch = device.stream().launch_builder(convert);
+        launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
+        // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
+        unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(failed("f16 conversion"))?;
+    }
 
     let shared = t.shared_bytes();
     let cfg = LaunchConfig {
@@ -577,15 +671,15 @@ fn launch_choice(
     unsafe { launch.launch(cfg) }.map_err(failed("mat-mat"))?;
 
     if splits > 1 {
-        let reduce = w.kernels.get(device, &w.storage, Kernel::MatmatAux { tile: choice.tile, reduce: true })?;
-        let (splits32, pair32) = (splits as u32, u32::from(swiglu));
+        let reduce = w.kernels.get(device, &w.storage, Kernel::MatmatReduce { tile: choice.tile })?;
+        let (splits32, pair32, count32) = (splits as u32, u32::from(swiglu), to_u32(op, "outputs", n * w.rows)?);
         let mut launch = device.stream().launch_builder(reduce);
         launch.arg(partials).arg(&splits32).arg(&count32).arg(&pair32).arg(&accumulate32).arg(out);
         // SAFETY: matches mma_reduce_splits; partials hold splits * count values (x2 with pair)
         // written by the launch above, out count = n * rows.
         unsafe { launch.launch(stride_launch(n * w.rows)) }.map_err(failed("split-K reduction"))?;
     }
-    Ok(true)
+    Ok(Launched::Yes { half: Some(layout) })
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ fn every_format_finds_its_kernels() {
         let mut kernels = vec![Kernel::Embed];
         for (tile, shape) in MMA_TILES.iter().enumerate() {
             kernels.extend([Kernel::Matmat { tile, swiglu: false }, Kernel::Matmat { tile, swiglu: true }]);
-            kernels.extend([Kernel::MatmatAux { tile, reduce: false }, Kernel::MatmatAux { tile, reduce: true }]);
+            kernels.extend([Kernel::MatmatHalf { tile }, Kernel::MatmatReduce { tile }]);
             if shape.is_streaming() && matches!(storage, Storage::Quant { .. }) {
                 kernels.push(Kernel::MatmatGroups { tile });
             }
