@@ -121,3 +121,17 @@ __device__ __forceinline__ float block_sum(float value) {
     __syncthreads();
     return total;
 }
+
+// Which of a stacked launch's weights block `index` belongs to (0, 1, 2), the first two taking
+// `blocks_a` and `blocks_b` blocks; `index` becomes the block's index within that weight.
+__device__ __forceinline__ u32 stacked_weight(u32& index, u32 blocks_a, u32 blocks_b) {
+    if (index < blocks_a) {
+        return 0;
+    }
+    index -= blocks_a;
+    if (index < blocks_b) {
+        return 1;
+    }
+    index -= blocks_b;
+    return 2;
+}

@@ -78,11 +78,11 @@
 #endif
 template <class W>
 __device__ __forceinline__ void matmat_one(const W& w, const u16* x, u32 ld, u32 n, float* out, u32 rows, float* partials, u32 accumulate) {
-    matmat_body<W, 1>(w, w, x, ld, n, out, rows, accumulate, partials);
+    matmat_body<W, 1>(w, w, x, ld, n, MmaOut{out, partials, rows, blockIdx.y, accumulate});
 }
 template <class W>
 __device__ __forceinline__ void matmat_two(const W& gate, const W& up, const u16* x, u32 ld, u32 n, float* out, u32 rows, float* partials) {
-    matmat_body<W, 2>(gate, up, x, ld, n, out, rows, 0, partials);
+    matmat_body<W, 2>(gate, up, x, ld, n, MmaOut{out, partials, rows, blockIdx.y, 0});
 }
 // x: f16 activations [n][cols] with cols a multiple of 8; partials: the split-K sums.
 #define MM_ARGS const u16* x, u32 cols, u32 n, float* out, u32 rows, float* partials
@@ -102,9 +102,26 @@ __device__ __forceinline__ void matmat_group(const W* table, const u32* group_ex
         return;
     }
     const W w = table[group_expert[blockIdx.x]];
-    matmat_body<W, 1>(w, w, x, ld, n, out, rows, accumulate, partials);
+    matmat_body<W, 1>(w, w, x, ld, n, MmaOut{out, partials, rows, blockIdx.y, accumulate});
 }
 #endif
+// Up to three weights of one format and width on one input (attention's q, k and v) in one
+// launch, as the stacked mat-vec does: the first row blocks compute a's rows, the next b's, the
+// rest c's (rows_c = 0 for two). With split-K each weight's partial sums take their own
+// [split][n][rows] region of `partials`, a's first, for mma_reduce_stacked.
+#define MM_STACKED_ARGS \
+    const u16 *x, u32 cols, u32 n, float *partials, float *out_a, float *out_b, float *out_c, u32 rows_a, u32 rows_b, u32 rows_c
+#define MM_STACKED_PASS x, cols, n, partials, out_a, out_b, out_c, rows_a, rows_b, rows_c
+template <class W>
+__device__ __forceinline__ void matmat_stacked(const W& a, const W& b, const W& c, MM_STACKED_ARGS) {
+    constexpr u32 PER_BLOCK = MMA_BM;
+    u32 block = blockIdx.y;
+    const u32 k = stacked_weight(block, (rows_a + PER_BLOCK - 1) / PER_BLOCK, (rows_b + PER_BLOCK - 1) / PER_BLOCK);
+    const W w = k == 0 ? a : k == 1 ? b : c;
+    const u64 before = k == 0 ? 0 : k == 1 ? rows_a : (u64)rows_a + rows_b;
+    float* region = partials + before * gridDim.z * n;
+    matmat_body<W, 1>(w, w, x, cols, n, MmaOut{k == 0 ? out_a : k == 1 ? out_b : out_c, region, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, block, 0});
+}
 #else
 #include "mma_tile.cuh"
 #define MM_ARGS const float* x, u32 cols, u32 n, float* out, u32 rows
@@ -165,6 +182,25 @@ extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float*
     }
 }
 
+// The split-K sums of a stacked launch (matmat_stacked): weight k's outputs out_k[e] for
+// e < n * rows_k are the sums over splits s (in order) of its region's partials[s][e].
+extern "C" __global__ void __launch_bounds__(256) mma_reduce_stacked(const float* __restrict__ partials, u32 splits, u32 n, float* out_a,
+                                                                       float* out_b, float* out_c, u32 rows_a, u32 rows_b, u32 rows_c) {
+    const u64 count_a = (u64)n * rows_a, count_b = (u64)n * rows_b, total = count_a + count_b + (u64)n * rows_c;
+    for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
+        const u32 k = e < count_a ? 0 : e < count_a + count_b ? 1 : 2;
+        const u64 before = k == 0 ? 0 : k == 1 ? count_a : count_a + count_b;
+        const u64 count = k == 0 ? count_a : k == 1 ? count_b : total - count_a - count_b;
+        const float* region = partials + before * splits;
+        const u64 i = e - before;
+        float v = 0.0f;
+        for (u32 s = 0; s < splits; ++s) {
+            v += region[(u64)s * count + i];
+        }
+        (k == 0 ? out_a : k == 1 ? out_b : out_c)[i] = v;
+    }
+}
+
 // MMA_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats
 // it has; without it every format is compiled (the compile check).
 #ifndef MMA_TYPE
@@ -217,6 +253,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q8_0(QuantRows<FmtQ8_0> a, QuantRows<FmtQ8_0> b, QuantRows<FmtQ8_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(2)
@@ -229,6 +270,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q4_0(const QuantRows<FmtQ4_0>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q4_0(QuantRows<FmtQ4_0> a, QuantRows<FmtQ4_0> b, QuantRows<FmtQ4_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -245,6 +291,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q4_1(QuantRows<FmtQ4_1> a, QuantRows<FmtQ4_1> b, QuantRows<FmtQ4_1> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(6)
@@ -257,6 +308,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q5_0(const QuantRows<FmtQ5_0>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q5_0(QuantRows<FmtQ5_0> a, QuantRows<FmtQ5_0> b, QuantRows<FmtQ5_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -273,6 +329,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q5_1(QuantRows<FmtQ5_1> a, QuantRows<FmtQ5_1> b, QuantRows<FmtQ5_1> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(20)
@@ -285,6 +346,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq4_nl(const QuantRows<FmtIQ4_NL>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq4_nl(QuantRows<FmtIQ4_NL> a, QuantRows<FmtIQ4_NL> b, QuantRows<FmtIQ4_NL> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -301,6 +367,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q1_0(QuantRows<FmtQ1_0> a, QuantRows<FmtQ1_0> b, QuantRows<FmtQ1_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(10)
@@ -313,6 +384,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q2_k(const QuantRows<FmtQ2_K>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q2_k(QuantRows<FmtQ2_K> a, QuantRows<FmtQ2_K> b, QuantRows<FmtQ2_K> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -329,6 +405,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q3_k(QuantRows<FmtQ3_K> a, QuantRows<FmtQ3_K> b, QuantRows<FmtQ3_K> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(12)
@@ -341,6 +422,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q4_k(const QuantRows<FmtQ4_K>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q4_k(QuantRows<FmtQ4_K> a, QuantRows<FmtQ4_K> b, QuantRows<FmtQ4_K> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -357,6 +443,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q5_k(QuantRows<FmtQ5_K> a, QuantRows<FmtQ5_K> b, QuantRows<FmtQ5_K> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(14)
@@ -369,6 +460,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_q6_k(const QuantRows<FmtQ6_K>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q6_k(QuantRows<FmtQ6_K> a, QuantRows<FmtQ6_K> b, QuantRows<FmtQ6_K> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -385,6 +481,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq4_xs(QuantRows<FmtIQ4_XS> a, QuantRows<FmtIQ4_XS> b, QuantRows<FmtIQ4_XS> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(35)
@@ -397,6 +498,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_tq2_0(const QuantRows<FmtTQ2_0>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_tq2_0(QuantRows<FmtTQ2_0> a, QuantRows<FmtTQ2_0> b, QuantRows<FmtTQ2_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -413,6 +519,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_q2_0(QuantRows<FmtQ2_0> a, QuantRows<FmtQ2_0> b, QuantRows<FmtQ2_0> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(39)
@@ -425,6 +536,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_mxfp4(const QuantRows<FmtMXFP4>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_mxfp4(QuantRows<FmtMXFP4> a, QuantRows<FmtMXFP4> b, QuantRows<FmtMXFP4> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -441,6 +557,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_nvfp4(QuantRows<FmtNVFP4> a, QuantRows<FmtNVFP4> b, QuantRows<FmtNVFP4> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(16)
@@ -453,6 +574,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq2_xxs(const QuantRows<FmtIQ2_XXS>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq2_xxs(QuantRows<FmtIQ2_XXS> a, QuantRows<FmtIQ2_XXS> b, QuantRows<FmtIQ2_XXS> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -469,6 +595,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq2_xs(QuantRows<FmtIQ2_XS> a, QuantRows<FmtIQ2_XS> b, QuantRows<FmtIQ2_XS> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(22)
@@ -481,6 +612,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq2_s(const QuantRows<FmtIQ2_S>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq2_s(QuantRows<FmtIQ2_S> a, QuantRows<FmtIQ2_S> b, QuantRows<FmtIQ2_S> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -497,6 +633,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq3_xxs(QuantRows<FmtIQ3_XXS> a, QuantRows<FmtIQ3_XXS> b, QuantRows<FmtIQ3_XXS> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(21)
@@ -509,6 +650,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq3_s(const QuantRows<FmtIQ3_S>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq3_s(QuantRows<FmtIQ3_S> a, QuantRows<FmtIQ3_S> b, QuantRows<FmtIQ3_S> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif
@@ -525,6 +671,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
     matmat_group(table, MM_GROUP_PASS);
 }
 #endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq1_s(QuantRows<FmtIQ1_S> a, QuantRows<FmtIQ1_S> b, QuantRows<FmtIQ1_S> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
+}
+#endif
 #endif
 
 #if MMA_WANTS(29)
@@ -537,6 +688,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat
 #if MMA_PIPE == 2
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_groups_iq1_m(const QuantRows<FmtIQ1_M>* table, MM_GROUP_ARGS) {
     matmat_group(table, MM_GROUP_PASS);
+}
+#endif
+#if MMA_PIPE
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS) matmat_stacked_iq1_m(QuantRows<FmtIQ1_M> a, QuantRows<FmtIQ1_M> b, QuantRows<FmtIQ1_M> c, MM_STACKED_ARGS) {
+    matmat_stacked(a, b, c, MM_STACKED_PASS);
 }
 #endif
 #endif

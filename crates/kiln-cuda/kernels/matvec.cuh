@@ -629,20 +629,6 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
         u32 rows_b, u32 rows_c
 #define MV_STACKED_ARGS a, b, c, xq, xds, out_a, out_b, out_c, rows_a, rows_b, rows_c
 
-// Which of a stacked launch's weights block `index` belongs to (0, 1, 2), the first two taking
-// `blocks_a` and `blocks_b` blocks; `index` becomes the block's index within that weight.
-__device__ __forceinline__ u32 stacked_weight(u32& index, u32 blocks_a, u32 blocks_b) {
-    if (index < blocks_a) {
-        return 0;
-    }
-    index -= blocks_a;
-    if (index < blocks_b) {
-        return 1;
-    }
-    index -= blocks_b;
-    return 2;
-}
-
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     constexpr u32 PER_BLOCK = MV_GROUPS * ROWS_PER_WARP;

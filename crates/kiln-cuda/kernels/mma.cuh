@@ -259,6 +259,17 @@ __device__ __forceinline__ void mma_store(const float (&acc)[2][TN / 8][4], floa
     }
 }
 
+// Where a block of the pipelined and streaming bodies writes: row block `row_block` (its
+// MMA_BM / NW rows) of out [n][rows], += with `accumulate`; with split-K over gridDim.z, this
+// split's partial sums into partials [split][n][rows] instead.
+struct MmaOut {
+    float* out;
+    float* partials;
+    u32 rows;
+    u32 row_block;
+    u32 accumulate;
+};
+
 // The end of the pipelined and streaming bodies: depth-split warps merge, then the output (or,
 // with split-K over gridDim.z, this split's partial sums for mma_reduce_splits) is written.
 template <int NW, int WM, int WN, int WK, int TN>

@@ -31,8 +31,7 @@ static_assert(MMA_XSEG >= 1 && MMA_BN * MMA_SPR % MMA_THREADS == 0, "activation 
 static_assert(MMA_XS == 2 || MMA_XS == 3, "two or three activation stages");
 
 template <class W, int NW>
-__device__ __forceinline__ void matmat_body(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n,
-                                            float* out, u32 rows, u32 accumulate, float* partials) {
+__device__ __forceinline__ void matmat_body(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n, const MmaOut& o) {
     typedef HalfChunks<W> H;
     extern __shared__ __align__(16) u8 smem[];
     u16(*ws)[MMA_BM][MMA_LDS] = reinterpret_cast<u16(*)[MMA_BM][MMA_LDS]>(smem);
@@ -43,7 +42,8 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
     // Tokens vary fastest across the grid: blocks running together share weight rows, which
     // then come from DRAM once; the f16 activations are small enough to stay in L2.
     const u32 token_base = blockIdx.x * MMA_BN;
-    const u32 row_base = blockIdx.y * (MMA_BM / NW);
+    const u32 rows = o.rows;
+    const u32 row_base = o.row_block * (MMA_BM / NW);
     const u32 chunks = first.chunks_per_row();
     const u32 all_steps = (chunks + MMA_CPR - 1) / MMA_CPR;
     const u32 per_split = (all_steps + gridDim.z - 1) / gridDim.z;
@@ -153,5 +153,5 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
         }
     }
     cp_async_wait<0>();
-    mma_finish<NW, MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, out, partials, n, rows, row_base, token_base, wm, wn, wk, lane, accumulate);
+    mma_finish<NW, MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, o.out, o.partials, n, rows, row_base, token_base, wm, wn, wk, lane, o.accumulate);
 }

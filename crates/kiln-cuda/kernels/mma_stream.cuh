@@ -171,8 +171,7 @@ __device__ __forceinline__ u32 x_segment(u32 seg) {
 }
 
 template <class W, int NW>
-__device__ __forceinline__ void matmat_body(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n,
-                                              float* out, u32 rows, u32 accumulate, float* partials) {
+__device__ __forceinline__ void matmat_body(const W& first, const W& second, const u16* __restrict__ xh, u32 ld, u32 n, const MmaOut& o) {
     typedef HalfPairs<W> H;
     extern __shared__ __align__(16) u8 smem[];
 
@@ -182,7 +181,8 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
     const u32 group = lane >> 2;
     const u32 quad = lane & 3;
     const u32 token_base = blockIdx.x * MMA_BN;
-    const u32 row_base = blockIdx.y * (MMA_BM / NW);
+    const u32 rows = o.rows;
+    const u32 row_base = o.row_block * (MMA_BM / NW);
     const u32 chunks = first.chunks_per_row();
     const u32 pairs = (chunks + 1) / 2;
     const u32 all_steps = (pairs + MMA_PPR - 1) / MMA_PPR;
@@ -293,5 +293,5 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
         }
     }
     cp_async_wait<0>();
-    mma_finish<NW, MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, out, partials, n, rows, row_base, token_base, wm, wn, wk, lane, accumulate);
+    mma_finish<NW, MMA_WM, MMA_WN, MMA_WK, MMA_TN>(acc, smem, o.out, o.partials, n, rows, row_base, token_base, wm, wn, wk, lane, o.accumulate);
 }

@@ -108,13 +108,13 @@ impl CudaBackend {
         matvec::matmul_shared_input(&self.device, &w, x.buf(), &mut outs, n, converted).map_err(backend_error)
     }
 
-    /// RMSNorm of `x` into `h` ahead of products of `h` led by `first` (`swiglu`: with its up
-    /// weight): on a measured mat-mat shape the norm also writes `h` in f16 for them, and the
-    /// layout it wrote is returned; else the plain norm, and None.
-    fn norm_for_products(&self, x: View, norm: (View, f32), mut h: ViewMut, first: &GpuWeight, swiglu: bool) -> Result<Option<HalfLayout>> {
+    /// RMSNorm of `x` into `h` ahead of the products of `h` with `products` (`swiglu`: the
+    /// first with its up weight): on a measured mat-mat shape the norm also writes `h` in f16
+    /// for them, and the layout it wrote is returned; else the plain norm, and None.
+    fn norm_for_products(&self, x: View, norm: (View, f32), mut h: ViewMut, products: &[&GpuWeight], swiglu: bool) -> Result<Option<HalfLayout>> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         let call = NormCall { x: x.buf(), weight: norm.0.buf(), eps: norm.1, h: h.buf_mut(), n, dim };
-        let converted = matvec::rms_norm_half(&self.device, call, first, swiglu).map_err(backend_error)?;
+        let converted = matvec::rms_norm_half(&self.device, call, products, swiglu).map_err(backend_error)?;
         if converted.is_none() {
             self.rms_norm(x, norm.0, h, norm.1)?;
         }
@@ -633,7 +633,7 @@ impl Backend for CudaBackend {
                 self.matmul_qkv_quantized(&qx, w, out, n)
             }
             None => {
-                let converted = self.norm_for_products(x, norm, h.reborrow(), w[0], false)?;
+                let converted = self.norm_for_products(x, norm, h.reborrow(), &w, false)?;
                 self.matmul_qkv_f32(w, h.as_ref(), out, n, converted)
             }
         }
@@ -649,7 +649,7 @@ impl Backend for CudaBackend {
                 matvec::matmul_swiglu_quantized(&self.device, w[0], w[1], &qx, out.buf_mut(), n).map_err(backend_error)
             }
             None => {
-                let converted = self.norm_for_products(x, norm, h.reborrow(), w[0], true)?;
+                let converted = self.norm_for_products(x, norm, h.reborrow(), &w[..1], true)?;
                 shapes::matmul("norm_ffn_gate_up", (w[0].rows, w[0].cols), h.shape(), out.shape())?;
                 matvec::matmul_swiglu_converted(&self.device, w[0], w[1], h.buf(), out.buf_mut(), n, converted).map_err(backend_error)
             }

@@ -33,6 +33,7 @@
 
 mod experts;
 mod matmat;
+mod matmat_stacked;
 mod matvec_shape;
 mod repack;
 mod stacked;
@@ -47,9 +48,10 @@ use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
+pub use matmat::HalfLayout;
 use matmat::{launch_matmat, MatmatCall, MMA_TILES};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
-pub(crate) use matmat::{rms_norm_half, HalfLayout, NormCall};
+pub(crate) use matmat::{rms_norm_half, NormCall};
 pub use matvec_shape::matvec_shape;
 use matvec_shape::{candidates, choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
@@ -133,12 +135,20 @@ enum Kernel {
     MatmatReduce {
         tile: usize,
     },
+    /// Two or three weights on one input (`matmat_stacked_*`), pipelined tiles only.
+    MatmatStacked {
+        tile: usize,
+    },
+    /// The split-K reduction of a stacked launch (`mma_reduce_stacked`).
+    MatmatReduceStacked {
+        tile: usize,
+    },
     Embed,
 }
 
 impl KernelSlots {
     const MATVECS: usize = MatvecKind::COUNT * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
-    const COUNT: usize = Self::MATVECS + 5 * MATMAT_TILES + 1;
+    const COUNT: usize = Self::MATVECS + 7 * MATMAT_TILES + 1;
 
     fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
         let index = match kernel {
@@ -147,14 +157,16 @@ impl KernelSlots {
             Kernel::MatmatHalf { tile } => Self::MATVECS + 2 * MATMAT_TILES + tile,
             Kernel::MatmatReduce { tile } => Self::MATVECS + 3 * MATMAT_TILES + tile,
             Kernel::MatmatGroups { tile } => Self::MATVECS + 4 * MATMAT_TILES + tile,
-            Kernel::Embed => Self::MATVECS + 5 * MATMAT_TILES,
+            Kernel::MatmatStacked { tile } => Self::MATVECS + 5 * MATMAT_TILES + tile,
+            Kernel::MatmatReduceStacked { tile } => Self::MATVECS + 6 * MATMAT_TILES + tile,
+            Kernel::Embed => Self::MATVECS + 7 * MATMAT_TILES,
         };
         if let Some(function) = self.0[index].get() {
             return Ok(function);
         }
         let (source, name, defines) = kernel_id(storage, kernel);
         let function = device.registry().function(source, &name, &defines)?;
-        if let Kernel::Matmat { tile, .. } | Kernel::MatmatGroups { tile } = kernel {
+        if let Kernel::Matmat { tile, .. } | Kernel::MatmatGroups { tile } | Kernel::MatmatStacked { tile } = kernel {
             let shared = MMA_TILES[tile].shared_bytes();
             if shared > 0 {
                 function
@@ -242,10 +254,19 @@ fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
             ("matmat_mma", format!("matmat_groups_{suffix}"), defines)
         }
-        Kernel::MatmatHalf { tile } | Kernel::MatmatReduce { tile } => {
+        Kernel::MatmatStacked { tile } => {
             let mut defines = MMA_TILES[tile].defines();
             defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            let name = if matches!(kernel, Kernel::MatmatHalf { .. }) { "mma_half_activations" } else { "mma_reduce_splits" };
+            ("matmat_mma", format!("matmat_stacked_{suffix}"), defines)
+        }
+        Kernel::MatmatHalf { tile } | Kernel::MatmatReduce { tile } | Kernel::MatmatReduceStacked { tile } => {
+            let mut defines = MMA_TILES[tile].defines();
+            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
+            let name = match kernel {
+                Kernel::MatmatHalf { .. } => "mma_half_activations",
+                Kernel::MatmatReduce { .. } => "mma_reduce_splits",
+                _ => "mma_reduce_stacked",
+            };
             ("matmat_mma", name.to_string(), defines)
         }
         Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
@@ -697,7 +718,7 @@ fn takes_matmat(w: &GpuWeight, n: usize) -> bool {
 /// `outs[i] = x . ws[i]` for products of one input (q, k and v): where they take the mat-mat,
 /// the input is converted to f16 once for all whose shapes read it in the same layout.
 /// `converted`: the f16 scratch already holds `x` in that layout ([`rms_norm_half`]).
-pub(crate) fn matmul_shared_input(
+pub fn matmul_shared_input(
     device: &CudaDevice,
     ws: &[&GpuWeight],
     x: &CudaSlice<f32>,
@@ -712,13 +733,27 @@ pub(crate) fn matmul_shared_input(
     if let Some(w) = ws.iter().find(|w| w.cols != ws[0].cols) {
         return Err(invalid(OP, format!("{} takes {} inputs, {} takes {}", w.name, w.cols, ws[0].name, ws[0].cols)));
     }
-    for (w, out) in ws.iter().zip(outs.iter_mut()) {
-        if n > 0 && takes_matmat(w, n) {
+    let mut start = 0;
+    while start < ws.len() {
+        let end = start + stacked::stackable_run(&ws[start..]);
+        let (run, run_outs) = (&ws[start..end], &mut outs[start..end]);
+        start = end;
+        if n == 0 || !takes_matmat(run[0], n) {
+            for (w, out) in run.iter().zip(run_outs.iter_mut()) {
+                product(device, OP, w, None, Input::F32(x), out, n, false)?;
+            }
+            continue;
+        }
+        if run.len() > 1 {
+            if let Some(half) = matmat_stacked::launch_stacked_matmat(device, run, x, run_outs, n, converted)? {
+                converted = half;
+                continue;
+            }
+        }
+        for (w, out) in run.iter().zip(run_outs.iter_mut()) {
             check_len(OP, "out", out.len(), n * w.rows)?;
             check_len(OP, "x", x.len(), n * w.cols)?;
             converted = launch_matmat(device, MatmatCall { op: OP, w, up: None, x, n, accumulate: false }, out, converted)?;
-        } else {
-            product(device, OP, w, None, Input::F32(x), out, n, false)?;
         }
     }
     Ok(())

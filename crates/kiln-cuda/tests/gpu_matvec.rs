@@ -338,6 +338,53 @@ fn stacked_products_match_each_weight() {
     report("stacked", failures);
 }
 
+/// q, k and v of a batch through `matmul_shared_input`: each run of weights of one format in one
+/// stacked mat-mat launch (its shape and split count measured on first use), a change of
+/// format starting a new run, each weight's output against its f64 reference (either decode's
+/// rounding: the measured shape may stream). A second call, with the shape remembered, gives
+/// the same bits.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn stacked_matmat_matches_each_weight() {
+    use GgmlType::{Q4_0, Q4_K, Q6_K, Q8_0};
+    let mut rng = rng("stacked matmat");
+    let mut failures = Vec::new();
+    for types in [[Q4_K, Q4_K, Q4_K], [Q4_K, Q4_K, Q6_K], [Q8_0, Q8_0, Q8_0], [Q4_0, Q8_0, Q8_0]] {
+        let cols = column_choices(types[0])[1];
+        let rows = [200, 64, 37];
+        let hosts: Vec<HostWeight> = types.iter().zip(rows).map(|(&t, r)| HostWeight::random(&mut rng, t, r, cols)).collect();
+        let gpu: Vec<GpuWeight> = hosts.iter().map(|h| h.upload("stacked matmat")).collect();
+        let weights: Vec<&GpuWeight> = gpu.iter().collect();
+        for n in [12, 32, 64, 100] {
+            let case = format!("{types:?} {rows:?}x{cols} n={n}");
+            let x = random_f32(&mut rng, n * cols);
+            let x_gpu = upload_f32(&x);
+            let mut first_bits = Vec::new();
+            for call in ["first", "second"] {
+                let [mut a, mut b, mut c] = rows.map(|r| poisoned(n * r));
+                if let Err(e) = matvec::matmul_shared_input(device(), &weights, &x_gpu, &mut [&mut a, &mut b, &mut c], n, None) {
+                    failures.push(format!("{case} {call} call: {e}"));
+                    break;
+                }
+                let mut bits = Vec::new();
+                for ((out, host), name) in [a, b, c].iter().zip(&hosts).zip(["a", "b", "c"]) {
+                    let got = download(out, n * host.rows, &mut failures, &case);
+                    let (classic, _) = host.products(&x, n);
+                    let streamed = streaming_product(host, &x, n, &classic);
+                    check_any(&mut failures, &format!("{case} {name} ({call} call)"), &got, &references(None, &classic, &streamed));
+                    bits.extend(got.iter().map(|v| v.to_bits()));
+                }
+                if call == "first" {
+                    first_bits = bits;
+                } else if bits != first_bits {
+                    failures.push(format!("{case}: the second call's outputs differ from the first's"));
+                }
+            }
+        }
+    }
+    report("stacked matmat", failures);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn prequantized_activations_serve_several_weights() {

@@ -23,7 +23,7 @@ use crate::{CudaDevice, CudaError};
 /// gate/up pairs) by `tokens` tokens, with `token_warps` of the 8 warps along the tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct MmaTile {
-    slots: u32,
+    pub(super) slots: u32,
     pub(super) tokens: u32,
     token_warps: u32,
     /// Pipelined body (mma_pipe.cuh): values of depth per step; 0 is the original body.
@@ -166,19 +166,22 @@ pub(super) fn choose_tile(rows: usize, n: usize, swiglu: bool, multiprocessors: 
 
 /// A shape and its depth splits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Choice {
-    tile: usize,
-    splits: usize,
+pub(super) struct Choice {
+    pub tile: usize,
+    pub splits: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct TuneKey {
+pub(super) struct TuneKey {
     device: usize,
+    /// The weight's rows; a stacked launch's rows all together.
     rows: usize,
     cols: usize,
     ty: u32,
     swiglu: bool,
     accumulate: bool,
+    /// Several weights in one launch (matmat_stacked.rs).
+    stacked: bool,
     bucket: u8,
 }
 
@@ -194,7 +197,7 @@ fn bucket(n: usize) -> u8 {
     }
 }
 
-fn tuned() -> &'static Mutex<HashMap<TuneKey, Choice>> {
+pub(super) fn tuned() -> &'static Mutex<HashMap<TuneKey, Choice>> {
     static TUNED: OnceLock<Mutex<HashMap<TuneKey, Choice>>> = OnceLock::new();
     TUNED.get_or_init(Default::default)
 }
@@ -203,7 +206,7 @@ fn tuned() -> &'static Mutex<HashMap<TuneKey, Choice>> {
 /// one stream, so products use them one after the other). A grown buffer's predecessor is kept:
 /// a captured graph may still point at it.
 #[derive(Default)]
-struct Scratch {
+pub(super) struct Scratch {
     half: Option<CudaSlice<u16>>,
     partials: Option<CudaSlice<f32>>,
     retired_half: Vec<CudaSlice<u16>>,
@@ -214,7 +217,7 @@ struct Scratch {
     norm_half: Option<CudaFunction>,
 }
 
-fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
+pub(super) fn scratch() -> &'static Mutex<HashMap<usize, Scratch>> {
     static SCRATCH: OnceLock<Mutex<HashMap<usize, Scratch>>> = OnceLock::new();
     SCRATCH.get_or_init(Default::default)
 }
@@ -231,7 +234,7 @@ pub(super) fn gpu_key(device: &CudaDevice) -> usize {
 }
 
 /// Grows `slot` to `len` values (to the next power of two), except inside a capture: false then.
-fn ensure<T: DeviceRepr + ValidAsZeroBits>(
+pub(super) fn ensure<T: DeviceRepr + ValidAsZeroBits>(
     device: &CudaDevice,
     slot: &mut Option<CudaSlice<T>>,
     retired: &mut Vec<CudaSlice<T>>,
@@ -254,7 +257,7 @@ pub(super) fn is_capturing(device: &CudaDevice) -> bool {
     device.stream().capture_status().is_ok_and(|status| status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-fn chunks_per_row(storage: &Storage) -> usize {
+pub(super) fn chunks_per_row(storage: &Storage) -> usize {
     match storage {
         Storage::Quant { planes, .. } => planes.tiles as usize * 32,
         Storage::Float { rows, .. } => rows.stride as usize / CHUNK_VALUES,
@@ -319,7 +322,13 @@ pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -
 }
 
 fn tune_key(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool, accumulate: bool) -> TuneKey {
-    TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, bucket: bucket(n) }
+    TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), swiglu, accumulate, stacked: false, bucket: bucket(n) }
+}
+
+/// The key of one launch over the stacked weights `ws` (one format and width).
+pub(super) fn stacked_tune_key(device: &CudaDevice, ws: &[&GpuWeight], n: usize) -> TuneKey {
+    let rows = ws.iter().map(|w| w.rows).sum();
+    TuneKey { rows, stacked: true, ..tune_key(device, ws[0], n, false, false) }
 }
 
 /// One mat-mat product's operands, all but the output.
@@ -338,7 +347,7 @@ pub(super) struct MatmatCall<'a> {
 /// values for the streaming tiles of Q4_K and Q6_K (their f16 decode yields values in that
 /// order), and leaves them in order for every other pipelined tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HalfLayout {
+pub enum HalfLayout {
     InOrder,
     Permuted,
 }
@@ -355,7 +364,7 @@ impl HalfLayout {
 }
 
 /// What a launch did.
-enum Launched {
+pub(super) enum Launched {
     /// The product is enqueued; `half` is what the f16 scratch holds afterwards (the input in
     /// that layout; None: not known to hold it).
     Yes { half: Option<HalfLayout> },
@@ -411,17 +420,23 @@ pub(crate) struct NormCall<'a> {
 }
 
 /// The norm (bit for bit the backend's `rms_norm`) that also writes `h` in f16 into the mat-mat
-/// scratch, in the layout that the remembered shape of `first` (`swiglu`: with its up weight)
-/// reads, so that product skips its conversion: pass the returned layout to it as `converted`.
-/// None, with nothing launched, where `first` does not take a measured pipelined shape for `n`
-/// tokens (or its scratch would have to grow inside a capture): the caller norms as usual.
-pub(crate) fn rms_norm_half(device: &CudaDevice, norm: NormCall<'_>, first: &GpuWeight, swiglu: bool) -> Result<Option<HalfLayout>, CudaError> {
+/// scratch, in the layout that the remembered shape of the first product of `products` reads
+/// (the stacked launch of their leading run where they stack, as `matmul_shared_input` runs
+/// them; `swiglu`: the one product of the first with its up weight), so that product skips its
+/// conversion: pass the returned layout to it as `converted`. None, with nothing launched,
+/// where that product does not take a measured pipelined shape for `n` tokens (or its scratch
+/// would have to grow inside a capture): the caller norms as usual.
+pub(crate) fn rms_norm_half(device: &CudaDevice, norm: NormCall<'_>, products: &[&GpuWeight], swiglu: bool) -> Result<Option<HalfLayout>, CudaError> {
     const OP: &str = "rms_norm_half";
     let NormCall { x, weight, eps, h, n, dim } = norm;
+    let Some(&first) = products.first() else {
+        return Ok(None);
+    };
     if n == 0 || first.cols != dim {
         return Ok(None);
     }
-    let key = tune_key(device, first, n, swiglu, false);
+    let run = if swiglu { 1 } else { super::stacked::stackable_run(products) };
+    let key = if run > 1 { stacked_tune_key(device, &products[..run], n) } else { tune_key(device, first, n, swiglu, false) };
     let Some(choice) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied() else {
         return Ok(None);
     };
@@ -454,17 +469,16 @@ pub(crate) fn rms_norm_half(device: &CudaDevice, norm: NormCall<'_>, first: &Gpu
     Ok(Some(layout))
 }
 
-/// Times every candidate on `w` and `x` (outputs into a scratch buffer) and returns the fastest.
-fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> {
-    let MatmatCall { w, n, .. } = call;
-    let swiglu = call.up.is_some();
+/// The shapes (and split counts) worth timing for `rows` rows of `w`'s format and width at `n`
+/// tokens; `pipelined_only` leaves out the original body.
+pub(super) fn candidates(device: &CudaDevice, w: &GpuWeight, rows: usize, n: usize, swiglu: bool, pipelined_only: bool) -> Vec<Choice> {
     let sms = device.info().multiprocessor_count as usize;
     let steps = |t: MmaTile| t.steps(chunks_per_row(&w.storage));
     let mut candidates = Vec::new();
     for (tile, t) in MMA_TILES.iter().enumerate() {
-        let (x_blocks, y_blocks) = t.grid(w.rows, n, swiglu);
+        let (x_blocks, y_blocks) = t.grid(rows, n, swiglu);
         // Streaming shapes are for decode batches; past 128 tokens they are never the fastest.
-        if (if t.pipelined() { x_blocks } else { y_blocks }) > 65_535 || (t.stream && n > 128) {
+        if (if t.pipelined() { x_blocks } else { y_blocks }) > 65_535 || (t.stream && n > 128) || (pipelined_only && !t.pipelined()) {
             continue;
         }
         candidates.push(Choice { tile, splits: 1 });
@@ -478,7 +492,13 @@ fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> 
             candidates.extend(counts.into_iter().filter(|&s| s > 1).map(|splits| Choice { tile, splits }));
         }
     }
-    let mut out = device.alloc_zeros::<f32>(n * w.rows, "mat-mat tuning output")?;
+    candidates
+}
+
+/// Times every candidate on `w` and `x` (outputs into a scratch buffer) and returns the fastest.
+fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> {
+    let candidates = candidates(device, call.w, call.w.rows, call.n, call.up.is_some(), false);
+    let mut out = device.alloc_zeros::<f32>(call.n * call.w.rows, "mat-mat tuning output")?;
     fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, call, &mut out, choice, false, None).map(drop))
 }
 
@@ -584,6 +604,51 @@ pub(super) fn launch_groups(
     Ok(true)
 }
 
+/// A pipelined product's input in the f16 scratch, and its split-K scratch.
+pub(super) struct Staged<'s> {
+    pub half: &'s CudaSlice<u16>,
+    pub partials: &'s CudaSlice<f32>,
+    pub layout: HalfLayout,
+    /// Values per token row of `half` (the width rounded up to 8).
+    pub ld: usize,
+}
+
+/// Grows `s` for a pipelined product with shape `tile` and `partial_len` split-K sums, and
+/// converts `call.x` to f16 in the layout `tile` reads for `call.w`, unless `converted` says the
+/// scratch holds that already. None (nothing launched) where the scratch would have to grow
+/// inside a capture.
+pub(super) fn stage_input<'s>(
+    device: &CudaDevice,
+    s: &'s mut Scratch,
+    call: MatmatCall<'_>,
+    tile: usize,
+    partial_len: usize,
+    capturing: bool,
+    converted: Option<HalfLayout>,
+) -> Result<Option<Staged<'s>>, CudaError> {
+    let MatmatCall { op, w, x, n, .. } = call;
+    let ld = w.cols.next_multiple_of(8);
+    // A grown scratch holds nothing yet.
+    let converted = converted.filter(|_| s.half.as_ref().is_some_and(|h| h.len() >= n * ld));
+    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")?
+        || !ensure(device, &mut s.partials, &mut s.retired_partials, partial_len, capturing, "split-K partials")?
+    {
+        return Ok(None);
+    }
+    let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
+    let layout = HalfLayout::of(w, MMA_TILES[tile]);
+    if converted != Some(layout) {
+        let (cols32, n32, ld32) = (to_u32(op, "cols", w.cols)?, to_u32(op, "n", n)?, to_u32(op, "padded cols", ld)?);
+        let convert = w.kernels.get(device, &w.storage, Kernel::MatmatHalf { tile })?;
+        let mut launch = device.stream().launch_builder(convert);
+        launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
+        // SAFETY: matches mma_half_activations; x holds n * cols values (the caller checked),
+        // half n * ld (ensured).
+        unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(CudaError::driver(format!("launching the {n}-token f16 conversion for {}", w.name)))?;
+    }
+    Ok(Some(Staged { half, partials, layout, ld }))
+}
+
 /// Launches one product with `choice` (see [`launch_matmat`] for `converted`).
 fn launch_choice(
     device: &CudaDevice,
@@ -625,29 +690,14 @@ fn launch_choice(
     if row_blocks > 65_535 {
         return Err(invalid(op, format!("{} rows exceed one launch's 65535 blocks of {}", w.rows, t.slots)));
     }
-    let ld = w.cols.next_multiple_of(8);
-    let ld32 = to_u32(op, "padded cols", ld)?;
     let splits = choice.splits.max(1);
+    let partial_len = if splits > 1 { splits * n * w.rows * if swiglu { 2 } else { 1 } } else { 1 };
     let mut map = scratch().lock().unwrap_or_else(PoisonError::into_inner);
     let s = map.entry(device_key(device)).or_default();
-    // A grown scratch holds nothing yet.
-    let converted = converted.filter(|_| s.half.as_ref().is_some_and(|h| h.len() >= n * ld));
-    let partial_len = if splits > 1 { splits * n * w.rows * if swiglu { 2 } else { 1 } } else { 1 };
-    if !ensure(device, &mut s.half, &mut s.retired_half, n * ld, capturing, "f16 mat-mat activations")?
-        || !ensure(device, &mut s.partials, &mut s.retired_partials, partial_len, capturing, "split-K partials")?
-    {
+    let Some(Staged { half, partials, layout, ld }) = stage_input(device, s, call, choice.tile, partial_len, capturing, converted)? else {
         return Ok(Launched::NeedsScratch);
-    }
-    let (half, partials) = (s.half.as_ref().expect("ensured"), s.partials.as_ref().expect("ensured"));
-
-    let layout = HalfLayout::of(w, t);
-    if converted != Some(layout) {
-        let convert = w.kernels.get(device, &w.storage, Kernel::MatmatHalf { tile: choice.tile })?;
-        let mut launch = device.stream().launch_builder(convert);
-        launch.arg(x).arg(&cols32).arg(&n32).arg(&ld32).arg(half);
-        // SAFETY: matches mma_half_activations; x holds n * cols values (checked), half n * ld.
-        unsafe { launch.launch(stride_launch(n * ld / 8)) }.map_err(failed("f16 conversion"))?;
-    }
+    };
+    let ld32 = to_u32(op, "padded cols", ld)?;
 
     let shared = t.shared_bytes();
     let cfg = LaunchConfig {

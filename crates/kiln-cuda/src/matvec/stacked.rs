@@ -13,7 +13,7 @@ use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, Q
 use crate::{CudaDevice, CudaError};
 
 /// The most weights one launch takes (the kernel's parameters a, b, c).
-const MAX_STACKED: usize = 3;
+pub(super) const MAX_STACKED: usize = 3;
 
 const OP: &str = "matmul_stacked_quantized";
 
@@ -32,10 +32,7 @@ pub fn matmul_stacked_quantized(
     }
     let mut start = 0;
     while start < weights.len() {
-        let mut end = start + 1;
-        while end < weights.len() && end - start < MAX_STACKED && stackable(weights[start], weights[end]) {
-            end += 1;
-        }
+        let end = start + stackable_run(&weights[start..]);
         if end - start == 1 {
             matmul_quantized(device, weights[start], x, outs[start], n, false)?;
         } else {
@@ -94,7 +91,16 @@ pub fn matmul_stacked_float(
     Ok(true)
 }
 
-fn stackable(a: &GpuWeight, b: &GpuWeight) -> bool {
+/// How many of the first weights of `ws` go into one stacked launch (1: none stack).
+pub(super) fn stackable_run(ws: &[&GpuWeight]) -> usize {
+    let mut end = 1;
+    while end < ws.len() && end < MAX_STACKED && stackable(ws[0], ws[end]) {
+        end += 1;
+    }
+    end.min(ws.len())
+}
+
+pub(super) fn stackable(a: &GpuWeight, b: &GpuWeight) -> bool {
     a.ty == b.ty && a.cols == b.cols && matches!((&a.storage, &b.storage), (Storage::Quant { .. }, Storage::Quant { .. }))
 }
 
@@ -165,7 +171,7 @@ fn launch_shape(
 /// # Safety
 /// `function` must take exactly those parameters, and each output must hold what its weight's
 /// rows make for the launch's tokens.
-unsafe fn launch_stacked_kernel<'a>(
+pub(super) unsafe fn launch_stacked_kernel<'a>(
     device: &'a CudaDevice,
     function: &'a CudaFunction,
     cfg: LaunchConfig,

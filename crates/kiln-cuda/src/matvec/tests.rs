@@ -38,13 +38,13 @@ fn mat_mat_pairs_are_guarded_by_their_type() {
             }
         } else if let Some(rest) = line.split(") matmat_").nth(1) {
             let name = rest.split('(').next().unwrap();
-            let suffix = name.strip_prefix("swiglu_").or_else(|| name.strip_prefix("groups_")).unwrap_or(name);
+            let suffix = ["swiglu_", "groups_", "stacked_"].iter().find_map(|p| name.strip_prefix(p)).unwrap_or(name);
             assert_eq!(guard, Some(kernel_type_id(suffix)), "matmat_{name} is not under its type's guard");
             seen += 1;
         }
     }
-    // Every format's pair, and the grouped expert product of each quantized one.
-    assert_eq!(seen, 54 + 24);
+    // Every format's pair, and the grouped expert product and stacked product of each quantized one.
+    assert_eq!(seen, 54 + 2 * 24);
 }
 
 /// Every kernel the host can ask for is declared in the source it is looked up in.
@@ -67,6 +67,9 @@ fn every_format_finds_its_kernels() {
             kernels.extend([Kernel::MatmatHalf { tile }, Kernel::MatmatReduce { tile }]);
             if shape.is_streaming() && matches!(storage, Storage::Quant { .. }) {
                 kernels.push(Kernel::MatmatGroups { tile });
+            }
+            if shape.pipelined() && matches!(storage, Storage::Quant { .. }) {
+                kernels.extend([Kernel::MatmatStacked { tile }, Kernel::MatmatReduceStacked { tile }]);
             }
         }
         for ntok in 1..=MAX_MATVEC_TOKENS {
