@@ -114,18 +114,23 @@ fn every_source_compiles_for_sm90_and_exports_every_kernel() {
                         // MMA_TYPE compiles one format's pair of a mat-mat module (and the shared
                         // conversion and reduction), as the host does: only those are expected.
                         let one_format = defines.iter().any(|(name, _)| *name == "MMA_TYPE");
-                        // The grouped expert products exist only in the streaming tiles' modules.
+                        // The grouped expert products exist only in the streaming tiles' modules,
+                        // the stacked products in the pipelined and streaming ones.
                         let streaming = defines.iter().any(|&(name, value)| name == "MMA_PIPE" && value == 2);
+                        let pipelined = defines.iter().any(|&(name, value)| name == "MMA_PIPE" && value > 0);
                         failures.extend(
                             source
                                 .kernels
                                 .iter()
                                 .filter(|kernel| !one_format || kernel.starts_with("mma_"))
                                 .filter(|kernel| streaming || !kernel.starts_with("matmat_groups_"))
+                                .filter(|kernel| pipelined || !kernel.starts_with("matmat_stacked_"))
                                 .filter(|kernel| !symbols.iter().any(|symbol| symbol == *kernel))
                                 .map(|kernel| format!("{}.cu {defines:?}: `{kernel}` missing from the cubin (functions: {symbols:?})", source.name)),
                         );
-                        let per_format = if streaming { 3 } else { 2 };
+                        // A quantized format's pair, plus its grouped and stacked products where
+                        // the body has them (the one-format test defines are all quantized).
+                        let per_format = 2 + usize::from(streaming) + usize::from(pipelined);
                         if one_format && symbols.iter().filter(|symbol| symbol.starts_with("matmat_")).count() != per_format {
                             failures.push(format!("{}.cu {defines:?}: not one format's {per_format} mat-mat kernels (functions: {symbols:?})", source.name));
                         }
