@@ -4,6 +4,7 @@
 // convolution of a DeltaNet layer. Each computes what the CPU backend's op of the same name does
 // (kiln-core), in the same order of operations where that order shows in f32.
 // Elementwise kernels take any 1-D grid (grid-stride).
+// kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
 
@@ -15,6 +16,7 @@ __device__ __forceinline__ float sigmoid(float x) {
 
 // GELU with the tanh approximation, times up.
 extern "C" __global__ void geglu_f32(float* out, const float* gate, const float* up, u64 n) {
+    wait_for_inputs();
     const float sqrt_2_over_pi = 0.7978846f;
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const float x = gate[i];
@@ -24,6 +26,7 @@ extern "C" __global__ void geglu_f32(float* out, const float* gate, const float*
 
 // gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit).
 extern "C" __global__ void swiglu_oai_f32(float* out, const float* gate, const float* up, float alpha, float limit, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const float g = fminf(gate[i], limit);
         out[i] = (fminf(fmaxf(up[i], -limit), limit) + 1.0f) * g / (1.0f + expf(-alpha * g));
@@ -31,6 +34,7 @@ extern "C" __global__ void swiglu_oai_f32(float* out, const float* gate, const f
 }
 
 extern "C" __global__ void softcap_f32(float* x, float cap, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         x[i] = cap * tanhf(x[i] / cap);
     }
@@ -38,6 +42,7 @@ extern "C" __global__ void softcap_f32(float* x, float cap, u64 n) {
 
 // dst[t][0..width] = src[t][col..col + width] for rows of src_width values; n = rows * width.
 extern "C" __global__ void copy_cols_f32(float* dst, const float* src, u32 src_width, u32 col, u32 width, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         dst[i] = src[i / width * src_width + col + i % width];
     }
@@ -46,6 +51,7 @@ extern "C" __global__ void copy_cols_f32(float* dst, const float* src, u32 src_w
 // x[i] *= sigmoid(gate[i / per]): per = 1 for an elementwise gate, the row width for one gate
 // per row.
 extern "C" __global__ void sigmoid_gate_f32(float* x, const float* gate, u32 per, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         x[i] /= 1.0f + expf(-gate[i / per]);
     }
@@ -54,6 +60,7 @@ extern "C" __global__ void sigmoid_gate_f32(float* x, const float* gate, u32 per
 // The DeltaNet gates of n tokens x n_heads, in place: g = a_log_neg * softplus(g + dt_bias),
 // beta = sigmoid(beta).
 extern "C" __global__ void delta_net_gates_f32(float* g, float* beta, const float* a_log_neg, const float* dt_bias, u32 n_heads, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u32 h = i % n_heads;
         const float z = g[i] + dt_bias[h];
@@ -70,6 +77,7 @@ __device__ __forceinline__ u32 expert_of(float id, u32 n_experts) {
 
 // x[slot][d] += bias[ids[slot]][d] over n = slots * dim values.
 extern "C" __global__ void moe_add_bias_f32(float* x, const float* bias, const float* ids, u32 dim, u32 n_experts, u64 n) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u32 e = expert_of(ids[i / dim], n_experts);
         x[i] = e < n_experts ? x[i] + bias[(u64)e * dim + i % dim] : __int_as_float(0x7fc00000);
@@ -79,6 +87,7 @@ extern "C" __global__ void moe_add_bias_f32(float* x, const float* bias, const f
 // out[t][d] = sum_j weights[t][j] * y[t][j][d] (+= when accumulating) over n = tokens * dim values.
 extern "C" __global__ void moe_combine_f32(float* out, const float* y, const float* weights, u32 n_used, u32 dim, u64 n,
                                            u32 accumulate) {
+    wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u64 t = i / dim;
         const u32 d = i % dim;
@@ -109,6 +118,7 @@ __device__ __forceinline__ float route_logit(u32 key) {
 #define ROUTE_REGS 8
 extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
     const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
+    wait_for_inputs();
     extern __shared__ float route_logits[];
     __shared__ u32 chosen[ROUTE_MAX_USED];
     __shared__ float chosen_weight[ROUTE_MAX_USED];
@@ -226,6 +236,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
 extern "C" __global__ void ssm_conv_f32(
     float* out, const float* x, const float* weight, float* state, const float* slots, u32 n_slots, const u32* step,
     u32 channels, u32 kernel, u64 n) {
+    wait_for_inputs();
     const u64 live = (u64)step[STEP_N_SEQS] * channels;
     for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
         const u32 s = i / channels;
@@ -291,6 +302,7 @@ extern "C" __global__ void ssm_conv_f32(
 extern "C" __global__ void __launch_bounds__(GROUP_THREADS) moe_group_slots(
     const float* ids, u32 n_slots, u32 n_experts, u32 group, u32 max_groups, u32* group_slot, u32* group_expert, u32* n_groups,
     float* out, u32 rows) {
+    wait_for_inputs();
     __shared__ u32 count[GROUP_MAX_EXPERTS];
     __shared__ u32 first_group[GROUP_MAX_EXPERTS];
     const u32 tid = threadIdx.x;
@@ -340,6 +352,7 @@ extern "C" __global__ void __launch_bounds__(GROUP_THREADS) moe_group_slots(
 // groups; n bounds the launch (max_groups * group * cols).
 extern "C" __global__ void moe_gather_rows(
     float* dst, const float* src, const u32* group_slot, const u32* n_groups, u32 group, u32 n_used, u32 per_slot, u32 cols, u64 n) {
+    wait_for_inputs();
     const u64 live = (u64)*n_groups * group * cols;
     for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
         const u32 slot = group_slot[i / cols];
@@ -350,6 +363,7 @@ extern "C" __global__ void moe_gather_rows(
 
 // out[group_slot[j]] = src[j], rows of `rows` values, for the live groups' slots.
 extern "C" __global__ void moe_scatter_rows(float* out, const float* src, const u32* group_slot, const u32* n_groups, u32 group, u32 rows, u64 n) {
+    wait_for_inputs();
     const u64 live = (u64)*n_groups * group * rows;
     for (u64 i = global_thread_index(); i < n && i < live; i += global_thread_count()) {
         const u32 slot = group_slot[i / rows];

@@ -12,6 +12,7 @@
 // kiln-test-defines: DN_HEAD_DIM=64
 // kiln-test-defines: DN_HEAD_DIM=128
 // kiln-test-defines: DN_HEAD_DIM=32
+// kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
 
@@ -24,6 +25,7 @@ static_assert(D % 32 == 0 && D <= 128, "DN_HEAD_DIM must be a multiple of 32, at
 extern "C" __global__ void __launch_bounds__(D) delta_net_f32(
     float* out, const float* x, const float* g, const float* beta, float* state, const float* slots, u32 n_slots,
     const u32* step, u32 n_k_heads, u32 n_v_heads) {
+    wait_for_inputs();
     const u32 h = blockIdx.x;
     const u32 s = blockIdx.y;
     if (s >= step[STEP_N_SEQS]) {

@@ -61,6 +61,7 @@
 // kiln-test-defines: MMA_BM=128,MMA_BN=32,MMA_WN=1,MMA_BK=256,MMA_XS=2,MMA_PIPE=2,MMA_TYPE=12
 // kiln-test-defines: MMA_BM=256,MMA_BN=64,MMA_WN=1,MMA_BK=128,MMA_XS=2,MMA_PIPE=2,MMA_MIN_BLOCKS=1,MMA_TYPE=14
 
+// kiln-waits-for-inputs
 #if !defined(MMA_BM) || !defined(MMA_BN) || !defined(MMA_WN)
 #error "matmat_mma kernels need -DMMA_BM=<slots> -DMMA_BN=<tokens> -DMMA_WN=<warps along the tokens>"
 #endif
@@ -98,6 +99,7 @@ __device__ __forceinline__ void matmat_two(const W& gate, const W& up, const u16
 template <class W>
 __device__ __forceinline__ void matmat_group(const W* table, const u32* group_expert, const u32* n_groups, const u16* x, u32 ld,
                                              u32 n, float* out, u32 rows, float* partials, u32 accumulate) {
+    wait_for_inputs();
     if (blockIdx.x >= *n_groups) {
         return;
     }
@@ -138,6 +140,7 @@ __device__ __forceinline__ void matmat_stacked(const W& a, const W& b, const W& 
 #endif
 extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const float* __restrict__ x, u32 cols, u32 n, u32 ld,
                                                                          u16* __restrict__ xh) {
+    wait_for_inputs();
     const u32 per_token = ld / 8;
     const u64 total = (u64)n * per_token;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
@@ -163,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(256) mma_half_activations(const flo
 // added to out with `accumulate`; `pair`: partials hold (gate, up) and out = silu(g) * u.
 extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float* __restrict__ partials, u32 splits, u32 count,
                                                                       u32 pair, u32 accumulate, float* out) {
+    wait_for_inputs();
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < count; e += (u64)gridDim.x * blockDim.x) {
         if (pair) {
             float g = 0.0f, u = 0.0f;
@@ -186,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(256) mma_reduce_splits(const float*
 // e < n * rows_k are the sums over splits s (in order) of its region's partials[s][e].
 extern "C" __global__ void __launch_bounds__(256) mma_reduce_stacked(const float* __restrict__ partials, u32 splits, u32 n, float* out_a,
                                                                        float* out_b, float* out_c, u32 rows_a, u32 rows_b, u32 rows_c) {
+    wait_for_inputs();
     const u64 count_a = (u64)n * rows_a, count_b = (u64)n * rows_b, total = count_a + count_b + (u64)n * rows_c;
     for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)gridDim.x * blockDim.x) {
         const u32 k = e < count_a ? 0 : e < count_a + count_b ? 1 : 2;

@@ -112,9 +112,13 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
     float acc[2][MMA_TN / 8][4];
     mma_zero<MMA_TN>(acc);
 
+    // The first step's weights are fetched before the inputs are known to be written.
+    if (begin < end) {
+        fetch_w(begin);
+    }
+    wait_for_inputs();
     if (begin < end) {
         ring_fill<MMA_XS>(issue_x, begin, end);
-        fetch_w(begin);
         store_w(begin, 0);
         cp_async_wait<MMA_XS - 2>();
         __syncthreads();

@@ -237,12 +237,16 @@ __device__ __forceinline__ void matmat_body(const W& first, const W& second, con
     float acc[2][MMA_TN / 8][4];
     mma_zero<MMA_TN>(acc);
 
+    // The first step's weights are fetched before the inputs are known to be written.
     if (begin < end) {
-        ring_fill<MMA_XS>(issue_x, begin, end);
 #pragma unroll
         for (int p = 0; p < MMA_PPT; ++p) {
             fetch(begin, p);
         }
+    }
+    wait_for_inputs();
+    if (begin < end) {
+        ring_fill<MMA_XS>(issue_x, begin, end);
         cp_async_wait<MMA_XS - 2>();
         __syncthreads();
         for (u32 step = begin; step < end; ++step) {

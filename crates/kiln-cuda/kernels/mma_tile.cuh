@@ -110,6 +110,7 @@ __device__ __forceinline__ void matmat_mma(const W& first, const W& second, cons
     float acc[2][MMA_TN / 8][4];
     mma_zero<MMA_TN>(acc);
 
+    wait_for_inputs();
     fetch(0);
     store(0, 0);
     __syncthreads();

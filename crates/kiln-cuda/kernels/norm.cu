@@ -1,4 +1,5 @@
 // RMSNorm of row-major [rows][dim] f32 data: out = x / sqrt(mean(x^2) + eps) * weight.
+// kiln-waits-for-inputs
 #include "norm.cuh"
 
 __device__ __forceinline__ void scale_row(float* out, const float* x, const float* weight, u32 dim, float sum_sq,
@@ -23,6 +24,7 @@ __device__ __forceinline__ void scale_row(float* out, const float* x, const floa
 // One warp per row: for short rows (per-head q/k norms, small models). Grid: ceil(rows / 8).
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_warp_f32(float* out, const float* x, const float* weight,
                                                                            u32 rows, u32 dim, float eps) {
+    wait_for_inputs();
     const u32 row = blockIdx.x * (NORM_BLOCK / 32) + threadIdx.x / 32;
     const u32 lane = threadIdx.x & 31;
     if (row >= rows) {
@@ -35,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_warp_f32(float
 // One block per row: for model-width rows. Grid: rows.
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_block_f32(float* out, const float* x, const float* weight,
                                                                             u32 rows, u32 dim, float eps) {
+    wait_for_inputs();
     const float* xr = x + (u64)blockIdx.x * dim;
     const float sum_sq = block_row_sum_sq(xr, dim);
     scale_row(out + (u64)blockIdx.x * dim, xr, weight, dim, sum_sq, eps, threadIdx.x, NORM_BLOCK);
@@ -46,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_block_f32(floa
 // mat-mat's input without a conversion launch. `out` must not alias `x`. Grid: rows.
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_half_f32(float* out, u16* __restrict__ xh, const float* x, const float* weight,
                                                                            u32 dim, u32 ld, float eps, u32 permuted) {
+    wait_for_inputs();
     const float* xr = x + (u64)blockIdx.x * dim;
     const float sum_sq = dim <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(xr, dim, threadIdx.x & 31) : block_row_sum_sq(xr, dim);
     const float scale = rms_scale(sum_sq, dim, eps);
