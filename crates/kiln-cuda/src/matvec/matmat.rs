@@ -86,7 +86,7 @@ pub const MATMAT_TILES: usize = MMA_TILES.len();
 /// Most depth splits of one product.
 const MAX_SPLITS: usize = 16;
 /// Fewest steps of depth per split.
-const MIN_SPLIT_STEPS: usize = 4;
+const MIN_SPLIT_STEPS: usize = 2;
 /// Depth splits the tuner times for each split-K shape (besides the heuristic's own).
 const TIMED_SPLITS: [usize; 7] = [2, 3, 4, 6, 8, 12, MAX_SPLITS];
 
