@@ -220,6 +220,25 @@ pub trait Backend: Send + Sync + 'static {
     /// Per row of `x` (any rank; rows of its last dimension): `out = x / sqrt(mean(x²) + eps) *
     /// weight`, with `weight` `[cols]` and `out` of `x`'s shape.
     fn rms_norm(&self, x: Tensor<Self::Buffer>, weight: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>, eps: f32) -> Result<()>;
+    /// `x = (x + rms_norm(src) · weight) · scale` with `norm` = (weight, eps) (Gemma's block
+    /// outputs normed before the residual add, and its per-layer output scale; 1 for none):
+    /// `src`, `scratch` and `x` are `[n, dim]`; `scratch` receives the normed rows (or, in a
+    /// backend that fuses the steps, is left unspecified).
+    fn rms_norm_add(
+        &self,
+        src: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        mut scratch: TensorMut<Self::Buffer>,
+        mut x: TensorMut<Self::Buffer>,
+        scale: f32,
+    ) -> Result<()> {
+        self.rms_norm(src, norm.0, scratch.reborrow(), norm.1)?;
+        self.add(x.reborrow(), scratch.as_ref())?;
+        if scale != 1.0 {
+            self.scale(x, scale)?;
+        }
+        Ok(())
+    }
     /// `out[t][r] = x[t] · W[r]`: `x` is `[n, cols]`, `out` `[n, rows]`.
     fn matmul(&self, w: &Self::Weight, x: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()>;
     /// `x[t][i] += bias[i]`: `x` is `[n, dim]`, `bias` `[dim]`.
@@ -415,6 +434,24 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
         self.matmul_qkv(w, h.as_ref(), out)
+    }
+
+    /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then the
+    /// product of the result with each weight of `w` into the matching `out` (a DeltaNet's input
+    /// projections).
+    fn norm_matmuls<const N: usize>(
+        &self,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        mut h: TensorMut<Self::Buffer>,
+        w: [&Self::Weight; N],
+        out: [TensorMut<Self::Buffer>; N],
+    ) -> Result<()> {
+        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        for (w, out) in w.into_iter().zip(out) {
+            self.matmul(w, h.as_ref(), out)?;
+        }
+        Ok(())
     }
 
     /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then

@@ -82,3 +82,38 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_half_f32(float
         store_half8(row_half + first, v, permuted != 0);
     }
 }
+
+// x = (x + rms_norm(src) * weight) * scale per row of `dim` values: rms_norm_{warp,block}_f32's
+// normed values (the reduction chosen by width the same way), then add_f32 and scale_f32's
+// arithmetic, in one pass (Gemma's post-norms before the residual add). `src` must not alias
+// `x`. Grid: rows.
+// (x + normed) * scale, each step rounded as the separate add and scale kernels round it (no
+// contraction of the norm's last product into the add).
+__device__ __forceinline__ float normed_add(float x, float normed, float scale) {
+    return __fmul_rn(__fadd_rn(x, normed), scale);
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_add_f32(float* x, const float* src, const float* weight, u32 dim, float eps,
+                                                                          float scale) {
+    wait_for_inputs();
+    const float* sr = src + (u64)blockIdx.x * dim;
+    const float sum_sq = dim <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(sr, dim, threadIdx.x & 31) : block_row_sum_sq(sr, dim);
+    const float norm_scale = rms_scale(sum_sq, dim, eps);
+    float* xr = x + (u64)blockIdx.x * dim;
+    if (float4_row(xr, dim) && float4_row(sr, dim) && float4_row(weight, dim)) {
+        for (u32 i = threadIdx.x; i < dim / 4; i += NORM_BLOCK) {
+            const float4 v = reinterpret_cast<const float4*>(sr)[i];
+            const float4 w = reinterpret_cast<const float4*>(weight)[i];
+            float4 r = reinterpret_cast<float4*>(xr)[i];
+            r.x = normed_add(r.x, rms_normed(v.x, norm_scale, w.x), scale);
+            r.y = normed_add(r.y, rms_normed(v.y, norm_scale, w.y), scale);
+            r.z = normed_add(r.z, rms_normed(v.z, norm_scale, w.z), scale);
+            r.w = normed_add(r.w, rms_normed(v.w, norm_scale, w.w), scale);
+            reinterpret_cast<float4*>(xr)[i] = r;
+        }
+        return;
+    }
+    for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
+        xr[i] = normed_add(xr[i], rms_normed(sr[i], norm_scale, weight[i]), scale);
+    }
+}

@@ -66,6 +66,7 @@ pub(crate) fn to_u32(what: &str, value: usize) -> Result<u32> {
 struct Kernels {
     rms_norm_warp: CudaFunction,
     rms_norm_block: CudaFunction,
+    rms_norm_add: CudaFunction,
     rope: CudaFunction,
     add: CudaFunction,
     gather_rows: CudaFunction,
@@ -94,14 +95,14 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// q, k and v of f32 activations: the float stacked mat-vec, else one product each, the
-    /// mat-mat ones sharing one f16 conversion (`converted`: the scratch holds it already).
-    fn matmul_qkv_f32(&self, w: [&GpuWeight; 3], x: View, out: [ViewMut; 3], n: usize, converted: Option<HalfLayout>) -> Result<()> {
-        let [mut q, mut k, mut v] = out;
-        for (weight, out) in w.iter().zip([&q, &k, &v]) {
-            shapes::matmul("matmul_qkv", (weight.rows, weight.cols), x.shape(), out.shape())?;
+    /// Products of one f32 input (q, k and v, or a DeltaNet's input projections): the float
+    /// stacked mat-vec, else one product each, the mat-mat ones sharing one f16 conversion
+    /// (`converted`: the scratch holds it already).
+    fn matmuls_f32<const N: usize>(&self, w: [&GpuWeight; N], x: View, mut out: [ViewMut; N], n: usize, converted: Option<HalfLayout>) -> Result<()> {
+        for (weight, out) in w.iter().zip(&out) {
+            shapes::matmul("matmuls", (weight.rows, weight.cols), x.shape(), out.shape())?;
         }
-        let mut outs = [q.buf_mut(), k.buf_mut(), v.buf_mut()];
+        let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
         if converted.is_none() && matvec::matmul_stacked_float(&self.device, &w, x.buf(), &mut outs, n).map_err(backend_error)? {
             return Ok(());
         }
@@ -132,6 +133,7 @@ impl CudaBackend {
         let kernels = Kernels {
             rms_norm_warp: function("norm", "rms_norm_warp_f32")?,
             rms_norm_block: function("norm", "rms_norm_block_f32")?,
+            rms_norm_add: function("norm", "rms_norm_add_f32")?,
             rope: function("rope", "rope_f32")?,
             add: function("elementwise", "add_f32")?,
             gather_rows: function("pointwise", "gather_rows_f32")?,
@@ -233,13 +235,14 @@ impl CudaBackend {
         self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map_err(backend_error)
     }
 
-    /// q, k and v (`out`) from activations already quantized into `qx` (the weights' input buffer).
-    fn matmul_qkv_quantized(&self, qx: &QuantizedActivations, w: [&GpuWeight; 3], out: [ViewMut; 3], n: usize) -> Result<()> {
-        let [mut q, mut k, mut v] = out;
-        for (w, out) in w.iter().zip([&q, &k, &v]) {
-            shapes::matmul("matmul_qkv", (w.rows, w.cols), Shape::from([n, w.cols]), out.shape())?;
+    /// Products (`out`, one per weight) of activations already quantized into `qx` (the
+    /// weights' input buffer).
+    fn matmuls_quantized<const N: usize>(&self, qx: &QuantizedActivations, w: [&GpuWeight; N], mut out: [ViewMut; N], n: usize) -> Result<()> {
+        for (w, out) in w.iter().zip(&out) {
+            shapes::matmul("matmuls", (w.rows, w.cols), Shape::from([n, w.cols]), out.shape())?;
         }
-        matvec::matmul_stacked_quantized(&self.device, &w, qx, &mut [q.buf_mut(), k.buf_mut(), v.buf_mut()], n).map_err(backend_error)
+        let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
+        matvec::matmul_stacked_quantized(&self.device, &w, qx, &mut outs, n).map_err(backend_error)
     }
 }
 
@@ -320,6 +323,33 @@ impl Backend for CudaBackend {
         unsafe { self.device.stream().launch_builder(function).arg(out).arg(x).arg(weight).arg(&rows32).arg(&dim32).arg(&eps).launch(cfg) }
             .map(drop)
             .map_err(launch_error("rms_norm"))
+    }
+
+    fn rms_norm_add(&self, src: View, norm: (View, f32), scratch: ViewMut, mut x: ViewMut, scale: f32) -> Result<()> {
+        let (rows, dim) = shapes::rms_norm(src.shape(), norm.0.shape(), x.shape())?;
+        shapes::elementwise("rms_norm_add", &[("src", src.shape())], scratch.shape())?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let (dim32, eps) = (to_u32("dim", dim)?, norm.1);
+        let cfg = LaunchConfig { grid_dim: (to_u32("rows", rows)?, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: matches norm.cu's rms_norm_add_f32 (NORM_BLOCK = BLOCK threads); src and x hold
+        // rows * dim values, the weight dim (the shapes above); x is borrowed mutably, so it is
+        // not src.
+        unsafe {
+            self.device
+                .stream()
+                .launch_builder(&self.kernels.rms_norm_add)
+                .arg(x.buf_mut())
+                .arg(src.buf())
+                .arg(norm.0.buf())
+                .arg(&dim32)
+                .arg(&eps)
+                .arg(&scale)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(launch_error("rms_norm_add"))
     }
 
     fn matmul(&self, w: &GpuWeight, x: View, mut out: ViewMut) -> Result<()> {
@@ -618,23 +648,27 @@ impl Backend for CudaBackend {
             Some(shared) => {
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 qx.fill(&self.device, x.buf(), n).map_err(backend_error)?;
-                self.matmul_qkv_quantized(&qx, w, out, n)
+                self.matmuls_quantized(&qx, w, out, n)
             }
-            None => self.matmul_qkv_f32(w, x, out, n, None),
+            None => self.matmuls_f32(w, x, out, n, None),
         }
     }
 
-    fn norm_matmul_qkv(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 3], out: [ViewMut; 3]) -> Result<()> {
+    fn norm_matmul_qkv(&self, x: View, norm: (View, f32), h: ViewMut, w: [&GpuWeight; 3], out: [ViewMut; 3]) -> Result<()> {
+        self.norm_matmuls(x, norm, h, w, out)
+    }
+
+    fn norm_matmuls<const N: usize>(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; N], out: [ViewMut; N]) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                self.matmul_qkv_quantized(&qx, w, out, n)
+                self.matmuls_quantized(&qx, w, out, n)
             }
             None => {
                 let converted = self.norm_for_products(x, norm, h.reborrow(), &w, false)?;
-                self.matmul_qkv_f32(w, h.as_ref(), out, n, converted)
+                self.matmuls_f32(w, h.as_ref(), out, n, converted)
             }
         }
     }

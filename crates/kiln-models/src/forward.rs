@@ -194,12 +194,8 @@ fn delta_net<B: Backend>(
     let (b, c, n, e, s) = (p.b, &p.w.config, p.n, p.w.config.n_embd, &mut a.dn);
     let (conv_dim, heads, v_width) = (d.conv_dim(), d.n_v_heads, d.v_width());
     let params = recurrent::params(d);
-    b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-    let h = a.h.rows(n, e)?;
-    b.matmul(&w.qkv, h, s.qkv.rows_mut(n, conv_dim)?)?;
-    b.matmul(&w.z, h, s.z.rows_mut(n, v_width)?)?;
-    b.matmul(&w.alpha, h, s.g.rows_mut(n, heads)?)?;
-    b.matmul(&w.beta, h, s.beta.rows_mut(n, heads)?)?;
+    let projections = [s.qkv.rows_mut(n, conv_dim)?, s.z.rows_mut(n, v_width)?, s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?];
+    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta], projections)?;
     b.delta_net_gates(s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?, w.a.whole(), w.dt_bias.whole())?;
     let [conv, ssm] = states.layer(d.state, &params)?;
     b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
@@ -225,14 +221,19 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         };
         attention(p, at, aw, &l.attn_norm, caches, a)?;
         b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
-        norm_add(p, l.post_attn_norm.as_ref(), a)?;
+        norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
         ffn(p, lc, l, a, Out::Scratch)?;
-        norm_add(p, l.post_ffn_norm.as_ref(), a)?;
-        if let Some(pl) = &l.per_layer {
-            per_layer_block(p, pl, i, a)?;
-        }
-        if let Some(s) = l.output_scale {
-            b.scale(a.x.rows_mut(n, e)?, s)?;
+        // The layer's output scale comes last: after the per-layer block where there is one.
+        let scale = l.output_scale.unwrap_or(1.0);
+        match &l.per_layer {
+            Some(pl) => {
+                norm_add(p, l.post_ffn_norm.as_ref(), a, 1.0)?;
+                per_layer_block(p, pl, i, a)?;
+                if scale != 1.0 {
+                    b.scale(a.x.rows_mut(n, e)?, scale)?;
+                }
+            }
+            None => norm_add(p, l.post_ffn_norm.as_ref(), a, scale)?,
         }
     }
     lm_head(p, a)
@@ -263,15 +264,14 @@ fn per_layer_block<B: Backend>(p: &Pass<B>, pl: &PerLayerWeights<B>, layer: usiz
     b.matmul(&pl.gate, a.x.rows(n, e)?, gate.rows_mut(n, d)?)?;
     b.geglu(gate.rows(n, d)?, input.rows(n, d)?, act.rows_mut(n, d)?)?;
     b.matmul(&pl.proj, act.rows(n, d)?, a.tmp.rows_mut(n, e)?)?;
-    norm_add(p, Some(&pl.norm), a)
+    norm_add(p, Some(&pl.norm), a, 1.0)
 }
 
-/// `x += rms_norm(tmp)`.
-fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace<B>) -> Result<()> {
+/// `x = (x + rms_norm(tmp)) * scale`.
+fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace<B>, scale: f32) -> Result<()> {
     let (c, n, e) = (&p.w.config, p.n, p.w.config.n_embd);
     let norm = norm.ok_or_else(|| BackendError::BadPlan("a Gemma block without its post-norm".into()))?;
-    p.b.rms_norm(a.tmp.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-    p.b.add(a.x.rows_mut(n, e)?, a.h.rows(n, e)?)
+    p.b.rms_norm_add(a.tmp.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.x.rows_mut(n, e)?, scale)
 }
 
 /// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
@@ -391,8 +391,7 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
                     b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.tmp.rows_mut(n, e)?)?;
                     b.rms_norm(a.tmp.rows(n, e)?, side.post_norm.whole(), a.ffn_out.rows_mut(n, e)?, c.rms_eps)?;
                     moe(p, m, mc, &side.moe_norm, a, Out::Scratch)?;
-                    b.rms_norm(a.tmp.rows(n, e)?, side.moe_post_norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-                    b.add(a.ffn_out.rows_mut(n, e)?, a.h.rows(n, e)?)?;
+                    b.rms_norm_add(a.tmp.rows(n, e)?, (side.moe_post_norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.ffn_out.rows_mut(n, e)?, 1.0)?;
                     b.copy(a.ffn_out.rows(n, e)?, a.tmp.rows_mut(n, e)?)?;
                 }
                 (None, None) if m.shared.is_none() && out == Out::AddToResidual => {
@@ -405,6 +404,7 @@ fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut W
                         // tmp += sigmoid(norm(x) · gate) * shared(norm(x))
                         dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
                         b.matmul(&shared.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                        // h: norm(x) as moe() left it (the fused products above may not write it).
                         b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
                         b.sigmoid_gate(a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?)?;
                         b.add(a.tmp.rows_mut(n, e)?, a.ffn_out.rows(n, e)?)?;
@@ -438,9 +438,8 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
             b.norm_ffn_gate_up(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], scratch, a.act.rows_mut(n, n_ff)?)
         }
         act => {
-            b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-            b.matmul(&d.gate, a.h.rows(n, e)?, a.gate.rows_mut(n, n_ff)?)?;
-            b.matmul(&d.up, a.h.rows(n, e)?, a.up.rows_mut(n, n_ff)?)?;
+            let projections = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], projections)?;
             gated_activation(b, act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
         }
     }
