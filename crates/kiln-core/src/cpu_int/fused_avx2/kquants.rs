@@ -120,6 +120,12 @@ pub unsafe fn q3_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
 /// Q4_K and Q5_K: f16 d, dmin, 12 bytes of 6-bit scales/mins, (Q5_K: 32 bytes of fifth bits,
 /// bit g of qh[l] for value 32g + l), 128 nibble bytes (byte 32p + l holds value 64p + l low and
 /// 64p + 32 + l high); 8 groups of 32, value = d * sc * u - dmin * m.
+///
+/// A group's 32 products leave `vpmaddubsw` as 16 i16 pair sums. Rather than widening each
+/// group by a `vpmaddwd` and scaling it by its own f32 multiply-add (eight of each per block,
+/// on the pipes the multiplies need), the eight groups are folded together by horizontal i16
+/// adds, widened once and scaled by one multiply-add per block. Two levels of adds sum 4 pair
+/// sums, at most 4 x 2 x 31 x 128 < 2^15 for codes below 32, so nothing wraps.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_style<const FIVE: bool>(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
@@ -128,18 +134,19 @@ unsafe fn k4_style<const FIVE: bool>(row: &[u8], acts: &QuantizedActs, t: usize)
     let (blocks, groups) = (cols / 256, cols / 32);
     let qs = acts.qs.as_ptr().add(t * cols);
     let (act_scale, sums) = (acts.scale.as_ptr().add(t * groups), acts.scaled_sum32.as_ptr().add(t * groups));
-    let (mut main, mut offsets) = ([_mm256_setzero_ps(); 2], _mm256_setzero_ps());
-    let (mask, fifth) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    let (mut main, mut offsets) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mask, fifth, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10), _mm256_set1_epi16(1));
     for b in 0..blocks {
         let block = &row[b * block_bytes..(b + 1) * block_bytes];
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
         let (sc, m) = k4_scales(&block[4..16]);
         let to_f32 = |bytes: u64| u8x8_to_f32(_mm_cvtsi64_si128(bytes as i64));
         // SAFETY (loads): groups 8b..8b+8 of the activation scales and sums, values 256b.. of the codes.
-        let mut c = [0f32; 8];
-        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), to_f32(sc)), _mm256_loadu_ps(act_scale.add(8 * b))));
+        let coef = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), to_f32(sc)), _mm256_loadu_ps(act_scale.add(8 * b)));
         offsets = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-dmin), to_f32(m)), _mm256_loadu_ps(sums.add(8 * b)), offsets);
         let qh = if FIVE { _mm256_loadu_si256(block.as_ptr().add(16).cast()) } else { _mm256_setzero_si256() };
+        // pairs[g]: group g's 16 i16 pair sums (group 2p: the low nibbles of bytes 32p.., 2p + 1 the high).
+        let mut pairs = [_mm256_setzero_si256(); 8];
         for p in 0..4 {
             let w = _mm256_loadu_si256(block.as_ptr().add(qs_at + 32 * p).cast());
             let (mut lo, mut hi) = (_mm256_and_si256(w, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask));
@@ -148,13 +155,22 @@ unsafe fn k4_style<const FIVE: bool>(row: &[u8], acts: &QuantizedActs, t: usize)
                 hi = _mm256_or_si256(hi, bit_plane(qh, 2 * p as i32 + 1, 4, fifth));
             }
             let at = qs.add(256 * b + 64 * p);
-            let dot_lo = dot_small(lo, _mm256_loadu_si256(at.cast()));
-            let dot_hi = dot_small(hi, _mm256_loadu_si256(at.add(32).cast()));
-            main[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_lo), _mm256_set1_ps(c[2 * p]), main[0]);
-            main[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_hi), _mm256_set1_ps(c[2 * p + 1]), main[1]);
+            pairs[2 * p] = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(at.cast()));
+            pairs[2 * p + 1] = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(at.add(32).cast()));
         }
+        // Within each 128-bit half, two levels of horizontal adds leave groups 0-3 (then 4-7)
+        // two i16 sums each, in group order; vpmaddwd by ones widens them to one i32 per group
+        // and half; the two halves of every group are then added.
+        let quads = |g: usize| {
+            let first = _mm256_hadd_epi16(pairs[g], pairs[g + 1]);
+            let second = _mm256_hadd_epi16(pairs[g + 2], pairs[g + 3]);
+            _mm256_madd_epi16(_mm256_hadd_epi16(first, second), ones)
+        };
+        let (low_groups, high_groups) = (quads(0), quads(4));
+        let sums_i32 = _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(low_groups, high_groups), _mm256_permute2x128_si256::<0x31>(low_groups, high_groups));
+        main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums_i32), coef, main);
     }
-    hsum(_mm256_add_ps(main[0], main[1])) + hsum(offsets)
+    hsum(main) + hsum(offsets)
 }
 
 /// Q4_K: 144-byte blocks of 256 (see [`k4_style`]).
@@ -187,10 +203,12 @@ pub unsafe fn q6_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let blocks = cols / 256;
     let qs = acts.qs.as_ptr().add(t * cols);
     let (act_scale, sums) = (acts.scale.as_ptr().add(t * cols / 32), acts.scaled_sum16.as_ptr().add(t * cols / 16));
-    let (mut main, mut bias_terms) = ([_mm256_setzero_ps(); 2], _mm256_setzero_ps());
-    let (nibble, two_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
-    // Lanes 0-3 of a 32-value dot belong to its first group of 16, lanes 4-7 to the second.
-    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    let (mut main, mut bias_terms) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (nibble, two_bits, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30), _mm256_set1_epi16(1));
+    // The folded sums of 8 groups come out as groups (0, 2, 4, 6, 1, 3, 5, 7); their weight
+    // scales are permuted to match, and chunk c's activation scale serves groups 2c and 2c + 1.
+    let even_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    let act_of = [_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7)];
     for b in 0..blocks {
         let block = &row[b * 210..(b + 1) * 210];
         let d = _mm256_set1_ps(f16_at(block, 208));
@@ -202,9 +220,9 @@ pub unsafe fn q6_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
         ];
         bias_terms = _mm256_fmadd_ps(ws[0], _mm256_loadu_ps(sums.add(16 * b)), bias_terms);
         bias_terms = _mm256_fmadd_ps(ws[1], _mm256_loadu_ps(sums.add(16 * b + 8)), bias_terms);
-        let mut ws16 = [0f32; 16];
-        _mm256_storeu_ps(ws16.as_mut_ptr(), ws[0]);
-        _mm256_storeu_ps(ws16.as_mut_ptr().add(8), ws[1]);
+        let act = _mm256_loadu_ps(act_scale.add(8 * b));
+        // pairs[c]: chunk c's 16 i16 pair sums, group 2c in the low 128 bits, 2c + 1 in the high.
+        let mut pairs = [_mm256_setzero_si256(); 8];
         for h in 0..2 {
             let qh = _mm256_loadu_si256(block.as_ptr().add(128 + 32 * h).cast());
             let ql = [_mm256_loadu_si256(block.as_ptr().add(64 * h).cast()), _mm256_loadu_si256(block.as_ptr().add(64 * h + 32).cast())];
@@ -212,14 +230,18 @@ pub unsafe fn q6_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
                 let low = if k < 2 { _mm256_and_si256(ql[k], nibble) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(ql[k - 2]), nibble) };
                 let top = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), _mm_cvtsi32_si128(4)), two_bits);
                 let chunk = 4 * h + k;
-                let dot = dot_small(_mm256_or_si256(low, top), _mm256_loadu_si256(qs.add(256 * b + 32 * chunk).cast()));
-                let pair = _mm256_setr_ps(ws16[2 * chunk], ws16[2 * chunk + 1], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-                let c = _mm256_mul_ps(_mm256_permutevar8x32_ps(pair, halves), _mm256_set1_ps(*act_scale.add(8 * b + chunk)));
-                main[k % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), c, main[k % 2]);
+                pairs[chunk] = _mm256_maddubs_epi16(_mm256_or_si256(low, top), _mm256_loadu_si256(qs.add(256 * b + 32 * chunk).cast()));
             }
         }
+        // One i16 add of two pair sums stays below 2^15 (2 x 2 x 63 x 128); the rest in i32.
+        for h in 0..2 {
+            let widened = |c: usize| _mm256_madd_epi16(_mm256_hadd_epi16(pairs[c], pairs[c + 1]), ones);
+            let group_sums = _mm256_hadd_epi32(widened(4 * h), widened(4 * h + 2));
+            let coef = _mm256_mul_ps(_mm256_permutevar8x32_ps(ws[h], even_odd), _mm256_permutevar8x32_ps(act, act_of[h]));
+            main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(group_sums), coef, main);
+        }
     }
-    hsum(_mm256_add_ps(main[0], main[1])) - 32.0 * hsum(bias_terms)
+    hsum(main) - 32.0 * hsum(bias_terms)
 }
 
 /// IQ4_XS: 136-byte blocks of 256 (f16 d, u16 high scale bits, 4 bytes of low scale nibbles,
