@@ -40,7 +40,8 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
         }
         _ => _mm256_setzero_si256(),
     };
-    let block_dot = |b: usize| {
+    // Block b's 16 `vpmaddubsw` pair sums (codes below 64).
+    let block_pairs = |b: usize| {
         let block = &row[b * BYTES..(b + 1) * BYTES];
         // SAFETY: the block holds its 16 nibble bytes at QS_AT; values 32b..32b+32 are in the activations.
         let w = _mm_loadu_si128(block.as_ptr().add(QS_AT).cast());
@@ -50,11 +51,10 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
             u = _mm256_or_si256(u, _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
         }
         let a = _mm256_loadu_si256(qs.add(32 * b).cast());
-        let dot = match CODES {
-            MXFP4 => dot_small(_mm256_shuffle_epi8(table, u), a),
-            _ => dot_small(u, a),
-        };
-        _mm256_cvtepi32_ps(dot)
+        match CODES {
+            MXFP4 => _mm256_maddubs_epi16(_mm256_shuffle_epi8(table, u), a),
+            _ => _mm256_maddubs_epi16(u, a),
+        }
     };
     let scale_of = |b: usize| if CODES == MXFP4 { e8m0_half(row[b * BYTES]) } else { f16_at(row, b * BYTES) };
     // The scales of blocks b..b+4 (or the f16 at byte `at` of each), as f32.
@@ -66,31 +66,53 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
             f16x4(row.as_ptr().add(b * BYTES + at), BYTES)
         }
     };
-    let (mut main, mut rest) = ([_mm256_setzero_ps(); 2], _mm_setzero_ps());
+    let (mut main, mut rest) = (_mm256_setzero_ps(), _mm_setzero_ps());
     let mut b = 0;
     while b + 4 <= blocks {
         let d = scales4(b, 0);
-        let mut c = [0f32; 4];
         // SAFETY: blocks b..b+4 have activation scales and sums.
-        _mm_storeu_ps(c.as_mut_ptr(), _mm_mul_ps(d, _mm_loadu_ps(act_scale.as_ptr().add(b))));
+        let c = _mm_mul_ps(d, _mm_loadu_ps(act_scale.as_ptr().add(b)));
         if bias != 0.0 || HAS_MIN {
             let offset = if HAS_MIN { scales4(b, 2) } else { _mm_setzero_ps() };
             rest = _mm_fmadd_ps(_mm_fnmadd_ps(_mm_set1_ps(bias), d, offset), _mm_loadu_ps(sums.as_ptr().add(b)), rest);
         }
-        for (i, &c) in c.iter().enumerate() {
-            main[i % 2] = _mm256_fmadd_ps(block_dot(b + i), _mm256_set1_ps(c), main[i % 2]);
-        }
+        let dots = fold_small_blocks4(block_pairs(b), block_pairs(b + 1), block_pairs(b + 2), block_pairs(b + 3));
+        main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set_m128(c, c), main);
         b += 4;
     }
     let mut tail = 0f32;
     for b in b..blocks {
         let d = scale_of(b);
-        main[0] = _mm256_fmadd_ps(block_dot(b), _mm256_set1_ps(d * act_scale[b]), main[0]);
+        let dot = _mm256_madd_epi16(block_pairs(b), _mm256_set1_epi16(1));
+        main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * act_scale[b]), main);
         let offset = if HAS_MIN { f16_at(row, b * BYTES + 2) } else { 0.0 };
         tail += (offset - bias * d) * sums[b];
     }
     let rest = _mm_add_ps(rest, _mm_movehl_ps(rest, rest));
-    hsum(_mm256_add_ps(main[0], main[1])) + _mm_cvtss_f32(_mm_add_ss(rest, _mm_shuffle_ps::<1>(rest, rest))) + tail
+    hsum(main) + _mm_cvtss_f32(_mm_add_ss(rest, _mm_shuffle_ps::<1>(rest, rest))) + tail
+}
+
+/// Four blocks' dot products from their `vpmaddubsw` pair sums, as i32 lanes (b0, b1, b2, b3)
+/// in each 128-bit half (that half's 16 values of each block): one multiply-add then scales all
+/// four. For codes below 64 (pair sums below 2^14), so one i16 add of two cannot wrap.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fold_small_blocks4(p0: __m256i, p1: __m256i, p2: __m256i, p3: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let first = _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones);
+    let second = _mm256_madd_epi16(_mm256_hadd_epi16(p2, p3), ones);
+    _mm256_hadd_epi32(first, second)
+}
+
+/// As [`fold_small_blocks4`] for pair sums of any size (the sign trick's signed codes): each
+/// block widened first, then added in i32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fold_blocks4(p0: __m256i, p1: __m256i, p2: __m256i, p3: __m256i) -> __m256i {
+    let ones = _mm256_set1_epi16(1);
+    let (w0, w1) = (_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+    let (w2, w3) = (_mm256_madd_epi16(p2, ones), _mm256_madd_epi16(p3, ones));
+    _mm256_hadd_epi32(_mm256_hadd_epi32(w0, w1), _mm256_hadd_epi32(w2, w3))
 }
 
 /// The f16 values at `p + i * stride`, i < 4, as f32. A function, not a closure: called twice
@@ -156,31 +178,37 @@ pub unsafe fn iq4_nl(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let row = &row[..blocks * 18];
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_NL_CODEBOOK.as_ptr().cast()));
     let mask = _mm256_set1_epi8(0x0f);
-    let dot = |s: __m256i, b: usize| _mm256_cvtepi32_ps(dot_signed(s, _mm256_loadu_si256(qs.add(32 * b).cast())));
-    let mut main = [_mm256_setzero_ps(); 2];
+    // Block b's pair sums of its signed codebook values `s` by the sign trick.
+    let pairs = |s: __m256i, b: usize| {
+        let a = _mm256_loadu_si256(qs.add(32 * b).cast());
+        _mm256_maddubs_epi16(_mm256_abs_epi8(s), _mm256_sign_epi8(a, s))
+    };
+    let mut main = _mm256_setzero_ps();
     let mut b = 0;
     while b + 4 <= blocks {
         // SAFETY: blocks b..b+4 lie inside the row and have activation scales; values 32b..32b+128 are in the activations.
-        let mut c = [0f32; 4];
-        _mm_storeu_ps(c.as_mut_ptr(), _mm_mul_ps(f16x4(row.as_ptr().add(18 * b), 18), _mm_loadu_ps(act_scale.as_ptr().add(b))));
+        let c = _mm_mul_ps(f16x4(row.as_ptr().add(18 * b), 18), _mm_loadu_ps(act_scale.as_ptr().add(b)));
+        let mut p = [_mm256_setzero_si256(); 4];
         for pair in 0..2 {
-            let p = row.as_ptr().add(18 * (b + 2 * pair) + 2);
-            let w = _mm256_loadu2_m128i(p.add(18).cast(), p.cast());
+            let at = row.as_ptr().add(18 * (b + 2 * pair) + 2);
+            let w = _mm256_loadu2_m128i(at.add(18).cast(), at.cast());
             let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(w, mask));
             let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask));
             let first = b + 2 * pair;
-            main[0] = _mm256_fmadd_ps(dot(_mm256_permute2x128_si256::<0x20>(lo, hi), first), _mm256_set1_ps(c[2 * pair]), main[0]);
-            main[1] = _mm256_fmadd_ps(dot(_mm256_permute2x128_si256::<0x31>(lo, hi), first + 1), _mm256_set1_ps(c[2 * pair + 1]), main[1]);
+            p[2 * pair] = pairs(_mm256_permute2x128_si256::<0x20>(lo, hi), first);
+            p[2 * pair + 1] = pairs(_mm256_permute2x128_si256::<0x31>(lo, hi), first + 1);
         }
+        main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold_blocks4(p[0], p[1], p[2], p[3])), _mm256_set_m128(c, c), main);
         b += 4;
     }
     for (b, &a) in act_scale.iter().enumerate().skip(b) {
         // SAFETY: block b lies inside the row.
         let w = _mm_loadu_si128(row.as_ptr().add(18 * b + 2).cast());
         let u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(w), _mm256_castsi256_si128(mask)), _mm_and_si128(w, _mm256_castsi256_si128(mask)));
-        main[0] = _mm256_fmadd_ps(dot(_mm256_shuffle_epi8(table, u), b), _mm256_set1_ps(f16_at(row, 18 * b) * a), main[0]);
+        let dot = dot_signed(_mm256_shuffle_epi8(table, u), _mm256_loadu_si256(qs.add(32 * b).cast()));
+        main = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(row, 18 * b) * a), main);
     }
-    hsum(_mm256_add_ps(main[0], main[1]))
+    hsum(main)
 }
 
 /// MXFP4: 17-byte blocks (e8m0 exponent, 16 nibble bytes of E2M1 codes); u = 2 * value + 12,
