@@ -161,14 +161,17 @@ pub fn matmat_tile(level: SimdLevel, rows: &[DecodedRow], acts: &QuantizedActs, 
 struct FusedKernel {
     #[cfg(target_arch = "x86_64")]
     row: fused_avx512::FusedRow,
+    /// The kernel requests its row's bytes ahead of use itself (the AVX2 ones), so the caller
+    /// does not prefetch rows for it.
+    prefetches: bool,
 }
 
 impl FusedKernel {
     fn find(level: SimdLevel, ty: kiln_quant::GgmlType) -> Option<FusedKernel> {
         #[cfg(target_arch = "x86_64")]
         match level {
-            SimdLevel::Avx512Vnni => return fused_avx512::kernel(ty).map(|row| FusedKernel { row }),
-            SimdLevel::Avx2 => return fused_avx2::kernel(ty).map(|row| FusedKernel { row }),
+            SimdLevel::Avx512Vnni => return fused_avx512::kernel(ty).map(|row| FusedKernel { row, prefetches: false }),
+            SimdLevel::Avx2 => return fused_avx2::kernel(ty).map(|row| FusedKernel { row, prefetches: true }),
             _ => {}
         }
         let _ = (level, ty);
@@ -236,8 +239,10 @@ pub(crate) fn matmul(level: SimdLevel, w: &WeightSource, acts: &QuantizedActs, o
             let all = w.bytes();
             for r in first..first + count {
                 let bytes = &all[r * row_bytes..(r + 1) * row_bytes];
-                let ahead = (r + 1) * row_bytes + PREFETCH_BYTES.max(row_bytes);
-                prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
+                if !kernel.prefetches {
+                    let ahead = (r + 1) * row_bytes + PREFETCH_BYTES.max(row_bytes);
+                    prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
+                }
                 for t in 0..n {
                     // SAFETY: row r belongs to this task alone; in bounds as checked by the caller.
                     unsafe { out.write(t * rows + r, kernel.dot(bytes, acts, t)) };
@@ -312,8 +317,10 @@ pub(crate) fn moe_matmul(
             let all = experts[e].bytes();
             for r in first_row..first_row + count {
                 let bytes = &all[r * row_bytes..(r + 1) * row_bytes];
-                let ahead = (r + 1) * row_bytes + PREFETCH_BYTES;
-                prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
+                if !kernel.prefetches {
+                    let ahead = (r + 1) * row_bytes + PREFETCH_BYTES;
+                    prefetch(&all[(ahead - row_bytes).min(all.len())..ahead.min(all.len())]);
+                }
                 for (slot, _) in ids.iter().enumerate().filter(|(_, &chosen)| chosen == id) {
                     // SAFETY: slot `slot` of expert e, row r is written by this task only; bounds checked by the caller.
                     unsafe { out.write(slot * rows + r, kernel.dot(bytes, acts, input_row(slot))) };

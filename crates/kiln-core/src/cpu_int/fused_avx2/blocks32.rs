@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use kiln_quant::{e8m0_half, ue4m3_half, E2M1_X2, IQ4_NL_CODEBOOK};
 
-use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum, hsum128};
+use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum, hsum128, prefetch_ahead};
 use crate::cpu_int::acts::QuantizedActs;
 
 /// How a block's nibbles become codes.
@@ -69,6 +69,7 @@ unsafe fn blocks32<const BYTES: usize, const QS_AT: usize, const QH_AT: usize, c
     let (mut main, mut rest) = (_mm256_setzero_ps(), _mm_setzero_ps());
     let mut b = 0;
     while b + 4 <= blocks {
+        prefetch_ahead(row.as_ptr().add(b * BYTES), 4 * BYTES);
         let d = scales4(b, 0);
         // SAFETY: blocks b..b+4 have activation scales and sums.
         let c = _mm_mul_ps(d, _mm_loadu_ps(act_scale.as_ptr().add(b)));
@@ -186,6 +187,7 @@ pub unsafe fn iq4_nl(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let mut main = _mm256_setzero_ps();
     let mut b = 0;
     while b + 4 <= blocks {
+        prefetch_ahead(row.as_ptr().add(18 * b), 4 * 18);
         // SAFETY: blocks b..b+4 lie inside the row and have activation scales; values 32b..32b+128 are in the activations.
         let c = _mm_mul_ps(f16x4(row.as_ptr().add(18 * b), 18), _mm_loadu_ps(act_scale.as_ptr().add(b)));
         let mut p = [_mm256_setzero_si256(); 4];
@@ -241,6 +243,7 @@ pub unsafe fn q8_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let mut main = [_mm256_setzero_ps(); 2];
     let mut b = 0;
     while b + 4 <= blocks {
+        prefetch_ahead(row.as_ptr().add(34 * b), 4 * 34);
         let bits = (0..4).fold(0u64, |acc, i| acc | u64::from(u16::from_le_bytes([row[34 * (b + i)], row[34 * (b + i) + 1]])) << (16 * i));
         let mut c = [0f32; 4];
         // SAFETY: blocks b..b+4 have activation scales.
@@ -282,6 +285,7 @@ pub unsafe fn nvfp4(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let (mut main, mut bias_terms) = ([_mm256_setzero_ps(); 2], _mm_setzero_ps());
     for b in 0..cols / 64 {
         let block = &row[36 * b..36 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let ws = _mm_setr_ps(scales[usize::from(block[0])], scales[usize::from(block[1])], scales[usize::from(block[2])], scales[usize::from(block[3])]);
         // SAFETY (loads): the block's 32 nibble bytes; activation scales 2b, 2b + 1, sums 4b..4b+4, codes 64b..64b+64 of token t.
         bias_terms = _mm_fmadd_ps(ws, _mm_loadu_ps(sums.add(4 * b)), bias_terms);

@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use kiln_quant::IQ4_NL_CODEBOOK;
 
-use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum, u8x8_to_f32};
+use super::{bit_bytes, dot_signed, dot_small, f16_at, hsum, prefetch_ahead, u8x8_to_f32};
 use crate::cpu_int::acts::QuantizedActs;
 use crate::cpu_int::fused_avx512::k4_scales;
 
@@ -63,6 +63,7 @@ pub unsafe fn q2_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let (three, nibble) = (_mm256_set1_epi8(3), _mm_set1_epi8(0x0f));
     for b in 0..cols / 256 {
         let block = &row[84 * b..84 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
         // SAFETY: the block's 16 scale bytes and 64 code bytes; 16 scaled sums of token t.
         let packed = _mm_loadu_si128(block.as_ptr().cast());
@@ -94,6 +95,7 @@ pub unsafe fn q3_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
     for b in 0..cols / 256 {
         let block = &row[110 * b..110 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let d = f16_at(block, 108);
         let s = &block[96..108];
         let low = u64::from_le_bytes(s[..8].try_into().expect("8 bytes"));
@@ -138,6 +140,7 @@ unsafe fn k4_style<const FIVE: bool>(row: &[u8], acts: &QuantizedActs, t: usize)
     let (mask, fifth, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10), _mm256_set1_epi16(1));
     for b in 0..blocks {
         let block = &row[b * block_bytes..(b + 1) * block_bytes];
+        prefetch_ahead(block.as_ptr(), block.len());
         let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
         let (sc, m) = k4_scales(&block[4..16]);
         let to_f32 = |bytes: u64| u8x8_to_f32(_mm_cvtsi64_si128(bytes as i64));
@@ -211,6 +214,7 @@ pub unsafe fn q6_k(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let act_of = [_mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3), _mm256_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7)];
     for b in 0..blocks {
         let block = &row[b * 210..(b + 1) * 210];
+        prefetch_ahead(block.as_ptr(), block.len());
         let d = _mm256_set1_ps(f16_at(block, 208));
         // SAFETY (loads): the 16 scales of this block, the activation scales of its 8 x 32 values and sums of its 16 groups.
         let scales = _mm_loadu_si128(block.as_ptr().add(192).cast());
@@ -260,6 +264,7 @@ pub unsafe fn iq4_xs(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let mut main = [_mm256_setzero_ps(); 2];
     for b in 0..cols / 256 {
         let block = &row[136 * b..136 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let high = u16::from_le_bytes([block[2], block[3]]);
         let ls: [i32; 8] = std::array::from_fn(|g| i32::from((block[4 + g / 2] >> (4 * (g % 2))) & 0xf | (((high >> (2 * g)) & 3) as u8) << 4) - 32);
         let mut c = [0f32; 8];
@@ -306,6 +311,7 @@ pub unsafe fn tq2_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let three = _mm256_set1_epi8(3);
     for b in 0..cols / 256 {
         let block = &row[66 * b..66 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let d = _mm256_set1_ps(f16_at(block, 64));
         let mut c = [0f32; 8];
         // SAFETY (loads): the block's 64 code bytes; 8 activation scales and sums and 256 codes of token t.
@@ -334,6 +340,7 @@ pub unsafe fn q1_0(row: &[u8], acts: &QuantizedActs, t: usize) -> f32 {
     let two = _mm256_set1_epi8(2);
     for b in 0..acts.cols / 128 {
         let block = &row[18 * b..18 * (b + 1)];
+        prefetch_ahead(block.as_ptr(), block.len());
         let codes: [__m256i; 4] =
             std::array::from_fn(|j| _mm256_and_si256(bit_bytes(u32::from_le_bytes(block[2 + 4 * j..6 + 4 * j].try_into().expect("4 bytes"))), two));
         one_scale_chunks(acts, t, 128 * b, f16_at(block, 0), &codes, &mut main, &mut bias_terms);
