@@ -411,34 +411,11 @@ pub trait Backend: Send + Sync + 'static {
         self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    /// `q = x·Wqᵀ`, `k = x·Wkᵀ`, `v = x·Wvᵀ` for `w` = [Wq, Wk, Wv] and `out` = [q, k, v]: one
-    /// input for three products, which a backend that converts its input per product can
-    /// convert once.
-    fn matmul_qkv(&self, w: [&Self::Weight; 3], x: Tensor<Self::Buffer>, out: [TensorMut<Self::Buffer>; 3]) -> Result<()> {
-        let [q, k, v] = out;
-        self.matmul(w[0], x, q)?;
-        self.matmul(w[1], x, k)?;
-        self.matmul(w[2], x, v)
-    }
-
-    /// [`Backend::rms_norm`] of `x` with `norm` = (weight, eps) into `h`, then
-    /// [`Backend::matmul_qkv`] of the result; `h` receives the normed rows (or, in a backend
-    /// that normalizes straight into its product input, is left unspecified).
-    fn norm_matmul_qkv(
-        &self,
-        x: Tensor<Self::Buffer>,
-        norm: (Tensor<Self::Buffer>, f32),
-        mut h: TensorMut<Self::Buffer>,
-        w: [&Self::Weight; 3],
-        out: [TensorMut<Self::Buffer>; 3],
-    ) -> Result<()> {
-        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-        self.matmul_qkv(w, h.as_ref(), out)
-    }
-
-    /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then the
-    /// product of the result with each weight of `w` into the matching `out` (a DeltaNet's input
-    /// projections).
+    /// [`Backend::rms_norm`] of `x` with `norm` = (weight, eps) into `h`, then the product of the
+    /// result with each weight of `w` into the matching `out` (q, k and v; a DeltaNet's input
+    /// projections; a gate and up): one input for several products, which a backend that
+    /// converts its input per product converts once. `h` receives the normed rows (or, in a
+    /// backend that normalizes straight into its product input, is left unspecified).
     fn norm_matmuls<const N: usize>(
         &self,
         x: Tensor<Self::Buffer>,
@@ -454,7 +431,7 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
-    /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmul_qkv`], then
+    /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmuls`], then
     /// [`Backend::ffn_gate_up`] of the result into `out`.
     fn norm_ffn_gate_up(
         &self,

@@ -95,7 +95,7 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Products of one f32 input (q, k and v, or a DeltaNet's input projections): the float
+    /// Products of one f32 input (q, k and v, a DeltaNet's input projections): the float
     /// stacked mat-vec, else one product each, the mat-mat ones sharing one f16 conversion
     /// (`converted`: the scratch holds it already).
     fn matmuls_f32<const N: usize>(&self, w: [&GpuWeight; N], x: View, mut out: [ViewMut; N], n: usize, converted: Option<HalfLayout>) -> Result<()> {
@@ -642,24 +642,12 @@ impl Backend for CudaBackend {
         self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    fn matmul_qkv(&self, w: [&GpuWeight; 3], x: View, out: [ViewMut; 3]) -> Result<()> {
-        let [n, cols] = x.shape().dims2("matmul_qkv", "input")?;
-        match quantized_input_for(&self.device, &w, n, cols)? {
-            Some(shared) => {
-                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                qx.fill(&self.device, x.buf(), n).map_err(backend_error)?;
-                self.matmuls_quantized(&qx, w, out, n)
-            }
-            None => self.matmuls_f32(w, x, out, n, None),
-        }
-    }
-
-    fn norm_matmul_qkv(&self, x: View, norm: (View, f32), h: ViewMut, w: [&GpuWeight; 3], out: [ViewMut; 3]) -> Result<()> {
-        self.norm_matmuls(x, norm, h, w, out)
-    }
-
     fn norm_matmuls<const N: usize>(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; N], out: [ViewMut; N]) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        if N == 0 {
+            // No product to feed: the plain norm (the stacked helpers take at least one weight).
+            return self.rms_norm(x, norm.0, h, norm.1);
+        }
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
                 let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);

@@ -356,7 +356,7 @@ fn embed_and_weight_ops_match_cpu() {
 }
 
 /// The fused RMSNorm + int8 quantization (rms_norm_quantize_q8) and the backend ops built on it
-/// (norm_matmul_qkv, norm_ffn_gate_up) against rms_norm followed by the f32-input products.
+/// (norm_matmuls, norm_ffn_gate_up) against rms_norm followed by the f32-input products.
 /// Row lengths: 4096, odd multiples of 96 (partial 512-value tiles) and rows short enough for
 /// the one-warp norm reduction; 1, 3 and 8 tokens take the mat-vec kernels, 12 and 40 the
 /// tensor-core mat-mat, whose shapes the separate products measure first, so the fused ops
@@ -415,14 +415,14 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let mut scratch = poisoned(gpu, n * dim);
                 let out = [view_mut(&mut q, q_out), view_mut(&mut k, kv_out), view_mut(&mut v, kv_out)];
                 let norm_eps = (view(&g_norm, [dim]), eps);
-                gpu.norm_matmul_qkv(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, wk, wv], out).expect("norm_matmul_qkv");
+                gpu.norm_matmuls(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, wk, wv], out).expect("norm_matmuls");
                 // Past the mat-vec range q, k and v go through one stacked mat-mat launch, whose
                 // measured shape (and so its decode rounding and split-K order) may differ from
                 // each product's own: they are checked against the CPU below instead.
                 if n <= matvec::MAX_MATVEC_TOKENS {
-                    assert_close(&what("norm_matmul_qkv q"), &download(gpu, &q, n * q_rows), &want_q, exact);
-                    assert_close(&what("norm_matmul_qkv k"), &download(gpu, &k, n * kv_rows), &want_k, exact);
-                    assert_close(&what("norm_matmul_qkv v"), &download(gpu, &v, n * kv_rows), &want_v, exact);
+                    assert_close(&what("norm_matmuls q"), &download(gpu, &q, n * q_rows), &want_q, exact);
+                    assert_close(&what("norm_matmuls k"), &download(gpu, &k, n * kv_rows), &want_k, exact);
+                    assert_close(&what("norm_matmuls v"), &download(gpu, &v, n * kv_rows), &want_v, exact);
                 }
                 if n > matvec::MAX_MATVEC_TOKENS {
                     // The mat-mat path norms into h itself (rms_norm_half_f32, which also writes
@@ -438,10 +438,10 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let (mut cpu_k, mut cpu_v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
                 let out = [view_mut(&mut cpu_q, q_out), view_mut(&mut cpu_k, kv_out), view_mut(&mut cpu_v, kv_out)];
                 let cpu_norm = (view(&norm, [dim]), eps);
-                pair.cpu.norm_matmul_qkv(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[1], &cw[2]], out).expect("cpu");
-                assert_close(&what("norm_matmul_qkv q vs cpu"), &download(gpu, &q, n * q_rows), &cpu_q, tolerance);
-                assert_close(&what("norm_matmul_qkv k vs cpu"), &download(gpu, &k, n * kv_rows), &cpu_k, tolerance);
-                assert_close(&what("norm_matmul_qkv v vs cpu"), &download(gpu, &v, n * kv_rows), &cpu_v, tolerance);
+                pair.cpu.norm_matmuls(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[1], &cw[2]], out).expect("cpu");
+                assert_close(&what("norm_matmuls q vs cpu"), &download(gpu, &q, n * q_rows), &cpu_q, tolerance);
+                assert_close(&what("norm_matmuls k vs cpu"), &download(gpu, &k, n * kv_rows), &cpu_k, tolerance);
+                assert_close(&what("norm_matmuls v vs cpu"), &download(gpu, &v, n * kv_rows), &cpu_v, tolerance);
 
                 let mut want_ffn = poisoned(gpu, n * q_rows);
                 matvec::matmul_swiglu(device, wq, w_up, &h, &mut want_ffn, n).expect("matmul_swiglu");

@@ -298,7 +298,7 @@ fn attention<B: Backend>(
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
             let qkv = [a.q.rows_mut(n, q_proj)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
-            b.norm_matmul_qkv(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv)?;
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv)?;
         }
         (KvSource::Shared { .. }, None) => {
             b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;

@@ -41,11 +41,9 @@ pub fn kernel(ty: GgmlType) -> Option<FusedRow> {
 }
 
 /// How far ahead of the block being multiplied these kernels request weight bytes. Each kernel
-/// asks, block by block, for the lines `PREFETCH_AHEAD` bytes on (further along the row, or into
-/// the rows after it), so the requests trickle out at the pace of the work: a whole row's lines
-/// requested at once at its start fill the miss buffers and stall (Llama-3-8B Q4_K_M tg16 on a
-/// Zen 1 EPYC at 2 threads: 2.61-2.67 tok/s so, 3.45-3.49 with 2048 bytes ahead per block; 1024,
-/// 4096 and 8192 bytes measured alike).
+/// asks, block by block, for the lines this far on (further along the row, or into the rows
+/// after it), so the requests leave at the pace of the work; a whole row's lines requested at
+/// the row's start fill the miss buffers and stall the core (docs/cpu.md, "The Llama-3-8B row").
 const PREFETCH_AHEAD: usize = 2048;
 
 /// Requests the cache lines of the `bytes` bytes that start [`PREFETCH_AHEAD`] past `p`.
