@@ -9,6 +9,7 @@
 #include "plan.cuh"
 
 #define CONV_MAX_KERNEL 8
+#define CONV_BATCH 8
 
 __device__ __forceinline__ float sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
@@ -258,24 +259,38 @@ extern "C" __global__ void ssm_conv_f32(
             w[j] = j < kernel ? weight[(u64)ch * kernel + j] : 0.0f;
             past[j] = j + 1 < kernel && seq[SEQ_POS0] != 0 ? st[(u64)j * channels + ch] : 0.0f;
         }
-        for (u32 t = first; t < first + seq[SEQ_N_TOKENS]; ++t) {
-            const float v = x[(u64)t * channels + ch];
-            float y = w[kernel - 1] * v;
+        // CONV_BATCH tokens' inputs are loaded before any output is stored (out may alias x as
+        // far as the compiler knows), so a prompt's loads overlap instead of one per token.
+        const u32 end = first + seq[SEQ_N_TOKENS];
+        for (u32 t0 = first; t0 < end; t0 += CONV_BATCH) {
+            float batch[CONV_BATCH];
 #pragma unroll
-            for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
-                if (j + 1 < kernel) {
-                    y += w[j] * past[j];
-                }
+            for (u32 b = 0; b < CONV_BATCH; ++b) {
+                batch[b] = t0 + b < end ? x[(u64)(t0 + b) * channels + ch] : 0.0f;
             }
-            out[(u64)t * channels + ch] = y / (1.0f + expf(-y));
 #pragma unroll
-            for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
-                if (j + 2 < kernel) {
-                    past[j] = past[j + 1];
+            for (u32 b = 0; b < CONV_BATCH; ++b) {
+                if (t0 + b >= end) {
+                    break;
                 }
-            }
-            if (kernel > 1) {
-                past[kernel - 2] = v;
+                const float v = batch[b];
+                float y = w[kernel - 1] * v;
+#pragma unroll
+                for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                    if (j + 1 < kernel) {
+                        y += w[j] * past[j];
+                    }
+                }
+                out[(u64)(t0 + b) * channels + ch] = y / (1.0f + expf(-y));
+                // Shifted with constant indices only, so `past` stays in registers.
+#pragma unroll
+                for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                    if (j + 2 < kernel) {
+                        past[j] = past[j + 1];
+                    } else if (j + 2 == kernel) {
+                        past[j] = v;
+                    }
+                }
             }
         }
 #pragma unroll

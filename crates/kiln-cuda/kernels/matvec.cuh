@@ -504,10 +504,14 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
 // keeps all SMs busy even for short products (the 1024-row K/V projections) and halves the
 // load count of matvec_float's lane-per-four-values loop. Block `row` computes that row.
 #define FV_ROW_BATCH 4
+// Warps of that block: 8 streams 4-14% more bytes a second than 4 on the 8B shapes (standalone
+// harness, docs/performance.md), the LM head's 128256 rows alike within 2%.
+#define FV_ROW_WARPS 8
+#define FV_ROW_THREADS (FV_ROW_WARPS * 32)
 template <class W, int NW>
 __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
                                                  u32 rows, u32 accumulate, u32 row) {
-    constexpr u32 STEP = 8 * MV_THREADS;
+    constexpr u32 STEP = 8 * FV_ROW_THREADS;
     if (row >= rows) {
         return;
     }
@@ -566,7 +570,7 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
             }
         }
     }
-    __shared__ float partial[NW][MV_WARPS];
+    __shared__ float partial[NW][FV_ROW_WARPS];
 #pragma unroll
     for (int k = 0; k < NW; ++k) {
         const float total = warp_sum(acc[k]);
@@ -581,7 +585,7 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
         for (int k = 0; k < NW; ++k) {
             total[k] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < MV_WARPS; ++i) {
+            for (int i = 0; i < FV_ROW_WARPS; ++i) {
                 total[k] += partial[k][i];
             }
         }

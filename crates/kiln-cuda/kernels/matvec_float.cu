@@ -7,6 +7,9 @@
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 
+// One token's kernels run a block of FV_ROW_THREADS per row, the others MV_THREADS.
+#define FV_THREADS (NTOK == 1 ? FV_ROW_THREADS : MV_THREADS)
+
 template <class W>
 __device__ __forceinline__ void matvec_float_one(const W& w, const float* x, u32 cols, float* out, u32 rows,
                                                  u32 accumulate) {
@@ -70,41 +73,41 @@ __device__ __forceinline__ void matvec_float_experts(const W* table, const float
 #define FV_EXPERTS_PARAMS(W) const W *table, const float *ids, u32 n_experts, u32 n_used, u32 per_slot, u32 slot0, FV_ARGS
 #define FV_EXPERTS_ARGS table, ids, n_experts, n_used, per_slot, slot0, x, cols, out, rows
 
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f32(FloatRows<0> w, FV_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_f32(FloatRows<0> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, FV_ARGS) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_swiglu_f32(FloatRows<0> gate, FloatRows<0> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f32(FV_EXPERTS_PARAMS(FloatRows<0>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_f32(FV_STACKED_PARAMS(FloatRows<0>)) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_stacked_f32(FV_STACKED_PARAMS(FloatRows<0>)) {
     matvec_float_stacked(FV_STACKED_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_f16(FloatRows<1> w, FV_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_f16(FloatRows<1> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, FV_ARGS) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_swiglu_f16(FloatRows<1> gate, FloatRows<1> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_f16(FV_EXPERTS_PARAMS(FloatRows<1>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_f16(FV_STACKED_PARAMS(FloatRows<1>)) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_stacked_f16(FV_STACKED_PARAMS(FloatRows<1>)) {
     matvec_float_stacked(FV_STACKED_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_bf16(FloatRows<2> w, FV_ARGS, u32 accumulate) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_bf16(FloatRows<2> w, FV_ARGS, u32 accumulate) {
     matvec_float_one(w, x, cols, out, rows, accumulate);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, FV_ARGS) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_swiglu_bf16(FloatRows<2> gate, FloatRows<2> up, FV_ARGS) {
     matvec_float_two(gate, up, x, cols, out, rows);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_bf16(FV_EXPERTS_PARAMS(FloatRows<2>)) {
     matvec_float_experts(FV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_bf16(FV_STACKED_PARAMS(FloatRows<2>)) {
+extern "C" __global__ void __launch_bounds__(FV_THREADS) matvec_stacked_bf16(FV_STACKED_PARAMS(FloatRows<2>)) {
     matvec_float_stacked(FV_STACKED_ARGS);
 }

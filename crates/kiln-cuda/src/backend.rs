@@ -92,6 +92,8 @@ pub struct CudaBackend {
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
     max_sample_shared_bytes: usize,
+    /// Spans of a Gated DeltaNet layer this long or longer take the chunked form.
+    pub(crate) delta_net_chunked_from: u32,
 }
 
 impl CudaBackend {
@@ -128,6 +130,7 @@ impl CudaBackend {
     }
 
     pub fn with_config(ordinal: usize, config: RegistryConfig) -> Result<CudaBackend> {
+        let delta_net_chunked_from = config.delta_net_spans.chunked_from();
         let device = CudaDevice::new(ordinal, config).map_err(backend_error)?;
         let function = |source: &str, kernel: &str| device.registry().function(source, kernel, &[]).map_err(backend_error);
         let kernels = Kernels {
@@ -162,6 +165,7 @@ impl CudaBackend {
             profiles: Mutex::new(Vec::new()),
             busy_blocks,
             max_sample_shared_bytes,
+            delta_net_chunked_from,
         })
     }
 

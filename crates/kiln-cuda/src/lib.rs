@@ -44,6 +44,7 @@ mod scan;
 mod sources;
 mod step;
 
+pub use arch_ops::DeltaNetSpans;
 pub use backend::CudaBackend;
 pub use cache::{CacheDir, Cubin, CubinCache, CubinKey, CubinOrigin};
 pub use collective::NcclAllReduce;

@@ -62,6 +62,8 @@ pub const MAX_MATVEC_TOKENS: usize = 8;
 
 /// Warps per mat-vec block (`MV_WARPS`, kernels/matvec.cuh).
 const MV_WARPS: u32 = 4;
+/// Warps of the block that takes one row of float weights for one token (`FV_ROW_WARPS`).
+const FV_ROW_WARPS: u32 = 8;
 /// Threads per mat-mat block (`MMA_THREADS`, kernels/matmat_mma.cu).
 const MMA_THREADS: u32 = 256;
 
@@ -797,12 +799,12 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
     let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
     // One token of float weights takes a block per row (matvec_float_row).
-    let rows_per_block = match w.storage {
-        Storage::Float { .. } if n == 1 => 1,
-        _ => MATVEC_SHAPES[shape].rows_per_block(kind, MV_WARPS),
+    let (rows_per_block, warps) = match w.storage {
+        Storage::Float { .. } if n == 1 => (1, FV_ROW_WARPS),
+        _ => (MATVEC_SHAPES[shape].rows_per_block(kind, MV_WARPS), MV_WARPS),
     };
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
-    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (warps * 32, 1, 1), shared_mem_bytes: 0 };
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {

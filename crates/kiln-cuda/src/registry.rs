@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 
+use crate::arch_ops::DeltaNetSpans;
 use crate::cache::{validate_arch, CacheDir, CubinCache, CubinKey, CubinOrigin};
 use crate::error::format_defines;
 use crate::graph::GraphEdges;
@@ -21,6 +22,8 @@ pub struct RegistryConfig {
     pub arch: Option<String>,
     /// Whether step graphs overlap kernels that wait for their inputs with the kernel before.
     pub graph_edges: GraphEdges,
+    /// Which form of the delta rule runs a Gated DeltaNet layer's spans of several tokens.
+    pub delta_net_spans: DeltaNetSpans,
 }
 
 pub struct KernelRegistry {

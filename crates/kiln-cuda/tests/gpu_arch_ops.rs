@@ -9,8 +9,10 @@ use common::rng;
 use kiln_core::backend::{AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterParams, StateSlots};
 use kiln_core::plan::{KvType, LogitRows, SeqStep};
 use kiln_core::Shape;
+use kiln_cuda::{DeltaNetSpans, RegistryConfig};
 use kiln_quant::GgmlType;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 #[path = "common/backends.rs"]
 mod backends;
@@ -348,66 +350,145 @@ fn sliding_window_and_sink_attention_match_cpu() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
-fn delta_net_convolution_and_recurrence_match_cpu() {
-    let mut rng = rng("arch_delta_net");
-    let mut pair = Pair::new(64, 0);
-    for (n_k_heads, n_v_heads, head_dim) in [(2, 6, 32), (2, 4, 64), (1, 2, 128)] {
-        let p = DeltaNetParams { n_k_heads, n_v_heads, head_dim, conv_kernel: 4 };
-        let (c, nv) = (p.conv_dim(), n_v_heads);
-        let n_slots = 4;
-        // States of every slot start random: a fresh sequence (position 0) must ignore its
-        // slot's, a continuing one must read it.
-        let conv_state = random(&mut rng, n_slots * p.conv_state(), 1.0);
-        let ssm_state = random(&mut rng, n_slots * p.ssm_state(), 0.3);
-        let conv_weight = random(&mut rng, c * p.conv_kernel, 0.5);
-        let gconv_weight = upload(&pair.gpu, &conv_weight);
-        for shape in [vec![(0, 7), (12, 1), (3, 20)], vec![(40, 1), (0, 1)], vec![(0, 33)]] {
-            let tokens: Vec<Vec<u32>> = shape.iter().map(|&(_, n)| vec![0; n]).collect();
-            let tables: Vec<Vec<u32>> = shape.iter().map(|&(pos0, n)| contiguous(pos0 + n).iter().map(|b| b % CACHE_BLOCKS as u32).collect()).collect();
-            let seqs: Vec<SeqStep> = shape
-                .iter()
-                .zip(&tokens)
-                .zip(&tables)
-                .map(|((&(pos0, _), t), b)| SeqStep { tokens: t, pos0, blocks: b, logits: LogitRows::None, sample: None })
-                .collect();
-            pair.set_plan(&seqs);
-            let n = pair.plan.n_tokens();
-            // Slots in a scrambled order, one per sequence.
-            let slots: Vec<f32> = [2.0, 0.0, 3.0][..shape.len()].to_vec();
-            let gslots = upload(&pair.gpu, &slots);
-            let what = format!("DeltaNet {n_k_heads}/{n_v_heads} heads of {head_dim}, seqs {shape:?}");
+fn delta_net_convolution_and_both_forms_match_cpu() {
+    // The same inputs (the same seed) through each form of the delta rule: each against the
+    // CPU, and the chunked outputs and states against the recurrence's.
+    let seed = rng("arch_delta_net").gen::<u64>();
+    let mut by_form = Vec::new();
+    for form in [DeltaNetSpans::Recurrence, DeltaNetSpans::Chunked, DeltaNetSpans::Fastest] {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut pair = Pair::with_config(shared_gpu(), RegistryConfig { delta_net_spans: form, ..Default::default() }, 160, 0);
+        let mut results = Vec::new();
+        for (n_k_heads, n_v_heads, head_dim) in [(2, 6, 32), (2, 4, 64), (1, 2, 128)] {
+            let p = DeltaNetParams { n_k_heads, n_v_heads, head_dim, conv_kernel: 4 };
+            let (c, nv) = (p.conv_dim(), n_v_heads);
+            let n_slots = 4;
+            // States of every slot start random: a fresh sequence (position 0) must ignore its
+            // slot's, a continuing one must read it.
+            let conv_state = random(&mut rng, n_slots * p.conv_state(), 1.0);
+            let ssm_state = random(&mut rng, n_slots * p.ssm_state(), 0.3);
+            let conv_weight = random(&mut rng, c * p.conv_kernel, 0.5);
+            let gconv_weight = upload(&pair.gpu, &conv_weight);
+            // Spans of one token to several chunks of 32, whole and partial, fresh and continued.
+            for shape in [vec![(0, 7), (12, 1), (3, 20)], vec![(40, 1), (0, 1)], vec![(0, 33)], vec![(5, 100), (0, 2), (9, 32)], vec![(0, 64)]] {
+                let tokens: Vec<Vec<u32>> = shape.iter().map(|&(_, n)| vec![0; n]).collect();
+                let tables: Vec<Vec<u32>> = shape.iter().map(|&(pos0, n)| contiguous(pos0 + n).iter().map(|b| b % CACHE_BLOCKS as u32).collect()).collect();
+                let seqs: Vec<SeqStep> = shape
+                    .iter()
+                    .zip(&tokens)
+                    .zip(&tables)
+                    .map(|((&(pos0, _), t), b)| SeqStep { tokens: t, pos0, blocks: b, logits: LogitRows::None, sample: None })
+                    .collect();
+                pair.set_plan(&seqs);
+                let n = pair.plan.n_tokens();
+                // Slots in a scrambled order, one per sequence.
+                let slots: Vec<f32> = [2.0, 0.0, 3.0][..shape.len()].to_vec();
+                let gslots = upload(&pair.gpu, &slots);
+                let what = format!("DeltaNet {n_k_heads}/{n_v_heads} heads of {head_dim}, seqs {shape:?}, {form:?}");
 
-            let x = random(&mut rng, n * c, 1.0);
-            let (rows, weight, conv_states, slot_shape) = ([n, c], [c, p.conv_kernel], [n_slots, p.conv_state()], [slots.len()]);
-            let (mut want_conv, mut want_state) = (vec![0f32; n * c], conv_state.clone());
-            let state = StateSlots { state: view_mut(&mut want_state, conv_states), slots: view(&slots, slot_shape) };
-            pair.cpu.ssm_conv(view(&x, rows), view(&conv_weight, weight), state, view_mut(&mut want_conv, rows), &pair.cpu_step, &p).expect("cpu");
-            let (mut got_conv, mut got_state, gx) = (poisoned(&pair.gpu, n * c), upload(&pair.gpu, &conv_state), upload(&pair.gpu, &x));
-            let state = StateSlots { state: view_mut(&mut got_state, conv_states), slots: view(&gslots, slot_shape) };
-            pair.gpu.ssm_conv(view(&gx, rows), view(&gconv_weight, weight), state, view_mut(&mut got_conv, rows), &pair.gpu_step, &p).expect("gpu");
-            assert_close(&format!("{what}: convolution"), &download(&pair.gpu, &got_conv, n * c), &want_conv, TRANSCENDENTAL);
-            assert_close(&format!("{what}: convolution state"), &download(&pair.gpu, &got_state, conv_state.len()), &want_state, 1e-7);
+                let x = random(&mut rng, n * c, 1.0);
+                let (rows, weight, conv_states, slot_shape) = ([n, c], [c, p.conv_kernel], [n_slots, p.conv_state()], [slots.len()]);
+                let (mut want_conv, mut want_state) = (vec![0f32; n * c], conv_state.clone());
+                let state = StateSlots { state: view_mut(&mut want_state, conv_states), slots: view(&slots, slot_shape) };
+                pair.cpu.ssm_conv(view(&x, rows), view(&conv_weight, weight), state, view_mut(&mut want_conv, rows), &pair.cpu_step, &p).expect("cpu");
+                let (mut got_conv, mut got_state, gx) = (poisoned(&pair.gpu, n * c), upload(&pair.gpu, &conv_state), upload(&pair.gpu, &x));
+                let state = StateSlots { state: view_mut(&mut got_state, conv_states), slots: view(&gslots, slot_shape) };
+                pair.gpu.ssm_conv(view(&gx, rows), view(&gconv_weight, weight), state, view_mut(&mut got_conv, rows), &pair.gpu_step, &p).expect("gpu");
+                assert_close(&format!("{what}: convolution"), &download(&pair.gpu, &got_conv, n * c), &want_conv, TRANSCENDENTAL);
+                assert_close(&format!("{what}: convolution state"), &download(&pair.gpu, &got_state, conv_state.len()), &want_state, 1e-7);
 
-            // Gates as delta_net_gates leaves them: log decays below 0, strengths in (0, 1).
-            let g: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| -0.6 * (v + 1.0)).collect();
-            let beta: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| 0.5 * (v + 1.0)).collect();
-            let (heads, outs, ssm_states) = ([n, nv], [n, nv * head_dim], [n_slots, p.ssm_state()]);
-            let (mut want_out, mut want_ssm) = (vec![0f32; n * nv * head_dim], ssm_state.clone());
-            let state = StateSlots { state: view_mut(&mut want_ssm, ssm_states), slots: view(&slots, slot_shape) };
-            let gates = [view(&g, heads), view(&beta, heads)];
-            pair.cpu.delta_net(view(&want_conv, rows), gates, state, view_mut(&mut want_out, outs), &pair.cpu_step, &p).expect("cpu");
-            let (mut got_out, mut got_ssm) = (poisoned(&pair.gpu, n * nv * head_dim), upload(&pair.gpu, &ssm_state));
-            let (gg, gb, gconv) = (upload(&pair.gpu, &g), upload(&pair.gpu, &beta), upload(&pair.gpu, &want_conv));
-            let state = StateSlots { state: view_mut(&mut got_ssm, ssm_states), slots: view(&gslots, slot_shape) };
-            let gates = [view(&gg, heads), view(&gb, heads)];
-            pair.gpu.delta_net(view(&gconv, rows), gates, state, view_mut(&mut got_out, outs), &pair.gpu_step, &p).expect("gpu");
-            // The CPU runs spans of two or more tokens in its chunked form, which equals the
-            // recurrence the GPU runs up to f32 rounding (kiln-core measures 5e-7..1.1e-6).
-            assert_close(&format!("{what}: outputs"), &download(&pair.gpu, &got_out, n * nv * head_dim), &want_out, 1e-5);
-            assert_close(&format!("{what}: states"), &download(&pair.gpu, &got_ssm, ssm_state.len()), &want_ssm, 1e-5);
-            // An unused slot's state is left alone.
-            let slot1 = p.ssm_state()..2 * p.ssm_state();
-            assert_bitwise(&format!("{what}: untouched slot"), &download(&pair.gpu, &got_ssm, ssm_state.len())[slot1.clone()], &ssm_state[slot1]);
+                // Gates as delta_net_gates leaves them: log decays below 0, strengths in (0, 1).
+                let g: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| -0.6 * (v + 1.0)).collect();
+                let beta: Vec<f32> = random(&mut rng, n * nv, 1.0).iter().map(|v| 0.5 * (v + 1.0)).collect();
+                let (heads, outs, ssm_states) = ([n, nv], [n, nv * head_dim], [n_slots, p.ssm_state()]);
+                let (mut want_out, mut want_ssm) = (vec![0f32; n * nv * head_dim], ssm_state.clone());
+                let state = StateSlots { state: view_mut(&mut want_ssm, ssm_states), slots: view(&slots, slot_shape) };
+                let gates = [view(&g, heads), view(&beta, heads)];
+                pair.cpu.delta_net(view(&want_conv, rows), gates, state, view_mut(&mut want_out, outs), &pair.cpu_step, &p).expect("cpu");
+                let (mut got_out, mut got_ssm) = (poisoned(&pair.gpu, n * nv * head_dim), upload(&pair.gpu, &ssm_state));
+                let (gg, gb, gconv) = (upload(&pair.gpu, &g), upload(&pair.gpu, &beta), upload(&pair.gpu, &want_conv));
+                let state = StateSlots { state: view_mut(&mut got_ssm, ssm_states), slots: view(&gslots, slot_shape) };
+                let gates = [view(&gg, heads), view(&gb, heads)];
+                pair.gpu.delta_net(view(&gconv, rows), gates, state, view_mut(&mut got_out, outs), &pair.gpu_step, &p).expect("gpu");
+                // The CPU runs spans of two or more tokens in its chunked form, which equals the
+                // recurrence up to f32 rounding (kiln-core measures 5e-7..1.1e-6).
+                let (got_out, got_ssm) = (download(&pair.gpu, &got_out, n * nv * head_dim), download(&pair.gpu, &got_ssm, ssm_state.len()));
+                assert_close(&format!("{what}: outputs"), &got_out, &want_out, 1e-5);
+                assert_close(&format!("{what}: states"), &got_ssm, &want_ssm, 1e-5);
+                // An unused slot's state is left alone.
+                let slot1 = p.ssm_state()..2 * p.ssm_state();
+                assert_bitwise(&format!("{what}: untouched slot"), &got_ssm[slot1.clone()], &ssm_state[slot1]);
+                results.push((what, got_out, got_ssm));
+            }
         }
+        by_form.push(results);
+    }
+    for ((what, chunked_out, chunked_ssm), (_, out, ssm)) in by_form[1].iter().zip(&by_form[0]) {
+        assert_close(&format!("{what} against the recurrence: outputs"), chunked_out, out, 1e-5);
+        assert_close(&format!("{what} against the recurrence: states"), chunked_ssm, ssm, 1e-5);
+    }
+}
+
+/// Prints the delta rule's time per layer in each form on Qwen3.5-35B-A3B's heads (16 key and
+/// 32 value heads of 128), for spans of several lengths: where the chunked form starts to pay;
+/// and the convolution's.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn delta_net_forms_timing() {
+    let p = DeltaNetParams { n_k_heads: 16, n_v_heads: 32, head_dim: 128, conv_kernel: 4 };
+    let mut rng = rng("arch_delta_net_timing");
+    let spans = [2, 4, 8, 16, 24, 32, 64, 128, 512];
+    println!("delta rule on 16/32 heads of 128, one sequence: microseconds a layer");
+    println!("{:>6} {:>12} {:>12} {:>12}", "tokens", "recurrence", "chunked", "convolution");
+    let (mut micros, mut conv_micros) = (Vec::new(), Vec::new());
+    for form in [DeltaNetSpans::Recurrence, DeltaNetSpans::Chunked] {
+        let mut pair = Pair::with_config(exclusive_gpu(), RegistryConfig { delta_net_spans: form, ..Default::default() }, 512, 0);
+        for n in spans {
+            let (tokens, blocks) = (vec![0u32; n], contiguous(n));
+            pair.set_plan(&[SeqStep { tokens: &tokens, pos0: 0, blocks: &blocks, logits: LogitRows::None, sample: None }]);
+            let x = upload(&pair.gpu, &random(&mut rng, n * p.conv_dim(), 1.0));
+            let g = upload(&pair.gpu, &random(&mut rng, n * p.n_v_heads, 1.0).iter().map(|v| -0.6 * (v + 1.0)).collect::<Vec<_>>());
+            let beta = upload(&pair.gpu, &random(&mut rng, n * p.n_v_heads, 1.0).iter().map(|v| 0.5 * (v + 1.0)).collect::<Vec<_>>());
+            let (mut state, slots) = (upload(&pair.gpu, &vec![0f32; p.ssm_state()]), upload(&pair.gpu, &[0.0]));
+            let mut out = poisoned(&pair.gpu, n * p.n_v_heads * p.head_dim);
+            let mut run = || {
+                let state = StateSlots { state: view_mut(&mut state, [1, p.ssm_state()]), slots: view(&slots, [1]) };
+                let gates = [view(&g, [n, p.n_v_heads]), view(&beta, [n, p.n_v_heads])];
+                let outs = view_mut(&mut out, [n, p.n_v_heads * p.head_dim]);
+                pair.gpu.delta_net(view(&x, [n, p.conv_dim()]), gates, state, outs, &pair.gpu_step, &p).expect("gpu");
+            };
+            run();
+            pair.gpu.synchronize().expect("sync");
+            let rounds = 20;
+            let start = std::time::Instant::now();
+            for _ in 0..rounds {
+                run();
+            }
+            pair.gpu.synchronize().expect("sync");
+            micros.push(start.elapsed().as_secs_f64() * 1e6 / rounds as f64);
+            if form == DeltaNetSpans::Recurrence {
+                // The convolution before it, over the same span.
+                let weight = upload(&pair.gpu, &random(&mut rng, p.conv_dim() * p.conv_kernel, 0.5));
+                let (mut conv_state, mut conv_out) = (upload(&pair.gpu, &vec![0f32; p.conv_state()]), poisoned(&pair.gpu, n * p.conv_dim()));
+                let mut conv = || {
+                    let state = StateSlots { state: view_mut(&mut conv_state, [1, p.conv_state()]), slots: view(&slots, [1]) };
+                    let rows = [n, p.conv_dim()];
+                    pair.gpu
+                        .ssm_conv(view(&x, rows), view(&weight, [p.conv_dim(), p.conv_kernel]), state, view_mut(&mut conv_out, rows), &pair.gpu_step, &p)
+                        .expect("gpu");
+                };
+                conv();
+                pair.gpu.synchronize().expect("sync");
+                let start = std::time::Instant::now();
+                for _ in 0..rounds {
+                    conv();
+                }
+                pair.gpu.synchronize().expect("sync");
+                conv_micros.push(start.elapsed().as_secs_f64() * 1e6 / rounds as f64);
+            }
+        }
+    }
+    for (i, n) in spans.iter().enumerate() {
+        println!("{n:>6} {:>12.1} {:>12.1} {:>12.1}", micros[i], micros[spans.len() + i], conv_micros[i]);
     }
 }

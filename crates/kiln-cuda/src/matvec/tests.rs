@@ -108,6 +108,7 @@ fn host_constants_match_the_kernel_defines() {
     assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
     assert_eq!(define(quant, "CHUNK_VALUES") as usize, CHUNK_VALUES);
     assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
+    assert_eq!(define(matvec, "FV_ROW_WARPS"), FV_ROW_WARPS);
     assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
 }
 

@@ -9,7 +9,7 @@ use kiln_core::plan::{BatchPlan, FlatPlan, KvCacheSpec, KvType, LogitRows, Sampl
 use kiln_core::sampling::SamplingParams;
 use kiln_core::{CpuBackend, DeviceBuffer, Shape, Tensor, TensorMut};
 use kiln_cuda::cudarc::driver::CudaSlice;
-use kiln_cuda::CudaBackend;
+use kiln_cuda::{CudaBackend, RegistryConfig};
 use kiln_quant::GgmlType;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -183,7 +183,13 @@ impl Pair {
     }
 
     pub fn with_use(gpu_use: GpuUse, max_tokens: usize, max_history: usize) -> Pair {
-        let (cpu, gpu) = (CpuBackend::exact(), gpu());
+        Self::with_config(gpu_use, RegistryConfig::default(), max_tokens, max_history)
+    }
+
+    /// With a GPU backend opened with `config`.
+    pub fn with_config(gpu_use: GpuUse, config: RegistryConfig, max_tokens: usize, max_history: usize) -> Pair {
+        let cpu = CpuBackend::exact();
+        let gpu = CudaBackend::with_config(0, config).unwrap_or_else(|e| panic!("opening GPU 0: {e}"));
         let tokens = max_tokens.max(1);
         let capacity = StepCapacity { tokens, seqs: tokens, blocks: tokens * CACHE_BLOCKS, logit_rows: tokens, history: tokens * max_history };
         let cpu_step = cpu.alloc_step(&capacity, CACHE_BLOCKS).expect("cpu step");
