@@ -58,6 +58,18 @@ fn delta_net_chunk_shared_bytes(d: usize) -> usize {
     8 * c + 4 * (2 * c * kq_row + 2 * c * (c + 1) + 3 * c * DELTA_NET_COLS + 3 * c)
 }
 
+/// Lets `function` take `bytes` of dynamic shared memory where that is past the 48 KiB a launch
+/// may take without asking.
+fn allow_dynamic_shared(function: &CudaFunction, bytes: usize, kernel: &str) -> Result<()> {
+    if bytes <= 48 << 10 {
+        return Ok(());
+    }
+    function
+        .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32)
+        .map(drop)
+        .map_err(|e| BackendError::Device(format!("raising {kernel}'s shared memory limit: {e:?}")))
+}
+
 impl CudaBackend {
     fn arch_kernel(&self, name: &str) -> Result<CudaFunction> {
         self.device().registry().function("arch_ops", name, &[]).map_err(backend_error)
@@ -186,11 +198,7 @@ impl CudaBackend {
         if shared > self.device().info().max_shared_memory_per_block_optin {
             return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("a router over {e} experts") });
         }
-        if shared > 48 << 10 {
-            function
-                .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
-                .map_err(|e| BackendError::Device(format!("raising the router's shared memory limit: {e:?}")))?;
-        }
+        allow_dynamic_shared(&function, shared, "moe_route_f32")?;
         let (e32, k32, renorm) = (to_u32("experts", e)?, to_u32("experts used", k)?, u32::from(p.renormalize));
         let no_scale: u64 = 0;
         let (scale_ptr, _record) = expert_scale.map_or((no_scale, None), |s| {
@@ -366,11 +374,7 @@ impl CudaBackend {
                 continue;
             }
             let function = self.device().registry().function("delta_net", kernel, &defines).map_err(backend_error)?;
-            if shared_bytes > 48 << 10 {
-                function
-                    .set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32)
-                    .map_err(|e| BackendError::Device(format!("raising {kernel}'s shared memory limit: {e:?}")))?;
-            }
+            allow_dynamic_shared(&function, shared_bytes, kernel)?;
             let grid = (nv32 * to_u32("blocks per head", blocks_per_head)?, seqs, 1);
             let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: shared_bytes as u32 };
             // SAFETY: delta_net_f32 / delta_net_chunked_f32(out, x, g, beta, state, slots,
