@@ -367,12 +367,11 @@ impl CudaBackend {
         let seqs = to_u32("sequences", step.n_seqs)?;
         // A decode step's spans are single tokens: the chunked kernel would find nothing to do.
         let chunked_from = if step.decode_only { u32::MAX } else { self.delta_net_chunked_from };
-        for (kernel, blocks_per_head, threads, shared_bytes) in
-            [("delta_net_f32", 1, d, 0), ("delta_net_chunked_f32", d / DELTA_NET_COLS, DELTA_NET_THREADS, delta_net_chunk_shared_bytes(d))]
-        {
-            if kernel == "delta_net_chunked_f32" && chunked_from == u32::MAX {
-                continue;
-            }
+        // (kernel, blocks per head, threads, dynamic shared bytes): the recurrence always (it
+        // takes the short spans), the chunked form unless no span can reach it.
+        let forms = [("delta_net_f32", 1, d, 0), ("delta_net_chunked_f32", d / DELTA_NET_COLS, DELTA_NET_THREADS, delta_net_chunk_shared_bytes(d))];
+        let used = if chunked_from == u32::MAX { 1 } else { 2 };
+        for &(kernel, blocks_per_head, threads, shared_bytes) in &forms[..used] {
             let function = self.device().registry().function("delta_net", kernel, &defines).map_err(backend_error)?;
             allow_dynamic_shared(&function, shared_bytes, kernel)?;
             let grid = (nv32 * to_u32("blocks per head", blocks_per_head)?, seqs, 1);
