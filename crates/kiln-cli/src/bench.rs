@@ -77,6 +77,11 @@ pub struct BenchArgs {
     /// goes to stderr. Not with --no-warmup: the profile would fall into a timed run.
     #[arg(long)]
     pub kernel_profile: bool,
+    /// After the table, how long each sampled decode step kept the GPU busy and how long the
+    /// GPU sat idle between one step's end and the next one's start: the host's time per token
+    /// (GPU only; events around each step).
+    #[arg(long)]
+    pub step_times: bool,
     #[command(flatten)]
     pub batched_args: crate::batched_bench::BatchedArgs,
 }
@@ -480,6 +485,9 @@ pub fn bench(args: BenchArgs) -> CliResult {
     if args.kernel_profile && gpu.is_none() {
         return Err("--kernel-profile times the kernels of GPU step graphs; this run is on the CPU".into());
     }
+    if args.step_times && gpu.is_none() {
+        return Err("--step-times times decode steps on the GPU; this run is on the CPU".into());
+    }
     if args.kernel_profile && args.no_warmup {
         return Err("--kernel-profile profiles each decode graph during the warm-up; it cannot go with --no-warmup".into());
     }
@@ -488,6 +496,9 @@ pub fn bench(args: BenchArgs) -> CliResult {
             let lead = gpus.lead();
             if args.kernel_profile {
                 lead.profile_step_graphs();
+            }
+            if args.step_times {
+                lead.time_steps()?;
             }
             if batched {
                 crate::batched_bench::run(gpus, file, &args)?;
@@ -500,6 +511,13 @@ pub fn bench(args: BenchArgs) -> CliResult {
                 match args.output {
                     OutputFormat::Md => crate::kernel_profile::print(&profiles, &mut std::io::stdout().lock())?,
                     OutputFormat::Json => crate::kernel_profile::print(&profiles, &mut std::io::stderr().lock())?,
+                }
+            }
+            if args.step_times {
+                let summary = crate::kernel_profile::step_times_summary(&lead.step_times());
+                match args.output {
+                    OutputFormat::Md => writeln!(std::io::stdout().lock(), "\n{summary}")?,
+                    OutputFormat::Json => eprintln!("{summary}"),
                 }
             }
             Ok(())

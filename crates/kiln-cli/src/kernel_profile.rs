@@ -1,8 +1,9 @@
-//! `kiln bench --kernel-profile`: where a decode step's time goes, kernel by kernel.
+//! `kiln bench --kernel-profile`: where a decode step's time goes, kernel by kernel; and
+//! `--step-times`: how a token's time splits between the GPU's step and the host's gap.
 
 use std::io::Write;
 
-use kiln_cuda::{NodeTime, StepProfile};
+use kiln_cuda::{NodeTime, StepProfile, StepTime};
 
 use crate::CliResult;
 
@@ -55,6 +56,33 @@ pub fn print(profiles: &[StepProfile], out: &mut impl Write) -> CliResult {
     Ok(())
 }
 
+/// The value at fraction `q` of the sorted values (nearest rank).
+fn quantile(sorted: &[f32], q: f64) -> f32 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// One line on the sampled steps: the median device time of a step and the median and 90th
+/// percentile of the idle gap before it (the host's share of a token).
+pub fn step_times_summary(times: &[StepTime]) -> String {
+    if times.is_empty() {
+        return "step times: no sampled step was timed (decode tests sample: -n > 0)".into();
+    }
+    let mut busy: Vec<f32> = times.iter().map(|t| t.busy_us).collect();
+    let mut idle: Vec<f32> = times.iter().filter_map(|t| t.idle_before_us).collect();
+    busy.sort_by(f32::total_cmp);
+    idle.sort_by(f32::total_cmp);
+    let mut line = format!("step times: {} sampled steps, GPU busy {:.1} us per step (median)", times.len(), quantile(&busy, 0.5));
+    if !idle.is_empty() {
+        line += &format!(
+            "; GPU idle between consecutive steps (host time per token) {:.1} us median, {:.1} us at the 90th percentile, over {} gaps",
+            quantile(&idle, 0.5),
+            quantile(&idle, 0.9),
+            idle.len()
+        );
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +109,17 @@ mod tests {
         assert!(text.contains("2 nodes, 4.0 us"), "{text}");
         assert!(text.contains("| b | 1 | 2.5 | 2.50 | 62.5% |"), "{text}");
         assert!(text.contains("| 0 | a | 1x1x1 | 32x1x1 | 1.50 |"), "{text}");
+    }
+
+    #[test]
+    fn step_times_give_medians_and_skip_steps_without_a_gap() {
+        let step = |busy_us, idle| StepTime { busy_us, idle_before_us: idle };
+        let times = [step(100.0, None), step(90.0, Some(12.0)), step(110.0, Some(8.0)), step(95.0, Some(400.0)), step(105.0, Some(10.0))];
+        let line = step_times_summary(&times);
+        assert!(line.contains("5 sampled steps, GPU busy 100.0 us"), "{line}");
+        assert!(line.contains("12.0 us median"), "{line}");
+        assert!(line.contains("400.0 us at the 90th percentile, over 4 gaps"), "{line}");
+        assert!(step_times_summary(&[]).contains("no sampled step"));
+        assert!(!step_times_summary(&[step(1.0, None)]).contains("idle"));
     }
 }

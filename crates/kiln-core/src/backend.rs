@@ -181,6 +181,24 @@ pub struct QkNorm<'a, T> {
     pub scratch: [TensorMut<'a, T>; 2],
 }
 
+/// The operands of one attention call besides its output: queries `[n, n_heads * head_dim]`,
+/// the layer's cache, its sink logits (gpt-oss: `[n_heads]`), the step and the geometry.
+pub struct AttentionArgs<'a, B: Backend + ?Sized> {
+    pub q: Tensor<'a, B::Buffer>,
+    pub cache: &'a B::KvCache,
+    pub sinks: Option<Tensor<'a, B::Buffer>>,
+    pub step: &'a B::Step,
+    pub params: &'a AttentionParams,
+}
+
+impl<B: Backend + ?Sized> Clone for AttentionArgs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend + ?Sized> Copy for AttentionArgs<'_, B> {}
+
 pub trait Backend: Send + Sync + 'static {
     /// An f32 buffer in the backend's memory.
     type Buffer: DeviceBuffer;
@@ -485,6 +503,26 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         self.moe_combine(y, weights, tmp.reborrow())?;
         self.add(residual, tmp.as_ref())
+    }
+
+    /// The attention of `args` into `out` ([`Backend::attention`], or [`Backend::attention_sinks`]
+    /// with sinks), then `residual += out·woᵀ` with `tmp` as scratch, as [`Backend::matmul_add`].
+    /// A backend may hand the attention's output to the product in the product's own input
+    /// format (the CUDA one: int8, written by the attention kernel itself).
+    fn attention_matmul_add(
+        &self,
+        args: AttentionArgs<'_, Self>,
+        mut out: TensorMut<Self::Buffer>,
+        wo: &Self::Weight,
+        residual: TensorMut<Self::Buffer>,
+        tmp: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        let AttentionArgs { q, cache, sinks, step, params } = args;
+        match sinks {
+            Some(sinks) => self.attention_sinks(q, cache, sinks, out.reborrow(), step, params)?,
+            None => self.attention(q, cache, out.reborrow(), step, params)?,
+        }
+        self.matmul_add(wo, out.as_ref(), residual, tmp)
     }
 
     /// `residual += x·Wᵀ`, using `tmp` (of `residual`'s shape) as scratch.

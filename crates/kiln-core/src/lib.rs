@@ -22,7 +22,8 @@ pub mod shapes;
 pub mod tensor;
 
 pub use backend::{
-    AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots,
+    WeightSource,
 };
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};

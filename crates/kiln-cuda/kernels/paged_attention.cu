@@ -6,9 +6,10 @@
 // caches are typed buffers of `rows` rows of n_kv_heads * HEAD_DIM values (kv.cuh); q and out
 // are f32 [n_tokens][n_heads][HEAD_DIM]; query head h reads kv head h / GROUP.
 //
-// paged_attention_split + paged_attention_reduce: flash-decoding for any mix of tokens. The grid
-// (n_splits, n_kv_heads, n_tokens) depends on shapes only; each token's own visible length is
-// cut into n_splits chunks here, so a captured graph stays valid as sequences grow.
+// paged_attention_split: flash-decoding for any mix of tokens. The grid (n_splits, n_kv_heads,
+// n_tokens) depends on shapes only; each token's own visible length is cut into n_splits chunks
+// here, so a captured graph stays valid as sequences grow. The last split of a (token, kv head)
+// to finish merges the splits' partials (merge_splits), so no second launch is needed.
 // paged_attention_split_mma: the split kernel on tensor cores, for f16 caches.
 // The prefill kernel (flash attention over the step's query tiles) is paged_prefill.cu.
 // kiln-test-defines: HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1
@@ -39,6 +40,7 @@
 #error "paged_attention.cu needs -DV_TYPE=<KV_F32|KV_F16|KV_Q8_0>"
 #endif
 
+#include "activation_q8.cuh"
 #include "paged_attention.cuh"
 
 // ============================================================================================
@@ -56,7 +58,7 @@
 #define DEC_TILE 32
 // A split covers whole KV blocks.
 #define DEC_MIN_CHUNK 32
-// Most splits paged_attention_reduce accepts (the host never launches more).
+// Most splits a launch may have (the merge's scratch is sized for them).
 #define DEC_MAX_SPLITS 256
 
 static_assert(DEC_TILE == KV_BLOCK_SIZE, "a decode tile is one KV block");
@@ -158,13 +160,157 @@ __device__ __forceinline__ SplitRows decode_split_rows(const u32* step, u32 toke
     return rows;
 }
 
+// When `xq` is not null, the GROUP heads of `token` this block has just written to `out` are
+// also stored as the int8 input of the product that follows (activation_q8.cuh; chunk c of
+// the token's row at index token * x_chunks + c), saving that product its own quantization
+// launch. The host asks only for HEAD_DIM a multiple of CHUNK_VALUES. Called by every thread.
+__device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, u32 first_head, u32 n_heads, i8* xq,
+                                                   float2* xds, u32 x_chunks) {
+    if constexpr (HEAD_DIM % CHUNK_VALUES == 0) {
+        if (xq == nullptr) {
+            return;
+        }
+        // The block's stores to `out` are visible to all its threads past the barrier.
+        __syncthreads();
+        constexpr u32 HEAD_CHUNKS = HEAD_DIM / CHUNK_VALUES;
+        const float* rows = out + ((u64)token * n_heads + first_head) * HEAD_DIM;
+        for (u32 c = threadIdx.x; c < GROUP * HEAD_CHUNKS; c += DEC_THREADS) {
+            float v[CHUNK_VALUES];
+            const float4* src = reinterpret_cast<const float4*>(rows + c * CHUNK_VALUES);
+#pragma unroll
+            for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
+                const float4 f = src[i];
+                v[4 * i] = f.x;
+                v[4 * i + 1] = f.y;
+                v[4 * i + 2] = f.z;
+                v[4 * i + 3] = f.w;
+            }
+            quantize_chunk(v, xq, xds, (u64)token * x_chunks + first_head * HEAD_CHUNKS + c);
+        }
+    }
+}
+
+// Splits of a token that sees `visible` positions that have rows to read.
+__device__ __forceinline__ u32 live_splits(u32 visible, u32 n_splits) {
+    const u32 chunk = split_chunk(visible, n_splits);
+    return min((visible + chunk - 1) / chunk, n_splits);
+}
+
+// Partial vectors of one head each merging thread loads before adding them up.
+constexpr int MERGE_BATCH = 8;
+constexpr int MERGE_VEC = HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1;
+
+// Called by every thread of a split block after its partials are written. Each block takes a
+// ticket of its (token, kv head); the one that completes the count of live splits reads every
+// split's partials (through L2: other multiprocessors wrote them) and writes the GROUP heads'
+// outputs, then resets the ticket for the next launch (no block of this one uses it again).
+// `scratch`: the block's dynamic shared memory, free by now, GROUP * (DEC_MAX_SPLITS + 1)
+// floats at least (merge_shared_bytes in src/paged_attention.rs).
+__device__ __forceinline__ void merge_splits(float* out, const float* part_acc, const float* part_ml, u32* tickets,
+                                             const DecodeSpan& span, u32 token, u32 kv_head, u32 n_heads,
+                                             u32 n_kv_heads, u32 n_splits, const float* sinks, float* scratch,
+                                             i8* xq, float2* xds, u32 x_chunks) {
+    __shared__ u32 last_s;
+    const u32 live = live_splits(span.end - span.start, n_splits);
+    // Every thread's partials are visible device-wide before the block's ticket is taken.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* ticket = tickets + (u64)token * n_kv_heads + kv_head;
+        const u32 arrived = atomicAdd(ticket, 1u) + 1;
+        last_s = arrived == live;
+        if (arrived == live) {
+            *ticket = 0;
+        }
+    }
+    __syncthreads();
+    if (!last_s) {
+        return;
+    }
+    __threadfence();
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 first_head = kv_head * GROUP;
+    const u64 row0 = (u64)token * n_heads + first_head;
+    // Partial (max, sum) pairs of head g, split s: ml[(g * n_splits + s) * 2 + {0, 1}].
+    const float* ml = part_ml + row0 * n_splits * 2;
+    float* weight_s = scratch;
+    float* inv_total_s = scratch + GROUP * live;
+    // One warp per head: the max over the splits (and the sink), each split's weight, the total.
+    for (u32 g = warp; g < GROUP; g += DEC_WARPS) {
+        const float sink = sinks ? sinks[first_head + g] * LOG2E : NEG_INF;
+        float top = sink;
+        for (u32 s = lane; s < live; s += 32) {
+            const float m = __ldcg(ml + ((u64)g * n_splits + s) * 2);
+            weight_s[g * live + s] = m;
+            top = fmaxf(top, m);
+        }
+        top = warp_max(top);
+        float total = 0.0f;
+        for (u32 s = lane; s < live; s += 32) {
+            const float weight = exp2f(weight_s[g * live + s] - top);
+            weight_s[g * live + s] = weight;
+            total += __ldcg(ml + ((u64)g * n_splits + s) * 2 + 1) * weight;
+        }
+        total = warp_sum(total);
+        if (lane == 0) {
+            inv_total_s[g] = 1.0f / (total + (sinks ? exp2f(sink - top) : 0.0f));
+        }
+    }
+    __syncthreads();
+    // Each thread sums MERGE_VEC dims of one head over the splits, in split order.
+    constexpr u32 HEAD_LANES = HEAD_DIM / MERGE_VEC;
+    for (u32 i = threadIdx.x; i < GROUP * HEAD_LANES; i += DEC_THREADS) {
+        const u32 g = i / HEAD_LANES;
+        const u32 d = i % HEAD_LANES * MERGE_VEC;
+        const float* acc = part_acc + (row0 + g) * n_splits * HEAD_DIM + d;
+        float value[MERGE_VEC] = {};
+        for (u32 s0 = 0; s0 < live; s0 += MERGE_BATCH) {
+            float batch[MERGE_BATCH][MERGE_VEC];
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) {
+                const u32 s = s0 + b;
+                const float* p = acc + (u64)min(s, live - 1) * HEAD_DIM;
+                if constexpr (MERGE_VEC == 4) {
+                    const float4 x = __ldcg(reinterpret_cast<const float4*>(p));
+                    batch[b][0] = x.x;
+                    batch[b][1] = x.y;
+                    batch[b][2] = x.z;
+                    batch[b][3] = x.w;
+                } else if constexpr (MERGE_VEC == 2) {
+                    const float2 x = __ldcg(reinterpret_cast<const float2*>(p));
+                    batch[b][0] = x.x;
+                    batch[b][1] = x.y;
+                } else {
+                    batch[b][0] = __ldcg(p);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < MERGE_BATCH; ++b) {
+                const float weight = s0 + b < live ? weight_s[g * live + s0 + b] : 0.0f;
+#pragma unroll
+                for (int c = 0; c < MERGE_VEC; ++c) {
+                    value[c] += batch[b][c] * weight;
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < MERGE_VEC; ++c) {
+            out[(row0 + g) * HEAD_DIM + d + c] = value[c] * inv_total_s[g];
+        }
+    }
+    quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
+}
+
 // Writes `out` directly when launched with one split, else unnormalized partials:
 // part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 +
-// {0: max (log2 units), 1: sum}], row = token * n_heads + head. Dynamic shared memory:
-// DEC_STAGES * DEC_STAGE_BYTES.
+// {0: max (log2 units), 1: sum}], row = token * n_heads + head, that merge_splits combines;
+// `tickets` holds n_tokens * n_kv_heads zeros; xq, xds, x_chunks: quantize_heads_out. Dynamic
+// shared memory: the larger of DEC_STAGES * DEC_STAGE_BYTES and the merge's scratch.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_split(
-    float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
-    u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks) {
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks) {
     wait_for_inputs();
     const u32 split = blockIdx.x;
     const u32 n_splits = gridDim.x;
@@ -403,33 +549,39 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
         }
     }
 
-    if (row_group != 0) {
-        return;
-    }
+    if (row_group == 0) {
 #pragma unroll
-    for (int g = 0; g < GROUP; ++g) {
-        const u64 row = (u64)token * n_heads + first_head + g;
-        const u64 slot = row * n_splits + split;
-        const float inv_sum =
-            softmax_norm(max_s[g], sum_s[g], sinks ? sinks[first_head + g] * LOG2E : 0.0f, sinks != nullptr);
+        for (int g = 0; g < GROUP; ++g) {
+            const u64 row = (u64)token * n_heads + first_head + g;
+            const u64 slot = row * n_splits + split;
+            const float inv_sum =
+                softmax_norm(max_s[g], sum_s[g], sinks ? sinks[first_head + g] * LOG2E : 0.0f, sinks != nullptr);
 #pragma unroll
-        for (int k = 0; k < V_CHUNKS; ++k) {
+            for (int k = 0; k < V_CHUNKS; ++k) {
 #pragma unroll
-            for (int c = 0; c < V_VEC; ++c) {
-                const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC + c;
-                if (d < HEAD_DIM) {
-                    if (n_splits == 1) {
-                        out[row * HEAD_DIM + d] = acc[g][k][c] * inv_sum;
-                    } else {
-                        part_acc[slot * HEAD_DIM + d] = acc[g][k][c];
+                for (int c = 0; c < V_VEC; ++c) {
+                    const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC + c;
+                    if (d < HEAD_DIM) {
+                        if (n_splits == 1) {
+                            out[row * HEAD_DIM + d] = acc[g][k][c] * inv_sum;
+                        } else {
+                            part_acc[slot * HEAD_DIM + d] = acc[g][k][c];
+                        }
                     }
                 }
             }
+            if (n_splits > 1 && threadIdx.x == 0) {
+                part_ml[slot * 2] = max_s[g];
+                part_ml[slot * 2 + 1] = sum_s[g];
+            }
         }
-        if (n_splits > 1 && threadIdx.x == 0) {
-            part_ml[slot * 2] = max_s[g];
-            part_ml[slot * 2 + 1] = sum_s[g];
-        }
+    }
+    if (n_splits > 1) {
+        copy_wait<0>();
+        merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
+                     reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
+    } else {
+        quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
     }
 }
 
@@ -462,8 +614,9 @@ static_assert(MD_WARPS * GROUP * HEAD_DIM * 4 + MD_WARPS * GROUP * 8 <= MD_WARPS
 #endif
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma(
-    float* out, float* part_acc, float* part_ml, const float* q, const u8* k_cache, const u8* v_cache, const u32* step,
-    u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks) {
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks) {
 #if DEC_MMA
     wait_for_inputs();
     const u32 split = blockIdx.x;
@@ -676,132 +829,12 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
             }
         }
     }
+    if (n_splits > 1) {
+        // The barrier in merge_splits also ends every thread's reads of o_s and ml_s.
+        merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
+                     reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
+    } else {
+        quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
+    }
 #endif
-}
-
-// Reduce: R_LANES threads cover a partial row in R_VEC-wide loads and R_GROUPS row groups take
-// splits side by side, so a few rounds of independent loads fetch every split.
-constexpr int R_VEC = HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1;
-constexpr int R_LANES = cmin(HEAD_DIM / R_VEC, DEC_THREADS);
-constexpr int R_CHUNKS = (HEAD_DIM / R_VEC + R_LANES - 1) / R_LANES;
-constexpr int R_GROUPS = DEC_THREADS / R_LANES;
-// Splits each row group loads before adding them up.
-constexpr int R_BATCH = 4;
-
-// Merges the live splits of each (token, head). Grid (n_heads, n_tokens), DEC_THREADS threads.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS) paged_attention_reduce(
-    float* out, const float* part_acc, const float* part_ml, const u32* step, u32 n_heads, u32 n_splits, u32 window,
-    const float* sinks) {
-    wait_for_inputs();
-    const u32 head = blockIdx.x;
-    const u32 token = blockIdx.y;
-    if (token >= step[STEP_N_TOKENS]) {
-        return;
-    }
-    const DecodeSpan span = decode_span(step_pos(step, token), window);
-    const u32 visible = span.end - span.start;
-    const u32 chunk = split_chunk(visible, n_splits);
-    const u32 live = min((visible + chunk - 1) / chunk, min(n_splits, (u32)DEC_MAX_SPLITS));
-    const u64 row = (u64)token * n_heads + head;
-    const float* ml = part_ml + row * n_splits * 2;
-
-    // Every split's (max, sum) is read once, in parallel: a serial walk would pay one memory
-    // latency per split.
-    __shared__ float weight_s[DEC_MAX_SPLITS];
-    __shared__ float combine_s[R_GROUPS][R_CHUNKS * R_LANES * R_VEC];
-    float split_max = NEG_INF;
-    float split_sum = 0.0f;
-    for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
-        weight_s[s] = ml[s * 2];
-        split_max = fmaxf(split_max, weight_s[s]);
-    }
-    __shared__ float warp_max_s[DEC_WARPS];
-    split_max = warp_max(split_max);
-    if ((threadIdx.x & 31) == 0) {
-        warp_max_s[threadIdx.x >> 5] = split_max;
-    }
-    __syncthreads();
-    // A sink joins the max; its weight is added to the total below.
-    const float sink = sinks ? sinks[head] * LOG2E : NEG_INF;
-    float max_value = sink;
-#pragma unroll
-    for (int w = 0; w < DEC_WARPS; ++w) {
-        max_value = fmaxf(max_value, warp_max_s[w]);
-    }
-    for (u32 s = threadIdx.x; s < live; s += DEC_THREADS) {
-        const float weight = exp2f(weight_s[s] - max_value);
-        weight_s[s] = weight;
-        split_sum += ml[s * 2 + 1] * weight;
-    }
-    const float sink_weight = sinks && threadIdx.x == 0 ? exp2f(sink - max_value) : 0.0f;
-    const float inv_total = 1.0f / block_sum<DEC_THREADS>(split_sum + sink_weight);
-
-    const u32 dim_lane = threadIdx.x % R_LANES;
-    const u32 group = threadIdx.x / R_LANES;
-    const bool works = group < R_GROUPS;
-    const float* acc_row = part_acc + row * n_splits * HEAD_DIM;
-    float value[R_CHUNKS][R_VEC];
-#pragma unroll
-    for (int k = 0; k < R_CHUNKS; ++k) {
-#pragma unroll
-        for (int c = 0; c < R_VEC; ++c) {
-            value[k][c] = 0.0f;
-        }
-    }
-    if (works) {
-        for (u32 s0 = group; s0 < live; s0 += R_GROUPS * R_BATCH) {
-            float batch[R_BATCH][R_CHUNKS][R_VEC];
-#pragma unroll
-            for (int b = 0; b < R_BATCH; ++b) {
-                const u32 s = s0 + b * R_GROUPS;
-#pragma unroll
-                for (int k = 0; k < R_CHUNKS; ++k) {
-                    const u32 d = (k * R_LANES + dim_lane) * R_VEC;
-                    const bool here = s < live && d < HEAD_DIM;
-                    const float* p = acc_row + (u64)s * HEAD_DIM + d;
-                    if constexpr (R_VEC == 4) {
-                        const float4 x = here ? *reinterpret_cast<const float4*>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        batch[b][k][0] = x.x;
-                        batch[b][k][1] = x.y;
-                        batch[b][k][2] = x.z;
-                        batch[b][k][3] = x.w;
-                    } else if constexpr (R_VEC == 2) {
-                        const float2 x = here ? *reinterpret_cast<const float2*>(p) : make_float2(0.0f, 0.0f);
-                        batch[b][k][0] = x.x;
-                        batch[b][k][1] = x.y;
-                    } else {
-                        batch[b][k][0] = here ? *p : 0.0f;
-                    }
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < R_BATCH; ++b) {
-                const u32 s = s0 + b * R_GROUPS;
-                const float weight = s < live ? weight_s[s] : 0.0f;
-#pragma unroll
-                for (int k = 0; k < R_CHUNKS; ++k) {
-#pragma unroll
-                    for (int c = 0; c < R_VEC; ++c) {
-                        value[k][c] += batch[b][k][c] * weight;
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < R_CHUNKS; ++k) {
-#pragma unroll
-            for (int c = 0; c < R_VEC; ++c) {
-                combine_s[group][(k * R_LANES + dim_lane) * R_VEC + c] = value[k][c];
-            }
-        }
-    }
-    __syncthreads();
-    for (u32 d = threadIdx.x; d < HEAD_DIM; d += DEC_THREADS) {
-        float total = 0.0f;
-#pragma unroll
-        for (int g = 0; g < R_GROUPS; ++g) {
-            total += combine_s[g][d];
-        }
-        out[row * HEAD_DIM + d] = total * inv_total;
-    }
 }

@@ -12,7 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams, StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams, StateSlots,
+    WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -20,10 +21,11 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
 use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
+use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
+use crate::step_clock::{StepClock, StepTime};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
 /// The views the backend's ops take.
@@ -89,6 +91,8 @@ pub struct CudaBackend {
     /// Whether each step graph's first replay is followed by a per-node profile of it.
     profile_graphs: AtomicBool,
     profiles: Mutex<Vec<StepProfile>>,
+    /// Device-side times of sampled steps, once `time_steps` was called.
+    step_clock: Mutex<Option<StepClock>>,
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
     busy_blocks: usize,
     max_sample_shared_bytes: usize,
@@ -163,6 +167,7 @@ impl CudaBackend {
             overlapped_edges: AtomicUsize::new(0),
             profile_graphs: AtomicBool::new(false),
             profiles: Mutex::new(Vec::new()),
+            step_clock: Mutex::new(None),
             busy_blocks,
             max_sample_shared_bytes,
             delta_net_chunked_from,
@@ -183,6 +188,18 @@ impl CudaBackend {
     /// The profiles taken since `profile_step_graphs`, one per step graph, in capture order.
     pub fn step_profiles(&self) -> Vec<StepProfile> {
         self.profiles.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// From now on, time every sampled step on the device (`step_times`).
+    pub fn time_steps(&self) -> Result<()> {
+        let clock = StepClock::new(&self.device).map_err(|e| BackendError::Device(format!("creating the step clock's events: {e:?}")))?;
+        *self.step_clock.lock().unwrap_or_else(PoisonError::into_inner) = Some(clock);
+        Ok(())
+    }
+
+    /// The sampled steps timed since `time_steps`, in order.
+    pub fn step_times(&self) -> Vec<StepTime> {
+        self.step_clock.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|c| c.times.clone()).unwrap_or_default()
     }
 
     pub fn device(&self) -> &CudaDevice {
@@ -227,7 +244,11 @@ fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, 
 }
 
 impl CudaBackend {
-    fn paged_attention(&self, q: View, cache: &CudaKvCache, sinks: Option<View>, mut out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+    /// The attention of `args` into `out`; with a `target`, only where the split kernels can
+    /// also store the output there quantized (then they do, and true is returned; else nothing
+    /// is done and false is returned).
+    fn paged_attention(&self, args: AttentionArgs<'_, Self>, mut out: ViewMut, target: Option<ActivationTarget>) -> Result<bool> {
+        let AttentionArgs { q, cache, sinks, step, params: p } = args;
         let n = shapes::attention(q.shape(), out.shape(), sinks.map(|s| s.shape()), p)?;
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
@@ -236,7 +257,11 @@ impl CudaBackend {
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         let view = cache.view();
         let inputs = AttentionInputs { q: q.buf(), kv: &view, step: &step.block, sinks: sinks.map(|s| s.buf()) };
-        self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map_err(backend_error)
+        match target {
+            Some(target) => self.attention.attention_quantized(&self.device, inputs, out.buf_mut(), counts, &params, target),
+            None => self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map(|()| true),
+        }
+        .map_err(backend_error)
     }
 
     /// Products (`out`, one per weight) of activations already quantized into `qx` (the
@@ -301,6 +326,9 @@ impl Backend for CudaBackend {
     }
 
     fn write_step(&self, step: &mut CudaStep, plan: &FlatPlan) -> Result<()> {
+        if let Some(clock) = self.step_clock.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            clock.step_written(self.device.stream()).map_err(|e| BackendError::Device(format!("timing the step: {e:?}")))?;
+        }
         step.write(&self.device, plan)?;
         self.current_step.store(step.id, Ordering::Relaxed);
         Ok(())
@@ -447,7 +475,22 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: View, cache: &CudaKvCache, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
-        self.paged_attention(q, cache, None, out, step, p)
+        self.paged_attention(AttentionArgs { q, cache, sinks: None, step, params: p }, out, None).map(drop)
+    }
+
+    fn attention_matmul_add(&self, args: AttentionArgs<'_, Self>, mut out: ViewMut, wo: &GpuWeight, mut residual: ViewMut, tmp: ViewMut) -> Result<()> {
+        let n = shapes::attention(args.q.shape(), out.shape(), args.sinks.map(|s| s.shape()), args.params)?;
+        if wo.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS {
+            shapes::matmul("attention_matmul_add", (wo.rows, wo.cols), out.shape(), residual.shape())?;
+            let shared = matvec::shared_input(&self.device, wo.cols).map_err(backend_error)?;
+            let input = shared.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
+                input.mark_filled(n);
+                return matvec::matmul_quantized(&self.device, wo, &input, residual.buf_mut(), n, true).map_err(backend_error);
+            }
+        }
+        self.paged_attention(args, out.reborrow(), None)?;
+        self.matmul_add(wo, out.as_ref(), residual, tmp)
     }
 
     fn moe_route(&self, logits: View, expert_scale: Option<View>, ids: ViewMut, weights: ViewMut, p: &RouterParams) -> Result<()> {
@@ -486,7 +529,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention_sinks(&self, q: View, cache: &CudaKvCache, sinks: View, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
-        self.paged_attention(q, cache, Some(sinks), out, step, p)
+        self.paged_attention(AttentionArgs { q, cache, sinks: Some(sinks), step, params: p }, out, None).map(drop)
     }
 
     fn moe_combine(&self, y: View, weights: View, out: ViewMut) -> Result<()> {
@@ -573,7 +616,7 @@ impl Backend for CudaBackend {
     }
 
     fn sampled_tokens(&self, step: &CudaStep, out: &mut [u32]) -> Result<()> {
-        step.sampled(&self.device, out)
+        step.sampled(&self.device, out, self.step_clock.lock().unwrap_or_else(PoisonError::into_inner).as_mut())
     }
 
     /// Per key of the step object written last: the first call runs `record` directly, so

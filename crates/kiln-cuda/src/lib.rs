@@ -43,6 +43,7 @@ mod registry;
 mod scan;
 mod sources;
 mod step;
+mod step_clock;
 
 pub use arch_ops::DeltaNetSpans;
 pub use backend::CudaBackend;
@@ -56,6 +57,7 @@ pub use profile::{profile_range, ProfileRange};
 pub use registry::{KernelRegistry, RegistryConfig};
 pub use sources::{find_kernel, find_source, kernel_headers, kernel_sources, KernelHeader, KernelSource};
 pub use step::CudaStep;
+pub use step_clock::StepTime;
 
 /// The cudarc version this crate is built against, for callers that launch kernels.
 pub use cudarc;

@@ -461,6 +461,48 @@ impl QuantizedActivations {
     }
 }
 
+/// Where a kernel that produces activations stores them in [`QuantizedActivations`]' layout
+/// itself (kernels/activation_q8.cuh): the codes' and scales' device addresses and the chunks
+/// of 16 values a token's row takes (padding included).
+#[derive(Clone, Copy, Debug)]
+pub struct ActivationTarget {
+    pub codes: u64,
+    pub scales: u64,
+    pub chunks_per_token: u32,
+    pub cols: usize,
+    pub max_tokens: usize,
+}
+
+impl QuantizedActivations {
+    /// The buffers for a kernel that writes them itself; afterwards [`Self::mark_filled`] with
+    /// the tokens it wrote, so that products may read them.
+    pub fn target(&self, device: &CudaDevice) -> ActivationTarget {
+        ActivationTarget {
+            codes: device_address(device, &self.codes),
+            scales: device_address(device, &self.scales),
+            chunks_per_token: (tiles_of(self.cols) * LANES) as u32,
+            cols: self.cols,
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The first `n` tokens' codes (`cols` each, padding dropped) and (scale, scale * code
+    /// sum) pairs, copied to the host (for tests).
+    pub fn download(&self, device: &CudaDevice, n: usize) -> Result<(Vec<i8>, Vec<[f32; 2]>), CudaError> {
+        let (padded, chunks) = (tiles_of(self.cols) * TILE_VALUES, tiles_of(self.cols) * LANES);
+        let (codes, scales) = (device.download(&self.codes)?, device.download(&self.scales)?);
+        let n = n.min(self.max_tokens);
+        let codes = (0..n).flat_map(|t| codes[t * padded..t * padded + self.cols].iter().copied()).collect();
+        let scales = (0..n).flat_map(|t| (0..self.cols / CHUNK_VALUES).map(move |c| (t * chunks + c) * 2)).map(|i| [scales[i], scales[i + 1]]).collect();
+        Ok((codes, scales))
+    }
+
+    /// The first `n` tokens now hold activations written through [`Self::target`].
+    pub fn mark_filled(&self, n: usize) {
+        self.filled_tokens.store(n.min(self.max_tokens), Ordering::Relaxed);
+    }
+}
+
 /// Quantizes the first `n` tokens of `x` [n][cols] for [`matmul_quantized`] and
 /// [`matmul_swiglu_quantized`].
 pub fn quantize_activations(device: &CudaDevice, x: &CudaSlice<f32>, n: usize, out: &mut QuantizedActivations) -> Result<(), CudaError> {

@@ -23,6 +23,7 @@ use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapac
 
 pub use crate::kv::cache_bytes;
 use crate::kv::{kv_type_code, KvView};
+use crate::matvec::ActivationTarget;
 use crate::plan_words::{word, PlanLayout};
 use crate::{CudaDevice, CudaError};
 
@@ -35,7 +36,7 @@ const DEC_MAX_SPLITS: usize = 256;
 const TUNE_POSITIONS: usize = 8192;
 const TUNE_MAX_ROWS: usize = 1 << 20;
 /// Timed launches per candidate (after one warm-up); candidates within TUNE_SLACK of the
-/// fastest count as ties, won by the fewest splits (smaller partials, cheaper reduce).
+/// fastest count as ties, won by the fewest splits (smaller partials, cheaper merge).
 const TUNE_ROUNDS: usize = 3;
 const TUNE_SLACK: f64 = 1.02;
 /// `paged_prefill.cu`'s FA_THREADS and FA_KV.
@@ -128,7 +129,6 @@ pub struct SplitChoice {
 #[derive(Clone)]
 struct Kernels {
     split: CudaFunction,
-    reduce: CudaFunction,
     prefill: CudaFunction,
     /// Split blocks the whole GPU holds at once: the split candidates are multiples of a wave.
     resident_blocks: usize,
@@ -142,6 +142,10 @@ struct State {
     choices: HashMap<GridKey, SplitChoice>,
     workspace: Option<CudaSlice<f32>>,
     retired_workspaces: Vec<CudaSlice<f32>>,
+    /// One counter per (token, kv head) of the split launches: each live split takes a ticket
+    /// and the last one merges. All zero between launches (the merging block resets its own).
+    tickets: Option<CudaSlice<u32>>,
+    retired_tickets: Vec<CudaSlice<u32>>,
 }
 
 /// The paged attention kernels, loaded per specialization on first use, and the split
@@ -172,11 +176,17 @@ fn decode_on_tensor_cores(key: &Key) -> bool {
     key.k_type == KvType::F16 && key.v_type == KvType::F16 && key.head_dim % 16 == 0 && key.head_dim <= 128 && key.group <= 8
 }
 
-/// Dynamic shared memory of the split kernel. The tensor-core one: per warp, MD_STAGES stages
-/// of MD_ROWS K rows and MD_ROWS V rows of f16, each padded by 8 values. The other: DEC_STAGES
-/// stages of a 32-row K tile and V tile, rows padded to 16 bytes, three stages when one takes
-/// at most 16 KiB (paged_attention.cu).
+/// Dynamic shared memory of the split kernel: its stages, which the merge of the splits reuses
+/// for one weight per (query head, split) and one total per query head.
 fn decode_shared_bytes(key: &Key) -> usize {
+    decode_stage_bytes(key).max(key.group * (DEC_MAX_SPLITS + 1) * 4)
+}
+
+/// The split kernel's stages. The tensor-core one: per warp, MD_STAGES stages of MD_ROWS K rows
+/// and MD_ROWS V rows of f16, each padded by 8 values. The other: DEC_STAGES stages of a 32-row
+/// K tile and V tile, rows padded to 16 bytes, three stages when one takes at most 16 KiB
+/// (paged_attention.cu).
+fn decode_stage_bytes(key: &Key) -> usize {
     if decode_on_tensor_cores(key) {
         const MD_ROWS: usize = 16;
         const MD_STAGES: usize = 3;
@@ -332,6 +342,46 @@ impl PagedAttention {
         out
     }
 
+    /// [`Self::attention`] that also stores its output as the int8 input of the product that
+    /// follows (`target`, which the caller then marks filled), where the step takes the split
+    /// kernels and a head is whole chunks of 16 values; returns false, having done nothing,
+    /// where it does not.
+    pub fn attention_quantized(
+        &self,
+        device: &CudaDevice,
+        inputs: AttentionInputs,
+        out: &mut CudaSlice<f32>,
+        counts: StepCounts,
+        p: &PagedAttentionParams,
+        target: ActivationTarget,
+    ) -> Result<bool, CudaError> {
+        if !(counts.decode_only || counts.n_tiles == 0) {
+            return Ok(false);
+        }
+        self.split_quantized(device, inputs, out, counts, p, None, target)
+    }
+
+    /// [`Self::split`] that also stores its output quantized into `target`, where a head is
+    /// whole chunks of 16 values and `target` takes the rows; returns false, having done
+    /// nothing, where not.
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_quantized(
+        &self,
+        device: &CudaDevice,
+        inputs: AttentionInputs,
+        out: &mut CudaSlice<f32>,
+        counts: StepCounts,
+        p: &PagedAttentionParams,
+        n_splits: Option<usize>,
+        target: ActivationTarget,
+    ) -> Result<bool, CudaError> {
+        if p.head_dim % 16 != 0 || target.cols != p.n_heads * p.head_dim || counts.n_tokens > target.max_tokens {
+            return Ok(false);
+        }
+        self.split_with(device, inputs, out, counts, p, n_splits, Some(target))?;
+        Ok(true)
+    }
+
     /// Split (flash-decoding) attention for any mix of tokens; `n_splits` overrides the
     /// automatic count (at most 256).
     pub fn split(
@@ -342,6 +392,20 @@ impl PagedAttention {
         counts: StepCounts,
         p: &PagedAttentionParams,
         n_splits: Option<usize>,
+    ) -> Result<(), CudaError> {
+        self.split_with(device, inputs, out, counts, p, n_splits, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn split_with(
+        &self,
+        device: &CudaDevice,
+        inputs: AttentionInputs,
+        out: &mut CudaSlice<f32>,
+        counts: StepCounts,
+        p: &PagedAttentionParams,
+        n_splits: Option<usize>,
+        quantized: Option<ActivationTarget>,
     ) -> Result<(), CudaError> {
         p.check_inputs(&counts, &inputs, out.len())?;
         if counts.n_tokens == 0 {
@@ -355,8 +419,9 @@ impl PagedAttention {
             Some(n) => n,
             None => state.choose(device, &kernels, inputs, out, counts.n_tokens, p, capturing)?,
         };
-        let workspace = state.workspace(device, workspace_len(counts.n_tokens, p, n_splits), capturing)?;
-        launch_split(device, &kernels, workspace, inputs, out, counts.n_tokens, p, n_splits)
+        let (workspace, tickets) = state.workspace(device, workspace_len(counts.n_tokens, p, n_splits), counts.n_tokens * p.n_kv_heads, capturing)?;
+        let launch = SplitLaunch { n_tokens: counts.n_tokens, n_splits, quantized };
+        launch_split(device, &kernels, (workspace, tickets), inputs, out, p, launch)
     }
 
     /// Flash attention over the step's `counts.n_tiles` prefill tiles (every token of the step
@@ -437,19 +502,28 @@ fn workspace_len(n_tokens: usize, p: &PagedAttentionParams, n_splits: usize) -> 
     }
 }
 
-/// Launches the split kernel (and the reduce when `n_splits > 1`) over the step's tokens.
-#[allow(clippy::too_many_arguments)]
+/// The grid of one split launch and where its output also goes quantized.
+#[derive(Clone, Copy)]
+struct SplitLaunch {
+    n_tokens: usize,
+    n_splits: usize,
+    quantized: Option<ActivationTarget>,
+}
+
+/// Launches the split kernel over the step's tokens (which merges the splits itself when
+/// `n_splits > 1`).
 fn launch_split(
     device: &CudaDevice,
     kernels: &Kernels,
-    workspace: &mut CudaSlice<f32>,
+    (workspace, tickets): (&mut CudaSlice<f32>, &mut CudaSlice<u32>),
     inputs: AttentionInputs,
     out: &mut CudaSlice<f32>,
-    n_tokens: usize,
     p: &PagedAttentionParams,
-    n_splits: usize,
+    launch: SplitLaunch,
 ) -> Result<(), CudaError> {
+    let SplitLaunch { n_tokens, n_splits, quantized } = launch;
     let (AttentionInputs { q, kv, step, .. }, sinks, window) = (inputs, inputs.sinks_address(device), p.window_arg()?);
+    let (xq, xds, x_chunks) = quantized.map_or((0, 0, 0), |t| (t.codes, t.scales, t.chunks_per_token));
     let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
     let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
     let (n_tokens, n_heads, n_kv_heads, rows) = (n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
@@ -457,13 +531,15 @@ fn launch_split(
     let cfg = LaunchConfig { grid_dim: (n_splits as u32, n_kv_heads, n_tokens), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: kernels.split_shared_bytes };
     // SAFETY: arguments match paged_attention_split; q/out hold n_tokens query rows and the
     // caches `rows` rows (checked by the caller); the partials hold every slot when
-    // n_splits > 1 (workspace_len); the shared memory is what its attribute was raised to.
+    // n_splits > 1 (workspace_len) and the tickets every (token, kv head); the shared memory is
+    // what its attribute was raised to.
     unsafe {
         stream
             .launch_builder(&kernels.split)
             .arg(&mut *out)
             .arg(&mut part_acc)
             .arg(&mut part_ml)
+            .arg(tickets)
             .arg(q)
             .arg(&kv.k)
             .arg(&kv.v)
@@ -474,29 +550,13 @@ fn launch_split(
             .arg(&p.scale)
             .arg(&window)
             .arg(&sinks)
+            .arg(&xq)
+            .arg(&xds)
+            .arg(&x_chunks)
             .launch(cfg)
     }
-    .map_err(launch_error("paged_attention_split"))?;
-    if n_splits > 1 {
-        let n_splits = n_splits as u32;
-        let cfg = LaunchConfig { grid_dim: (n_heads, n_tokens, 1), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: as above; the reduce reads the partials the split kernel just wrote.
-        unsafe {
-            stream
-                .launch_builder(&kernels.reduce)
-                .arg(out)
-                .arg(&mut part_acc)
-                .arg(&mut part_ml)
-                .arg(step)
-                .arg(&n_heads)
-                .arg(&n_splits)
-                .arg(&window)
-                .arg(&sinks)
-                .launch(cfg)
-        }
-        .map_err(launch_error("paged_attention_reduce"))?;
-    }
-    Ok(())
+    .map(drop)
+    .map_err(launch_error("paged_attention_split"))
 }
 
 /// Step words of `n_tokens` decode tokens, each its own sequence at position `positions - 1`
@@ -550,14 +610,7 @@ impl State {
                 prefill
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
                     .map_err(CudaError::driver("raising paged_attention_prefill's shared memory limit"))?;
-                slot.insert(Kernels {
-                    split,
-                    reduce: load("paged_attention_reduce")?,
-                    prefill,
-                    resident_blocks,
-                    split_shared_bytes: split_shared as u32,
-                    prefill_shared_bytes: shared as u32,
-                })
+                slot.insert(Kernels { split, prefill, resident_blocks, split_shared_bytes: split_shared as u32, prefill_shared_bytes: shared as u32 })
             }
         })
     }
@@ -592,17 +645,18 @@ impl State {
             let step = device.upload(&tuning_step(n_tokens, positions, cache_blocks)?, "paged attention tuning step")?;
             let timed = AttentionInputs { step: &step, ..inputs };
             let most = candidates.iter().map(|&n| workspace_len(n_tokens, p, n)).max().unwrap_or(2);
-            let workspace = self.workspace(device, most, false)?;
+            let workspace = self.workspace(device, most, n_tokens * p.n_kv_heads, false)?;
             let ctx = device.context();
             let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(CudaError::driver("creating a timing event"));
             let (start, end) = (event()?, event()?);
             let mut timings = Vec::with_capacity(candidates.len());
             for &n in &candidates {
                 // One warm-up launch, then TUNE_ROUNDS timed ones.
-                launch_split(device, kernels, workspace, timed, out, n_tokens, p, n)?;
+                let launch = SplitLaunch { n_tokens, n_splits: n, quantized: None };
+                launch_split(device, kernels, (&mut *workspace.0, &mut *workspace.1), timed, out, p, launch)?;
                 start.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
                 for _ in 0..TUNE_ROUNDS {
-                    launch_split(device, kernels, workspace, timed, out, n_tokens, p, n)?;
+                    launch_split(device, kernels, (&mut *workspace.0, &mut *workspace.1), timed, out, p, launch)?;
                 }
                 end.record(device.stream()).map_err(CudaError::driver("recording a timing event"))?;
                 end.synchronize().map_err(CudaError::driver("timing the split candidates"))?;
@@ -618,20 +672,34 @@ impl State {
         Ok(n_splits)
     }
 
-    /// The workspace, grown to at least `len` values; growing is refused inside a capture.
-    fn workspace(&mut self, device: &CudaDevice, len: usize, capturing: bool) -> Result<&mut CudaSlice<f32>, CudaError> {
-        let have = self.workspace.as_ref().map_or(0, |w| w.len());
-        if have < len {
+    /// The split partials, grown to at least `len` values, and the merge's tickets, grown to at
+    /// least `n_tickets`; growing is refused inside a capture. Old buffers stay allocated:
+    /// graphs captured earlier use them.
+    fn workspace(
+        &mut self,
+        device: &CudaDevice,
+        len: usize,
+        n_tickets: usize,
+        capturing: bool,
+    ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<u32>), CudaError> {
+        let have = (self.workspace.as_ref().map_or(0, |w| w.len()), self.tickets.as_ref().map_or(0, |t| t.len()));
+        if have.0 < len || have.1 < n_tickets {
             if capturing {
                 return Err(invalid(format!(
-                    "the split partials need {len} values inside a graph capture (allocated: {have}); run the step once uncaptured first"
+                    "the split partials need {len} values and {n_tickets} tickets inside a graph capture (allocated: {} and {}); run the step once uncaptured first",
+                    have.0, have.1
                 )));
             }
-            // The old partials stay allocated: graphs captured earlier read them.
-            let grown = device.alloc_zeros::<f32>(len, "paged attention split partials")?;
-            self.retired_workspaces.extend(self.workspace.replace(grown));
+            if have.0 < len {
+                let grown = device.alloc_zeros::<f32>(len, "paged attention split partials")?;
+                self.retired_workspaces.extend(self.workspace.replace(grown));
+            }
+            if have.1 < n_tickets {
+                let grown = device.alloc_zeros::<u32>(n_tickets, "paged attention split tickets")?;
+                self.retired_tickets.extend(self.tickets.replace(grown));
+            }
         }
-        Ok(self.workspace.as_mut().expect("allocated above"))
+        Ok((self.workspace.as_mut().expect("allocated above"), self.tickets.as_mut().expect("allocated above")))
     }
 }
 
@@ -686,6 +754,8 @@ mod tests {
         assert_eq!(decode_shared_bytes(&key(256, 2, KvType::F32, KvType::F32)), 2 * 65536);
         // q8_0 / f16, head_dim 8: rows padded to 16 bytes.
         assert_eq!(decode_shared_bytes(&key(8, 2, KvType::Q8_0, KvType::F16)), 3 * 32 * 32);
+        // Small stages: the merge's weights (8 heads x 256 splits) and totals set the size.
+        assert_eq!(decode_shared_bytes(&key(4, 8, KvType::F32, KvType::F32)), 8 * 257 * 4);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use kiln_core::plan::{FlatPlan, StepCapacity};
 
 use crate::graph::StepGraphExec;
 use crate::plan_words::PlanLayout;
+use crate::step_clock::StepClock;
 use crate::CudaDevice;
 
 /// What `run_step` holds for one (step object, key).
@@ -120,8 +121,9 @@ impl CudaStep {
         self.block.slice(self.layout.tokens_at..self.layout.tokens_at + self.layout.capacity.tokens.max(1))
     }
 
-    /// The tokens the last `sample` stored: one copy, then a wait for the stream.
-    pub(crate) fn sampled(&self, device: &CudaDevice, out: &mut [u32]) -> Result<()> {
+    /// The tokens the last `sample` stored: one copy, then a wait for the stream; `clock`
+    /// times the step on the device.
+    pub(crate) fn sampled(&self, device: &CudaDevice, out: &mut [u32], clock: Option<&mut StepClock>) -> Result<()> {
         if out.len() > self.n_samples {
             return Err(BackendError::Device(format!("{} sampled tokens asked for, the step sampled {}", out.len(), self.n_samples)));
         }
@@ -130,11 +132,18 @@ impl CudaStep {
         }
         let at = self.layout.sampled_at;
         let slot = self.block.slice(at..at + out.len());
-        device
-            .stream()
-            .memcpy_dtoh(&slot, out)
-            .and_then(|()| device.stream().synchronize())
-            .map_err(|e| BackendError::Device(format!("reading the sampled tokens: {e:?}")))
+        let stream = device.stream();
+        let read = |e| BackendError::Device(format!("reading the sampled tokens: {e:?}"));
+        stream.memcpy_dtoh(&slot, out).map_err(read)?;
+        match clock {
+            Some(clock) => {
+                let timing = |e| BackendError::Device(format!("timing the step: {e:?}"));
+                clock.step_sampled(stream).map_err(timing)?;
+                stream.synchronize().map_err(read)?;
+                clock.step_done().map_err(timing)
+            }
+            None => stream.synchronize().map_err(read),
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use cudarc::driver::CudaSlice;
 use half::f16;
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 use kiln_cuda::kv::KvView;
+use kiln_cuda::matvec::{self, QuantizedActivations};
 use kiln_cuda::paged_attention::{cache_bytes, AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use kiln_cuda::plan_words::PlanLayout;
 use kiln_cuda::{CacheDir, CudaDevice, CudaError, RegistryConfig};
@@ -206,7 +207,51 @@ enum Path {
     Auto,
     /// The split kernels with this many splits (None: the automatic count).
     Split(Option<usize>),
+    /// The same also storing the output as a product's int8 input (`split_quantized`).
+    SplitQuantized(Option<usize>),
     Prefill,
+}
+
+/// `split_quantized` into a fresh buffer: where a head is whole chunks of 16 values its codes
+/// and scales must equal what `quantize_activations` makes of the output it wrote (the same
+/// quantize_chunk on the same f32 values); elsewhere it must refuse, and `split` runs instead.
+fn split_quantized(
+    dev: &CudaDevice,
+    inputs: AttentionInputs,
+    out: &mut CudaSlice<f32>,
+    counts: StepCounts,
+    p: &PagedAttentionParams,
+    n_splits: Option<usize>,
+) -> Result<(), String> {
+    let fail = |e: CudaError| e.to_string();
+    let (n, cols) = (counts.n_tokens, p.n_heads * p.head_dim);
+    let whole_chunks = p.head_dim.is_multiple_of(16);
+    let buffer = QuantizedActivations::new(dev, n + 3, cols.div_ceil(16) * 16).map_err(fail)?;
+    let target = buffer.target(dev);
+    let att = attention();
+    if cols % 16 != 0 {
+        // No quantized buffer takes these rows; the call is refused on the head size anyway.
+        return att.split(dev, inputs, out, counts, p, n_splits).map_err(fail);
+    }
+    match att.split_quantized(dev, inputs, out, counts, p, n_splits, target).map_err(fail)? {
+        true if !whole_chunks => Err(format!("heads of {} values were quantized in place", p.head_dim)),
+        false if whole_chunks => Err("split_quantized refused heads of whole chunks".into()),
+        false => att.split(dev, inputs, out, counts, p, n_splits).map_err(fail),
+        true => {
+            buffer.mark_filled(n);
+            let got = buffer.download(dev, n).map_err(fail)?;
+            let mut again = QuantizedActivations::new(dev, n, cols).map_err(fail)?;
+            matvec::quantize_activations(dev, out, n, &mut again).map_err(fail)?;
+            let want = again.download(dev, n).map_err(fail)?;
+            if let Some(i) = (0..got.0.len()).find(|&i| got.0[i] != want.0[i]) {
+                return Err(format!("int8 code {i} is {}, quantizing the output gives {}", got.0[i], want.0[i]));
+            }
+            match (0..got.1.len()).find(|&i| got.1[i] != want.1[i]) {
+                Some(i) => Err(format!("chunk {i}'s scales are {:?}, quantizing the output gives {:?}", got.1[i], want.1[i])),
+                None => Ok(()),
+            }
+        }
+    }
 }
 
 /// Runs one step on the GPU and returns (relative L2 error, tolerance), or why it failed.
@@ -246,6 +291,10 @@ fn run_case(rng: &mut ChaCha8Rng, shape: &Shape, seqs: &[Seq], path: Path) -> Re
     match path {
         Path::Auto => att.attention(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p),
         Path::Split(n_splits) => att.split(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits),
+        Path::SplitQuantized(n_splits) => {
+            split_quantized(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits)?;
+            Ok(())
+        }
         Path::Prefill => att.prefill(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p),
     }
     .map_err(fail)?;
@@ -335,6 +384,11 @@ fn decode_steps_match_the_reference() {
         cases.push((shape, decode(&[4096]), Path::Auto));
         cases.push((shape, decode(&[33]), Path::Auto));
         cases.push((shape, decode(&[65, 96]), Path::Split(Some(66))));
+        // The output also as int8: written by the single split, by the merging block, with
+        // fewer tokens than the buffer holds.
+        for path in [Path::SplitQuantized(Some(1)), Path::SplitQuantized(Some(5)), Path::SplitQuantized(None)] {
+            cases.push((shape, decode(&[1, 33, 1000, 4096]), path));
+        }
     }
     check_all("decode_steps_match_the_reference", &mut rng, &cases);
 }

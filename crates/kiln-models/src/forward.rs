@@ -3,7 +3,7 @@
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
 use kiln_core::backend::{AttentionParams, Result};
-use kiln_core::{AllReduce, Backend, BackendError, DeviceBuffer, ExpertInput, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut};
+use kiln_core::{AllReduce, AttentionArgs, Backend, BackendError, DeviceBuffer, ExpertInput, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut};
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
@@ -155,12 +155,18 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
     for (lc, l) in c.layers.iter().zip(&p.w.layers) {
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
-                attention(p, at, aw, &l.attn_norm, caches, a)?;
-                let att = a.att.rows(n, at.n_head * at.head_dim)?;
+                attention_inputs(p, at, aw, &l.attn_norm, caches, a)?;
+                let q_width = at.n_head * at.head_dim;
                 match (&aw.wo_bias, p.reduce) {
-                    (None, None) => b.matmul_add(&aw.wo, att, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?,
+                    (None, None) if !at.gated => {
+                        let (cache, step) = caches.get(at.cache)?;
+                        let params = attention_params(at, p.max_seq_len);
+                        let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks: aw.sinks.as_ref().map(|s| s.whole()), step, params: &params };
+                        b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?;
+                    }
                     (bias, _) => {
-                        b.matmul(&aw.wo, att, a.tmp.rows_mut(n, e)?)?;
+                        attention(p, at, aw, caches, a)?;
+                        b.matmul(&aw.wo, a.att.rows(n, q_width)?, a.tmp.rows_mut(n, e)?)?;
                         sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
                         if let Some(bias) = bias {
                             b.add_bias(a.tmp.rows_mut(n, e)?, bias.whole())?;
@@ -219,7 +225,8 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         let (Mixer::Attention(at), MixerWeights::Attention(aw)) = (&lc.mixer, &l.mixer) else {
             return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
         };
-        attention(p, at, aw, &l.attn_norm, caches, a)?;
+        attention_inputs(p, at, aw, &l.attn_norm, caches, a)?;
+        attention(p, at, aw, caches, a)?;
         b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
         ffn(p, lc, l, a, Out::Scratch)?;
@@ -274,11 +281,10 @@ fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace
     p.b.rms_norm_add(a.tmp.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.x.rows_mut(n, e)?, scale)
 }
 
-/// Self-attention of `norm(x)` into `a.att` (before the output projection): q (and k, v where
-/// the layer has its own), biases, q/k/v norms, rope with the layer's table, the step's K/V
-/// stored, then paged attention over the layer's cache and window (both read through the step
-/// of the cache's pool).
-fn attention<B: Backend>(
+/// Self-attention's inputs from `norm(x)`: q (and k, v where the layer has its own), biases,
+/// q/k/v norms, rope with the layer's table, the step's K/V stored in the layer's cache (read
+/// through the step of the cache's pool); the final queries are left in `a.q`.
+fn attention_inputs<B: Backend>(
     p: &Pass<B>,
     at: &AttentionConfig,
     l: &AttentionWeights<B>,
@@ -342,6 +348,14 @@ fn attention<B: Backend>(
         }
         b.rope(a.q.view_mut([n, heads, hd])?, table, step, &rope)?;
     }
+    Ok(())
+}
+
+/// The attention of the queries `attention_inputs` left in `a.q` into `a.att`, gated where the
+/// layer gates it.
+fn attention<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>, a: &mut Workspace<B>) -> Result<()> {
+    let (b, n, q_width) = (p.b, p.n, at.n_head * at.head_dim);
+    let (cache, step) = caches.get(at.cache)?;
     let params = attention_params(at, p.max_seq_len);
     let (q, out) = (a.q.rows(n, q_width)?, a.att.rows_mut(n, q_width)?);
     match &l.sinks {
