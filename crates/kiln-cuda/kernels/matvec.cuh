@@ -16,10 +16,11 @@
 #error "matvec kernels need -DNTOK=<tokens, 1..8>"
 #endif
 #ifndef ROWS_PER_WARP
-#error "matvec kernels need -DROWS_PER_WARP=<1, 2 or 4>"
+#error "matvec kernels need -DROWS_PER_WARP=<1, 2, 4, or 8 for one token>"
 #endif
 static_assert(NTOK >= 1 && NTOK <= 8, "NTOK must be 1..8");
-static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4, "ROWS_PER_WARP must be 1, 2 or 4");
+static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4 || (ROWS_PER_WARP == 8 && NTOK == 1),
+              "ROWS_PER_WARP must be 1, 2, 4, or 8 for one token");
 
 #define MV_WARPS 4
 #define MV_THREADS (MV_WARPS * 32)
@@ -36,7 +37,7 @@ static_assert(MV_SPLIT == 1 || MV_SPLIT == 2 || MV_SPLIT == 4, "MV_SPLIT must be
 // Tiles whose weight loads are issued together before any is decoded (memory-level
 // parallelism); the host measures which MV_BATCH suits a product (src/matvec/matvec_shape.rs).
 #ifndef MV_BATCH
-#define MV_BATCH (4 / ROWS_PER_WARP)
+#define MV_BATCH (ROWS_PER_WARP < 4 ? 4 / ROWS_PER_WARP : 1)
 #endif
 static_assert(MV_BATCH >= 1 && MV_BATCH <= 8, "MV_BATCH must be 1..8");
 
@@ -427,7 +428,7 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
 }
 
 // Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
-#define FV_BATCH (8 / ROWS_PER_WARP)
+#define FV_BATCH (ROWS_PER_WARP < 8 ? 8 / ROWS_PER_WARP : 1)
 
 // Weights of steps c0, c0 + 128, ... (FV_BATCH of them) of every row; zeros past `cols`.
 template <class W, int NW, int RPW>

@@ -104,12 +104,14 @@ enum Storage {
     Float { kind: FloatKind, rows: FloatArg },
 }
 
-/// Kernels of one weight, looked up on first use and kept for later launches.
-struct KernelSlots([OnceLock<CudaFunction>; KernelSlots::COUNT]);
+/// Kernels of one weight, looked up on first use and kept for later launches. On the heap: a
+/// model's weights would otherwise carry several hundred slots each wherever they are moved,
+/// enough to overflow a 2 MiB thread stack while a model loads.
+struct KernelSlots(Box<[OnceLock<CudaFunction>]>);
 
 impl Default for KernelSlots {
     fn default() -> Self {
-        KernelSlots(std::array::from_fn(|_| OnceLock::new()))
+        KernelSlots((0..KernelSlots::COUNT).map(|_| OnceLock::new()).collect())
     }
 }
 
@@ -635,6 +637,14 @@ pub fn matvec_shape_split(shape: usize) -> u32 {
     MATVEC_SHAPES.get(shape).map_or(1, |s| s.split)
 }
 
+/// The most tokens launch shape `shape` takes: 1 for 8 rows a warp, else [`MAX_MATVEC_TOKENS`].
+pub fn matvec_shape_max_tokens(shape: usize) -> usize {
+    match MATVEC_SHAPES.get(shape) {
+        Some(s) if s.rows_per_warp > 4 => 1,
+        _ => MAX_MATVEC_TOKENS,
+    }
+}
+
 /// [`matmul_quantized`] (the fused SwiGLU with `up`) with launch shape `shape`
 /// (< [`MATVEC_SHAPE_COUNT`]) whatever measurement would pick, for tests and benchmarks.
 #[allow(clippy::too_many_arguments)]
@@ -649,8 +659,8 @@ pub fn matmul_quantized_with_shape(
     shape: usize,
 ) -> Result<(), CudaError> {
     const OP: &str = "matmul_quantized_with_shape";
-    if shape >= MATVEC_SHAPES.len() || !(1..=MAX_MATVEC_TOKENS).contains(&n) {
-        return Err(invalid(OP, format!("shape {shape} of {} for {n} tokens (1..={MAX_MATVEC_TOKENS})", MATVEC_SHAPES.len())));
+    if shape >= MATVEC_SHAPES.len() || !(1..=matvec_shape_max_tokens(shape)).contains(&n) {
+        return Err(invalid(OP, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
     }
     if let Some(up) = up {
         check_pair(OP, w, up)?;

@@ -195,6 +195,24 @@ fn split_shapes_match_the_reference() {
     report("matvec split shapes", failures);
 }
 
+/// The one-token shapes of 8 rows a warp, on formats of each mat-vec loop, rows that leave a
+/// warp's rows or a block partly empty, and rows of one to several 16-byte steps a lane.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn eight_row_shapes_match_the_reference() {
+    let mut rng = rng("matvec eight-row shapes");
+    let mut failures = Vec::new();
+    let eight: Vec<usize> = (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_max_tokens(s) == 1).collect();
+    assert!(!eight.is_empty(), "no eight-row shape to test");
+    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
+        let [small, _, big] = column_choices(ty);
+        for (rows, cols) in [(37, big), (4099, small), (6, 7 * big), (64, 4096)] {
+            check_shapes(&mut rng, &mut failures, ty, (rows, cols), 1..=1, &eight);
+        }
+    }
+    report("matvec eight-row shapes", failures);
+}
+
 /// Plain, accumulated and SwiGLU products of a random `ty` weight of `rows` x `cols` with
 /// every launch shape in `shapes` for each token count in `ns`, against the reference.
 fn check_shapes(
@@ -213,7 +231,7 @@ fn check_shapes(
         matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
         let (g, u) = (gate.products(&x, n).0, up.products(&x, n).0);
         let base = random_f32(rng, n * rows);
-        for &shape in shapes {
+        for &shape in shapes.iter().filter(|&&s| n <= matvec::matvec_shape_max_tokens(s)) {
             let case = format!("{ty} {rows}x{cols} n={n} shape {shape}");
             let mut out = poisoned(n * rows);
             matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, false, shape).expect("matvec");

@@ -31,14 +31,15 @@ const fn split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape 
 }
 
 /// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
-/// The split ones are candidates for one token only (`candidates`).
-pub(super) const MATVEC_SHAPES: [MatvecShape; 8] =
-    [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2), split_shape(4, 2, 4), split_shape(2, 4, 4)];
+/// The split ones and those of 8 rows a warp are candidates for one token only (`candidates`).
+pub(super) const MATVEC_SHAPES: [MatvecShape; 10] =
+    [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2), split_shape(4, 2, 4), split_shape(2, 4, 4), shape(8, 1), shape(8, 2)];
 
-/// The shapes measured for `ntok` tokens: the split shapes serve one token, where a long
-/// row's product has the fewest loads in flight per warp.
+/// The shapes measured for `ntok` tokens. One token has the fewest loads in flight per warp:
+/// its candidates add warps that share a long row (split) and 8 rows a warp (a short row of a
+/// 1- or 2-bit format is one 16-byte load per lane, so rows are what a warp can batch).
 pub(super) fn candidates(ntok: usize) -> impl Iterator<Item = usize> + Clone {
-    (0..MATVEC_SHAPES.len()).filter(move |&i| ntok == 1 || MATVEC_SHAPES[i].split == 1)
+    (0..MATVEC_SHAPES.len()).filter(move |&i| ntok == 1 || !MATVEC_SHAPES[i].one_token_only())
 }
 
 /// The shape used before (or without) measurement: one row per warp for one token, two for
@@ -89,6 +90,11 @@ impl MatvecKind {
 }
 
 impl MatvecShape {
+    /// Shapes the kernels take only for one token (finish_rows' warp reduction caps rows x tokens).
+    pub(super) fn one_token_only(self) -> bool {
+        self.split > 1 || self.rows_per_warp > 4
+    }
+
     /// Rows a block of `warps` warps computes.
     pub(super) fn rows_per_block(self, kind: MatvecKind, warps: u32) -> u32 {
         warps / self.split * self.rows(kind)
@@ -163,8 +169,9 @@ mod tests {
     #[test]
     fn shapes_fit_the_kernels_limits() {
         for s in MATVEC_SHAPES {
-            assert!([1, 2, 4].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
-            for ntok in 1..=MAX_MATVEC_TOKENS as u32 {
+            assert!([1, 2, 4, 8].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
+            let most_tokens = if s.one_token_only() { 1 } else { MAX_MATVEC_TOKENS as u32 };
+            for ntok in 1..=most_tokens {
                 // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
                 let (plain, swiglu) = (s.rows(MatvecKind::Plain), s.rows(MatvecKind::SwiGlu));
                 assert!(plain * ntok <= 32 && 2 * (swiglu * ntok).next_power_of_two() <= 32, "{s:?} ntok {ntok}");

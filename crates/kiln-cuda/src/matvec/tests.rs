@@ -97,8 +97,9 @@ fn host_constants_match_the_kernel_defines() {
         let line = source.lines().find_map(|line| line.strip_prefix(&format!("#define {name} "))).unwrap_or_else(|| panic!("no #define {name}"));
         line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
     };
-    let (quant, matvec, matmat, norm) = (
+    let (quant, activations, matvec, matmat, norm) = (
         include_str!("../../kernels/quant.cuh"),
+        include_str!("../../kernels/activation_q8.cuh"),
         include_str!("../../kernels/matvec.cuh"),
         include_str!("../../kernels/matmat_mma.cu"),
         include_str!("../../kernels/norm.cuh"),
@@ -106,7 +107,7 @@ fn host_constants_match_the_kernel_defines() {
     assert_eq!(define(norm, "NORM_BLOCK"), NORM_THREADS);
     assert_eq!(define(norm, "WARP_NORM_MAX_DIM") as usize, crate::backend::WARP_NORM_MAX_DIM);
     assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
-    assert_eq!(define(quant, "CHUNK_VALUES") as usize, CHUNK_VALUES);
+    assert_eq!(define(activations, "CHUNK_VALUES") as usize, CHUNK_VALUES);
     assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
     assert_eq!(define(matvec, "FV_ROW_WARPS"), FV_ROW_WARPS);
     assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
