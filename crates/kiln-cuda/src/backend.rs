@@ -258,7 +258,7 @@ impl CudaBackend {
         let view = cache.view();
         let inputs = AttentionInputs { q: q.buf(), kv: &view, step: &step.block, sinks: sinks.map(|s| s.buf()) };
         match target {
-            Some(target) => self.attention.attention_quantized(&self.device, inputs, out.buf_mut(), counts, &params, target),
+            Some(target) => self.attention.attention_quantized(&self.device, inputs, out.buf_mut(), counts, &params, None, target),
             None => self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map(|()| true),
         }
         .map_err(backend_error)

@@ -298,7 +298,7 @@ impl PagedAttention {
         p: &PagedAttentionParams,
     ) -> Result<(), CudaError> {
         if counts.decode_only || counts.n_tiles == 0 {
-            self.split(device, inputs, out, counts, p, None)
+            self.split(device, inputs, out, counts, p, None, None)
         } else {
             self.prefill(device, inputs, out, counts, p)
         }
@@ -344,8 +344,9 @@ impl PagedAttention {
 
     /// [`Self::attention`] that also stores its output as the int8 input of the product that
     /// follows (`target`, which the caller then marks filled), where the step takes the split
-    /// kernels and a head is whole chunks of 16 values; returns false, having done nothing,
-    /// where it does not.
+    /// kernels, a head is whole chunks of 16 values and `target` takes the rows; returns false,
+    /// having done nothing, where not. `n_splits` as in [`Self::split`].
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_quantized(
         &self,
         device: &CudaDevice,
@@ -353,51 +354,21 @@ impl PagedAttention {
         out: &mut CudaSlice<f32>,
         counts: StepCounts,
         p: &PagedAttentionParams,
-        target: ActivationTarget,
-    ) -> Result<bool, CudaError> {
-        if !(counts.decode_only || counts.n_tiles == 0) {
-            return Ok(false);
-        }
-        self.split_quantized(device, inputs, out, counts, p, None, target)
-    }
-
-    /// [`Self::split`] that also stores its output quantized into `target`, where a head is
-    /// whole chunks of 16 values and `target` takes the rows; returns false, having done
-    /// nothing, where not.
-    #[allow(clippy::too_many_arguments)]
-    pub fn split_quantized(
-        &self,
-        device: &CudaDevice,
-        inputs: AttentionInputs,
-        out: &mut CudaSlice<f32>,
-        counts: StepCounts,
-        p: &PagedAttentionParams,
         n_splits: Option<usize>,
         target: ActivationTarget,
     ) -> Result<bool, CudaError> {
-        if p.head_dim % 16 != 0 || target.cols != p.n_heads * p.head_dim || counts.n_tokens > target.max_tokens {
+        let takes_split = counts.decode_only || counts.n_tiles == 0;
+        if !takes_split || p.head_dim % 16 != 0 || target.cols != p.n_heads * p.head_dim || counts.n_tokens > target.max_tokens {
             return Ok(false);
         }
-        self.split_with(device, inputs, out, counts, p, n_splits, Some(target))?;
+        self.split(device, inputs, out, counts, p, n_splits, Some(target))?;
         Ok(true)
     }
 
     /// Split (flash-decoding) attention for any mix of tokens; `n_splits` overrides the
-    /// automatic count (at most 256).
-    pub fn split(
-        &self,
-        device: &CudaDevice,
-        inputs: AttentionInputs,
-        out: &mut CudaSlice<f32>,
-        counts: StepCounts,
-        p: &PagedAttentionParams,
-        n_splits: Option<usize>,
-    ) -> Result<(), CudaError> {
-        self.split_with(device, inputs, out, counts, p, n_splits, None)
-    }
-
+    /// automatic count (at most 256); `quantized`: see [`Self::attention_quantized`].
     #[allow(clippy::too_many_arguments)]
-    fn split_with(
+    pub fn split(
         &self,
         device: &CudaDevice,
         inputs: AttentionInputs,

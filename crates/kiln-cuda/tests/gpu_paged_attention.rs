@@ -207,12 +207,12 @@ enum Path {
     Auto,
     /// The split kernels with this many splits (None: the automatic count).
     Split(Option<usize>),
-    /// The same also storing the output as a product's int8 input (`split_quantized`).
+    /// The same also storing the output as a product's int8 input (`attention_quantized`).
     SplitQuantized(Option<usize>),
     Prefill,
 }
 
-/// `split_quantized` into a fresh buffer: where a head is whole chunks of 16 values its codes
+/// `attention_quantized` (decode steps: the split kernels) into a fresh buffer: where a head is whole chunks of 16 values its codes
 /// and scales must equal what `quantize_activations` makes of the output it wrote (the same
 /// quantize_chunk on the same f32 values); elsewhere it must refuse, and `split` runs instead.
 fn split_quantized(
@@ -231,12 +231,12 @@ fn split_quantized(
     let att = attention();
     if cols % 16 != 0 {
         // No quantized buffer takes these rows; the call is refused on the head size anyway.
-        return att.split(dev, inputs, out, counts, p, n_splits).map_err(fail);
+        return att.split(dev, inputs, out, counts, p, n_splits, None).map_err(fail);
     }
-    match att.split_quantized(dev, inputs, out, counts, p, n_splits, target).map_err(fail)? {
+    match att.attention_quantized(dev, inputs, out, counts, p, n_splits, target).map_err(fail)? {
         true if !whole_chunks => Err(format!("heads of {} values were quantized in place", p.head_dim)),
         false if whole_chunks => Err("split_quantized refused heads of whole chunks".into()),
-        false => att.split(dev, inputs, out, counts, p, n_splits).map_err(fail),
+        false => att.split(dev, inputs, out, counts, p, n_splits, None).map_err(fail),
         true => {
             buffer.mark_filled(n);
             let got = buffer.download(dev, n).map_err(fail)?;
@@ -290,7 +290,7 @@ fn run_case(rng: &mut ChaCha8Rng, shape: &Shape, seqs: &[Seq], path: Path) -> Re
     let att = attention();
     match path {
         Path::Auto => att.attention(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p),
-        Path::Split(n_splits) => att.split(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits),
+        Path::Split(n_splits) => att.split(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits, None),
         Path::SplitQuantized(n_splits) => {
             split_quantized(dev, inputs(&q_gpu, &kv, &step_gpu), &mut out, counts, &p, n_splits)?;
             Ok(())
@@ -497,7 +497,7 @@ fn bad_shapes_are_typed_errors() {
     invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &PagedAttentionParams { n_kv_heads: 3, ..p }), "uneven heads");
     invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &PagedAttentionParams { rows: rows + 32, ..p }), "cache too small");
     invalid(att.attention(dev, inputs(&q, &kv, &step_gpu), &mut out, StepCounts { n_tokens: 2, ..counts }, &p), "query too short");
-    invalid(att.split(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &p, Some(0)), "zero splits");
+    invalid(att.split(dev, inputs(&q, &kv, &step_gpu), &mut out, counts, &p, Some(0), None), "zero splits");
     invalid(att.prefill(dev, inputs(&q, &kv, &step_gpu), &mut out, StepCounts { n_tiles: 0, ..counts }, &p), "prefill without tiles");
 }
 
@@ -578,7 +578,7 @@ fn benchmark_paged_attention() {
         att.attention(dev, inputs(&q, &kv, &steps[0]), &mut out, counts, &p).expect("attention");
         let choice = att.split_choice(n_seqs, &p).expect("split choice");
         for &(n, tuned_ms) in &choice.timings {
-            let ms = time_ms(20, |round| att.split(dev, inputs(&q, &kv, &steps[round % steps.len()]), &mut out, counts, &p, Some(n)).expect("split"));
+            let ms = time_ms(20, |round| att.split(dev, inputs(&q, &kv, &steps[round % steps.len()]), &mut out, counts, &p, Some(n), None).expect("split"));
             eprintln!("  decode {n_seqs:>2} x {LEN}, {n:>3} splits: {} (tuner: {:.1} us)", rate(ms), tuned_ms * 1e3);
         }
         let ms = time_ms(50, |round| att.attention(dev, inputs(&q, &kv, &steps[round % steps.len()]), &mut out, counts, &p).expect("attention"));
