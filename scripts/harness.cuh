@@ -1,0 +1,36 @@
+// Shared by the standalone CUDA harnesses in scripts/ (built with nvcc on the GPU machine).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define CK(x) do { cudaError_t ck_err = (x); if (ck_err != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(ck_err)); exit(1); } } while (0)
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// dp4a of unsigned weight bytes with signed activation bytes.
+__device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Mean microseconds of one replay of `exec` divided by `per_graph` (20 replays after one).
+static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int per_graph) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(a, s));
+    const int reps = 20;
+    for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return 1000.0f * ms / reps / per_graph;
+}
