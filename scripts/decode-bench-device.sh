@@ -27,6 +27,7 @@ ROWS=(
     "qwen3-8b-Q2_0 qwen3-8b Q2_0 0"
     "qwen3-8b-IQ4_XS-pure qwen3-8b IQ4_XS 1"
     "qwen3-8b-IQ3_S-pure qwen3-8b IQ3_S 1"
+    "qwen3-8b-IQ2_XXS-pure qwen3-8b IQ2_XXS 1"
     "qwen3-8b-MXFP4-pure qwen3-8b MXFP4_MOE 1"
 )
 if [ "${1:-}" = quick ]; then
@@ -80,6 +81,7 @@ rows = [
     ("qwen3-8b-Q2_0", "Qwen3-8B Q2_0", None, None),
     ("qwen3-8b-IQ4_XS-pure", "Qwen3-8B IQ4_XS --pure", None, None),
     ("qwen3-8b-IQ3_S-pure", "Qwen3-8B IQ3_S --pure", None, None),
+    ("qwen3-8b-IQ2_XXS-pure", "Qwen3-8B IQ2_XXS --pure", None, None),
     ("qwen3-8b-MXFP4-pure", "Qwen3-8B MXFP4 --pure", None, None),
 ]
 def tg(name):

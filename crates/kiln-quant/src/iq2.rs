@@ -1,10 +1,14 @@
 //! The codebook formats IQ2_XXS, IQ2_XS, IQ2_S (8 values per grid entry, 3 levels),
 //! with explicit or parity-coded signs and 256-value super-blocks. Codes are the
 //! signed grid values, so value = scale * code reproduces ggml's `db * grid[j] * sign`
-//! exactly. kiln only decodes them: llama-quantize needs an importance matrix.
+//! exactly. IQ2_XXS also encodes, as ggml's quantizer does given an importance matrix of
+//! ones (ggml has no form without one, and llama-quantize refuses these types without
+//! one; kiln uses it for random-weight benchmark files). IQ2_XS and IQ2_S are decode-only.
 
-use crate::block::{f32_of, DecodeBlock, Unpacked};
+use crate::block::{f16_of, f32_of, DecodeBlock, QuantBlock, Unpacked};
+use crate::iq3::scales_of;
 use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+use crate::iq_search::{c_max, fit_iq2_xxs_group, scale_code, GroupFit};
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
@@ -61,7 +65,7 @@ pub(crate) fn half_step_scale(d: f32, s: u32, mul: f32) -> f32 {
     d * (0.5 + s as f32) * mul
 }
 
-impl DecodeBlock for BlockIQ2_XXS {
+impl QuantBlock for BlockIQ2_XXS {
     const N: usize = 256;
     const GROUP: usize = 32;
     const HAS_OFFSET: bool = false;
@@ -76,6 +80,32 @@ impl DecodeBlock for BlockIQ2_XXS {
                 signed(&grid, ksigns(aux >> (7 * l)), 0, &mut u.codes[32 * ib + 8 * l..][..8]);
             }
         }
+    }
+
+    /// Per 32 values: the 4 grid indices in one word; 4 x 7 sign bits and the 4-bit scale
+    /// in the next.
+    fn quantize(x: &[f32]) -> Self {
+        let mut block = BlockIQ2_XXS::zeroed();
+        let sigma2 = x.iter().fold(0f32, |sum, &v| sum + v * v) / 256.0;
+        let fits: [Option<GroupFit<4>>; 8] = std::array::from_fn(|ib| fit_iq2_xxs_group(&x[32 * ib..32 * ib + 32], sigma2));
+        let max_scale = fits.iter().flatten().fold(0f32, |m, f| c_max(m, f.scale));
+        if max_scale == 0.0 {
+            return block;
+        }
+        let d = max_scale / 31.0;
+        block.d = f16_of(d);
+        let id = 1.0 / d;
+        let scales = scales_of(&fits);
+        for (ib, fit) in fits.iter().enumerate() {
+            let (mut indices, mut aux) = (0u32, u32::from(scale_code(id, scales[ib])) << 28);
+            if let Some(fit) = fit {
+                indices = fit.grid.iter().enumerate().fold(0, |a, (k, &g)| a | u32::from(g) << (8 * k));
+                aux |= fit.signs.iter().enumerate().fold(0, |a, (k, &s)| a | u32::from(s) << (7 * k));
+            }
+            block.qs[8 * ib..8 * ib + 4].copy_from_slice(&indices.to_le_bytes());
+            block.qs[8 * ib + 4..8 * ib + 8].copy_from_slice(&aux.to_le_bytes());
+        }
+        block
     }
 }
 

@@ -1,12 +1,12 @@
 //! The 3-bit codebook formats IQ3_XXS and IQ3_S: 256-value super-blocks, 4 values per
 //! grid entry (8 levels), 4-bit scales per 32 values. The quantizers are ggml's
 //! (`quantize_row_iq3_xxs_ref`, `quantize_iq3_s`) without an importance matrix, byte
-//! for byte; the per-group search is in `iq3_search`.
+//! for byte; the per-group search is in `iq_search`.
 
 use crate::block::{f16_of, f32_of, QuantBlock, Unpacked};
 use crate::iq2::{half_step_scale, ksigns, signed, word};
-use crate::iq3_search::{c_max, fit_group, scale_code, GroupFit, Variant, IQ3_S, IQ3_XXS};
 use crate::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
+use crate::iq_search::{c_max, fit_group, scale_code, GroupFit, Variant, IQ3_S, IQ3_XXS};
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
@@ -36,14 +36,14 @@ const _: () = assert!(size_of::<BlockIQ3_S>() == 110);
 
 /// The fits of a super-block's 8 groups and the largest scale (ggml's `MAX` chain over
 /// the groups it did not store as zeros).
-fn fit_groups(x: &[f32], variant: &Variant) -> ([Option<GroupFit>; 8], f32) {
-    let fits: [Option<GroupFit>; 8] = std::array::from_fn(|ib| fit_group(variant, &x[32 * ib..32 * ib + 32]));
+fn fit_groups(x: &[f32], variant: &Variant) -> ([Option<GroupFit<8>>; 8], f32) {
+    let fits: [Option<GroupFit<8>>; 8] = std::array::from_fn(|ib| fit_group(variant, &x[32 * ib..32 * ib + 32]));
     let max_scale = fits.iter().flatten().fold(0f32, |m, f| c_max(m, f.scale));
     (fits, max_scale)
 }
 
 /// The group scales of a super-block: 0 for groups stored as zeros.
-fn scales_of(fits: &[Option<GroupFit>; 8]) -> [f32; 8] {
+pub(crate) fn scales_of<const P: usize>(fits: &[Option<GroupFit<P>>; 8]) -> [f32; 8] {
     std::array::from_fn(|ib| fits[ib].as_ref().map_or(0.0, |f| f.scale))
 }
 

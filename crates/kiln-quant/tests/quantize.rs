@@ -154,6 +154,22 @@ fn other_mixes_match_llama_quantize() {
     let pure = QuantizeOptions { pure: true, ..options("IQ3_XS") };
     let e = Expect { n_layer: 32, base: IQ3_S, embd: IQ3_S, out: Some(IQ3_S), attn_v: &|_| IQ3_S, ffn_down: &|_| IQ3_S, attn_output: IQ3_S, qk_norm: false };
     assert_same_types(&planned(s, &pure), &e.table(), "--pure IQ3_XS");
+    // IQ2_XXS needs an importance matrix: refused at the first layer matrix in llama.cpp's
+    // order, as llama-quantize refuses it; with a uniform importance (random-model), its
+    // mix: output Q5_K, embeddings Q2_K, attn_v Q4_K (n_gqa >= 4), ffn_down Q2_K in the
+    // first eighth.
+    match plan_tensors(&hp, model.tensors(), &options("IQ2_XXS")) {
+        Err(QuantizeError::NeedsImatrix { tensor, ty: IQ2_XXS }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
+        other => panic!("expected NeedsImatrix, got {other:?}"),
+    }
+    let uniform = QuantizeOptions { unit_importance: true, ..options("IQ2_XXS") };
+    let first4_q2 = |l: u64| if l < 4 { Q2_K } else { IQ2_XXS };
+    let e = Expect { n_layer: 32, base: IQ2_XXS, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_q2, attn_output: IQ2_XXS, qk_norm: false };
+    assert_same_types(&planned(s, &uniform), &e.table(), "IQ2_XXS");
+    // With 2 KV heads per head (n_gqa 2), attn_v is Q2_K.
+    let gqa2 = ModelShape { n_head_kv: 16, ..s };
+    let e = Expect { n_layer: 32, base: IQ2_XXS, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q2_K, ffn_down: &first4_q2, attn_output: IQ2_XXS, qk_norm: false };
+    assert_same_types(&planned(gqa2, &uniform), &e.table(), "IQ2_XXS, n_gqa 2");
     // Q2_0 / NVFP4: the generic rules only (output Q6_K).
     for (name, ty) in [("Q2_0", Q2_0), ("NVFP4", NVFP4)] {
         let e = Expect { n_layer: 32, base: ty, embd: ty, out: Some(Q6_K), attn_v: &|_| ty, ffn_down: &|_| ty, attn_output: ty, qk_norm: false };
@@ -352,7 +368,7 @@ fn stories_errors_are_llama_quantize_errors() {
     assert!(!dir.path("q4_0.gguf").exists() && !dir.path("q4_0.gguf.tmp").exists(), "a failed run leaves no file");
     let err = parse_file_type("Q7_K").unwrap_err().to_string();
     assert!(err.contains("'Q7_K'") && err.contains("Q4_K_M") && err.contains("IQ4_NL"), "{err}");
-    assert!(matches!(parse_file_type("IQ2_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ2_XXS))));
+    assert!(matches!(parse_file_type("IQ2_XS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ2_XS))));
     // llama-quantize needs an importance matrix for IQ3_XXS tensors (and IQ2_S, which its mix uses).
     assert!(matches!(parse_file_type("IQ3_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ3_XXS))));
     match quantize_file(&dir.path("missing.gguf"), &dir.path("x.gguf"), &options("Q8_0"), &()) {

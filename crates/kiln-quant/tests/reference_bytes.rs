@@ -1,8 +1,8 @@
 //! Byte-exact agreement of the quantizers with the reference implementations:
 //! gguf-py (fixtures written by tests/fixtures/gen_fixtures.py), llama.cpp's
 //! llama-quantize (the model files in shared/testdata, quantized from weights the
-//! fixture script regenerates bit for bit) and, for IQ3_XXS/IQ3_S, ggml itself
-//! (fixtures written by the tests/fixtures/iq3_ref.c harness).
+//! fixture script regenerates bit for bit) and, for IQ3_XXS/IQ3_S/IQ2_XXS, ggml itself
+//! (fixtures written by the tests/fixtures/codebook_ref.c harness).
 
 mod common;
 
@@ -128,9 +128,9 @@ fn dequantize_matches_reference_values_bit_for_bit() {
     }
 }
 
-/// The input generator of tests/fixtures/iq3_ref.c, draw for draw and in the same f32
+/// The input generator of tests/fixtures/codebook_ref.c, draw for draw and in the same f32
 /// operations (all exactly rounded), so the rows are bit-identical to the harness's.
-mod iq3_inputs {
+mod codebook_inputs {
     use super::Rng;
 
     /// `(n_per_row, n_rows, seed)`; block b of a set has kind b % 8.
@@ -240,17 +240,17 @@ fn fnv1a64(bytes: &[u8], mut h: u64) -> u64 {
     h
 }
 
-/// IQ3_XXS / IQ3_S against ggml_quantize_chunk without an importance matrix (the
-/// tests/fixtures/iq3_ref.c harness): a small set byte for byte, a larger one (3072
-/// blocks of four row widths) by digest.
+/// IQ3_XXS / IQ3_S against ggml_quantize_chunk without an importance matrix, IQ2_XXS with
+/// an importance matrix of ones (the tests/fixtures/codebook_ref.c harness): a small set
+/// byte for byte, a larger one (3072 blocks of four row widths) by digest.
 #[test]
-fn iq3_quantizers_match_ggml_byte_for_byte() {
+fn codebook_quantizers_match_ggml_byte_for_byte() {
     let dir = fixtures_dir();
-    let digests = read_json(&dir.join("iq3_ref.json"));
-    for ty in [GgmlType::IQ3_XXS, GgmlType::IQ3_S] {
+    let digests = read_json(&dir.join("codebook_ref.json"));
+    for ty in [GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS] {
         let name = ty.name();
-        let expected = read(&dir.join(format!("iq3_ref_{name}.bin")));
-        let got: Vec<u8> = iq3_inputs::SMALL.iter().flat_map(|set| quantize_to_vec(ty, &iq3_inputs::rows(set))).collect();
+        let expected = read(&dir.join(format!("codebook_ref_{name}.bin")));
+        let got: Vec<u8> = codebook_inputs::SMALL.iter().flat_map(|set| quantize_to_vec(ty, &codebook_inputs::rows(set))).collect();
         if let Some(at) = first_mismatch(&got, &expected) {
             let (block, size) = (at / ty.type_size(), ty.type_size());
             panic!(
@@ -260,7 +260,7 @@ fn iq3_quantizers_match_ggml_byte_for_byte() {
                 &expected[block * size..][..size]
             );
         }
-        let digest = iq3_inputs::LARGE.iter().fold(0xcbf2_9ce4_8422_2325, |h, set| fnv1a64(&quantize_to_vec(ty, &iq3_inputs::rows(set)), h));
+        let digest = codebook_inputs::LARGE.iter().fold(0xcbf2_9ce4_8422_2325, |h, set| fnv1a64(&quantize_to_vec(ty, &codebook_inputs::rows(set)), h));
         let want = digests["fnv1a64_of_large_set"][name].as_str().unwrap();
         assert_eq!(format!("{digest:016x}"), want, "{name}: the large set differs from ggml");
     }

@@ -68,14 +68,15 @@ use FileType as F;
 use GgmlType as G;
 
 /// Every file type llama.cpp defines. The IQ1/IQ2 mixes, IQ3_XXS and Q2_K_S need an
-/// importance matrix for most tensors (llama-quantize refuses them without one) or
-/// types kiln-quant cannot encode, so they have no default type here and are refused.
+/// importance matrix for most tensors (llama-quantize refuses them without one). Those
+/// whose types kiln-quant cannot encode have no default type here and are refused;
+/// IQ2_XXS is planned, and refused per tensor unless `unit_importance` is asked for.
 const ENTRIES: &[Entry] = &[
     entry(F::Q4_0, "Q4_0", "Q4_0", Some(G::Q4_0)),
     entry(F::Q4_1, "Q4_1", "Q4_1", Some(G::Q4_1)),
     entry(F::Q5_0, "Q5_0", "Q5_0", Some(G::Q5_0)),
     entry(F::Q5_1, "Q5_1", "Q5_1", Some(G::Q5_1)),
-    entry(F::IQ2_XXS, "IQ2_XXS", "IQ2_XXS - 2.0625 bpw", None),
+    entry(F::IQ2_XXS, "IQ2_XXS", "IQ2_XXS - 2.0625 bpw", Some(G::IQ2_XXS)),
     entry(F::IQ2_XS, "IQ2_XS", "IQ2_XS - 2.3125 bpw", None),
     entry(F::IQ2_S, "IQ2_S", "IQ2_S - 2.5 bpw", None),
     entry(F::IQ2_M, "IQ2_M", "IQ2_M - 2.7 bpw", None),

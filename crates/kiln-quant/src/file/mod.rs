@@ -67,11 +67,15 @@ pub struct QuantizeOptions {
     pub pure: bool,
     /// Allow converting tensors that are already quantized.
     pub allow_requantize: bool,
+    /// Quantize the types that need an importance matrix (IQ2_XXS) with an importance of 1
+    /// for every value instead of refusing them, as llama-quantize does: for random-weight
+    /// benchmark files, whose quality does not matter.
+    pub unit_importance: bool,
 }
 
 impl QuantizeOptions {
     pub fn new(ftype: FileType) -> Self {
-        QuantizeOptions { ftype, pure: false, allow_requantize: false }
+        QuantizeOptions { ftype, pure: false, allow_requantize: false, unit_importance: false }
     }
 }
 

@@ -267,6 +267,7 @@ struct MixRules<'a> {
     tied_embeddings: bool,
     n_attn_value: i64,
     i_attn_value: i64,
+    n_ffn_down: i64,
     i_ffn_down: i64,
     i_ffn_gate: i64,
     i_ffn_up: i64,
@@ -283,6 +284,35 @@ impl MixRules<'_> {
         match layer_of(name) {
             Some(l) if (0..n_layer).contains(&l) => Ok((l, n_layer)),
             _ => Err(QuantizeError::BadLayer { tensor: name.to_string(), n_layer: self.hp.n_layer }),
+        }
+    }
+
+    /// llama.cpp's branch for the IQ1/IQ2 mixes, of which kiln produces IQ2_XXS: it replaces
+    /// every other rule for the tensors inside the layers.
+    fn choose_iq2_xxs(&mut self, cat: Category, default: GgmlType) -> GgmlType {
+        use GgmlType as G;
+        let n_expert = self.hp.n_expert;
+        match cat {
+            Category::AttnValue => {
+                self.i_attn_value += 1;
+                if self.hp.n_gqa() >= 4 || n_expert >= 4 {
+                    G::Q4_K
+                } else {
+                    G::Q2_K
+                }
+            }
+            Category::AttnK if n_expert == 8 => G::Q4_K,
+            Category::FfnDown => {
+                let first_eighth = self.i_ffn_down < self.n_ffn_down / 8;
+                self.i_ffn_down += 1;
+                if first_eighth {
+                    G::Q2_K
+                } else {
+                    default
+                }
+            }
+            Category::AttnOutput if n_expert == 8 => G::Q5_K,
+            _ => default,
         }
     }
 
@@ -304,6 +334,8 @@ impl MixRules<'_> {
             Category::Output | Category::TokenEmbd if cat == Category::Output || self.tied_embeddings => {
                 if falcon || !t.dims[0].is_multiple_of(ty.block_size() as u64) {
                     ty = G::Q8_0;
+                } else if ftype == F::IQ2_XXS {
+                    ty = G::Q5_K;
                 } else if ty != G::Q8_0 {
                     ty = G::Q6_K;
                 }
@@ -311,8 +343,11 @@ impl MixRules<'_> {
             Category::TokenEmbd => {
                 if matches!(ftype, F::TQ1_0 | F::TQ2_0) {
                     ty = G::Q4_K;
+                } else if ftype == F::IQ2_XXS {
+                    ty = G::Q2_K;
                 }
             }
+            _ if ftype == F::IQ2_XXS => ty = self.choose_iq2_xxs(cat, default),
             Category::AttnValue => {
                 let (i, n, gqa) = (self.i_attn_value, self.n_attn_value, self.hp.n_gqa());
                 match ftype {
@@ -437,7 +472,7 @@ fn fallback(t: &TensorInfo, ty: GgmlType) -> Result<(GgmlType, bool)> {
 }
 
 /// llama-quantize's `tensor_requires_imatrix`: these targets need an importance matrix
-/// (except for the embeddings and the output), which kiln never has.
+/// (except for the embeddings and the output), which kiln never reads.
 fn needs_imatrix(name: &str, ty: GgmlType, ftype: FileType) -> bool {
     use GgmlType as G;
     if matches!(name, "token_embd.weight" | "per_layer_token_embd.weight" | "output.weight") {
@@ -480,6 +515,7 @@ pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &Quantiz
         tied_embeddings: !tensors.iter().any(|t| category(&t.name) == Category::Output),
         n_attn_value: tensors.iter().filter(|t| category(&t.name) == Category::AttnValue).count() as i64,
         i_attn_value: 0,
+        n_ffn_down: tensors.iter().filter(|t| category(&t.name) == Category::FfnDown).count() as i64,
         i_ffn_down: 0,
         i_ffn_gate: 0,
         i_ffn_up: 0,
@@ -497,7 +533,7 @@ pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &Quantiz
                 }
                 (dst, fell_back) = fallback(t, dst)?;
             }
-            if needs_imatrix(&t.name, dst, ftype) {
+            if needs_imatrix(&t.name, dst, ftype) && !options.unit_importance {
                 // llama-quantize refuses in this pass, before converting anything.
                 return Err(QuantizeError::NeedsImatrix { tensor: t.name.clone(), ty: dst });
             }
