@@ -118,7 +118,7 @@ pub fn print_summary(output: &Path, s: &WriteSummary) {
 pub fn quantize(args: QuantizeArgs) -> CliResult {
     crate::run::set_threads(args.threads);
     let ftype = parse_file_type(&args.file_type)?;
-    let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: args.allow_requantize, unit_importance: false };
+    let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: args.allow_requantize, allow_without_imatrix: false };
     eprintln!("quantizing {} to {} as {} ({} threads)", args.input.display(), args.output.display(), ftype, rayon::current_num_threads());
     let progress = ProgressReport::stderr();
     let result = quantize_file(&args.input, &args.output, &options, &progress);

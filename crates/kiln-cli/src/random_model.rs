@@ -24,8 +24,9 @@ pub struct RandomModelArgs {
     /// qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3.
     #[arg(long)]
     pub shape: String,
-    /// File type, as for `kiln quantize`, and IQ2_XXS (quantized with a uniform importance)
-    /// [default: Q4_K_M; gpt-oss: MXFP4_MOE, as released].
+    /// File type, as for `kiln quantize`, and the IQ2 and IQ3_XXS mixes, which `kiln quantize`
+    /// refuses without an importance matrix (quantized here as ggml does without one, or with a
+    /// uniform one) [default: Q4_K_M; gpt-oss: MXFP4_MOE, as released].
     #[arg(long = "type")]
     pub file_type: Option<String>,
     /// Print the tensor plan and the size the file would have, without writing it.
@@ -70,9 +71,9 @@ fn random_model(args: RandomModelArgs) -> CliResult {
         Some(name) => parse_file_type(name)?,
         None => shape.default_file_type(),
     };
-    // A benchmark file's quality does not matter: the types that need an importance matrix
-    // get a uniform one rather than a refusal.
-    let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: false, unit_importance: true };
+    // A benchmark file's quality does not matter: the tensors llama-quantize refuses without
+    // an importance matrix are quantized anyway (see `allow_without_imatrix`).
+    let options = QuantizeOptions { ftype, pure: args.pure, allow_requantize: false, allow_without_imatrix: true };
     let model = match args.distinct_rows {
         Some(0) => return Err("--distinct-rows must be at least 1".into()),
         Some(rows) => RandomModel::new(shape, args.seed).with_distinct_rows(rows),

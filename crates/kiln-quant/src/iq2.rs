@@ -1,14 +1,15 @@
 //! The codebook formats IQ2_XXS, IQ2_XS, IQ2_S (8 values per grid entry, 3 levels),
 //! with explicit or parity-coded signs and 256-value super-blocks. Codes are the
 //! signed grid values, so value = scale * code reproduces ggml's `db * grid[j] * sign`
-//! exactly. IQ2_XXS also encodes, as ggml's quantizer does given an importance matrix of
-//! ones (ggml has no form without one, and llama-quantize refuses these types without
-//! one; kiln uses it for random-weight benchmark files). IQ2_XS and IQ2_S are decode-only.
+//! exactly. All three also encode, byte for byte as ggml: IQ2_S as ggml does without an
+//! importance matrix, IQ2_XXS and IQ2_XS (which ggml only quantizes with one) given an
+//! importance matrix of ones. llama-quantize refuses all three without an importance
+//! matrix; kiln uses them for random-weight benchmark files.
 
-use crate::block::{f16_of, f32_of, DecodeBlock, QuantBlock, Unpacked};
+use crate::block::{f16_of, f32_of, QuantBlock, Unpacked};
 use crate::iq3::scales_of;
 use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
-use crate::iq_search::{c_max, fit_iq2_xxs_group, scale_code, GroupFit};
+use crate::iq_search::{c_max, fit_iq2_pair_group, fit_iq2_xxs_group, scale_code, GroupFit, Iq2Weights};
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
@@ -109,7 +110,21 @@ impl QuantBlock for BlockIQ2_XXS {
     }
 }
 
-impl DecodeBlock for BlockIQ2_XS {
+/// The fits of a super-block's 16 groups of 16 and the largest scale.
+fn fit_pairs(x: &[f32], weights: Iq2Weights) -> ([Option<GroupFit<2>>; 16], f32) {
+    let sumx2 = x.iter().fold(0f32, |sum, &v| sum + v * v);
+    let fits: [Option<GroupFit<2>>; 16] = std::array::from_fn(|ib| fit_iq2_pair_group(&x[16 * ib..16 * ib + 16], sumx2, weights));
+    let max_scale = fits.iter().flatten().fold(0f32, |m, f| c_max(m, f.scale));
+    (fits, max_scale)
+}
+
+/// The 4-bit scale codes of 16 groups at inverse super-scale `id`, two a byte (low nibble first).
+fn scale_nibbles(fits: &[Option<GroupFit<2>>; 16], id: f32) -> [u8; 8] {
+    let code = |ib: usize| scale_code(id, fits[ib].as_ref().map_or(0.0, |f| f.scale));
+    std::array::from_fn(|j| code(2 * j) | code(2 * j + 1) << 4)
+}
+
+impl QuantBlock for BlockIQ2_XS {
     const N: usize = 256;
     const GROUP: usize = 16;
     const HAS_OFFSET: bool = false;
@@ -128,9 +143,28 @@ impl DecodeBlock for BlockIQ2_XS {
             }
         }
     }
+    /// Per 8 values a u16: the grid index and 7 sign bits above it.
+    fn quantize(x: &[f32]) -> Self {
+        let mut block = BlockIQ2_XS::zeroed();
+        let (fits, max_scale) = fit_pairs(x, Iq2Weights::UnitImportance);
+        if max_scale == 0.0 {
+            return block;
+        }
+        for (ib, fit) in fits.iter().enumerate() {
+            let Some(fit) = fit else { continue };
+            for k in 0..2 {
+                let q = fit.grid[k] | u16::from(fit.signs[k]) << 9;
+                block.qs[2 * (2 * ib + k)..][..2].copy_from_slice(&q.to_le_bytes());
+            }
+        }
+        let d = max_scale / 31.0;
+        block.d = f16_of(d);
+        block.scales = scale_nibbles(&fits, 1.0 / d);
+        block
+    }
 }
 
-impl DecodeBlock for BlockIQ2_S {
+impl QuantBlock for BlockIQ2_S {
     const N: usize = 256;
     const GROUP: usize = 16;
     const HAS_OFFSET: bool = false;
@@ -148,6 +182,29 @@ impl DecodeBlock for BlockIQ2_S {
                 signed(&grid, self.qs[32 + 4 * ib + l], 0, &mut u.codes[32 * ib + 8 * l..][..8]);
             }
         }
+    }
+    /// Per 8 values: the grid index's low byte in `qs[..32]`, its 2 high bits in `qh`, the
+    /// sign byte in `qs[32..]`.
+    fn quantize(x: &[f32]) -> Self {
+        let mut block = BlockIQ2_S::zeroed();
+        let (fits, max_scale) = fit_pairs(x, Iq2Weights::Plain);
+        for (ib, fit) in fits.iter().enumerate() {
+            let Some(fit) = fit else { continue };
+            for k in 0..2 {
+                let (octet, grid) = (2 * ib + k, fit.grid[k]);
+                block.qs[octet] = grid as u8;
+                block.qh[octet / 4] |= ((grid >> 8) as u8) << (2 * (octet % 4));
+                block.qs[32 + octet] = fit.signs[k];
+            }
+        }
+        if max_scale == 0.0 {
+            return block;
+        }
+        let d = max_scale / 31.0;
+        // ggml's fudge factor on the stored scale.
+        block.d = f16_of(d * 0.9875);
+        block.scales = scale_nibbles(&fits, 1.0 / d);
+        block
     }
 }
 

@@ -1,19 +1,13 @@
-//! The search behind ggml's IQ3_XXS and IQ3_S quantizers without an importance
-//! matrix: each group of 32 values gets a scale and, per 4 values, a point of the
-//! format's grid (values 2l + 1 for levels l in 0..8). Level codes off the grid are
+//! The searches behind ggml's codebook quantizers: each group of 32 values (16 for IQ2_XS
+//! and IQ2_S) gets a scale and, per 4 values (IQ3_XXS, IQ3_S) or 8 values (the IQ2 formats),
+//! a point of the format's grid (values 2l + 1 for levels l). Level codes off the grid are
 //! replaced by their best neighbour from a precomputed list, exactly as ggml's
-//! `iq3xs_init_impl` builds it, so ties resolve the same way.
-
-//! The searches behind ggml's codebook quantizers: each group of 32 values gets a scale
-//! and, per 4 values (IQ3_XXS, IQ3_S) or 8 values (IQ2_XXS), a point of the format's grid
-//! (values 2l + 1 for levels l). Level codes off the grid are replaced by their best
-//! neighbour from a precomputed list, exactly as ggml's `iq3xs_init_impl` /
-//! `iq2xs_init_impl` build it, so ties resolve the same way.
+//! `iq3xs_init_impl` / `iq2xs_init_impl` build it, so ties resolve the same way.
 
 use std::sync::OnceLock;
 
 use crate::block::nearest_int;
-use crate::iq_grids::{IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 
 /// Where a level code lands: on a grid point, on a slice of `neighbours`, or nowhere
 /// (a code with a level the rounding never produces).
@@ -116,9 +110,9 @@ impl<const D: usize> Lattice<D> {
     }
 
     /// `(sum w x q, sum w q^2)` over a group for the grid values q of `grid`.
-    fn moments(&self, grid: &[u16], weight: &[f32; 32], x: &[f32; 32]) -> (f32, f32) {
+    fn moments<const N: usize>(&self, grid: &[u16], weight: &[f32; N], x: &[f32; N]) -> (f32, f32) {
         let (mut sumqx, mut sumq2) = (0f32, 0f32);
-        for i in 0..32 {
+        for i in 0..N {
             let q = odd_value(self.points[usize::from(grid[i / D])][i % D]) as f32;
             sumqx += weight[i] * x[i] * q;
             sumq2 += weight[i] * q * q;
@@ -149,19 +143,36 @@ fn iq3_s_lattice() -> &'static Lattice<4> {
     LATTICE.get_or_init(|| Lattice::new(IQ3S_GRID.iter().map(|w| w.to_le_bytes().map(|b| (b - 1) / 2)).collect(), 3, 8, 3))
 }
 
-/// The 256-point IQ2_XXS grid; its stored bytes 8, 25, 43 are levels 0..3. ggml packs
-/// codes with 2 bits a level, and its rounding stops at level 2.
+/// An IQ2 grid (stored bytes 8, 25, 43 are levels 0..3). ggml packs codes with 2 bits a
+/// level, and its rounding stops at level 2.
+fn iq2_lattice(grid: &[u64], neighbour_distances: usize) -> Lattice<8> {
+    const BYTES: [u8; 3] = [8, 25, 43];
+    let level = |b: u8| BYTES.iter().position(|&v| v == b).expect("IQ2 grid bytes are its 3 levels") as u8;
+    Lattice::new(grid.iter().map(|w| w.to_le_bytes().map(level)).collect(), 2, 3, neighbour_distances)
+}
+
+/// The 256-point IQ2_XXS grid.
 fn iq2_xxs_lattice() -> &'static Lattice<8> {
     static LATTICE: OnceLock<Lattice<8>> = OnceLock::new();
-    const BYTES: [u8; 3] = [8, 25, 43];
-    let level = |b: u8| BYTES.iter().position(|&v| v == b).expect("IQ2_XXS grid bytes are its 3 levels") as u8;
-    LATTICE.get_or_init(|| Lattice::new(IQ2XXS_GRID.iter().map(|w| w.to_le_bytes().map(level)).collect(), 2, 3, 2))
+    LATTICE.get_or_init(|| iq2_lattice(&IQ2XXS_GRID, 2))
+}
+
+/// The 512-point IQ2_XS grid.
+fn iq2_xs_lattice() -> &'static Lattice<8> {
+    static LATTICE: OnceLock<Lattice<8>> = OnceLock::new();
+    LATTICE.get_or_init(|| iq2_lattice(&IQ2XS_GRID, 2))
+}
+
+/// The 1024-point IQ2_S grid: ggml keeps only the nearest distance's neighbours.
+fn iq2_s_lattice() -> &'static Lattice<8> {
+    static LATTICE: OnceLock<Lattice<8>> = OnceLock::new();
+    LATTICE.get_or_init(|| iq2_lattice(&IQ2S_GRID, 1))
 }
 
 /// Which grid points the search fits again at its final scale.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refit {
-    /// The off-grid points of the accepted trial (IQ3_XXS).
+    /// The off-grid points of the accepted trial (IQ3_XXS, IQ2_XS, IQ2_S).
     OffGrid,
     /// Every point, when any is off the grid or no trial was accepted (IQ3_S).
     AllWhenAnyOffGrid,
@@ -186,9 +197,9 @@ pub(crate) const IQ3_XXS: Variant = Variant { lattice: iq3_xxs_lattice, steps: 1
 pub(crate) const IQ3_S: Variant =
     Variant { lattice: iq3_s_lattice, steps: 9, zero_below: f32::from_bits(1), even_signs: false, refit: Refit::AllWhenAnyOffGrid };
 
-/// One group of 32 in `P` grid points of `32 / P` values: value i is `scale * (2 l + 1)`
-/// with the levels l of grid point `grid[i / (32 / P)]`, negated where bit i % 8 of
-/// `signs[i / 8]` is set.
+/// One group in `P` grid points (of 4 or 8 values): value i is `scale * (2 l + 1)` with
+/// the levels l of its grid point, negated where bit i % 8 of `signs[i / 8]` is set (the
+/// first group size / 8 sign bytes are used).
 pub(crate) struct GroupFit<const P: usize> {
     pub scale: f32,
     pub grid: [u16; P],
@@ -210,10 +221,10 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// The magnitudes and sign bytes of a group; with `even_signs`, the value of least
 /// weight * x^2 of an octet with an odd number of negatives is flipped (its magnitude
 /// goes negative).
-fn split_signs(x: &[f32], weight: &[f32; 32], even_signs: bool) -> ([f32; 32], [u8; 4]) {
-    let mut xval = [0f32; 32];
+fn split_signs<const N: usize>(x: &[f32], weight: &[f32; N], even_signs: bool) -> ([f32; N], [u8; 4]) {
+    let mut xval = [0f32; N];
     let mut signs = [0u8; 4];
-    for (k, s) in signs.iter_mut().enumerate() {
+    for (k, s) in signs.iter_mut().enumerate().take(N / 8) {
         let octet = 8 * k..8 * k + 8;
         for i in octet.clone() {
             if x[i] >= 0.0 {
@@ -242,13 +253,13 @@ fn split_signs(x: &[f32], weight: &[f32; 32], even_signs: bool) -> ([f32; 32], [
 }
 
 /// A group's magnitudes and weights, as every search sees them.
-struct Group {
-    xval: [f32; 32],
-    weight: [f32; 32],
-    sqrt_weight: [f32; 32],
+struct Group<const N: usize> {
+    xval: [f32; N],
+    weight: [f32; N],
+    sqrt_weight: [f32; N],
 }
 
-impl Group {
+impl<const N: usize> Group<N> {
     /// The trial of `trials` (inverse scales) whose points fit best (largest
     /// sumqx^2 / sumq2), starting from `scale`; then the points `refit` names fitted again
     /// at the final scale. Returns the scale and the points.
@@ -332,6 +343,42 @@ pub(crate) fn fit_iq2_xxs_group(x: &[f32], sigma2: f32) -> Option<GroupFit<4>> {
     let trials = (-6..=6).map(|step| ((2 * MAX_LEVEL - 1) as f32 + step as f32 * 0.1) / eff_max);
     let fit = group.search(iq2_xxs_lattice(), scale, trials, Refit::All);
     Some(unsigned_fit(fit, signs, 127))
+}
+
+/// How IQ2_XS and IQ2_S weigh a group's values (sumx2: the super-block's sum of squares).
+#[derive(Clone, Copy)]
+pub(crate) enum Iq2Weights {
+    /// IQ2_XS, which ggml only quantizes with an importance matrix: one of ones, so
+    /// sqrt(sumx2 / 256 + x^2).
+    UnitImportance,
+    /// IQ2_S without an importance matrix, as ggml does it: (2 sumx2 / 256) / 4 + x^2.
+    Plain,
+}
+
+/// ggml's IQ2_XS / IQ2_S group search over 16 values (`quantize_row_iq2_xs_impl`,
+/// `quantize_row_iq2_s_impl`): trial inverse scales (5 + 0.1 s) / max for s in -9..=9, then
+/// the off-grid octets fitted again. IQ2_XS stores 7 sign bits per octet (their count of
+/// minus signs made even), IQ2_S all 8. `None` for a group it stores as zeros.
+pub(crate) fn fit_iq2_pair_group(x: &[f32], sumx2: f32, weights: Iq2Weights) -> Option<GroupFit<2>> {
+    let (weight, lattice, even_signs, zero_below): ([f32; 16], _, _, _) = match weights {
+        Iq2Weights::UnitImportance => {
+            let sigma2 = sumx2 / 256.0;
+            (std::array::from_fn(|i| (sigma2 + x[i] * x[i]).sqrt()), iq2_xs_lattice(), true, GROUP_MAX_EPS)
+        }
+        Iq2Weights::Plain => {
+            let sigma2 = 2.0 * sumx2 / 256.0;
+            (std::array::from_fn(|i| 0.25 * sigma2 + x[i] * x[i]), iq2_s_lattice(), false, 1e-8)
+        }
+    };
+    let (xval, signs) = split_signs(x, &weight, even_signs);
+    let group = Group { xval, weight, sqrt_weight: weight.map(f32::sqrt) };
+    let max = group.max();
+    if max < zero_below {
+        return None;
+    }
+    let trials = (-9..=9).map(|step| (5.0 + step as f32 * 0.1) / max);
+    let fit = group.search(lattice, max / 5.0, trials, Refit::OffGrid);
+    Some(unsigned_fit(fit, signs, if even_signs { 127 } else { 255 }))
 }
 
 /// ggml's `make_qp_quants`: the weighted least-squares scale of levels 0..=nmax for `x`,

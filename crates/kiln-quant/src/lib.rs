@@ -4,8 +4,8 @@
 //! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
 //! operation order), and the quantizers reproduce ggml's reference quantizers
 //! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS/IQ3_S the scale search
-//! llama-quantize runs without an importance matrix) byte for byte; IQ2_XXS, which ggml only
-//! quantizes with an importance matrix, as ggml does given one of ones.
+//! llama-quantize runs without an importance matrix) byte for byte; IQ2_XXS and IQ2_XS,
+//! which ggml only quantizes with an importance matrix, as ggml does given one of ones.
 //!
 //! The row-level entry points work on whole rows of bytes and floats, block by
 //! block, without allocating. Above them, [`file`] converts whole GGUF files
@@ -86,7 +86,6 @@ macro_rules! codec_table {
     };
     ($ty:expr, $C:ident, $body:expr, $other:expr, all) => {
         codec_table!(@quant $ty, $C, $body, $other,
-            IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S,
             IQ1_S => iq1::BlockIQ1_S, IQ1_M => iq1::BlockIQ1_M)
     };
     (@quant $ty:expr, $C:ident, $body:expr, $other:expr, $($extra:tt)*) => {
@@ -98,7 +97,7 @@ macro_rules! codec_table {
             Q4_K => BlockQ4_K, Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K,
             IQ4_NL => BlockIQ4_NL, IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0,
             MXFP4 => BlockMXFP4, NVFP4 => BlockNVFP4, IQ3_XXS => BlockIQ3_XXS, IQ3_S => BlockIQ3_S,
-            IQ2_XXS => iq2::BlockIQ2_XXS, $($extra)*)
+            IQ2_XXS => iq2::BlockIQ2_XXS, IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S, $($extra)*)
     };
     (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),* $(,)?) => {
         match $ty {
@@ -117,7 +116,7 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
 }
 
 /// Whether `quantize` handles this type: those ggml encodes without an importance matrix,
-/// and IQ2_XXS as ggml encodes it with an importance matrix of ones.
+/// and IQ2_XXS / IQ2_XS as ggml encodes them given an importance matrix of ones.
 pub fn can_quantize(ty: GgmlType) -> bool {
     with_quantizer!(ty, _C => true, false)
 }

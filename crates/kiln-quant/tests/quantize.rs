@@ -162,7 +162,7 @@ fn other_mixes_match_llama_quantize() {
         Err(QuantizeError::NeedsImatrix { tensor, ty: IQ2_XXS }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
         other => panic!("expected NeedsImatrix, got {other:?}"),
     }
-    let uniform = QuantizeOptions { unit_importance: true, ..options("IQ2_XXS") };
+    let uniform = QuantizeOptions { allow_without_imatrix: true, ..options("IQ2_XXS") };
     let first4_q2 = |l: u64| if l < 4 { Q2_K } else { IQ2_XXS };
     let e = Expect { n_layer: 32, base: IQ2_XXS, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_q2, attn_output: IQ2_XXS, qk_norm: false };
     assert_same_types(&planned(s, &uniform), &e.table(), "IQ2_XXS");
@@ -170,6 +170,33 @@ fn other_mixes_match_llama_quantize() {
     let gqa2 = ModelShape { n_head_kv: 16, ..s };
     let e = Expect { n_layer: 32, base: IQ2_XXS, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q2_K, ffn_down: &first4_q2, attn_output: IQ2_XXS, qk_norm: false };
     assert_same_types(&planned(gqa2, &uniform), &e.table(), "IQ2_XXS, n_gqa 2");
+    // IQ2_XS: the same rules. IQ2_S (IQ2_XS by default) and IQ2_M (IQ2_S): IQ3_S where the
+    // others take Q2_K, and on attn_output.
+    let without = |name: &str| QuantizeOptions { allow_without_imatrix: true, ..options(name) };
+    let first4_q2 = |l: u64| if l < 4 { Q2_K } else { IQ2_XS };
+    let e = Expect { n_layer: 32, base: IQ2_XS, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_q2, attn_output: IQ2_XS, qk_norm: false };
+    assert_same_types(&planned(s, &without("IQ2_XS")), &e.table(), "IQ2_XS");
+    for (name, base) in [("IQ2_S", IQ2_XS), ("IQ2_M", IQ2_S)] {
+        let first4_iq3 = |l: u64| if l < 4 { IQ3_S } else { base };
+        let e = Expect { n_layer: 32, base, embd: IQ3_S, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_iq3, attn_output: IQ3_S, qk_norm: false };
+        assert_same_types(&planned(s, &without(name)), &e.table(), name);
+        let e = Expect { attn_v: &|_| IQ3_S, ..e };
+        assert_same_types(&planned(gqa2, &without(name)), &e.table(), &format!("{name}, n_gqa 2"));
+    }
+    // IQ3_XXS without an importance matrix: IQ2_S on attn_q/attn_k, IQ3_XXS on gate/up,
+    // attn_output and the embeddings IQ3_S, ffn_down Q4_K in the first eighth, else Q3_K.
+    let first4_q4 = |l: u64| if l < 4 { Q4_K } else { Q3_K };
+    let e = Expect { n_layer: 32, base: IQ3_XXS, embd: IQ3_S, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_q4, attn_output: IQ3_S, qk_norm: false };
+    let mut table = e.table();
+    for l in 0..32 {
+        table.insert(format!("blk.{l}.attn_q.weight"), IQ2_S);
+        table.insert(format!("blk.{l}.attn_k.weight"), IQ2_S);
+    }
+    assert_same_types(&planned(s, &without("IQ3_XXS")), &table, "IQ3_XXS");
+    match plan_tensors(&hp, model.tensors(), &options("IQ3_XXS")) {
+        Err(QuantizeError::NeedsImatrix { tensor, ty: IQ2_S }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
+        other => panic!("expected NeedsImatrix, got {other:?}"),
+    }
     // Q2_0 / NVFP4: the generic rules only (output Q6_K).
     for (name, ty) in [("Q2_0", Q2_0), ("NVFP4", NVFP4)] {
         let e = Expect { n_layer: 32, base: ty, embd: ty, out: Some(Q6_K), attn_v: &|_| ty, ffn_down: &|_| ty, attn_output: ty, qk_norm: false };
@@ -368,9 +395,8 @@ fn stories_errors_are_llama_quantize_errors() {
     assert!(!dir.path("q4_0.gguf").exists() && !dir.path("q4_0.gguf.tmp").exists(), "a failed run leaves no file");
     let err = parse_file_type("Q7_K").unwrap_err().to_string();
     assert!(err.contains("'Q7_K'") && err.contains("Q4_K_M") && err.contains("IQ4_NL"), "{err}");
-    assert!(matches!(parse_file_type("IQ2_XS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ2_XS))));
-    // llama-quantize needs an importance matrix for IQ3_XXS tensors (and IQ2_S, which its mix uses).
-    assert!(matches!(parse_file_type("IQ3_XXS"), Err(QuantizeError::UnsupportedFileType(FileType::IQ3_XXS))));
+    // kiln-quant has no IQ1 quantizers.
+    assert!(matches!(parse_file_type("IQ1_S"), Err(QuantizeError::UnsupportedFileType(FileType::IQ1_S))));
     match quantize_file(&dir.path("missing.gguf"), &dir.path("x.gguf"), &options("Q8_0"), &()) {
         Err(e @ QuantizeError::Open { .. }) => assert!(e.to_string().contains("missing.gguf"), "{e}"),
         other => panic!("expected Open, got {other:?}"),

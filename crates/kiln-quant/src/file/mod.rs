@@ -67,15 +67,16 @@ pub struct QuantizeOptions {
     pub pure: bool,
     /// Allow converting tensors that are already quantized.
     pub allow_requantize: bool,
-    /// Quantize the types that need an importance matrix (IQ2_XXS) with an importance of 1
-    /// for every value instead of refusing them, as llama-quantize does: for random-weight
-    /// benchmark files, whose quality does not matter.
-    pub unit_importance: bool,
+    /// Quantize the tensors llama-quantize refuses without an importance matrix instead of
+    /// refusing them: as ggml does without one where it can (IQ3_XXS, IQ2_S), else given an
+    /// importance of 1 for every value (IQ2_XXS, IQ2_XS). For random-weight benchmark
+    /// files, whose quality does not matter.
+    pub allow_without_imatrix: bool,
 }
 
 impl QuantizeOptions {
     pub fn new(ftype: FileType) -> Self {
-        QuantizeOptions { ftype, pure: false, allow_requantize: false, unit_importance: false }
+        QuantizeOptions { ftype, pure: false, allow_requantize: false, allow_without_imatrix: false }
     }
 }
 

@@ -287,18 +287,20 @@ impl MixRules<'_> {
         }
     }
 
-    /// llama.cpp's branch for the IQ1/IQ2 mixes, of which kiln produces IQ2_XXS: it replaces
-    /// every other rule for the tensors inside the layers.
-    fn choose_iq2_xxs(&mut self, cat: Category, default: GgmlType) -> GgmlType {
+    /// llama.cpp's branch for the IQ1/IQ2 mixes, of which kiln produces the IQ2 ones: it
+    /// replaces every other rule for the tensors inside the layers. IQ2_S and IQ2_M give
+    /// IQ3_S where the others give Q2_K.
+    fn choose_iq2(&mut self, cat: Category, default: GgmlType) -> GgmlType {
         use GgmlType as G;
         let n_expert = self.hp.n_expert;
+        let step_up = if matches!(self.ftype, FileType::IQ2_S | FileType::IQ2_M) { G::IQ3_S } else { G::Q2_K };
         match cat {
             Category::AttnValue => {
                 self.i_attn_value += 1;
                 if self.hp.n_gqa() >= 4 || n_expert >= 4 {
                     G::Q4_K
                 } else {
-                    G::Q2_K
+                    step_up
                 }
             }
             Category::AttnK if n_expert == 8 => G::Q4_K,
@@ -306,12 +308,13 @@ impl MixRules<'_> {
                 let first_eighth = self.i_ffn_down < self.n_ffn_down / 8;
                 self.i_ffn_down += 1;
                 if first_eighth {
-                    G::Q2_K
+                    step_up
                 } else {
                     default
                 }
             }
             Category::AttnOutput if n_expert == 8 => G::Q5_K,
+            Category::AttnOutput if step_up == G::IQ3_S => G::IQ3_S,
             _ => default,
         }
     }
@@ -322,6 +325,7 @@ impl MixRules<'_> {
         use GgmlType as G;
         let (ftype, arch, n_expert) = (self.ftype, self.hp.arch.as_str(), self.hp.n_expert);
         let falcon = arch == "falcon";
+        let iq2_mix = matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ2_S | F::IQ2_M);
         if ftype == F::MXFP4_MOE {
             // Expert tensors MXFP4; the output (and tied embeddings) and every other tensor Q8_0,
             // except untied token embeddings, which keep the default as in llama-quant's chain.
@@ -334,7 +338,7 @@ impl MixRules<'_> {
             Category::Output | Category::TokenEmbd if cat == Category::Output || self.tied_embeddings => {
                 if falcon || !t.dims[0].is_multiple_of(ty.block_size() as u64) {
                     ty = G::Q8_0;
-                } else if ftype == F::IQ2_XXS {
+                } else if iq2_mix || ftype == F::IQ3_XXS {
                     ty = G::Q5_K;
                 } else if ty != G::Q8_0 {
                     ty = G::Q6_K;
@@ -343,17 +347,20 @@ impl MixRules<'_> {
             Category::TokenEmbd => {
                 if matches!(ftype, F::TQ1_0 | F::TQ2_0) {
                     ty = G::Q4_K;
-                } else if ftype == F::IQ2_XXS {
+                } else if matches!(ftype, F::IQ2_XXS | F::IQ2_XS) {
                     ty = G::Q2_K;
+                } else if matches!(ftype, F::IQ2_S | F::IQ2_M | F::IQ3_XXS) {
+                    ty = G::IQ3_S;
                 }
             }
-            _ if ftype == F::IQ2_XXS => ty = self.choose_iq2_xxs(cat, default),
+            _ if iq2_mix => ty = self.choose_iq2(cat, default),
             Category::AttnValue => {
                 let (i, n, gqa) = (self.i_attn_value, self.n_attn_value, self.hp.n_gqa());
                 match ftype {
                     F::Q2_K => ty = if gqa >= 4 { G::Q4_K } else { G::Q3_K },
                     F::Q3_K_M => ty = if i < 2 { G::Q5_K } else { G::Q4_K },
                     F::Q3_K_L => ty = G::Q5_K,
+                    F::IQ3_XXS => ty = if gqa >= 4 { G::Q4_K } else { G::IQ3_S },
                     F::IQ3_XS | F::IQ3_S if gqa >= 4 => ty = G::Q4_K,
                     F::IQ3_M => ty = G::Q4_K,
                     F::IQ4_NL | F::IQ4_XS if gqa >= 4 => ty = G::Q5_K,
@@ -375,11 +382,15 @@ impl MixRules<'_> {
                     ty = G::Q8_0;
                 } else if ftype == F::IQ3_XS {
                     ty = G::IQ3_XXS;
+                } else if ftype == F::IQ3_XXS {
+                    ty = G::IQ2_S;
                 }
             }
             Category::AttnQ => {
                 if ftype == F::IQ3_XS {
                     ty = G::IQ3_XXS;
+                } else if ftype == F::IQ3_XXS {
+                    ty = G::IQ2_S;
                 }
             }
             Category::FfnDown => {
@@ -387,6 +398,8 @@ impl MixRules<'_> {
                 let more = use_more_bits(i, n);
                 match ftype {
                     F::Q2_K => ty = G::Q3_K,
+                    // Without an importance matrix (kiln never has one).
+                    F::IQ3_XXS => ty = if i < n / 8 { G::Q4_K } else { G::Q3_K },
                     F::Q3_K_M => {
                         ty = if i < n / 16 {
                             G::Q5_K
@@ -416,12 +429,16 @@ impl MixRules<'_> {
             }
             Category::AttnOutput => {
                 if !falcon && n_expert == 8 {
-                    if matches!(ftype, F::Q2_K | F::IQ3_XS | F::Q3_K_S | F::Q3_K_M | F::IQ4_NL | F::Q4_K_S | F::Q4_K_M | F::IQ3_S | F::IQ3_M | F::IQ4_XS) {
+                    if matches!(
+                        ftype,
+                        F::Q2_K | F::IQ3_XS | F::IQ3_XXS | F::Q3_K_S | F::Q3_K_M | F::IQ4_NL | F::Q4_K_S | F::Q4_K_M | F::IQ3_S | F::IQ3_M | F::IQ4_XS
+                    ) {
                         ty = G::Q5_K;
                     }
                 } else if !falcon {
                     match ftype {
                         F::Q2_K => ty = G::Q3_K,
+                        F::IQ3_XXS => ty = G::IQ3_S,
                         F::Q3_K_M => ty = G::Q4_K,
                         F::Q3_K_L => ty = G::Q5_K,
                         F::IQ3_M => ty = G::Q4_K,
@@ -533,7 +550,7 @@ pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &Quantiz
                 }
                 (dst, fell_back) = fallback(t, dst)?;
             }
-            if needs_imatrix(&t.name, dst, ftype) && !options.unit_importance {
+            if needs_imatrix(&t.name, dst, ftype) && !options.allow_without_imatrix {
                 // llama-quantize refuses in this pass, before converting anything.
                 return Err(QuantizeError::NeedsImatrix { tensor: t.name.clone(), ty: dst });
             }

@@ -27,6 +27,8 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
     GgmlType::IQ2_XXS,
+    GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::Q2_0,
@@ -35,7 +37,7 @@ pub const SUPPORTED: &[GgmlType] = &[
 ];
 
 /// The types kiln-quant decodes but does not encode.
-pub const DECODE_ONLY: &[GgmlType] = &[GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M];
+pub const DECODE_ONLY: &[GgmlType] = &[GgmlType::IQ1_S, GgmlType::IQ1_M];
 
 /// Every type kiln-quant decodes.
 pub fn decodable() -> impl Iterator<Item = GgmlType> {
