@@ -24,9 +24,9 @@ pub struct RandomModelArgs {
     /// qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3.
     #[arg(long)]
     pub shape: String,
-    /// File type, as for `kiln quantize`, and the IQ2 and IQ3_XXS mixes, which `kiln quantize`
-    /// refuses without an importance matrix (quantized here as ggml does without one, or with a
-    /// uniform one) [default: Q4_K_M; gpt-oss: MXFP4_MOE, as released].
+    /// File type, as for `kiln quantize`, and the IQ1, IQ2, IQ3_XXS and Q2_K_S mixes, which
+    /// `kiln quantize` refuses without an importance matrix (quantized here as ggml does
+    /// without one, or with a uniform one) [default: Q4_K_M; gpt-oss: MXFP4_MOE, as released].
     #[arg(long = "type")]
     pub file_type: Option<String>,
     /// Print the tensor plan and the size the file would have, without writing it.

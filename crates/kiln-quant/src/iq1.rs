@@ -2,10 +2,15 @@
 //! {-1, 0, 1}, shifted by a shared delta of +-1/8 and scaled by an odd 3-bit multiple
 //! of the super-block scale. Codes hold 8 * (grid + delta), an odd integer in -9..=9,
 //! and the scale dl / 8: the product rounds once, exactly as ggml's dl * (grid + delta).
-//! Decode only: llama-quantize needs an importance matrix for both.
+//! Both also encode, byte for byte as ggml: IQ1_M as ggml does without an importance matrix,
+//! IQ1_S (which ggml only quantizes with one) given an importance matrix of ones; the
+//! searches are in `iq1_search`. llama-quantize refuses both without an importance matrix;
+//! kiln uses them for random-weight benchmark files.
 
-use crate::block::{f32_of, DecodeBlock, Unpacked};
+use crate::block::{f16_of, f32_of, nearest_int, QuantBlock, Unpacked};
+use crate::iq1_search::{fit_iq1_m_group, fit_iq1_s_group, iq1_m_super_scale, Iq1Fit};
 use crate::iq_grids::IQ1S_GRID;
+use crate::iq_search::c_max;
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
@@ -42,7 +47,7 @@ fn shifted_grid(idx: u32, neg: bool, out: &mut [i8]) {
     }
 }
 
-impl DecodeBlock for BlockIQ1_S {
+impl QuantBlock for BlockIQ1_S {
     const N: usize = 256;
     const GROUP: usize = 32;
     const HAS_OFFSET: bool = false;
@@ -59,6 +64,9 @@ impl DecodeBlock for BlockIQ1_S {
             }
         }
     }
+    fn quantize(x: &[f32]) -> Self {
+        BlockIQ1_S::encode(x)
+    }
 }
 
 impl BlockIQ1_M {
@@ -74,7 +82,7 @@ impl BlockIQ1_M {
     }
 }
 
-impl DecodeBlock for BlockIQ1_M {
+impl QuantBlock for BlockIQ1_M {
     const N: usize = 256;
     const GROUP: usize = 16;
     const HAS_OFFSET: bool = false;
@@ -94,4 +102,83 @@ impl DecodeBlock for BlockIQ1_M {
             }
         }
     }
+    fn quantize(x: &[f32]) -> Self {
+        BlockIQ1_M::encode(x)
+    }
+}
+
+impl BlockIQ1_S {
+    /// Encodes 256 values as ggml's `quantize_iq1_s` does given an importance matrix of ones.
+    fn encode(x: &[f32]) -> Self {
+        let mut block = BlockIQ1_S::zeroed();
+        let sumx2 = x.iter().fold(0f32, |sum, &v| sum + v * v);
+        let fits: [Option<Iq1Fit<4>>; 8] = std::array::from_fn(|ib| fit_iq1_s_group(&x[32 * ib..32 * ib + 32], sumx2));
+        let mut qh = [0u16; 8];
+        for (ib, fit) in fits.iter().enumerate() {
+            let Some(fit) = fit else { continue };
+            for (k, &g) in fit.grid.iter().enumerate() {
+                block.qs[4 * ib + k] = g as u8;
+                qh[ib] |= (g >> 8) << (3 * k);
+            }
+        }
+        let max_scale = fits.iter().flatten().fold(0f32, |m, f| c_max(m, f.scale));
+        if max_scale != 0.0 {
+            let d = max_scale / 15.0;
+            // ggml's fudge factor on the stored scale.
+            block.d = f16_of(d * 1.125);
+            let id = 1.0 / d;
+            for (ib, fit) in fits.iter().enumerate() {
+                let scale = fit.as_ref().map_or(0.0, |f| f.scale);
+                let minus = fit.as_ref().is_some_and(|f| f.minus != 0);
+                qh[ib] |= (u16::from(odd_multiple_code(id, scale)) | u16::from(minus) << 3) << 12;
+            }
+        }
+        for (out, word) in block.qh.chunks_exact_mut(2).zip(qh) {
+            out.copy_from_slice(&word.to_le_bytes());
+        }
+        block
+    }
+}
+
+impl BlockIQ1_M {
+    /// Encodes 256 values as ggml's `quantize_iq1_m` does without an importance matrix.
+    fn encode(x: &[f32]) -> Self {
+        let mut block = BlockIQ1_M::zeroed();
+        let fits: [Option<Iq1Fit<2>>; 16] = std::array::from_fn(|ib| fit_iq1_m_group(&x[16 * ib..16 * ib + 16]));
+        let (mut grids, mut minus) = ([[0u16; 2]; 16], [0u8; 16]);
+        for (ib, fit) in fits.iter().enumerate() {
+            let Some(fit) = fit else { continue };
+            (grids[ib], minus[ib]) = (fit.grid, fit.minus);
+            block.qs[2 * ib] = fit.grid[0] as u8;
+            block.qs[2 * ib + 1] = fit.grid[1] as u8;
+            block.qh[ib] = (fit.grid[0] >> 8) as u8 | ((fit.grid[1] >> 8) as u8) << 4;
+        }
+        let max_scale = fits.iter().flatten().fold(0f32, |m, f| c_max(m, f.scale));
+        if max_scale == 0.0 {
+            return block;
+        }
+        let d = max_scale / 15.0;
+        let id = 1.0 / d;
+        let codes: [u8; 16] = std::array::from_fn(|ib| odd_multiple_code(id, fits[ib].as_ref().map_or(0.0, |f| f.scale)));
+        let mut words = [0u16; 4];
+        for ib in 0..16 {
+            words[ib / 4] |= u16::from(codes[ib]) << (3 * (ib % 4));
+            // The delta signs: bit 3 for the first 8 values, bit 7 for the second.
+            block.qh[ib] |= (minus[ib] & 1) << 3 | (minus[ib] >> 1 & 1) << 7;
+        }
+        let d = iq1_m_super_scale(x, &grids, &minus, &codes).unwrap_or(d);
+        // ggml's fudge factor on the stored scale, whose bits go to the words' top nibbles.
+        let bits = f16_of(d * 1.1125).to_bits();
+        for (i, word) in words.iter_mut().enumerate() {
+            *word |= (bits >> (4 * i) & 0xf) << 12;
+            block.scales[2 * i..2 * i + 2].copy_from_slice(&word.to_le_bytes());
+        }
+        block
+    }
+}
+
+/// ggml's 3-bit group scale: nearest_int((scale / d - 1) / 2) in 0..=7 (the group's
+/// multiple of d is 2 code + 1).
+fn odd_multiple_code(id: f32, scale: f32) -> u8 {
+    nearest_int(0.5 * (id * scale - 1.0)).clamp(0, 7) as u8
 }

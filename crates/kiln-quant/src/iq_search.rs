@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use crate::block::nearest_int;
-use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 
 /// Where a level code lands: on a grid point, on a slice of `neighbours`, or nowhere
 /// (a code with a level the rounding never produces).
@@ -87,12 +87,10 @@ impl<const D: usize> Lattice<D> {
     /// `w`-weighted squared error at `scale` wins, the first on ties.
     fn snap(&self, x: &[f32], w: &[f32], id: f32, scale: f32) -> (u16, bool) {
         let levels: [u8; D] = std::array::from_fn(|i| nearest_int(0.5 * (id * x[i] - 1.0)).clamp(0, i32::from(self.levels) - 1) as u8);
-        let (start, len) = match self.cells[self.pack_code(levels)] {
-            Cell::OnGrid(index) => return (index, true),
-            Cell::OffGrid { start, len } => (start as usize, len as usize),
-            Cell::Unreachable => unreachable!("levels are clamped below `self.levels`"),
+        let candidates = match self.lookup(levels) {
+            Ok(index) => return (index, true),
+            Err(candidates) => candidates,
         };
-        let candidates = &self.neighbours[start..start + len];
         // ggml aborts when no candidate beats f32::MAX (non-finite input); kiln keeps the first.
         let (mut best_d2, mut best) = (f32::MAX, candidates[0]);
         for &j in candidates {
@@ -118,6 +116,21 @@ impl<const D: usize> Lattice<D> {
             sumq2 += weight[i] * q * q;
         }
         (sumqx, sumq2)
+    }
+
+    /// The levels of grid point `index`.
+    pub(crate) fn point(&self, index: u16) -> [u8; D] {
+        self.points[usize::from(index)]
+    }
+
+    /// The grid point with these levels, or the neighbours to choose from when they are off
+    /// the grid. Every level must be below `self.levels`.
+    pub(crate) fn lookup(&self, levels: [u8; D]) -> Result<u16, &[u16]> {
+        match self.cells[self.pack_code(levels)] {
+            Cell::OnGrid(index) => Ok(index),
+            Cell::OffGrid { start, len } => Err(&self.neighbours[start as usize..(start + len) as usize]),
+            Cell::Unreachable => unreachable!("levels are below `self.levels`"),
+        }
     }
 
     /// The index of the all-lowest point, which every grid holds.
@@ -343,6 +356,13 @@ pub(crate) fn fit_iq2_xxs_group(x: &[f32], sigma2: f32) -> Option<GroupFit<4>> {
     let trials = (-6..=6).map(|step| ((2 * MAX_LEVEL - 1) as f32 + step as f32 * 0.1) / eff_max);
     let fit = group.search(iq2_xxs_lattice(), scale, trials, Refit::All);
     Some(unsigned_fit(fit, signs, 127))
+}
+
+/// The 2048-point IQ1_S / IQ1_M grid (stored bytes -1, 0, 1 are levels 0..3): ggml keeps
+/// the three nearest distances' neighbours.
+pub(crate) fn iq1_lattice() -> &'static Lattice<8> {
+    static LATTICE: OnceLock<Lattice<8>> = OnceLock::new();
+    LATTICE.get_or_init(|| Lattice::new(IQ1S_GRID.iter().map(|w| w.to_le_bytes().map(|b| (b as i8 + 1) as u8)).collect(), 2, 3, 3))
 }
 
 /// How IQ2_XS and IQ2_S weigh a group's values (sumx2: the super-block's sum of squares).

@@ -4,8 +4,8 @@
 //! Dequantization is bit-exact with ggml's `dequantize_row_*` (same f32
 //! operation order), and the quantizers reproduce ggml's reference quantizers
 //! (`quantize_row_*_ref`, MXFP4's included, and for IQ4_NL/IQ4_XS/IQ3_S the scale search
-//! llama-quantize runs without an importance matrix) byte for byte; IQ2_XXS and IQ2_XS,
-//! which ggml only quantizes with an importance matrix, as ggml does given one of ones.
+//! llama-quantize runs without an importance matrix) byte for byte; IQ2_XXS, IQ2_XS and
+//! IQ1_S, which ggml only quantizes with an importance matrix, as ggml does given one of ones.
 //!
 //! The row-level entry points work on whole rows of bytes and floats, block by
 //! block, without allocating. Above them, [`file`] converts whole GGUF files
@@ -20,6 +20,7 @@ pub mod int_rows;
 mod int_rows_x86;
 mod iq;
 mod iq1;
+mod iq1_search;
 mod iq2;
 mod iq3;
 mod iq_grids;
@@ -65,30 +66,10 @@ pub fn type_from_id(id: u32) -> Result<GgmlType, QuantError> {
     GgmlType::from_id(id).ok_or(QuantError::UnknownTypeId(id))
 }
 
-/// Maps a type to the codec implementing it and evaluates `$body` with `$C`
-/// naming that codec, or `$other` for types without one. `with_quantizer!` covers
-/// the types with a quantizer, `with_codec!` those plus the decode-only ones.
-macro_rules! with_quantizer {
-    ($ty:expr, $C:ident => $body:expr, $other:expr) => {
-        codec_table!($ty, $C, $body, $other, quantizers)
-    };
-}
-
+/// Maps a type to the codec implementing it and evaluates `$body` with `$C` naming that
+/// codec, or `$other` for types without one. Every codec both decodes and encodes.
 macro_rules! with_codec {
     ($ty:expr, $C:ident => $body:expr, $other:expr) => {
-        codec_table!($ty, $C, $body, $other, all)
-    };
-}
-
-macro_rules! codec_table {
-    ($ty:expr, $C:ident, $body:expr, $other:expr, quantizers) => {
-        codec_table!(@quant $ty, $C, $body, $other,)
-    };
-    ($ty:expr, $C:ident, $body:expr, $other:expr, all) => {
-        codec_table!(@quant $ty, $C, $body, $other,
-            IQ1_S => iq1::BlockIQ1_S, IQ1_M => iq1::BlockIQ1_M)
-    };
-    (@quant $ty:expr, $C:ident, $body:expr, $other:expr, $($extra:tt)*) => {
         codec_table!(@table $ty, $C, $body, $other,
             F32 => float::FloatCodec<f32>, F16 => float::FloatCodec<half::f16>,
             BF16 => float::FloatCodec<half::bf16>, Q4_0 => BlockQ4_0, Q4_1 => BlockQ4_1,
@@ -97,8 +78,12 @@ macro_rules! codec_table {
             Q4_K => BlockQ4_K, Q5_K => BlockQ5_K, Q6_K => BlockQ6_K, Q8_K => BlockQ8_K,
             IQ4_NL => BlockIQ4_NL, IQ4_XS => BlockIQ4_XS, TQ1_0 => BlockTQ1_0, TQ2_0 => BlockTQ2_0,
             MXFP4 => BlockMXFP4, NVFP4 => BlockNVFP4, IQ3_XXS => BlockIQ3_XXS, IQ3_S => BlockIQ3_S,
-            IQ2_XXS => iq2::BlockIQ2_XXS, IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S, $($extra)*)
+            IQ2_XXS => iq2::BlockIQ2_XXS, IQ2_XS => iq2::BlockIQ2_XS, IQ2_S => iq2::BlockIQ2_S,
+            IQ1_S => iq1::BlockIQ1_S, IQ1_M => iq1::BlockIQ1_M)
     };
+}
+
+macro_rules! codec_table {
     (@table $ty:expr, $C:ident, $body:expr, $other:expr, $($variant:ident => $codec:ty),* $(,)?) => {
         match $ty {
             $(GgmlType::$variant => {
@@ -116,9 +101,9 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
 }
 
 /// Whether `quantize` handles this type: those ggml encodes without an importance matrix,
-/// and IQ2_XXS / IQ2_XS as ggml encodes them given an importance matrix of ones.
+/// and IQ2_XXS / IQ2_XS / IQ1_S as ggml encodes them given an importance matrix of ones.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    with_quantizer!(ty, _C => true, false)
+    with_codec!(ty, _C => true, false)
 }
 
 /// Bytes taken by `n_elements` values of type `ty`.
@@ -155,7 +140,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
 /// Encodes `src` (a whole number of blocks; blocks are independent, so rows may be
 /// concatenated) into `dst`, which must be exactly the encoded size.
 pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    with_quantizer!(
+    with_codec!(
         ty,
         C => {
             check_lengths(ty, src.len(), dst.len())?;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use kiln_gguf::{GgufFile, TensorInfo, Value};
-use kiln_quant::file::{parse_file_type, plan_tensors, quantize_file, FileType, QuantHparams, QuantizeError, QuantizeOptions};
+use kiln_quant::file::{parse_file_type, plan_tensors, quantize_file, QuantHparams, QuantizeError, QuantizeOptions};
 use kiln_quant::synthetic::{find_shape, ModelShape, RandomModel};
 use kiln_quant::GgmlType::{self, *};
 
@@ -195,6 +195,21 @@ fn other_mixes_match_llama_quantize() {
     assert_same_types(&planned(s, &without("IQ3_XXS")), &table, "IQ3_XXS");
     match plan_tensors(&hp, model.tensors(), &options("IQ3_XXS")) {
         Err(QuantizeError::NeedsImatrix { tensor, ty: IQ2_S }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
+        other => panic!("expected NeedsImatrix, got {other:?}"),
+    }
+    // IQ1_S / IQ1_M: the IQ2_XXS rules, with IQ2_XXS on attn_output.
+    for (name, base) in [("IQ1_S", IQ1_S), ("IQ1_M", IQ1_M)] {
+        let first4_q2 = |l: u64| if l < 4 { Q2_K } else { base };
+        let e = Expect { n_layer: 32, base, embd: Q2_K, out: Some(Q5_K), attn_v: &|_| Q4_K, ffn_down: &first4_q2, attn_output: IQ2_XXS, qk_norm: false };
+        assert_same_types(&planned(s, &without(name)), &e.table(), name);
+    }
+    // Q2_K_S: Q4_K on attn_v (n_gqa >= 4) and on ffn_down in the first eighth; its Q2_K
+    // tensors need an importance matrix (the embeddings excepted).
+    let first4_q4k = |l: u64| if l < 4 { Q4_K } else { Q2_K };
+    let e = Expect { n_layer: 32, base: Q2_K, embd: Q2_K, out: Some(Q6_K), attn_v: &|_| Q4_K, ffn_down: &first4_q4k, attn_output: Q2_K, qk_norm: false };
+    assert_same_types(&planned(s, &without("Q2_K_S")), &e.table(), "Q2_K_S");
+    match plan_tensors(&hp, model.tensors(), &options("Q2_K_S")) {
+        Err(QuantizeError::NeedsImatrix { tensor, ty: Q2_K }) => assert_eq!(tensor, "blk.0.attn_k.weight"),
         other => panic!("expected NeedsImatrix, got {other:?}"),
     }
     // Q2_0 / NVFP4: the generic rules only (output Q6_K).
@@ -395,8 +410,6 @@ fn stories_errors_are_llama_quantize_errors() {
     assert!(!dir.path("q4_0.gguf").exists() && !dir.path("q4_0.gguf.tmp").exists(), "a failed run leaves no file");
     let err = parse_file_type("Q7_K").unwrap_err().to_string();
     assert!(err.contains("'Q7_K'") && err.contains("Q4_K_M") && err.contains("IQ4_NL"), "{err}");
-    // kiln-quant has no IQ1 quantizers.
-    assert!(matches!(parse_file_type("IQ1_S"), Err(QuantizeError::UnsupportedFileType(FileType::IQ1_S))));
     match quantize_file(&dir.path("missing.gguf"), &dir.path("x.gguf"), &options("Q8_0"), &()) {
         Err(e @ QuantizeError::Open { .. }) => assert!(e.to_string().contains("missing.gguf"), "{e}"),
         other => panic!("expected Open, got {other:?}"),

@@ -1,7 +1,7 @@
 //! Byte-exact agreement of the quantizers with the reference implementations:
 //! gguf-py (fixtures written by tests/fixtures/gen_fixtures.py), llama.cpp's
 //! llama-quantize (the model files in shared/testdata, quantized from weights the
-//! fixture script regenerates bit for bit) and, for the IQ3 and IQ2 codebook formats, ggml itself
+//! fixture script regenerates bit for bit) and, for the IQ3, IQ2 and IQ1 codebook formats, ggml itself
 //! (fixtures written by the tests/fixtures/codebook_ref.c harness).
 
 mod common;
@@ -240,14 +240,14 @@ fn fnv1a64(bytes: &[u8], mut h: u64) -> u64 {
     h
 }
 
-/// IQ3_XXS / IQ3_S / IQ2_S against ggml_quantize_chunk without an importance matrix, IQ2_XXS /
-/// IQ2_XS with an importance matrix of ones (the tests/fixtures/codebook_ref.c harness): a small set
+/// IQ3_XXS / IQ3_S / IQ2_S / IQ1_M against ggml_quantize_chunk without an importance matrix,
+/// IQ2_XXS / IQ2_XS / IQ1_S with an importance matrix of ones (the tests/fixtures/codebook_ref.c harness): a small set
 /// byte for byte, a larger one (3072 blocks of four row widths) by digest.
 #[test]
 fn codebook_quantizers_match_ggml_byte_for_byte() {
     let dir = fixtures_dir();
     let digests = read_json(&dir.join("codebook_ref.json"));
-    for ty in [GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S] {
+    for ty in [GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M] {
         let name = ty.name();
         let expected = read(&dir.join(format!("codebook_ref_{name}.bin")));
         let got: Vec<u8> = codebook_inputs::SMALL.iter().flat_map(|set| quantize_to_vec(ty, &codebook_inputs::rows(set))).collect();

@@ -67,6 +67,9 @@ fn rel_rms_bound(ty: GgmlType) -> f64 {
         IQ2_XXS => 0.45,
         IQ2_XS => 0.4,
         IQ2_S => 0.37,
+        IQ1_S => 0.62,
+        // Without an importance matrix ggml weighs by x^2, so the small values fare worse.
+        IQ1_M => 0.72,
         Q1_0 => 0.66,
         TQ1_0 | TQ2_0 => 0.97,
         Q2_0 => 0.85,
@@ -114,7 +117,8 @@ fn roundtrip_error_within_ggml_thresholds() {
     for &ty in SUPPORTED {
         use GgmlType::*;
         let threshold = match ty {
-            Q1_0 => 0.025,
+            // The 1-bit bound; kiln (= ggml) gives 0.00976 (IQ1_S) and 0.0122 (IQ1_M).
+            Q1_0 | IQ1_S | IQ1_M => 0.025,
             TQ1_0 | TQ2_0 | Q2_0 => 0.01,
             MXFP4 | NVFP4 => 0.003,
             Q2_K => 0.0075,
@@ -158,13 +162,15 @@ fn quantizers_handle_degenerate_blocks() {
         // scales near max/15, i.e. levels 6-7 for every value, whose all-equal patterns are
         // off both grids: ggml stores a neighbour mixing 2l+1 = 9 and 13 (up to +28%).
         // IQ2_XXS's trials all round to level 2, whose all-equal point is off its grid too;
-        // the neighbour mixes 3 and 5 (up to 70% here, as in ggml). IQ2_XS / IQ2_S: 7.5% / 6.2%.
+        // the neighbour mixes 3 and 5 (up to 70% here, as in ggml). IQ2_XS / IQ2_S: 7.5% / 6.2%,
+        // IQ1_S / IQ1_M (one level plus a delta of 1/8): 12.5% / 11.3%.
         let tol = match ty {
             GgmlType::Q2_K => 0.05,
             GgmlType::MXFP4 | GgmlType::NVFP4 => 0.014,
             GgmlType::IQ3_XXS | GgmlType::IQ3_S => 0.3,
             GgmlType::IQ2_XXS => 0.75,
             GgmlType::IQ2_XS | GgmlType::IQ2_S => 0.1,
+            GgmlType::IQ1_S | GgmlType::IQ1_M => 0.15,
             _ => 0.01,
         };
         assert!(c.iter().all(|&v| (v - 0.37).abs() <= tol * 0.37 + 1e-6), "{ty}: constant block lost: {:?}", &c[..4]);
@@ -237,13 +243,6 @@ fn unsupported_and_unknown_types_are_errors() {
     }
     for &ty in SUPPORTED {
         assert!(kiln_quant::can_dequantize(ty) && kiln_quant::can_quantize(ty), "{ty}");
-    }
-    for &ty in DECODE_ONLY {
-        assert!(kiln_quant::can_dequantize(ty) && !kiln_quant::can_quantize(ty), "{ty}");
-        let n = ty.block_size();
-        let mut q = vec![0u8; ty.type_size()];
-        let err = quantize(ty, &vec![0.0; n], &mut q).unwrap_err();
-        assert!(matches!(err, QuantError::Unsupported { op: "quantize", .. }) && err.to_string().contains(ty.name()), "{err}");
     }
     // Every type the GGUF reader knows is either handled or refused, never both.
     for &ty in kiln_quant::ALL_TYPES {

@@ -287,10 +287,9 @@ impl MixRules<'_> {
         }
     }
 
-    /// llama.cpp's branch for the IQ1/IQ2 mixes, of which kiln produces the IQ2 ones: it
-    /// replaces every other rule for the tensors inside the layers. IQ2_S and IQ2_M give
-    /// IQ3_S where the others give Q2_K.
-    fn choose_iq2(&mut self, cat: Category, default: GgmlType) -> GgmlType {
+    /// llama.cpp's branch for the IQ1/IQ2 mixes: it replaces every other rule for the tensors
+    /// inside the layers. IQ2_S and IQ2_M give IQ3_S where the others give Q2_K.
+    fn choose_low_bit(&mut self, cat: Category, default: GgmlType) -> GgmlType {
         use GgmlType as G;
         let n_expert = self.hp.n_expert;
         let step_up = if matches!(self.ftype, FileType::IQ2_S | FileType::IQ2_M) { G::IQ3_S } else { G::Q2_K };
@@ -315,6 +314,7 @@ impl MixRules<'_> {
             }
             Category::AttnOutput if n_expert == 8 => G::Q5_K,
             Category::AttnOutput if step_up == G::IQ3_S => G::IQ3_S,
+            Category::AttnOutput if matches!(self.ftype, FileType::IQ1_S | FileType::IQ1_M) => G::IQ2_XXS,
             _ => default,
         }
     }
@@ -325,7 +325,7 @@ impl MixRules<'_> {
         use GgmlType as G;
         let (ftype, arch, n_expert) = (self.ftype, self.hp.arch.as_str(), self.hp.n_expert);
         let falcon = arch == "falcon";
-        let iq2_mix = matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ2_S | F::IQ2_M);
+        let low_bit_mix = matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ2_S | F::IQ2_M | F::IQ1_S | F::IQ1_M);
         if ftype == F::MXFP4_MOE {
             // Expert tensors MXFP4; the output (and tied embeddings) and every other tensor Q8_0,
             // except untied token embeddings, which keep the default as in llama-quant's chain.
@@ -338,7 +338,7 @@ impl MixRules<'_> {
             Category::Output | Category::TokenEmbd if cat == Category::Output || self.tied_embeddings => {
                 if falcon || !t.dims[0].is_multiple_of(ty.block_size() as u64) {
                     ty = G::Q8_0;
-                } else if iq2_mix || ftype == F::IQ3_XXS {
+                } else if low_bit_mix || ftype == F::IQ3_XXS {
                     ty = G::Q5_K;
                 } else if ty != G::Q8_0 {
                     ty = G::Q6_K;
@@ -347,17 +347,18 @@ impl MixRules<'_> {
             Category::TokenEmbd => {
                 if matches!(ftype, F::TQ1_0 | F::TQ2_0) {
                     ty = G::Q4_K;
-                } else if matches!(ftype, F::IQ2_XXS | F::IQ2_XS) {
+                } else if matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ1_S | F::IQ1_M) {
                     ty = G::Q2_K;
                 } else if matches!(ftype, F::IQ2_S | F::IQ2_M | F::IQ3_XXS) {
                     ty = G::IQ3_S;
                 }
             }
-            _ if iq2_mix => ty = self.choose_iq2(cat, default),
+            _ if low_bit_mix => ty = self.choose_low_bit(cat, default),
             Category::AttnValue => {
                 let (i, n, gqa) = (self.i_attn_value, self.n_attn_value, self.hp.n_gqa());
                 match ftype {
                     F::Q2_K => ty = if gqa >= 4 { G::Q4_K } else { G::Q3_K },
+                    F::Q2_K_S if gqa >= 4 => ty = G::Q4_K,
                     F::Q3_K_M => ty = if i < 2 { G::Q5_K } else { G::Q4_K },
                     F::Q3_K_L => ty = G::Q5_K,
                     F::IQ3_XXS => ty = if gqa >= 4 { G::Q4_K } else { G::IQ3_S },
@@ -398,6 +399,7 @@ impl MixRules<'_> {
                 let more = use_more_bits(i, n);
                 match ftype {
                     F::Q2_K => ty = G::Q3_K,
+                    F::Q2_K_S if i < n / 8 => ty = G::Q4_K,
                     // Without an importance matrix (kiln never has one).
                     F::IQ3_XXS => ty = if i < n / 8 { G::Q4_K } else { G::Q3_K },
                     F::Q3_K_M => {

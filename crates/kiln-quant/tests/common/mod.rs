@@ -29,6 +29,8 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::IQ2_XXS,
     GgmlType::IQ2_XS,
     GgmlType::IQ2_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
     GgmlType::Q2_0,
@@ -36,12 +38,9 @@ pub const SUPPORTED: &[GgmlType] = &[
     GgmlType::NVFP4,
 ];
 
-/// The types kiln-quant decodes but does not encode.
-pub const DECODE_ONLY: &[GgmlType] = &[GgmlType::IQ1_S, GgmlType::IQ1_M];
-
-/// Every type kiln-quant decodes.
+/// Every type kiln-quant decodes (each one also encodes).
 pub fn decodable() -> impl Iterator<Item = GgmlType> {
-    SUPPORTED.iter().chain(DECODE_ONLY).copied()
+    SUPPORTED.iter().copied()
 }
 
 pub fn fixtures_dir() -> PathBuf {
