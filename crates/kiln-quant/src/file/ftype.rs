@@ -55,12 +55,11 @@ struct Entry {
     name: &'static str,
     /// `llama_model_ftype_name`, as shown in llama-bench's model column.
     description: &'static str,
-    /// The type of the bulk of the weights (`llama_ftype_get_default_type`);
-    /// `None` where kiln cannot produce that file type.
-    default_type: Option<GgmlType>,
+    /// The type of the bulk of the weights (`llama_ftype_get_default_type`).
+    default_type: GgmlType,
 }
 
-const fn entry(ftype: FileType, name: &'static str, description: &'static str, default_type: Option<GgmlType>) -> Entry {
+const fn entry(ftype: FileType, name: &'static str, description: &'static str, default_type: GgmlType) -> Entry {
     Entry { ftype, name, description, default_type }
 }
 
@@ -71,44 +70,44 @@ use GgmlType as G;
 /// importance matrix for most tensors (llama-quantize refuses them without one): they are
 /// planned, and refused per tensor unless `allow_without_imatrix` is asked for.
 const ENTRIES: &[Entry] = &[
-    entry(F::Q4_0, "Q4_0", "Q4_0", Some(G::Q4_0)),
-    entry(F::Q4_1, "Q4_1", "Q4_1", Some(G::Q4_1)),
-    entry(F::Q5_0, "Q5_0", "Q5_0", Some(G::Q5_0)),
-    entry(F::Q5_1, "Q5_1", "Q5_1", Some(G::Q5_1)),
-    entry(F::IQ2_XXS, "IQ2_XXS", "IQ2_XXS - 2.0625 bpw", Some(G::IQ2_XXS)),
-    entry(F::IQ2_XS, "IQ2_XS", "IQ2_XS - 2.3125 bpw", Some(G::IQ2_XS)),
-    entry(F::IQ2_S, "IQ2_S", "IQ2_S - 2.5 bpw", Some(G::IQ2_XS)),
-    entry(F::IQ2_M, "IQ2_M", "IQ2_M - 2.7 bpw", Some(G::IQ2_S)),
-    entry(F::IQ1_S, "IQ1_S", "IQ1_S - 1.5625 bpw", Some(G::IQ1_S)),
-    entry(F::IQ1_M, "IQ1_M", "IQ1_M - 1.75 bpw", Some(G::IQ1_M)),
-    entry(F::TQ1_0, "TQ1_0", "TQ1_0 - 1.69 bpw ternary", Some(G::TQ1_0)),
-    entry(F::TQ2_0, "TQ2_0", "TQ2_0 - 2.06 bpw ternary", Some(G::TQ2_0)),
-    entry(F::Q2_K, "Q2_K", "Q2_K - Medium", Some(G::Q2_K)),
-    entry(F::Q2_K_S, "Q2_K_S", "Q2_K - Small", Some(G::Q2_K)),
-    entry(F::IQ3_XXS, "IQ3_XXS", "IQ3_XXS - 3.0625 bpw", Some(G::IQ3_XXS)),
-    entry(F::IQ3_S, "IQ3_S", "IQ3_S - 3.4375 bpw", Some(G::IQ3_S)),
-    entry(F::IQ3_M, "IQ3_M", "IQ3_S mix - 3.66 bpw", Some(G::IQ3_S)),
-    entry(F::Q3_K_S, "Q3_K_S", "Q3_K - Small", Some(G::Q3_K)),
-    entry(F::Q3_K_M, "Q3_K_M", "Q3_K - Medium", Some(G::Q3_K)),
-    entry(F::Q3_K_L, "Q3_K_L", "Q3_K - Large", Some(G::Q3_K)),
-    entry(F::IQ4_NL, "IQ4_NL", "IQ4_NL - 4.5 bpw", Some(G::IQ4_NL)),
-    entry(F::IQ4_XS, "IQ4_XS", "IQ4_XS - 4.25 bpw", Some(G::IQ4_XS)),
-    entry(F::Q4_K_S, "Q4_K_S", "Q4_K - Small", Some(G::Q4_K)),
-    entry(F::Q4_K_M, "Q4_K_M", "Q4_K - Medium", Some(G::Q4_K)),
-    entry(F::Q5_K_S, "Q5_K_S", "Q5_K - Small", Some(G::Q5_K)),
-    entry(F::Q5_K_M, "Q5_K_M", "Q5_K - Medium", Some(G::Q5_K)),
-    entry(F::Q6_K, "Q6_K", "Q6_K", Some(G::Q6_K)),
-    entry(F::Q8_0, "Q8_0", "Q8_0", Some(G::Q8_0)),
-    entry(F::Q1_0, "Q1_0", "Q1_0", Some(G::Q1_0)),
-    entry(F::Q2_0, "Q2_0", "Q2_0", Some(G::Q2_0)),
-    entry(F::MXFP4_MOE, "MXFP4_MOE", "MXFP4 MoE", Some(G::MXFP4)),
-    entry(F::NVFP4, "NVFP4", "NVFP4", Some(G::NVFP4)),
-    entry(F::F16, "F16", "F16", Some(G::F16)),
-    entry(F::BF16, "BF16", "BF16", Some(G::BF16)),
-    entry(F::AllF32, "F32", "all F32", Some(G::F32)),
+    entry(F::Q4_0, "Q4_0", "Q4_0", G::Q4_0),
+    entry(F::Q4_1, "Q4_1", "Q4_1", G::Q4_1),
+    entry(F::Q5_0, "Q5_0", "Q5_0", G::Q5_0),
+    entry(F::Q5_1, "Q5_1", "Q5_1", G::Q5_1),
+    entry(F::IQ2_XXS, "IQ2_XXS", "IQ2_XXS - 2.0625 bpw", G::IQ2_XXS),
+    entry(F::IQ2_XS, "IQ2_XS", "IQ2_XS - 2.3125 bpw", G::IQ2_XS),
+    entry(F::IQ2_S, "IQ2_S", "IQ2_S - 2.5 bpw", G::IQ2_XS),
+    entry(F::IQ2_M, "IQ2_M", "IQ2_M - 2.7 bpw", G::IQ2_S),
+    entry(F::IQ1_S, "IQ1_S", "IQ1_S - 1.5625 bpw", G::IQ1_S),
+    entry(F::IQ1_M, "IQ1_M", "IQ1_M - 1.75 bpw", G::IQ1_M),
+    entry(F::TQ1_0, "TQ1_0", "TQ1_0 - 1.69 bpw ternary", G::TQ1_0),
+    entry(F::TQ2_0, "TQ2_0", "TQ2_0 - 2.06 bpw ternary", G::TQ2_0),
+    entry(F::Q2_K, "Q2_K", "Q2_K - Medium", G::Q2_K),
+    entry(F::Q2_K_S, "Q2_K_S", "Q2_K - Small", G::Q2_K),
+    entry(F::IQ3_XXS, "IQ3_XXS", "IQ3_XXS - 3.0625 bpw", G::IQ3_XXS),
+    entry(F::IQ3_S, "IQ3_S", "IQ3_S - 3.4375 bpw", G::IQ3_S),
+    entry(F::IQ3_M, "IQ3_M", "IQ3_S mix - 3.66 bpw", G::IQ3_S),
+    entry(F::Q3_K_S, "Q3_K_S", "Q3_K - Small", G::Q3_K),
+    entry(F::Q3_K_M, "Q3_K_M", "Q3_K - Medium", G::Q3_K),
+    entry(F::Q3_K_L, "Q3_K_L", "Q3_K - Large", G::Q3_K),
+    entry(F::IQ4_NL, "IQ4_NL", "IQ4_NL - 4.5 bpw", G::IQ4_NL),
+    entry(F::IQ4_XS, "IQ4_XS", "IQ4_XS - 4.25 bpw", G::IQ4_XS),
+    entry(F::Q4_K_S, "Q4_K_S", "Q4_K - Small", G::Q4_K),
+    entry(F::Q4_K_M, "Q4_K_M", "Q4_K - Medium", G::Q4_K),
+    entry(F::Q5_K_S, "Q5_K_S", "Q5_K - Small", G::Q5_K),
+    entry(F::Q5_K_M, "Q5_K_M", "Q5_K - Medium", G::Q5_K),
+    entry(F::Q6_K, "Q6_K", "Q6_K", G::Q6_K),
+    entry(F::Q8_0, "Q8_0", "Q8_0", G::Q8_0),
+    entry(F::Q1_0, "Q1_0", "Q1_0", G::Q1_0),
+    entry(F::Q2_0, "Q2_0", "Q2_0", G::Q2_0),
+    entry(F::MXFP4_MOE, "MXFP4_MOE", "MXFP4 MoE", G::MXFP4),
+    entry(F::NVFP4, "NVFP4", "NVFP4", G::NVFP4),
+    entry(F::F16, "F16", "F16", G::F16),
+    entry(F::BF16, "BF16", "BF16", G::BF16),
+    entry(F::AllF32, "F32", "all F32", G::F32),
     // Its mix puts IQ3_XXS on attn_q/attn_k/ffn_gate/ffn_up, which needs an importance
     // matrix: only --pure (all IQ3_S) gets past planning, as in llama-quantize.
-    entry(F::IQ3_XS, "IQ3_XS", "IQ3_XS - 3.3 bpw", Some(G::IQ3_S)),
+    entry(F::IQ3_XS, "IQ3_XS", "IQ3_XS - 3.3 bpw", G::IQ3_S),
 ];
 
 /// llama-quantize's short names for the medium K-quant mixes.
@@ -137,14 +136,15 @@ impl FileType {
         self.entry().description
     }
 
-    /// The type most weights get; `None` where kiln cannot produce this file type.
-    pub fn default_type(self) -> Option<GgmlType> {
+    /// The type most weights get.
+    pub fn default_type(self) -> GgmlType {
         self.entry().default_type
     }
 
-    /// Every file type `kiln quantize` can write.
-    pub fn producible() -> impl Iterator<Item = FileType> {
-        ENTRIES.iter().filter(|e| e.default_type.is_some()).map(|e| e.ftype)
+    /// Every file type llama.cpp defines; kiln writes each of them (those that llama-quantize
+    /// makes only with an importance matrix through `kiln dev random-model`).
+    pub fn all() -> impl Iterator<Item = FileType> {
+        ENTRIES.iter().map(|e| e.ftype)
     }
 
     /// Parses a llama-quantize type argument: a name (any case), one of the
@@ -229,18 +229,17 @@ mod tests {
         assert_eq!(FileType::Q4_K_M.id(), 15);
         assert_eq!(FileType::Q1_0.id(), 40);
         assert_eq!(FileType::Q2_0.id(), 41);
-        assert_eq!(FileType::parse("nvfp4").and_then(FileType::default_type), Some(GgmlType::NVFP4));
+        assert_eq!(FileType::parse("nvfp4").map(FileType::default_type), Some(GgmlType::NVFP4));
         assert_eq!(describe_file_type(15), "Q4_K - Medium");
         assert_eq!(describe_file_type(15 | FILE_TYPE_GUESSED), "Q4_K - Medium (guessed)");
         assert_eq!(describe_file_type(999), "unknown, may not work");
     }
 
     #[test]
-    fn every_file_type_is_producible() {
-        for f in FileType::producible() {
-            let ty = f.default_type().unwrap();
+    fn every_file_type_defaults_to_a_type_kiln_quant_encodes() {
+        for f in FileType::all() {
+            let ty = f.default_type();
             assert!(crate::can_quantize(ty), "{f} defaults to {ty}, which kiln-quant cannot encode");
         }
-        assert_eq!(FileType::producible().count(), ENTRIES.len());
     }
 }

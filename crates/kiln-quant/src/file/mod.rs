@@ -19,8 +19,6 @@ pub use stream::{write_planned, Progress, TensorSource, WriteSummary};
 pub enum QuantizeError {
     #[error("unknown quantization type '{name}'; valid types: {valid}")]
     UnknownFileType { name: String, valid: String },
-    #[error("kiln cannot produce file type {0}: it needs an importance matrix or a type kiln-quant cannot encode")]
-    UnsupportedFileType(FileType),
     #[error("cannot read {}: {}", path.display(), reason(source))]
     Open { path: PathBuf, source: GgufError },
     #[error("cannot write {}: {}", path.display(), reason(source))]
@@ -82,10 +80,8 @@ impl QuantizeOptions {
 
 /// Parses a file type argument, failing with the list of valid names.
 pub fn parse_file_type(name: &str) -> Result<FileType> {
-    let unknown =
-        || QuantizeError::UnknownFileType { name: name.to_string(), valid: FileType::producible().map(FileType::name).collect::<Vec<_>>().join(", ") };
-    let ftype = FileType::parse(name).ok_or_else(unknown)?;
-    ftype.default_type().map(|_| ftype).ok_or(QuantizeError::UnsupportedFileType(ftype))
+    let unknown = || QuantizeError::UnknownFileType { name: name.to_string(), valid: FileType::all().map(FileType::name).collect::<Vec<_>>().join(", ") };
+    FileType::parse(name).ok_or_else(unknown)
 }
 
 /// Split files are written whole, so their split keys are dropped.

@@ -526,7 +526,7 @@ fn check_conversion(plan: &TensorPlan, allow_requantize: bool) -> Result<()> {
 /// would choose it for `options`, and checked to be producible.
 pub fn plan_tensors(hp: &QuantHparams, tensors: &[TensorInfo], options: &QuantizeOptions) -> Result<Vec<TensorPlan>> {
     let ftype = options.ftype;
-    let default = ftype.default_type().ok_or(QuantizeError::UnsupportedFileType(ftype))?;
+    let default = ftype.default_type();
     let mut rules = MixRules {
         hp,
         ftype,
