@@ -32,6 +32,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 mod experts;
+mod kernels;
 mod matmat;
 mod matmat_stacked;
 mod matvec_shape;
@@ -41,19 +42,20 @@ mod stacked;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
+pub use kernels::{module_keys, resolve_matmat_kernels};
+use kernels::{Kernel, KernelSlots};
 pub use matmat::HalfLayout;
-use matmat::{launch_matmat, MatmatCall, MMA_TILES};
+use matmat::{launch_matmat, MatmatCall};
 pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT_TILES};
 pub(crate) use matmat::{rms_norm_half, NormCall};
 pub use matvec_shape::matvec_shape;
-use matvec_shape::{candidates, choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
+use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 
@@ -102,179 +104,6 @@ unsafe impl DeviceRepr for FloatArg {}
 enum Storage {
     Quant { layout: &'static QuantLayout, planes: PlanesArg },
     Float { kind: FloatKind, rows: FloatArg },
-}
-
-/// Kernels of one weight, looked up on first use and kept for later launches. On the heap: a
-/// model's weights would otherwise carry several hundred slots each wherever they are moved,
-/// enough to overflow a 2 MiB thread stack while a model loads.
-struct KernelSlots(Box<[OnceLock<CudaFunction>]>);
-
-impl Default for KernelSlots {
-    fn default() -> Self {
-        KernelSlots((0..KernelSlots::COUNT).map(|_| OnceLock::new()).collect())
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Kernel {
-    Matvec {
-        ntok: usize,
-        kind: MatvecKind,
-        /// Index into [`MATVEC_SHAPES`].
-        shape: usize,
-    },
-    Matmat {
-        tile: usize,
-        swiglu: bool,
-    },
-    /// Experts over groups of gathered slots (`matmat_groups_*`), streaming tiles only.
-    MatmatGroups {
-        tile: usize,
-    },
-    /// The f16 activation conversion (`mma_half_activations`) of `tile`'s module.
-    MatmatHalf {
-        tile: usize,
-    },
-    /// The split-K reduction (`mma_reduce_splits`) of `tile`'s module.
-    MatmatReduce {
-        tile: usize,
-    },
-    /// Two or three weights on one input (`matmat_stacked_*`), pipelined tiles only.
-    MatmatStacked {
-        tile: usize,
-    },
-    /// The split-K reduction of a stacked launch (`mma_reduce_stacked`).
-    MatmatReduceStacked {
-        tile: usize,
-    },
-    Embed,
-}
-
-impl KernelSlots {
-    const MATVECS: usize = MatvecKind::COUNT * MAX_MATVEC_TOKENS * MATVEC_SHAPES.len();
-    const COUNT: usize = Self::MATVECS + 7 * MATMAT_TILES + 1;
-
-    fn get(&self, device: &CudaDevice, storage: &Storage, kernel: Kernel) -> Result<&CudaFunction, CudaError> {
-        let index = match kernel {
-            Kernel::Matvec { ntok, kind, shape } => (shape * MAX_MATVEC_TOKENS + ntok - 1) * MatvecKind::COUNT + kind.index(),
-            Kernel::Matmat { tile, swiglu } => Self::MATVECS + 2 * tile + usize::from(swiglu),
-            Kernel::MatmatHalf { tile } => Self::MATVECS + 2 * MATMAT_TILES + tile,
-            Kernel::MatmatReduce { tile } => Self::MATVECS + 3 * MATMAT_TILES + tile,
-            Kernel::MatmatGroups { tile } => Self::MATVECS + 4 * MATMAT_TILES + tile,
-            Kernel::MatmatStacked { tile } => Self::MATVECS + 5 * MATMAT_TILES + tile,
-            Kernel::MatmatReduceStacked { tile } => Self::MATVECS + 6 * MATMAT_TILES + tile,
-            Kernel::Embed => Self::MATVECS + 7 * MATMAT_TILES,
-        };
-        if let Some(function) = self.0[index].get() {
-            return Ok(function);
-        }
-        let (source, name, defines) = kernel_id(storage, kernel);
-        let function = device.registry().function(source, &name, &defines)?;
-        if let Kernel::Matmat { tile, .. } | Kernel::MatmatGroups { tile } | Kernel::MatmatStacked { tile } = kernel {
-            let shared = MMA_TILES[tile].shared_bytes();
-            if shared > 0 {
-                function
-                    .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
-                    .map_err(CudaError::driver(format!("raising {name}'s shared memory limit")))?;
-            }
-        }
-        Ok(self.0[index].get_or_init(|| function))
-    }
-}
-
-/// The modules `w`'s kernels come from: the mat-vec for every token count and launch shape the
-/// tuner may time (decode and small batches; a quantized format's modules hold only its own
-/// kernels, so they compile quickly), every mat-mat tile (prompts and large batches) and the
-/// embedding lookup.
-pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
-    let mut kernels = vec![Kernel::Embed];
-    for ntok in 1..=MAX_MATVEC_TOKENS {
-        if w.is_quantized() {
-            kernels.extend(candidates(ntok).map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape }));
-        } else {
-            kernels.push(Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: default_shape(ntok) });
-        }
-    }
-    kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
-    kernels
-        .into_iter()
-        .map(|k| {
-            let (source, _, defines) = kernel_id(&w.storage, k);
-            (source, defines)
-        })
-        .collect()
-}
-
-/// Looks up the mat-mat kernels of `w` that take dynamic shared memory (their modules compiled,
-/// see [`module_keys`]) and raises their limit. Raising it is not allowed while a stream is
-/// being captured, so a backend does this when it loads a model, before any graph; the other
-/// tiles are looked up on first use, which a capture allows.
-pub fn resolve_matmat_kernels(device: &CudaDevice, w: &GpuWeight) -> Result<(), CudaError> {
-    for tile in (0..MATMAT_TILES).filter(|&t| MMA_TILES[t].shared_bytes() > 0) {
-        for swiglu in [false, true] {
-            w.kernels.get(device, &w.storage, Kernel::Matmat { tile, swiglu })?;
-        }
-    }
-    Ok(())
-}
-
-/// The GGML type whose name is the kernel suffix `suffix` (`q4_k`, `f16`), as the `MMA_TYPE`
-/// that selects its kernels in matmat_mma.cu.
-fn kernel_type_id(suffix: &str) -> i64 {
-    kiln_quant::ALL_TYPES.iter().find(|t| t.to_string().eq_ignore_ascii_case(suffix)).map_or(-1, |t| i64::from(t.id()))
-}
-
-/// Source file, kernel name and compile-time defines of `kernel` for weights stored as `storage`.
-fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, String, Vec<(&'static str, i64)>) {
-    let suffix = match storage {
-        Storage::Quant { layout, .. } => layout.kernel,
-        Storage::Float { kind, .. } => kind.kernel(),
-    };
-    let fused = |swiglu: bool| if swiglu { "swiglu_" } else { "" };
-    match kernel {
-        Kernel::Matvec { ntok, kind, shape } => {
-            let source = match storage {
-                Storage::Float { .. } => "matvec_float",
-                Storage::Quant { layout, .. } if layout.block_values() == 256 => "matvec_kquant",
-                Storage::Quant { .. } => "matvec_legacy",
-            };
-            let s = MATVEC_SHAPES[shape];
-            let mut defines = vec![("NTOK", ntok as i64), ("ROWS_PER_WARP", i64::from(s.rows_per_warp))];
-            if matches!(storage, Storage::Quant { .. }) {
-                defines.extend([("MV_BATCH", i64::from(s.batch)), ("MV_TYPE", kernel_type_id(suffix))]);
-                if s.split > 1 {
-                    defines.push(("MV_SPLIT", i64::from(s.split)));
-                }
-            }
-            (source, format!("matvec_{}{suffix}", kind.prefix()), defines)
-        }
-        Kernel::Matmat { tile, swiglu } => {
-            let mut defines = MMA_TILES[tile].defines();
-            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            ("matmat_mma", format!("matmat_{}{suffix}", fused(swiglu)), defines)
-        }
-        Kernel::MatmatGroups { tile } => {
-            let mut defines = MMA_TILES[tile].defines();
-            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            ("matmat_mma", format!("matmat_groups_{suffix}"), defines)
-        }
-        Kernel::MatmatStacked { tile } => {
-            let mut defines = MMA_TILES[tile].defines();
-            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            ("matmat_mma", format!("matmat_stacked_{suffix}"), defines)
-        }
-        Kernel::MatmatHalf { tile } | Kernel::MatmatReduce { tile } | Kernel::MatmatReduceStacked { tile } => {
-            let mut defines = MMA_TILES[tile].defines();
-            defines.push(("MMA_TYPE", kernel_type_id(suffix)));
-            let name = match kernel {
-                Kernel::MatmatHalf { .. } => "mma_half_activations",
-                Kernel::MatmatReduce { .. } => "mma_reduce_splits",
-                _ => "mma_reduce_stacked",
-            };
-            ("matmat_mma", name.to_string(), defines)
-        }
-        Kernel::Embed => ("matmat", format!("embed_{suffix}"), Vec::new()),
-    }
 }
 
 /// A weight matrix of `rows` outputs by `cols` inputs, in the layout its kernels read.

@@ -1,5 +1,6 @@
 //! Host-side checks of the weight products: kernel names, guards, layouts and launch choices.
-use super::matmat::choose_tile;
+use super::kernels::{kernel_id, kernel_type_id};
+use super::matmat::{choose_tile, MMA_TILES};
 use super::*;
 
 #[test]
