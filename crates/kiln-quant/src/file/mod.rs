@@ -66,9 +66,9 @@ pub struct QuantizeOptions {
     /// Allow converting tensors that are already quantized.
     pub allow_requantize: bool,
     /// Quantize the tensors llama-quantize refuses without an importance matrix instead of
-    /// refusing them: as ggml does without one where it can (IQ3_XXS, IQ2_S), else given an
-    /// importance of 1 for every value (IQ2_XXS, IQ2_XS). For random-weight benchmark
-    /// files, whose quality does not matter.
+    /// refusing them: as ggml does without one where it can (IQ3_XXS, IQ2_S, IQ1_M), else
+    /// given an importance of 1 for every value (IQ2_XXS, IQ2_XS, IQ1_S). For random-weight
+    /// benchmark files, whose quality does not matter.
     pub allow_without_imatrix: bool,
 }
 
