@@ -500,54 +500,64 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
     finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
 }
 
-// One token: the MV_WARPS warps of a block share one row (of each of NW weights), every thread
-// streaming eight values per 16-byte load with FV_ROW_BATCH loads in flight. A block per row
-// keeps all SMs busy even for short products (the 1024-row K/V projections) and halves the
-// load count of matvec_float's lane-per-four-values loop. Block `row` computes that row.
+// One token: the FV_ROW_WARPS warps of a block share R rows (of each of NW weights), every
+// thread streaming eight values of each row per 16-byte load with FV_ROW_BATCH / R steps in
+// flight. A block per row or two keeps all SMs busy even for short products (the 1024-row K/V
+// projections) and halves the load count of matvec_float's lane-per-four-values loop. Block
+// `block` computes rows block * R onwards.
 #define FV_ROW_BATCH 4
 // Warps of that block: 8 streams 4-14% more bytes a second than 4 on the 8B shapes (standalone
 // harness, docs/performance.md), the LM head's 128256 rows alike within 2%.
 #define FV_ROW_WARPS 8
 #define FV_ROW_THREADS (FV_ROW_WARPS * 32)
-template <class W, int NW>
+// Rows of one weight a block takes (plain and stacked products; the SwiGLU pair already reads
+// two rows a step): each f32 activation a thread reads from L1 serves that many f16 rows, so
+// the block reads 4 / FV_ROW_ROWS bytes of activation per 2-byte weight instead of 4.
+#define FV_ROW_ROWS 2
+template <class W, int NW, int R = 1>
 __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
-                                                 u32 rows, u32 accumulate, u32 row) {
+                                                 u32 rows, u32 accumulate, u32 block) {
+    static_assert(NW == 1 || R == 1, "the SwiGLU pair takes one row of each weight");
     constexpr u32 STEP = 8 * FV_ROW_THREADS;
-    if (row >= rows) {
+    constexpr int SLOTS = NW * R;  // slot s: row row0 + s % R of weight s / R
+    constexpr int BATCH = FV_ROW_BATCH / R > 0 ? FV_ROW_BATCH / R : 1;
+    const u32 row0 = block * R;
+    if (row0 >= rows) {
         return;
     }
-    uint4 raw[FV_ROW_BATCH][NW][W::RAW8];
+    uint4 raw[BATCH][SLOTS][W::RAW8];
     auto fetch = [&](u32 c0) {
 #pragma unroll
-        for (int b = 0; b < FV_ROW_BATCH; ++b) {
+        for (int b = 0; b < BATCH; ++b) {
             const u32 c = c0 + STEP * b;
 #pragma unroll
-            for (int k = 0; k < NW; ++k) {
-                if (c < cols) {
-                    w[k].load8(row, c, raw[b][k]);
+            for (int s = 0; s < SLOTS; ++s) {
+                const u32 row = row0 + s % R;
+                if (c < cols && row < rows) {
+                    w[s / R].load8(row, c, raw[b][s]);
                 } else {
 #pragma unroll
                     for (int i = 0; i < W::RAW8; ++i) {
-                        raw[b][k][i] = make_uint4(0, 0, 0, 0);
+                        raw[b][s][i] = make_uint4(0, 0, 0, 0);
                     }
                 }
             }
         }
     };
-    float acc[NW];
+    float acc[SLOTS];
 #pragma unroll
-    for (int k = 0; k < NW; ++k) {
-        acc[k] = 0.0f;
+    for (int s = 0; s < SLOTS; ++s) {
+        acc[s] = 0.0f;
     }
     const u32 first = 8 * threadIdx.x;
     fetch(first);
     wait_for_inputs();
-    for (u32 c0 = first; c0 < cols; c0 += STEP * FV_ROW_BATCH) {
+    for (u32 c0 = first; c0 < cols; c0 += STEP * BATCH) {
         if (c0 != first) {
             fetch(c0);
         }
 #pragma unroll
-        for (int b = 0; b < FV_ROW_BATCH; ++b) {
+        for (int b = 0; b < BATCH; ++b) {
             const u32 c = c0 + STEP * b;
             if (c >= cols) {
                 break;
@@ -556,10 +566,10 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
             const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + c));
             const float4 x1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(x + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int k = 0; k < NW; ++k) {
+            for (int s = 0; s < SLOTS; ++s) {
                 float v[8];
-                W::expand8(raw[b][k], v);
-                float a = acc[k];
+                W::expand8(raw[b][s], v);
+                float a = acc[s];
                 a = fmaf(v[0], x0.x, a);
                 a = fmaf(v[1], x0.y, a);
                 a = fmaf(v[2], x0.z, a);
@@ -567,34 +577,36 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
                 a = fmaf(v[4], x1.x, a);
                 a = fmaf(v[5], x1.y, a);
                 a = fmaf(v[6], x1.z, a);
-                acc[k] = fmaf(v[7], x1.w, a);
+                acc[s] = fmaf(v[7], x1.w, a);
             }
         }
     }
-    __shared__ float partial[NW][FV_ROW_WARPS];
+    __shared__ float partial[SLOTS][FV_ROW_WARPS];
 #pragma unroll
-    for (int k = 0; k < NW; ++k) {
-        const float total = warp_sum(acc[k]);
+    for (int s = 0; s < SLOTS; ++s) {
+        const float total = warp_sum(acc[s]);
         if ((threadIdx.x & 31) == 0) {
-            partial[k][threadIdx.x >> 5] = total;
+            partial[s][threadIdx.x >> 5] = total;
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float total[NW];
+    // Thread s sums slot s, every slot in the same order.
+    auto slot_total = [&](int slot) {
+        float total = 0.0f;
 #pragma unroll
-        for (int k = 0; k < NW; ++k) {
-            total[k] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < FV_ROW_WARPS; ++i) {
-                total[k] += partial[k][i];
-            }
+        for (int i = 0; i < FV_ROW_WARPS; ++i) {
+            total += partial[slot][i];
         }
-        if (NW == 2) {
-            out[row] = silu(total[0]) * total[NW - 1];
-        } else {
-            out[row] = accumulate ? out[row] + total[0] : total[0];
+        return total;
+    };
+    if (NW == 2) {
+        if (threadIdx.x == 0) {
+            out[row0] = silu(slot_total(0)) * slot_total(1);
         }
+    } else if (threadIdx.x < R && row0 + threadIdx.x < rows) {
+        const u32 row = row0 + threadIdx.x;
+        const float total = slot_total(threadIdx.x);
+        out[row] = accumulate ? out[row] + total : total;
     }
 }
 

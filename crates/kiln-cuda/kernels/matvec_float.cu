@@ -1,6 +1,7 @@
 // Mat-vec of F32, F16 and BF16 weights (rows of `stride` elements) against f32 activations
 // x [NTOK][cols], cols a multiple of 4; all arithmetic in f32. See matvec.cuh. One token takes
-// matvec_float_row (a block per row); the expert products keep matvec_float's warp rows.
+// matvec_float_row (a block per FV_ROW_ROWS rows, per row of a SwiGLU pair); the expert products
+// keep matvec_float's warp rows.
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
 // kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
 // kiln-test-defines: NTOK=8,ROWS_PER_WARP=4
@@ -15,7 +16,7 @@ __device__ __forceinline__ void matvec_float_one(const W& w, const float* x, u32
                                                  u32 accumulate) {
     const W weights[1] = {w};
     if (NTOK == 1) {
-        matvec_float_row<W, 1>(weights, x, cols, out, rows, accumulate, blockIdx.x);
+        matvec_float_row<W, 1, FV_ROW_ROWS>(weights, x, cols, out, rows, accumulate, blockIdx.x);
     } else {
         matvec_float<W, 1>(weights, x, cols, out, rows, accumulate);
     }
@@ -35,7 +36,7 @@ __device__ __forceinline__ void matvec_float_two(const W& gate, const W& up, con
 #define FV_ARGS const float* x, u32 cols, float* out, u32 rows
 
 // One token of up to three weights of one kind and width (attention's q, k and v) in one
-// launch: a block per row of a, then of b, then of c (a missing c has no rows).
+// launch: a block per FV_ROW_ROWS rows of a, then of b, then of c (a missing c has no rows).
 template <class W>
 __device__ __forceinline__ void matvec_float_stacked(const W& a, const W& b, const W& c, const float* x, u32 cols,
                                                      float* out_a, float* out_b, float* out_c, u32 rows_a, u32 rows_b,
@@ -43,10 +44,11 @@ __device__ __forceinline__ void matvec_float_stacked(const W& a, const W& b, con
     if (NTOK != 1) {
         return;  // the host launches the NTOK = 1 module's kernel only
     }
-    u32 row = blockIdx.x;
-    const u32 k = stacked_weight(row, rows_a, rows_b);
+    u32 block = blockIdx.x;
+    const u32 k = stacked_weight(block, (rows_a + FV_ROW_ROWS - 1) / FV_ROW_ROWS, (rows_b + FV_ROW_ROWS - 1) / FV_ROW_ROWS);
     const W weights[1] = {k == 0 ? a : k == 1 ? b : c};
-    matvec_float_row<W, 1>(weights, x, cols, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, row);
+    matvec_float_row<W, 1, FV_ROW_ROWS>(weights, x, cols, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0,
+                                        block);
 }
 
 #define FV_STACKED_PARAMS(W) \

@@ -64,8 +64,10 @@ pub const MAX_MATVEC_TOKENS: usize = 8;
 
 /// Warps per mat-vec block (`MV_WARPS`, kernels/matvec.cuh).
 const MV_WARPS: u32 = 4;
-/// Warps of the block that takes one row of float weights for one token (`FV_ROW_WARPS`).
+/// Warps of the block that takes rows of float weights for one token (`FV_ROW_WARPS`).
 const FV_ROW_WARPS: u32 = 8;
+/// Rows of one weight such a block takes in a plain or stacked product (`FV_ROW_ROWS`).
+const FV_ROW_ROWS: u32 = 2;
 /// Threads per mat-mat block (`MMA_THREADS`, kernels/matmat_mma.cu).
 const MMA_THREADS: u32 = 256;
 
@@ -679,9 +681,10 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
     let swiglu = up.is_some();
     let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
-    // One token of float weights takes a block per row (matvec_float_row).
+    // One token of float weights takes a block per FV_ROW_ROWS rows, per row of a SwiGLU pair
+    // (matvec_float_row).
     let (rows_per_block, warps) = match w.storage {
-        Storage::Float { .. } if n == 1 => (1, FV_ROW_WARPS),
+        Storage::Float { .. } if n == 1 => (if swiglu { 1 } else { FV_ROW_ROWS }, FV_ROW_WARPS),
         _ => (MATVEC_SHAPES[shape].rows_per_block(kind, MV_WARPS), MV_WARPS),
     };
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));

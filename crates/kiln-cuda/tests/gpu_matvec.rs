@@ -249,7 +249,7 @@ fn check_shapes(
     }
 }
 
-/// One token of float weights runs a block per row (`matvec_float_row`), and q/k/v-like
+/// One token of float weights runs a block per two rows (`matvec_float_row`), and q/k/v-like
 /// triples one launch (`matmul_stacked_float`): plain, added, SwiGLU and stacked products on
 /// widths that end mid-way through a thread's eight values (4100, 100) and ones that do not.
 #[test]

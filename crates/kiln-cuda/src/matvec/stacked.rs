@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
-use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_WARPS, MAX_MATVEC_TOKENS, MV_WARPS};
+use super::{
+    invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS, MAX_MATVEC_TOKENS, MV_WARPS,
+};
 use crate::{CudaDevice, CudaError};
 
 /// The most weights one launch takes (the kernel's parameters a, b, c).
@@ -69,7 +71,8 @@ pub fn matmul_stacked_float(
         *r = to_u32(OP, "rows", w.rows)?;
     }
     let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Stacked, shape: default_shape(1) })?;
-    let cfg = LaunchConfig { grid_dim: (rows.iter().sum(), 1, 1), block_dim: (FV_ROW_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    let blocks = rows.iter().map(|r| r.div_ceil(FV_ROW_ROWS)).sum();
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (FV_ROW_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let cols = to_u32(OP, "cols", first.cols)?;
     // SAFETY: matvec_stacked_{f32,f16,bf16} (matvec_float.cu) take the weights, then (x, cols),
     // then the outputs and rows; the weights share one float kind and width, x holds one token

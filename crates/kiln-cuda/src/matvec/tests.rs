@@ -111,6 +111,7 @@ fn host_constants_match_the_kernel_defines() {
     assert_eq!(define(activations, "CHUNK_VALUES") as usize, CHUNK_VALUES);
     assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
     assert_eq!(define(matvec, "FV_ROW_WARPS"), FV_ROW_WARPS);
+    assert_eq!(define(matvec, "FV_ROW_ROWS"), FV_ROW_ROWS);
     assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
 }
 
