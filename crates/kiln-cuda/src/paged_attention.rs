@@ -27,10 +27,13 @@ use crate::matvec::ActivationTarget;
 use crate::plan_words::{word, PlanLayout};
 use crate::{CudaDevice, CudaError};
 
-/// `paged_attention.cu`'s DEC_THREADS, DEC_MIN_CHUNK (= DEC_TILE) and DEC_MAX_SPLITS.
+/// `paged_decode.cuh`'s DEC_THREADS, DEC_MIN_CHUNK (= DEC_TILE) and DEC_MAX_SPLITS.
 const DEC_THREADS: u32 = 128;
 const DEC_MIN_CHUNK: usize = 32;
 const DEC_MAX_SPLITS: usize = 256;
+/// `paged_attention.cu`'s MD_ROWS and MD_STAGES (the tensor-core split kernel's stages).
+const MD_ROWS: usize = 16;
+const MD_STAGES: usize = 3;
 /// Positions per sequence of the synthetic step the split counts are timed on, and the cap on
 /// its rows over all tokens (large batches are timed at shorter depths).
 const TUNE_POSITIONS: usize = 8192;
@@ -185,11 +188,9 @@ fn decode_shared_bytes(key: &Key) -> usize {
 /// The split kernel's stages. The tensor-core one: per warp, MD_STAGES stages of MD_ROWS K rows
 /// and MD_ROWS V rows of f16, each padded by 8 values. The other: DEC_STAGES stages of a 32-row
 /// K tile and V tile, rows padded to 16 bytes, three stages when one takes at most 16 KiB
-/// (paged_attention.cu).
+/// (paged_decode.cuh).
 fn decode_stage_bytes(key: &Key) -> usize {
     if decode_on_tensor_cores(key) {
-        const MD_ROWS: usize = 16;
-        const MD_STAGES: usize = 3;
         return (DEC_THREADS as usize / 32) * MD_STAGES * 2 * MD_ROWS * (key.head_dim + 8) * 2;
     }
     let Key { head_dim, k_type, v_type, .. } = *key;
@@ -690,6 +691,21 @@ mod tests {
             v_type: KvType::Q8_0,
             window: None,
         }
+    }
+
+    #[test]
+    fn host_constants_match_the_kernel_defines() {
+        let define = crate::sources::define_value;
+        let (decode, split, prefill) =
+            (include_str!("../kernels/paged_decode.cuh"), include_str!("../kernels/paged_attention.cu"), include_str!("../kernels/paged_prefill.cu"));
+        assert_eq!(define(decode, "DEC_THREADS"), DEC_THREADS);
+        assert_eq!(define(decode, "DEC_MIN_CHUNK") as usize, DEC_MIN_CHUNK);
+        assert_eq!(define(decode, "DEC_TILE") as usize, DEC_MIN_CHUNK);
+        assert_eq!(define(decode, "DEC_MAX_SPLITS") as usize, DEC_MAX_SPLITS);
+        assert_eq!(define(split, "MD_ROWS") as usize, MD_ROWS);
+        assert_eq!(define(split, "MD_STAGES") as usize, MD_STAGES);
+        assert_eq!(define(prefill, "FA_KV") as usize, FA_KV);
+        assert_eq!(define(prefill, "FA_WARPS") * 32, FA_THREADS);
     }
 
     #[test]

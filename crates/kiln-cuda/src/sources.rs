@@ -83,3 +83,10 @@ pub(crate) fn hash_text(hasher: &mut Sha256, text: &str) {
     hasher.update((text.len() as u64).to_le_bytes());
     hasher.update(text.as_bytes());
 }
+
+/// The number a kernel source `#define`s `name` to, for tests that check the host's copies.
+#[cfg(test)]
+pub(crate) fn define_value(source: &str, name: &str) -> u32 {
+    let line = source.lines().find_map(|line| line.strip_prefix(&format!("#define {name} "))).unwrap_or_else(|| panic!("no #define {name}"));
+    line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
+}

@@ -94,10 +94,7 @@ fn every_format_finds_its_kernels() {
 /// The launch geometry here and the kernels' #defines agree.
 #[test]
 fn host_constants_match_the_kernel_defines() {
-    let define = |source: &str, name: &str| -> u32 {
-        let line = source.lines().find_map(|line| line.strip_prefix(&format!("#define {name} "))).unwrap_or_else(|| panic!("no #define {name}"));
-        line.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("#define {name} {line}"))
-    };
+    let define = crate::sources::define_value;
     let (quant, activations, matvec, matmat, norm) = (
         include_str!("../../kernels/quant.cuh"),
         include_str!("../../kernels/activation_q8.cuh"),
