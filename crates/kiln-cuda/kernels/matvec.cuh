@@ -248,9 +248,10 @@ __device__ __forceinline__ void fetch_pairs(typename ChunkPair<F>::Raw (&raw)[MV
     }
 }
 
-// Mat-vec of the formats with wide chunk pairs (ChunkPair<F>::WIDE): as matvec_quant, but each
-// lane takes two neighbouring chunks per step, so every load carries 16 bytes per lane and the
-// pair's shared scale fields are fetched once. A step covers two tiles, one per half-warp.
+// Mat-vec of the formats with wide chunk pairs (ChunkPair<F>::WIDE) but Q8_0 (see matvec_rows):
+// as matvec_quant, but each lane takes two neighbouring chunks per step, so every load carries
+// 16 bytes per lane and the pair's shared scale fields are fetched once. A step covers two
+// tiles, one per half-warp.
 template <class F, int NW>
 __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* __restrict__ xq,
                                               const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,

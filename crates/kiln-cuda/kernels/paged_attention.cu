@@ -8,8 +8,9 @@
 //
 // paged_attention_split: flash-decoding for any mix of tokens. The grid (n_splits, n_kv_heads,
 // n_tokens) depends on shapes only; each token's own visible length is cut into n_splits chunks
-// here, so a captured graph stays valid as sequences grow. The last split of a (token, kv head)
-// to finish merges the splits' partials (merge_splits), so no second launch is needed.
+// in the kernel (paged_decode.cuh), so a captured graph stays valid as sequences grow. The last
+// split of a (token, kv head) to finish merges the splits' partials (merge_splits), so no
+// second launch is needed.
 // paged_attention_split_mma: the split kernel on tensor cores, for f16 caches.
 // The prefill kernel (flash attention over the step's query tiles) is paged_prefill.cu.
 // kiln-test-defines: HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1
