@@ -48,7 +48,7 @@ use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
-pub use kernels::{module_keys, resolve_matmat_kernels};
+pub use kernels::{matvec_module_keys, module_keys, resolve_matmat_kernels};
 use kernels::{Kernel, KernelSlots};
 pub use matmat::HalfLayout;
 use matmat::{launch_matmat, MatmatCall};
@@ -468,10 +468,11 @@ pub fn matvec_shape_split(shape: usize) -> u32 {
     MATVEC_SHAPES.get(shape).map_or(1, |s| s.split)
 }
 
-/// The most tokens launch shape `shape` takes: 1 for 8 rows a warp, else [`MAX_MATVEC_TOKENS`].
+/// The most tokens launch shape `shape` takes: 1 for the shapes the tuner tries on one token
+/// only (warps sharing rows, 8 rows a warp), else [`MAX_MATVEC_TOKENS`].
 pub fn matvec_shape_max_tokens(shape: usize) -> usize {
     match MATVEC_SHAPES.get(shape) {
-        Some(s) if s.rows_per_warp > 4 => 1,
+        Some(s) if s.one_token_only() => 1,
         _ => MAX_MATVEC_TOKENS,
     }
 }

@@ -166,7 +166,9 @@ fn embed_rows_decodes_rows_exactly() {
 fn every_matvec_shape_matches_the_reference() {
     let mut rng = rng("matvec shapes");
     let mut failures = Vec::new();
-    for &ty in FORMATS.iter().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) {
+    let quantized: Vec<GgmlType> = FORMATS.iter().copied().filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)).collect();
+    prepare_matvec_modules(&mut rng, &quantized);
+    for ty in quantized {
         let [small, _, big] = column_choices(ty);
         for (rows, cols) in [(37, big), (4099, small)] {
             let every_shape: Vec<usize> = (0..matvec::MATVEC_SHAPE_COUNT).collect();
@@ -189,7 +191,7 @@ fn split_shapes_match_the_reference() {
     for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q2_K, GgmlType::IQ4_XS, GgmlType::Q1_0, GgmlType::TQ2_0] {
         let [small, _, big] = column_choices(ty);
         for (rows, cols) in [(37, big), (4099, small), (6, 7 * big)] {
-            check_shapes(&mut rng, &mut failures, ty, (rows, cols), 1..=2, &split);
+            check_shapes(&mut rng, &mut failures, ty, (rows, cols), 1..=1, &split);
         }
     }
     report("matvec split shapes", failures);
@@ -202,7 +204,8 @@ fn split_shapes_match_the_reference() {
 fn eight_row_shapes_match_the_reference() {
     let mut rng = rng("matvec eight-row shapes");
     let mut failures = Vec::new();
-    let eight: Vec<usize> = (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_max_tokens(s) == 1).collect();
+    let eight: Vec<usize> =
+        (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_max_tokens(s) == 1 && matvec::matvec_shape_split(s) == 1).collect();
     assert!(!eight.is_empty(), "no eight-row shape to test");
     for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0] {
         let [small, _, big] = column_choices(ty);

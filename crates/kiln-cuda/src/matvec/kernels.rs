@@ -90,12 +90,21 @@ impl KernelSlots {
     }
 }
 
-/// The modules `w`'s kernels come from: the mat-vec for every token count and launch shape the
-/// tuner may time (decode and small batches; a quantized format's modules hold only its own
-/// kernels, so they compile quickly), every mat-mat tile (prompts and large batches) and the
-/// embedding lookup.
+/// The modules `w`'s kernels come from: the mat-vec ones of [`matvec_module_keys`], every
+/// mat-mat tile (prompts and large batches) and the embedding lookup.
 pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
     let mut kernels = vec![Kernel::Embed];
+    kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
+    let mut keys = sources_of(w, kernels);
+    keys.extend(matvec_module_keys(w));
+    keys
+}
+
+/// The mat-vec modules of `w` for every token count and launch shape the tuner may time (decode
+/// and small batches); a quantized format's modules hold only its own kernels, so they compile
+/// quickly.
+pub fn matvec_module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
+    let mut kernels = Vec::new();
     for ntok in 1..=MAX_MATVEC_TOKENS {
         if w.is_quantized() {
             kernels.extend(candidates(ntok).map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape }));
@@ -103,7 +112,10 @@ pub fn module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str, i64)>
             kernels.push(Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: default_shape(ntok) });
         }
     }
-    kernels.extend((0..MATMAT_TILES).map(|tile| Kernel::Matmat { tile, swiglu: false }));
+    sources_of(w, kernels)
+}
+
+fn sources_of(w: &GpuWeight, kernels: Vec<Kernel>) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
     kernels
         .into_iter()
         .map(|k| {

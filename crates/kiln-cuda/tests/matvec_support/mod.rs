@@ -417,6 +417,14 @@ pub fn prepare_modules(w: &GpuWeight) {
     device().registry().prepare(&matvec::module_keys(w)).expect("compiling the format's kernel modules");
 }
 
+/// Compiles the mat-vec modules of every format in `types` (each token count and launch shape)
+/// in one go on all cores; one after another they take more than ten minutes on a cold machine.
+pub fn prepare_matvec_modules(rng: &mut ChaCha8Rng, types: &[GgmlType]) {
+    let keys: Vec<_> =
+        types.iter().flat_map(|&ty| matvec::matvec_module_keys(&HostWeight::random(rng, ty, 1, column_choices(ty)[0]).upload("module preparation"))).collect();
+    device().registry().prepare(&keys).expect("compiling the mat-vec kernel modules");
+}
+
 /// The product's kernel: `matmul`'s own pick (`None`) or the mat-mat with a given block shape.
 pub fn tile_name(tile: Option<usize>) -> String {
     tile.map_or("auto".to_string(), |t| format!("tile {t}"))
