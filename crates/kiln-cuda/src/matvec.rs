@@ -663,7 +663,7 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
         Storage::Quant { .. } => {
             let mut scratch: Option<CudaSlice<f32>> = None;
             let kind = if call.up.is_some() { MatvecKind::SwiGlu } else { MatvecKind::Plain };
-            choose_shape(device, TuneKey::new(device, w, n, kind), |shape| {
+            choose_shape(device, TuneKey::new(device, w, n, kind), w, |shape| {
                 let out = match &mut scratch {
                     Some(out) => out,
                     None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),

@@ -115,6 +115,12 @@ pub fn matvec_module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str
     sources_of(w, kernels)
 }
 
+/// Compiles (or loads) the modules of `kernels` of `w` on all cores, so that a tuner's first
+/// timing of several candidates does not compile them one after another.
+pub(super) fn prepare_kernels(device: &CudaDevice, w: &GpuWeight, kernels: impl IntoIterator<Item = Kernel>) -> Result<(), CudaError> {
+    device.registry().prepare(&sources_of(w, kernels.into_iter().collect()))
+}
+
 fn sources_of(w: &GpuWeight, kernels: Vec<Kernel>) -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
     kernels
         .into_iter()

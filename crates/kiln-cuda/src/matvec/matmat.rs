@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::sys::{CUevent_flags, CUstreamCaptureStatus};
 use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 
+use super::kernels::prepare_kernels;
 use super::{check_len, check_pair, invalid, push_weight, stride_launch, to_u32, GpuWeight, Kernel, Storage, CHUNK_VALUES, MMA_THREADS};
 use crate::{CudaDevice, CudaError};
 
@@ -498,6 +499,7 @@ pub(super) fn candidates(device: &CudaDevice, w: &GpuWeight, rows: usize, n: usi
 /// Times every candidate on `w` and `x` (outputs into a scratch buffer) and returns the fastest.
 fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> {
     let candidates = candidates(device, call.w, call.w.rows, call.n, call.up.is_some(), false);
+    prepare_kernels(device, call.w, candidates.iter().map(|c| Kernel::Matmat { tile: c.tile, swiglu: false }))?;
     let mut out = device.alloc_zeros::<f32>(call.n * call.w.rows, "mat-mat tuning output")?;
     fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, call, &mut out, choice, false, None).map(drop))
 }

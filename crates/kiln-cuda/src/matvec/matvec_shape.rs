@@ -10,8 +10,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use super::kernels::prepare_kernels;
 use super::matmat::{fastest, gpu_key, is_capturing};
-use super::{GpuWeight, MAX_MATVEC_TOKENS};
+use super::{GpuWeight, Kernel, MAX_MATVEC_TOKENS};
 use crate::{CudaDevice, CudaError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,7 +140,7 @@ fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
 /// The shape for `key`'s launch: remembered, else (outside a capture) measured by timing
 /// `launch(shape)` for each candidate, else the default. `launch` must be repeatable (it writes
 /// a scratch output, not the caller's accumulating one).
-pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, launch: impl FnMut(usize) -> Result<(), CudaError>) -> Result<usize, CudaError> {
+pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, w: &GpuWeight, launch: impl FnMut(usize) -> Result<(), CudaError>) -> Result<usize, CudaError> {
     debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&key.ntok));
     if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return Ok(shape);
@@ -148,6 +149,8 @@ pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, launch: impl FnMut
         return Ok(default_shape(key.ntok));
     }
     let candidates: Vec<usize> = candidates(key.ntok).collect();
+    // Every kind of product of a shape comes from the same module.
+    prepare_kernels(device, w, candidates.iter().map(|&shape| Kernel::Matvec { ntok: key.ntok, kind: MatvecKind::Plain, shape }))?;
     let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
     tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
     Ok(best)

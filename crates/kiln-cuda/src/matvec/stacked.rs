@@ -125,7 +125,7 @@ fn launch_stacked(device: &CudaDevice, weights: &[&GpuWeight], x: &QuantizedActi
         }
     }
     let key = TuneKey::stacked(device, weights, n);
-    let shape = choose_shape(device, key, |shape| launch_shape(device, weights, x, outs, n, shape))?;
+    let shape = choose_shape(device, key, first, |shape| launch_shape(device, weights, x, outs, n, shape))?;
     launch_shape(device, weights, x, outs, n, shape)
 }
 
