@@ -7,15 +7,23 @@
 #define BIAS 0x4b400000
 #define BIAS_F 12582912.0f
 
+// An activation load: read-only cache (`__ldg`) when the activations are in global memory and
+// not written by this launch, a plain load otherwise (shared memory, or written by other blocks).
+template <bool NC, class T>
+__device__ __forceinline__ T load_x(const T* p) {
+    if constexpr (NC) return __ldg(p);
+    return *p;
+}
+
 // acc[r] += group g of row r (codes c[r], scale d[r]) dotted with the int8 activations; bit k of
 // byte b of a group is the sign of value 128 g + 16 k + b.
-template <int R>
+template <int R, bool NC = true>
 __device__ __forceinline__ void group_dot(const uint4 (&c)[R], const float (&d)[R], const uint4* __restrict__ xq,
                                           const float2* __restrict__ xds, int g, float (&acc)[R]) {
     float xd[8], xs = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k += 2) {
-        const float4 p = __ldg(reinterpret_cast<const float4*>(xds + g * 8 + k));
+        const float4 p = load_x<NC>(reinterpret_cast<const float4*>(xds + g * 8 + k));
         xd[k] = p.x * (2.0f / (float)(1 << k));
         xd[k + 1] = p.z * (2.0f / (float)(1 << (k + 1)));
         xs += p.y + p.w;
@@ -25,7 +33,7 @@ __device__ __forceinline__ void group_dot(const uint4 (&c)[R], const float (&d)[
     for (int r = 0; r < R; ++r) part[r] = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        const uint4 x = __ldg(xq + g * 8 + k);
+        const uint4 x = load_x<NC>(xq + g * 8 + k);
         const u32 mask = 0x01010101u << k;
 #pragma unroll
         for (int r = 0; r < R; ++r) {

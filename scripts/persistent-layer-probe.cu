@@ -1,0 +1,571 @@
+// What kernel boundaries cost a Qwen3-8B Q1_0 decode token, standalone: 36 layers of one token
+// (grouped Q1_0 weights, an f16 KV cache of CTX positions), computed two ways with the same
+// device functions:
+//   kernels     nine launches a layer in a CUDA graph, as kiln's step graph: norm-quantize, q/k/v,
+//               attention (q/k norms, rope, the new K/V stored), quantize, o + residual,
+//               norm-quantize, gate/up SwiGLU, quantize, down + residual; with programmatic
+//               edges (each kernel fetches its first weights, then waits for its inputs) or serial;
+//   persistent  one launch for all layers: every phase's rows spread over all resident blocks,
+//               five grid barriers a layer, and each block redoing the norm / quantization of a
+//               product's input into its own shared memory instead of a launch of its own.
+// Prints µs per layer of each, and checks that both give the same residual stream (same code,
+// same order of every sum: the difference must be 0). Run on the GPU machine:
+//     nvcc -O3 -arch=sm_90 -o /tmp/plp scripts/persistent-layer-probe.cu && /tmp/plp [ctx]
+#include "q1-grouped.cuh"
+
+constexpr int HIDDEN = 4096, HEAD_DIM = 128, Q_HEADS = 32, KV_HEADS = 8, FF = 12288, LAYERS = 36;
+constexpr int Q_ROWS = Q_HEADS * HEAD_DIM, KV_ROWS = KV_HEADS * HEAD_DIM, QKV_ROWS = Q_ROWS + 2 * KV_ROWS;
+constexpr int THREADS = 256, WARPS = THREADS / 32;
+constexpr int ROWS = 8;          // rows a warp computes in a plain product
+constexpr int SWIGLU_ROWS = 4;   // gate rows (and as many up rows) a warp computes
+constexpr float EPS = 1e-6f, ROPE_BASE = 1000000.0f;
+
+// A Q1_0 weight in kiln's grouped layout: codes [rows][groups] of 16 bytes (bit k of byte b is
+// the sign of value 128 g + 16 k + b), one f16 scale per group; value = d (2 bit - 1).
+struct Q1 {
+    const uint4* codes;
+    const __half* scales;
+    int rows, groups;
+};
+
+struct Layer {
+    Q1 qkv, o, gate, up, down;
+    const float *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    __half *k_cache, *v_cache;  // [KV_HEADS][ctx + 1][HEAD_DIM]
+};
+
+// The residual stream and the activations between phases (global memory).
+struct Stream {
+    float *x, *qkv, *attn, *h;
+    uint4* xq;     // the kernels variant's quantized activations: chunks of 16 int8
+    float2* xds;   // (scale, scale * code sum) per chunk
+};
+
+__device__ __forceinline__ void wait_for_inputs() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) s += red[w];
+    return s;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) m = fmaxf(m, red[w]);
+    return m;
+}
+
+// By a whole block: x (n values), times rms(x) and `norm` when given, quantized to int8 in
+// chunks of 16 into xq / xds (global or shared memory). x is read with plain loads: in the
+// persistent kernel it was written by other blocks of the same launch.
+__device__ void norm_quantize(const float* x, const float* norm, int n, uint4* xq, float2* xds, float* red) {
+    float scale = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n / 4; i += THREADS) {
+            const float4 v = reinterpret_cast<const float4*>(x)[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        scale = rsqrtf(block_sum(ss, red) / n + EPS);
+    }
+    for (int c = threadIdx.x; c < n / 16; c += THREADS) {
+        float v[16], amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            v[i] = x[16 * c + i] * scale * (norm ? norm[16 * c + i] : 1.0f);
+            amax = fmaxf(amax, fabsf(v[i]));
+        }
+        const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        u32 w[4] = {0, 0, 0, 0};
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int q = __float2int_rn(v[i] * inv);
+            sum += q;
+            w[i / 4] |= (u32)(q & 0xff) << (8 * (i % 4));
+        }
+        xq[c] = make_uint4(w[0], w[1], w[2], w[3]);
+        xds[c] = make_float2(d, d * (float)sum);
+    }
+    __syncthreads();
+}
+
+// Rows first_a .. first_a + RA of `a` and first_b .. first_b + R - RA of `b` (a row past its
+// weight's end reads the last row) dotted with the activations by one warp; every lane ends with
+// the sums. With `wait`, the first group's codes are fetched before waiting for the kernel
+// before this one.
+template <int R, int RA>
+__device__ __forceinline__ void rows_dot(const Q1& a, int first_a, const Q1& b, int first_b, const uint4* xq, const float2* xds, bool wait,
+                                         float (&acc)[R]) {
+    const int lane = threadIdx.x & 31, groups = a.groups;
+    const uint4* codes[R];
+    const __half* scales[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const Q1& w = r < RA ? a : b;
+        const size_t at = (size_t)min(r < RA ? first_a + r : first_b + r - RA, w.rows - 1) * groups;
+        codes[r] = w.codes + at;
+        scales[r] = w.scales + at;
+        acc[r] = 0.0f;
+    }
+    for (int g = lane; g < groups; g += 32) {
+        uint4 c[R];
+        float d[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            c[r] = __ldg(codes[r] + g);
+            d[r] = __half2float(scales[r][g]);
+        }
+        if (wait && g == lane) wait_for_inputs();
+        group_dot<R, false>(c, d, xq, xds, g, acc);
+    }
+    if (wait && lane >= groups) wait_for_inputs();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    }
+}
+
+// Item i (ROWS rows of w) of a plain product: out[row] = (or +=) the row's dot.
+__device__ __forceinline__ void plain_item(const Q1& w, int item, const uint4* xq, const float2* xds, float* out, bool add, bool wait) {
+    float acc[ROWS];
+    rows_dot<ROWS, ROWS>(w, item * ROWS, w, 0, xq, xds, wait, acc);
+    const int lane = threadIdx.x & 31, row = item * ROWS + lane;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        if (lane == r && row < w.rows) out[row] = add ? out[row] + acc[r] : acc[r];
+    }
+}
+
+// Item i (SWIGLU_ROWS rows of gate and up) of the SwiGLU product.
+__device__ __forceinline__ void swiglu_item(const Q1& gate, const Q1& up, int item, const uint4* xq, const float2* xds, float* out, bool wait) {
+    float acc[2 * SWIGLU_ROWS];
+    rows_dot<2 * SWIGLU_ROWS, SWIGLU_ROWS>(gate, item * SWIGLU_ROWS, up, item * SWIGLU_ROWS, xq, xds, wait, acc);
+    const int lane = threadIdx.x & 31, row = item * SWIGLU_ROWS + lane;
+#pragma unroll
+    for (int r = 0; r < SWIGLU_ROWS; ++r) {
+        const float g = acc[r];
+        if (lane == r && row < gate.rows) out[row] = g / (1.0f + __expf(-g)) * acc[SWIGLU_ROWS + r];
+    }
+}
+
+// RMS norm of one head (HEAD_DIM values in shared memory) by a whole block,
+// then NEOX rope at `pos`. The block must sync before and after.
+__device__ void norm_rope_head(float* v, const float* norm, int pos, float* red) {
+    float ss = 0.0f;
+    if (threadIdx.x < HEAD_DIM) ss = v[threadIdx.x] * v[threadIdx.x];
+    const float scale = rsqrtf(block_sum(ss, red) / HEAD_DIM + EPS);
+    float a = 0.0f, b = 0.0f;
+    const int i = threadIdx.x;
+    if (i < HEAD_DIM / 2) {
+        const float inv_freq = __powf(ROPE_BASE, -2.0f * i / HEAD_DIM), angle = pos * inv_freq;
+        float s, c;
+        __sincosf(angle, &s, &c);
+        const float x0 = v[i] * scale * norm[i], x1 = v[i + HEAD_DIM / 2] * scale * norm[i + HEAD_DIM / 2];
+        a = x0 * c - x1 * s;
+        b = x0 * s + x1 * c;
+    }
+    __syncthreads();
+    if (i < HEAD_DIM / 2) {
+        v[i] = a;
+        v[i + HEAD_DIM / 2] = b;
+    }
+    __syncthreads();
+}
+
+// Attention of q-head `head` for the token at position ctx over positions 0..ctx (the cache
+// holds 0..ctx-1; the new key and value come from qkv), by a whole block; the first q-head of
+// each group stores the new key and value into the cache. smem: ATTN_SMEM(ctx) floats.
+#define ATTN_SMEM(ctx) ((3 + WARPS) * HEAD_DIM + (ctx) + 1)
+__device__ void attention_head(const Layer& L, const float* qkv, float* attn, int head, int ctx, float* smem, float* red) {
+    float *q = smem, *k = smem + HEAD_DIM, *v = smem + 2 * HEAD_DIM, *part = smem + 3 * HEAD_DIM, *score = part + WARPS * HEAD_DIM;
+    const int kv = head / (Q_HEADS / KV_HEADS), t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    if (t < HEAD_DIM) {
+        q[t] = qkv[head * HEAD_DIM + t];
+        k[t] = qkv[Q_ROWS + kv * HEAD_DIM + t];
+        v[t] = qkv[Q_ROWS + KV_ROWS + kv * HEAD_DIM + t];
+    }
+    __syncthreads();
+    norm_rope_head(q, L.q_norm, ctx, red);
+    norm_rope_head(k, L.k_norm, ctx, red);
+    const size_t stride = (size_t)(ctx + 1) * HEAD_DIM;
+    __half* kc = L.k_cache + kv * stride;
+    __half* vc = L.v_cache + kv * stride;
+    if (head % (Q_HEADS / KV_HEADS) == 0 && t < HEAD_DIM) {
+        kc[(size_t)ctx * HEAD_DIM + t] = __float2half(k[t]);
+        vc[(size_t)ctx * HEAD_DIM + t] = __float2half(v[t]);
+    }
+    // Scores: a thread per position, its whole key row in 16 loads.
+    const float scale = rsqrtf((float)HEAD_DIM);
+    for (int p = t; p <= ctx; p += THREADS) {
+        float s = 0.0f;
+        if (p < ctx) {
+            const uint4* row = reinterpret_cast<const uint4*>(kc + (size_t)p * HEAD_DIM);
+            uint4 raw[HEAD_DIM / 8];
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; ++i) raw[i] = row[i];
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; ++i) {
+                const __half2* h = reinterpret_cast<const __half2*>(&raw[i]);
+                const float4 qa = *reinterpret_cast<const float4*>(q + 8 * i), qb = *reinterpret_cast<const float4*>(q + 8 * i + 4);
+                const float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]), f2 = __half22float2(h[2]), f3 = __half22float2(h[3]);
+                s += qa.x * f0.x + qa.y * f0.y + qa.z * f1.x + qa.w * f1.y + qb.x * f2.x + qb.y * f2.y + qb.z * f3.x + qb.w * f3.y;
+            }
+        } else {
+            for (int d = 0; d < HEAD_DIM; ++d) s += q[d] * k[d];
+        }
+        score[p] = s * scale;
+    }
+    __syncthreads();
+    float m = -INFINITY;
+    for (int p = t; p <= ctx; p += THREADS) m = fmaxf(m, score[p]);
+    m = block_max(m, red);
+    float sum = 0.0f;
+    for (int p = t; p <= ctx; p += THREADS) {
+        const float e = __expf(score[p] - m);
+        score[p] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);  // its barriers also publish the exponentials
+    // Output: a warp per position, four dimensions a lane; the warps' sums meet in `part`.
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int p = warp; p < ctx; p += WARPS) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(vc + (size_t)p * HEAD_DIM + 4 * lane);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x)), b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        const float sp = score[p];
+        o[0] += sp * a.x;
+        o[1] += sp * a.y;
+        o[2] += sp * b.x;
+        o[3] += sp * b.y;
+    }
+    if (warp == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[i] += score[ctx] * v[4 * lane + i];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp * HEAD_DIM + 4 * lane + i] = o[i];
+    __syncthreads();
+    if (t < HEAD_DIM) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) total += part[w * HEAD_DIM + t];
+        attn[head * HEAD_DIM + t] = total / sum;
+    }
+    __syncthreads();
+}
+
+// ---- The kernels variant: nine launches a layer ----
+
+__global__ void __launch_bounds__(THREADS) k_norm_quantize(const float* x, const float* norm, int n, uint4* xq, float2* xds) {
+    __shared__ float red[WARPS];
+    wait_for_inputs();
+    norm_quantize(x, norm, n, xq, xds, red);
+}
+
+__global__ void __launch_bounds__(THREADS, 2) k_plain(Q1 w, const uint4* xq, const float2* xds, float* out, int add) {
+    const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (item * ROWS >= w.rows) {
+        wait_for_inputs();
+        return;
+    }
+    plain_item(w, item, xq, xds, out, add, true);
+}
+
+__global__ void __launch_bounds__(THREADS, 2) k_swiglu(Q1 gate, Q1 up, const uint4* xq, const float2* xds, float* out) {
+    const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (item * SWIGLU_ROWS >= gate.rows) {
+        wait_for_inputs();
+        return;
+    }
+    swiglu_item(gate, up, item, xq, xds, out, true);
+}
+
+__global__ void __launch_bounds__(THREADS) k_attention(Layer L, const float* qkv, float* attn, int ctx) {
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[WARPS];
+    wait_for_inputs();
+    attention_head(L, qkv, attn, blockIdx.x, ctx, smem, red);
+}
+
+// ---- The persistent variant ----
+
+__device__ __forceinline__ u32 load_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Every block of the grid arrives before any leaves; what the blocks wrote before is visible
+// after. `arrived` counts arrivals over the launch (zeroed before it).
+__device__ __forceinline__ void grid_barrier(u32* arrived, u32& target) {
+    target += gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (load_acquire(arrived) < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Items of a phase go round the blocks first, so that every multiprocessor gets work.
+__device__ __forceinline__ int first_item() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
+__device__ __forceinline__ int item_stride() { return gridDim.x * WARPS; }
+__device__ __forceinline__ bool block_has_items(int items) { return (int)blockIdx.x < items; }
+
+__global__ void __launch_bounds__(THREADS, 2) k_persistent(const Layer* layers, Stream s, int ctx, u32* arrived) {
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[WARPS];
+    uint4* xq = reinterpret_cast<uint4*>(smem);                  // FF / 16 chunks
+    float2* xds = reinterpret_cast<float2*>(xq + FF / 16);        // FF / 16 pairs
+    float* attn_smem = reinterpret_cast<float*>(xds + FF / 16);   // ATTN_SMEM(ctx)
+    u32 target = 0;
+    for (int l = 0; l < LAYERS; ++l) {
+        const Layer& L = layers[l];
+        const int qkv_items = QKV_ROWS / ROWS;
+        if (block_has_items(qkv_items)) {
+            norm_quantize(s.x, L.attn_norm, HIDDEN, xq, xds, red);
+            for (int i = first_item(); i < qkv_items; i += item_stride()) plain_item(L.qkv, i, xq, xds, s.qkv, false, false);
+        }
+        grid_barrier(arrived, target);
+        for (int h = blockIdx.x; h < Q_HEADS; h += gridDim.x) attention_head(L, s.qkv, s.attn, h, ctx, attn_smem, red);
+        grid_barrier(arrived, target);
+        const int o_items = HIDDEN / ROWS;
+        if (block_has_items(o_items)) {
+            norm_quantize(s.attn, nullptr, Q_ROWS, xq, xds, red);
+            for (int i = first_item(); i < o_items; i += item_stride()) plain_item(L.o, i, xq, xds, s.x, true, false);
+        }
+        grid_barrier(arrived, target);
+        const int ffn_items = FF / SWIGLU_ROWS;
+        if (block_has_items(ffn_items)) {
+            norm_quantize(s.x, L.ffn_norm, HIDDEN, xq, xds, red);
+            for (int i = first_item(); i < ffn_items; i += item_stride()) swiglu_item(L.gate, L.up, i, xq, xds, s.h, false);
+        }
+        grid_barrier(arrived, target);
+        const int down_items = HIDDEN / ROWS;
+        if (block_has_items(down_items)) {
+            norm_quantize(s.h, nullptr, FF, xq, xds, red);
+            for (int i = first_item(); i < down_items; i += item_stride()) plain_item(L.down, i, xq, xds, s.x, true, false);
+        }
+        grid_barrier(arrived, target);
+    }
+}
+
+// ---- Host ----
+
+__global__ void fill_random(u32* p, size_t n, u32 seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        u32 h = (u32)i * 0x9e3779b9u ^ seed;
+        h ^= h >> 16;
+        h *= 0x85ebca6bu;
+        h ^= h >> 13;
+        h *= 0xc2b2ae35u;
+        h ^= h >> 16;
+        p[i] = h;
+    }
+}
+
+// Halves in [lo, hi) from the random words.
+__global__ void fill_halves(__half* p, size_t n, u32 seed, float lo, float hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        u32 h = (u32)i * 0x9e3779b9u ^ seed;
+        h ^= h >> 15;
+        h *= 0x2c1b3c6du;
+        h ^= h >> 12;
+        p[i] = __float2half(lo + (hi - lo) * (h & 0xffffff) / 16777216.0f);
+    }
+}
+
+__global__ void fill_floats(float* p, size_t n, u32 seed, float lo, float hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        u32 h = (u32)i * 0x9e3779b9u ^ seed;
+        h ^= h >> 15;
+        h *= 0x2c1b3c6du;
+        h ^= h >> 12;
+        p[i] = lo + (hi - lo) * (h & 0xffffff) / 16777216.0f;
+    }
+}
+
+static u32 next_seed = 1;
+
+static Q1 random_q1(int rows, int cols) {
+    const int groups = cols / 128;
+    uint4* codes;
+    __half* scales;
+    CK(cudaMalloc(&codes, (size_t)rows * groups * 16));
+    CK(cudaMalloc(&scales, (size_t)rows * groups * 2));
+    fill_random<<<1024, 256>>>(reinterpret_cast<u32*>(codes), (size_t)rows * groups * 4, next_seed++);
+    // |value| about 1 / sqrt(cols), so products of normed inputs stay near 1.
+    const float d = 1.0f / sqrtf((float)cols);
+    fill_halves<<<1024, 256>>>(scales, (size_t)rows * groups, next_seed++, 0.5f * d, 1.5f * d);
+    return Q1{codes, scales, rows, groups};
+}
+
+static float* random_floats(size_t n, float lo, float hi) {
+    float* p;
+    CK(cudaMalloc(&p, n * 4));
+    fill_floats<<<256, 256>>>(p, n, next_seed++, lo, hi);
+    return p;
+}
+
+static double q1_bytes(const Q1& w) { return (double)w.rows * w.groups * 18; }
+
+// Launches `kernel` on `s` with a programmatic edge to the kernel before it when `overlap`.
+template <typename... Args>
+static void launch(bool overlap, cudaStream_t s, void (*kernel)(Args...), dim3 grid, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = overlap ? 1 : 0;
+    CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+static void layer_kernels(bool overlap, cudaStream_t st, const Layer& L, const Stream& s, int ctx) {
+    const size_t attn_smem = ATTN_SMEM(ctx) * 4;
+    launch(overlap, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.attn_norm, HIDDEN, s.xq, s.xds);
+    launch(overlap, st, k_plain, dim3((QKV_ROWS / ROWS + WARPS - 1) / WARPS), 0, L.qkv, (const uint4*)s.xq, (const float2*)s.xds, s.qkv, 0);
+    launch(overlap, st, k_attention, dim3(Q_HEADS), attn_smem, L, (const float*)s.qkv, s.attn, ctx);
+    launch(overlap, st, k_norm_quantize, dim3(1), 0, (const float*)s.attn, (const float*)nullptr, Q_ROWS, s.xq, s.xds);
+    launch(overlap, st, k_plain, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), 0, L.o, (const uint4*)s.xq, (const float2*)s.xds, s.x, 1);
+    launch(overlap, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.ffn_norm, HIDDEN, s.xq, s.xds);
+    launch(overlap, st, k_swiglu, dim3((FF / SWIGLU_ROWS + WARPS - 1) / WARPS), 0, L.gate, L.up, (const uint4*)s.xq, (const float2*)s.xds, s.h);
+    launch(overlap, st, k_norm_quantize, dim3(1), 0, (const float*)s.h, (const float*)nullptr, FF, s.xq, s.xds);
+    launch(overlap, st, k_plain, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), 0, L.down, (const uint4*)s.xq, (const float2*)s.xds, s.x, 1);
+}
+
+int main(int argc, char** argv) {
+    const int ctx = argc > 1 ? atoi(argv[1]) : 128;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("%s, %d SMs; Qwen3-8B Q1_0 shape, %d layers, one token at position %d\n", prop.name, prop.multiProcessorCount, LAYERS, ctx);
+
+    std::vector<Layer> layers(LAYERS);
+    double weight_bytes = 0;
+    for (Layer& L : layers) {
+        L.qkv = random_q1(QKV_ROWS, HIDDEN);
+        L.o = random_q1(HIDDEN, Q_ROWS);
+        L.gate = random_q1(FF, HIDDEN);
+        L.up = random_q1(FF, HIDDEN);
+        L.down = random_q1(HIDDEN, FF);
+        L.attn_norm = random_floats(HIDDEN, 0.8f, 1.2f);
+        L.ffn_norm = random_floats(HIDDEN, 0.8f, 1.2f);
+        L.q_norm = random_floats(HEAD_DIM, 0.8f, 1.2f);
+        L.k_norm = random_floats(HEAD_DIM, 0.8f, 1.2f);
+        const size_t cache = (size_t)KV_HEADS * (ctx + 1) * HEAD_DIM;
+        CK(cudaMalloc(&L.k_cache, cache * 2));
+        CK(cudaMalloc(&L.v_cache, cache * 2));
+        fill_halves<<<1024, 256>>>(L.k_cache, cache, next_seed++, -1.0f, 1.0f);
+        fill_halves<<<1024, 256>>>(L.v_cache, cache, next_seed++, -1.0f, 1.0f);
+        weight_bytes += q1_bytes(L.qkv) + q1_bytes(L.o) + q1_bytes(L.gate) + q1_bytes(L.up) + q1_bytes(L.down);
+    }
+    Layer* d_layers;
+    CK(cudaMalloc(&d_layers, sizeof(Layer) * LAYERS));
+    CK(cudaMemcpy(d_layers, layers.data(), sizeof(Layer) * LAYERS, cudaMemcpyHostToDevice));
+
+    Stream s;
+    float* x0 = random_floats(HIDDEN, -1.0f, 1.0f);
+    CK(cudaMalloc(&s.x, HIDDEN * 4));
+    CK(cudaMalloc(&s.qkv, QKV_ROWS * 4));
+    CK(cudaMalloc(&s.attn, Q_ROWS * 4));
+    CK(cudaMalloc(&s.h, FF * 4));
+    CK(cudaMalloc(&s.xq, FF));
+    CK(cudaMalloc(&s.xds, FF / 16 * 8));
+    u32* arrived;
+    CK(cudaMalloc(&arrived, 4));
+    CK(cudaDeviceSynchronize());
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const size_t attn_smem = ATTN_SMEM(ctx) * 4;
+    CK(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_smem));
+    const size_t persistent_smem = FF / 16 * (16 + 8) + attn_smem;
+    CK(cudaFuncSetAttribute(k_persistent, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)persistent_smem));
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_persistent, THREADS, persistent_smem));
+    cudaFuncAttributes attr;
+    CK(cudaFuncGetAttributes(&attr, k_persistent));
+    printf("persistent kernel: %d registers, %zu B shared, %d blocks per SM\n", attr.numRegs, persistent_smem, per_sm);
+    if (per_sm < 1) return 1;
+
+    // The residual stream after one token, each way.
+    std::vector<float> results[3];
+    const char* names[3] = {"kernels, programmatic edges", "kernels, serial edges", "persistent"};
+    float us[3][2];
+    for (int way = 0; way < 3; ++way) {
+        auto token = [&](cudaStream_t stream, int blocks) {
+            CK(cudaMemcpyAsync(s.x, x0, HIDDEN * 4, cudaMemcpyDeviceToDevice, stream));
+            if (way < 2) {
+                for (const Layer& L : layers) layer_kernels(way == 0, stream, L, s, ctx);
+            } else {
+                CK(cudaMemsetAsync(arrived, 0, 4, stream));
+                // Cooperative: the launch fails rather than deadlock if the grid cannot be resident.
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3(blocks);
+                cfg.blockDim = dim3(THREADS);
+                cfg.dynamicSmemBytes = persistent_smem;
+                cfg.stream = stream;
+                cudaLaunchAttribute coop[1];
+                coop[0].id = cudaLaunchAttributeCooperative;
+                coop[0].val.cooperative = 1;
+                cfg.attrs = coop;
+                cfg.numAttrs = 1;
+                CK(cudaLaunchKernelEx(&cfg, k_persistent, (const Layer*)d_layers, s, ctx, arrived));
+            }
+        };
+        for (int grid_pass = 0; grid_pass < (way == 2 ? 2 : 1); ++grid_pass) {
+            // The persistent kernel with every resident block, then with one block per SM.
+            const int blocks = prop.multiProcessorCount * (grid_pass == 0 ? per_sm : 1);
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            token(st, blocks);
+            CK(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t e;
+            CK(cudaGraphInstantiate(&e, g, 0ull));
+            CK(cudaGraphLaunch(e, st));
+            CK(cudaStreamSynchronize(st));
+            if (grid_pass == 0) {
+                results[way].resize(HIDDEN);
+                CK(cudaMemcpy(results[way].data(), s.x, HIDDEN * 4, cudaMemcpyDeviceToHost));
+            }
+            us[way][grid_pass] = time_graph(e, st, LAYERS);
+            CK(cudaGraphExecDestroy(e));
+            CK(cudaGraphDestroy(g));
+        }
+    }
+    const double layer_mb = weight_bytes / LAYERS / 1e6;
+    printf("\nweights %.1f MB a layer; the copy ceiling (4.23 TB/s) is %.2f us a layer\n", layer_mb, layer_mb / 4.23e6 * 1e6);
+    printf("%-30s | us a layer | tok/s (layers only) | GB/s | max |x - kernels|\n", "way");
+    for (int way = 0; way < 3; ++way) {
+        double diff = 0, norm = 0;
+        for (int i = 0; i < HIDDEN; ++i) {
+            diff = fmax(diff, fabs((double)results[way][i] - results[0][i]));
+            norm = fmax(norm, fabs((double)results[0][i]));
+        }
+        printf("%-30s | %10.2f | %19.0f | %4.0f | %.3e (of %.2f)\n", names[way], us[way][0], 1e6 / (us[way][0] * LAYERS), layer_mb * 1e3 / us[way][0], diff,
+               norm);
+        if (way == 2) printf("%-30s | %10.2f |\n", "persistent, one block per SM", us[way][1]);
+    }
+    return 0;
+}
