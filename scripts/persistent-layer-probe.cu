@@ -1,14 +1,17 @@
 // What kernel boundaries cost a Qwen3-8B Q1_0 decode token, standalone: 36 layers of one token
-// (grouped Q1_0 weights, an f16 KV cache of CTX positions), computed two ways with the same
+// (grouped Q1_0 weights, an f16 KV cache of CTX positions), computed four ways with the same
 // device functions:
 //   kernels     nine launches a layer in a CUDA graph, as kiln's step graph: norm-quantize, q/k/v,
 //               attention (q/k norms, rope, the new K/V stored), quantize, o + residual,
 //               norm-quantize, gate/up SwiGLU, quantize, down + residual; with programmatic
 //               edges (each kernel fetches its first weights, then waits for its inputs) or serial;
+//   blocks prepare their inputs
+//               five launches a layer (q/k/v, attention, o, gate/up, down): every product block
+//               norms and quantizes its input into its shared memory itself;
 //   persistent  one launch for all layers: every phase's rows spread over all resident blocks,
 //               five grid barriers a layer, and each block redoing the norm / quantization of a
 //               product's input into its own shared memory instead of a launch of its own.
-// Prints µs per layer of each, and checks that both give the same residual stream (same code,
+// Prints µs per layer of each, and checks that all give the same residual stream (same code,
 // same order of every sum: the difference must be 0). Run on the GPU machine:
 //     nvcc -O3 -arch=sm_90 -o /tmp/plp scripts/persistent-layer-probe.cu && /tmp/plp [ctx]
 #include "q1-grouped.cuh"
@@ -301,6 +304,42 @@ __global__ void __launch_bounds__(THREADS) k_attention(Layer L, const float* qkv
     attention_head(L, qkv, attn, blockIdx.x, ctx, smem, red);
 }
 
+// ---- The fused-input variant: five launches a layer, every product block preparing its input ----
+
+// The L2 fetch of the first codes of a warp's rows, before waiting for the kernel before.
+__device__ __forceinline__ void prefetch_rows(const Q1& w, int first) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int row = min(first + r, w.rows - 1);
+        if (lane < w.groups) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.codes + (size_t)row * w.groups + lane));
+    }
+}
+
+__global__ void __launch_bounds__(THREADS, 2) k_plain_fused(Q1 w, const float* in, const float* norm, int n, float* out, int add) {
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[WARPS];
+    uint4* xq = reinterpret_cast<uint4*>(smem);
+    float2* xds = reinterpret_cast<float2*>(xq + n / 16);
+    const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    prefetch_rows(w, item * ROWS);
+    wait_for_inputs();
+    norm_quantize(in, norm, n, xq, xds, red);
+    if (item * ROWS < w.rows) plain_item(w, item, xq, xds, out, add, false);
+}
+
+__global__ void __launch_bounds__(THREADS, 2) k_swiglu_fused(Q1 gate, Q1 up, const float* in, const float* norm, int n, float* out) {
+    extern __shared__ __align__(16) float smem[];
+    __shared__ float red[WARPS];
+    uint4* xq = reinterpret_cast<uint4*>(smem);
+    float2* xds = reinterpret_cast<float2*>(xq + n / 16);
+    const int item = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    prefetch_rows(gate, item * SWIGLU_ROWS);
+    wait_for_inputs();
+    norm_quantize(in, norm, n, xq, xds, red);
+    if (item * SWIGLU_ROWS < gate.rows) swiglu_item(gate, up, item, xq, xds, out, false);
+}
+
 // ---- The persistent variant ----
 
 __device__ __forceinline__ u32 load_acquire(const u32* p) {
@@ -455,6 +494,16 @@ static void layer_kernels(bool overlap, cudaStream_t st, const Layer& L, const S
     launch(overlap, st, k_plain, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), 0, L.down, (const uint4*)s.xq, (const float2*)s.xds, s.x, 1);
 }
 
+static void layer_fused_inputs(cudaStream_t st, const Layer& L, const Stream& s, int ctx) {
+    const size_t attn_smem = ATTN_SMEM(ctx) * 4, hidden_smem = HIDDEN / 16 * 24, ff_smem = FF / 16 * 24;
+    const float* none = nullptr;
+    launch(true, st, k_plain_fused, dim3((QKV_ROWS / ROWS + WARPS - 1) / WARPS), hidden_smem, L.qkv, (const float*)s.x, L.attn_norm, HIDDEN, s.qkv, 0);
+    launch(true, st, k_attention, dim3(Q_HEADS), attn_smem, L, (const float*)s.qkv, s.attn, ctx);
+    launch(true, st, k_plain_fused, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), hidden_smem, L.o, (const float*)s.attn, none, Q_ROWS, s.x, 1);
+    launch(true, st, k_swiglu_fused, dim3((FF / SWIGLU_ROWS + WARPS - 1) / WARPS), hidden_smem, L.gate, L.up, (const float*)s.x, L.ffn_norm, HIDDEN, s.h);
+    launch(true, st, k_plain_fused, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), ff_smem, L.down, (const float*)s.h, none, FF, s.x, 1);
+}
+
 int main(int argc, char** argv) {
     const int ctx = argc > 1 ? atoi(argv[1]) : 128;
     cudaDeviceProp prop;
@@ -510,14 +559,17 @@ int main(int argc, char** argv) {
     if (per_sm < 1) return 1;
 
     // The residual stream after one token, each way.
-    std::vector<float> results[3];
-    const char* names[3] = {"kernels, programmatic edges", "kernels, serial edges", "persistent"};
-    float us[3][2];
-    for (int way = 0; way < 3; ++way) {
+    constexpr int WAYS = 4, PERSISTENT = 3;
+    std::vector<float> results[WAYS];
+    const char* names[WAYS] = {"kernels, programmatic edges", "kernels, serial edges", "blocks prepare their inputs", "persistent"};
+    float us[WAYS][2];
+    for (int way = 0; way < WAYS; ++way) {
         auto token = [&](cudaStream_t stream, int blocks) {
             CK(cudaMemcpyAsync(s.x, x0, HIDDEN * 4, cudaMemcpyDeviceToDevice, stream));
             if (way < 2) {
                 for (const Layer& L : layers) layer_kernels(way == 0, stream, L, s, ctx);
+            } else if (way == 2) {
+                for (const Layer& L : layers) layer_fused_inputs(stream, L, s, ctx);
             } else {
                 CK(cudaMemsetAsync(arrived, 0, 4, stream));
                 // Cooperative: the launch fails rather than deadlock if the grid cannot be resident.
@@ -534,7 +586,7 @@ int main(int argc, char** argv) {
                 CK(cudaLaunchKernelEx(&cfg, k_persistent, (const Layer*)d_layers, s, ctx, arrived));
             }
         };
-        for (int grid_pass = 0; grid_pass < (way == 2 ? 2 : 1); ++grid_pass) {
+        for (int grid_pass = 0; grid_pass < (way == PERSISTENT ? 2 : 1); ++grid_pass) {
             // The persistent kernel with every resident block, then with one block per SM.
             const int blocks = prop.multiProcessorCount * (grid_pass == 0 ? per_sm : 1);
             cudaGraph_t g;
@@ -557,7 +609,7 @@ int main(int argc, char** argv) {
     const double layer_mb = weight_bytes / LAYERS / 1e6;
     printf("\nweights %.1f MB a layer; the copy ceiling (4.23 TB/s) is %.2f us a layer\n", layer_mb, layer_mb / 4.23e6 * 1e6);
     printf("%-30s | us a layer | tok/s (layers only) | GB/s | max |x - kernels|\n", "way");
-    for (int way = 0; way < 3; ++way) {
+    for (int way = 0; way < WAYS; ++way) {
         double diff = 0, norm = 0;
         for (int i = 0; i < HIDDEN; ++i) {
             diff = fmax(diff, fabs((double)results[way][i] - results[0][i]));
@@ -565,7 +617,7 @@ int main(int argc, char** argv) {
         }
         printf("%-30s | %10.2f | %19.0f | %4.0f | %.3e (of %.2f)\n", names[way], us[way][0], 1e6 / (us[way][0] * LAYERS), layer_mb * 1e3 / us[way][0], diff,
                norm);
-        if (way == 2) printf("%-30s | %10.2f |\n", "persistent, one block per SM", us[way][1]);
+        if (way == PERSISTENT) printf("%-30s | %10.2f |\n", "persistent, one block per SM", us[way][1]);
     }
     return 0;
 }
