@@ -307,11 +307,11 @@ __global__ void __launch_bounds__(THREADS) k_attention(Layer L, const float* qkv
 
 // ---- The fused-input variant: five launches a layer, every product block preparing its input ----
 
-// The L2 fetch of the first codes of a warp's rows, before waiting for the kernel before.
-__device__ __forceinline__ void prefetch_rows(const Q1& w, int first) {
+// The L2 fetch of the first codes of rows first .. first + count of w, before waiting for the
+// kernel before.
+__device__ __forceinline__ void prefetch_rows(const Q1& w, int first, int count) {
     const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < count; ++r) {
         const int row = min(first + r, w.rows - 1);
         if (lane < w.groups) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.codes + (size_t)row * w.groups + lane));
     }
@@ -325,7 +325,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_fused(Q1 w, Q1 up, int swiglu, c
     uint4* xq = reinterpret_cast<uint4*>(smem);
     float2* xds = reinterpret_cast<float2*>(xq + n / 16);
     const int item = blockIdx.x * WARPS + (threadIdx.x >> 5), rows = swiglu ? SWIGLU_ROWS : ROWS;
-    prefetch_rows(w, item * rows);
+    prefetch_rows(w, item * rows, rows);
+    if (swiglu) prefetch_rows(up, item * rows, rows);
     wait_for_inputs();
     norm_quantize(in, norm, n, xq, xds, red);
     if (item * rows >= w.rows) return;
