@@ -12,7 +12,8 @@
 //               five grid barriers a layer, and each block redoing the norm / quantization of a
 //               product's input into its own shared memory instead of a launch of its own.
 // Prints µs per layer of each, and checks that all give the same residual stream (same code,
-// same order of every sum: the difference must be 0). Run on the GPU machine:
+// same order of every sum: the difference must be 0); then what one boundary costs alone (a
+// grid barrier; an empty kernel after another). Run on the GPU machine:
 //     nvcc -O3 -arch=sm_90 -o /tmp/plp scripts/persistent-layer-probe.cu && /tmp/plp [ctx]
 #include <type_traits>
 #include "q1-grouped.cuh"
@@ -402,6 +403,16 @@ __global__ void __launch_bounds__(THREADS, 2) k_persistent(const Layer* layers, 
     }
 }
 
+// ---- What one boundary costs alone ----
+
+__global__ void __launch_bounds__(THREADS) k_barriers(u32* arrived, int count) {
+    u32 target = 0;
+    for (int i = 0; i < count; ++i) grid_barrier(arrived, target);
+}
+
+// A kernel that only waits for the one before it.
+__global__ void __launch_bounds__(THREADS) k_empty() { wait_for_inputs(); }
+
 // ---- Host ----
 
 __device__ __forceinline__ u32 random_word(size_t i, u32 seed) {
@@ -591,6 +602,30 @@ int main(int argc, char** argv) {
             CK(cudaGraphExecDestroy(e));
             CK(cudaGraphDestroy(g));
         }
+    }
+    // One boundary alone: a grid barrier of the persistent grid, and an empty kernel of as many
+    // blocks after another, with either edge.
+    {
+        const int blocks = prop.multiProcessorCount * per_sm, count = 1000;
+        float boundary_us[3];
+        for (int kind = 0; kind < 3; ++kind) {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            if (kind == 0) {
+                CK(cudaMemsetAsync(arrived, 0, 4, st));
+                launch(COOPERATIVE, st, k_barriers, dim3(blocks), 0, arrived, count);
+            } else {
+                for (int i = 0; i < count; ++i) launch(kind == 1 ? PROGRAMMATIC : SERIAL, st, k_empty, dim3(blocks), 0);
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            cudaGraphExec_t e;
+            CK(cudaGraphInstantiate(&e, g, 0ull));
+            boundary_us[kind] = time_graph(e, st, count);
+            CK(cudaGraphExecDestroy(e));
+            CK(cudaGraphDestroy(g));
+        }
+        printf("\none boundary, %d blocks of %d threads: grid barrier %.2f us; empty kernel after another: programmatic %.2f us, serial %.2f us\n", blocks,
+               THREADS, boundary_us[0], boundary_us[1], boundary_us[2]);
     }
     const double layer_mb = weight_bytes / LAYERS / 1e6;
     printf("\nweights %.1f MB a layer; the copy ceiling (4.23 TB/s) is %.2f us a layer\n", layer_mb, layer_mb / 4.23e6 * 1e6);
