@@ -71,10 +71,11 @@ __device__ __forceinline__ void fetch(const uint4* __restrict__ codes, const __h
     }
 }
 
-// kiln today: a warp per R rows, lane l takes groups l, l + 32, ... of them.
-template <int R>
-__global__ void __launch_bounds__(128) one_batch(const uint4* codes, const __half* scales, const uint4* xq,
-                                                 const float2* xds, float* out, int rows, int groups) {
+// kiln today: a warp per R rows, lane l takes groups l, l + 32, ... of them (activations from
+// global memory through the read-only cache, or from shared memory when NC is false).
+template <int R, bool NC = true>
+__device__ __forceinline__ void one_batch_rows(const uint4* codes, const __half* scales, const uint4* xq, const float2* xds,
+                                               float* out, int rows, int groups) {
     const int lane = threadIdx.x & 31, row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
     if (row0 >= rows) return;
     float acc[R];
@@ -84,11 +85,16 @@ __global__ void __launch_bounds__(128) one_batch(const uint4* codes, const __hal
         uint4 c[R];
         float d[R];
         fetch<R>(codes, scales, row0, rows, groups, g, c, d);
-        group_dot<R>(c, d, xq, xds, g, acc);
+        group_dot<R, NC>(c, d, xq, xds, g, acc);
     }
     finish<R>(acc, out, row0, rows, lane);
 }
 
+template <int R>
+__global__ void __launch_bounds__(128) one_batch(const uint4* codes, const __half* scales, const uint4* xq,
+                                                 const float2* xds, float* out, int rows, int groups) {
+    one_batch_rows<R>(codes, scales, xq, xds, out, rows, groups);
+}
 
 // Random int8 activations of `cols` values (a multiple of 128) and synthetic chunk scales, on
 // the host and the device.

@@ -1,6 +1,7 @@
 // Standalone 1-bit (Q1_0, grouped layout) mat-vec variants at one token on Qwen3-8B shapes: what
-// limits kiln's grouped mat-vec (warps of one step each) and whether persistent warps that walk
-// several row batches, fetching the next batch while computing this one, do better. Prints each
+// limits kiln's grouped mat-vec (warps of one step each): whether persistent warps that walk
+// several row batches, fetching the next batch while computing this one, more resident warps
+// (registers capped), activations in shared memory or 16 rows a warp do better. Prints each
 // variant's registers, resident blocks per SM and time with the weight cold and L2-resident, plus
 // the dp4a throughput of one SM. Run on the GPU machine (CUDA toolkit only, not kiln):
 //     nvcc -O3 -arch=sm_90 -o /tmp/q1v scripts/q1-matvec-variants.cu && /tmp/q1v
@@ -35,6 +36,29 @@ __global__ void __launch_bounds__(128) walking(const uint4* codes, const __half*
             d[r] = dn[r];
         }
     }
+}
+
+// kiln's loop with its registers capped so that B blocks of 4 warps fit an SM (is it short of
+// resident warps?).
+template <int R, int B>
+__global__ void __launch_bounds__(128, B) one_batch_capped(const uint4* codes, const __half* scales, const uint4* xq,
+                                                           const float2* xds, float* out, int rows, int groups) {
+    one_batch_rows<R>(codes, scales, xq, xds, out, rows, groups);
+}
+
+// kiln's loop with the activations copied once per block into shared memory (is it waiting on
+// its L1 activation loads?). Dynamic shared memory: groups * 8 chunks of 16 + 8 bytes.
+template <int R>
+__global__ void __launch_bounds__(128) one_batch_shared_x(const uint4* codes, const __half* scales, const uint4* xq,
+                                                          const float2* xds, float* out, int rows, int groups) {
+    extern __shared__ uint4 sx[];
+    float2* sds = reinterpret_cast<float2*>(sx + groups * 8);
+    for (int i = threadIdx.x; i < groups * 8; i += blockDim.x) {
+        sx[i] = __ldg(xq + i);
+        sds[i] = __ldg(xds + i);
+    }
+    __syncthreads();
+    one_batch_rows<R, false>(codes, scales, sx, sds, out, rows, groups);
 }
 
 // The same bytes read with nothing computed: the floor of a kernel of this size and shape.
@@ -117,15 +141,20 @@ int main() {
         Kernel k;
         int rows_per_warp;
         bool persistent;
+        bool shared_x;  // takes the activations' bytes of dynamic shared memory
     };
     const Variant variants[] = {
-        {"one batch, 4 rows a warp", one_batch<4>, 4, false},
-        {"one batch, 8 rows a warp", one_batch<8>, 8, false},
-        {"walking, 2 rows a warp", walking<2>, 2, true},
-        {"walking, 4 rows a warp", walking<4>, 4, true},
-        {"walking, 8 rows a warp", walking<8>, 8, true},
-        {"loads only, 8 rows a warp", loads_only<8>, 8, false},
-        {"loads only, 4 rows a warp", loads_only<4>, 4, false},
+        {"one batch, 4 rows a warp", one_batch<4>, 4, false, false},
+        {"one batch, 8 rows a warp", one_batch<8>, 8, false, false},
+        {"8 rows, 6 blocks/SM cap", one_batch_capped<8, 6>, 8, false, false},
+        {"8 rows, 8 blocks/SM cap", one_batch_capped<8, 8>, 8, false, false},
+        {"8 rows, x in shared mem", one_batch_shared_x<8>, 8, false, true},
+        {"16 rows a warp", one_batch<16>, 16, false, false},
+        {"walking, 2 rows a warp", walking<2>, 2, true, false},
+        {"walking, 4 rows a warp", walking<4>, 4, true, false},
+        {"walking, 8 rows a warp", walking<8>, 8, true, false},
+        {"loads only, 8 rows a warp", loads_only<8>, 8, false, false},
+        {"loads only, 4 rows a warp", loads_only<4>, 4, false, false},
     };
     const int rows_list[2] = {24576, 4096}, cols_list[2] = {4096, 12288};
     const char* what[2] = {"gate+up 2x12288x4096", "down 4096x12288"};
@@ -149,12 +178,13 @@ int main() {
         for (const Variant& v : variants) {
             cudaFuncAttributes attr;
             CK(cudaFuncGetAttributes(&attr, v.k));
+            const size_t smem = v.shared_x ? (size_t)groups * 8 * (16 + 8) : 0;
             int per_sm = 0;
-            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.k, 128, 0));
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.k, 128, smem));
             const int needed = (rows / v.rows_per_warp + 3) / 4;
             const int grid = v.persistent ? std::min(needed, per_sm * sms) : needed;
             CK(cudaMemset(dout, 0xff, rows * 4));
-            v.k<<<grid, 128, 0, s>>>(w[0].codes, w[0].scales, dx, dds, dout, rows, groups);
+            v.k<<<grid, 128, smem, s>>>(w[0].codes, w[0].scales, dx, dds, dout, rows, groups);
             CK(cudaStreamSynchronize(s));
             std::vector<float> got(rows), ref(rows);
             CK(cudaMemcpy(got.data(), dout, rows * 4, cudaMemcpyDeviceToHost));
@@ -167,7 +197,7 @@ int main() {
                 CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
                 for (int i = 0; i < 24; ++i) {
                     const Weight& x = w[hot ? 0 : i % copies];
-                    v.k<<<grid, 128, 0, s>>>(x.codes, x.scales, dx, dds, dout, rows, groups);
+                    v.k<<<grid, 128, smem, s>>>(x.codes, x.scales, dx, dds, dout, rows, groups);
                 }
                 CK(cudaStreamEndCapture(s, &g));
                 cudaGraphExec_t e;
