@@ -36,6 +36,36 @@ struct ChunkPair<FmtNibble32<KIND>> {
     static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.dm}; }
 };
 
+// IQ4_XS and MXFP4: a pair lies in one 256-value super-block (one 32-value block), so it
+// shares the head (the exponent byte).
+template <>
+struct ChunkPair<FmtIQ4_XS> {
+    static constexpr bool WIDE = true;
+    struct Raw {
+        uint4 codes;
+        uint2 head;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const FmtIQ4_XS::Raw first = FmtIQ4_XS::fetch(p, tile, lane);
+        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, FmtIQ4_XS::CODE_BYTES)), first.head};
+    }
+    static __device__ __forceinline__ FmtIQ4_XS::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.head}; }
+};
+
+template <>
+struct ChunkPair<FmtMXFP4> {
+    static constexpr bool WIDE = true;
+    struct Raw {
+        uint4 codes;
+        u32 e;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const FmtMXFP4::Raw first = FmtMXFP4::fetch(p, tile, lane);
+        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, FmtMXFP4::CODE_BYTES)), first.e};
+    }
+    static __device__ __forceinline__ FmtMXFP4::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.e}; }
+};
+
 template <>
 struct ChunkPair<FmtQ8_0> {
     static constexpr bool WIDE = true;

@@ -16,11 +16,13 @@
 #error "matvec kernels need -DNTOK=<tokens, 1..8>"
 #endif
 #ifndef ROWS_PER_WARP
-#error "matvec kernels need -DROWS_PER_WARP=<1, 2, 4, or 8 for one token>"
+#error "matvec kernels need -DROWS_PER_WARP=<1, 2, 4, or 8 or 16 for one token>"
 #endif
 static_assert(NTOK >= 1 && NTOK <= 8, "NTOK must be 1..8");
-static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4 || (ROWS_PER_WARP == 8 && NTOK == 1),
-              "ROWS_PER_WARP must be 1, 2, 4, or 8 for one token");
+// 16 rows a warp is a shape of the grouped (1- and 2-bit) formats only (matvec_shape.rs).
+static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4 ||
+                  ((ROWS_PER_WARP == 8 || ROWS_PER_WARP == 16) && NTOK == 1),
+              "ROWS_PER_WARP must be 1, 2, 4, or 8 or 16 for one token");
 
 #define MV_WARPS 4
 #define MV_THREADS (MV_WARPS * 32)

@@ -9,6 +9,7 @@
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=4,MV_BATCH=2,MV_SPLIT=4
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=2,MV_BATCH=4,MV_SPLIT=4
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=8,MV_BATCH=2
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=16,MV_BATCH=1,MV_TYPE=35
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 

@@ -141,6 +141,11 @@ impl GpuWeight {
     pub fn is_quantized(&self) -> bool {
         matches!(self.storage, Storage::Quant { .. })
     }
+
+    /// Stored in a grouped (1- or 2-bit) layout, which the mat-vec's grouped loop reads.
+    pub fn is_grouped(&self) -> bool {
+        matches!(&self.storage, Storage::Quant { layout, .. } if layout.grouped())
+    }
 }
 
 /// A device's quantized-input buffer for one row length. Whoever fills it holds the lock until
@@ -468,8 +473,13 @@ pub fn matvec_shape_split(shape: usize) -> u32 {
     MATVEC_SHAPES.get(shape).map_or(1, |s| s.split)
 }
 
+/// Whether launch shape `shape` runs `n` tokens of `w` (16 rows a warp only a grouped format's).
+pub fn matvec_shape_fits(shape: usize, w: &GpuWeight, n: usize) -> bool {
+    MATVEC_SHAPES.get(shape).is_some_and(|s| s.fits(n, w.is_grouped()))
+}
+
 /// The most tokens launch shape `shape` takes: 1 for the shapes the tuner tries on one token
-/// only (warps sharing rows, 8 rows a warp), else [`MAX_MATVEC_TOKENS`].
+/// only (warps sharing rows, 8 or 16 rows a warp), else [`MAX_MATVEC_TOKENS`].
 pub fn matvec_shape_max_tokens(shape: usize) -> usize {
     match MATVEC_SHAPES.get(shape) {
         Some(s) if s.one_token_only() => 1,
@@ -493,6 +503,9 @@ pub fn matmul_quantized_with_shape(
     const OP: &str = "matmul_quantized_with_shape";
     if shape >= MATVEC_SHAPES.len() || !(1..=matvec_shape_max_tokens(shape)).contains(&n) {
         return Err(invalid(OP, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
+    }
+    if !matvec_shape_fits(shape, w, n) {
+        return Err(invalid(OP, format!("shape {shape} ({:?}) is for the grouped formats only, not {}", MATVEC_SHAPES[shape], w.ty)));
     }
     if let Some(up) = up {
         check_pair(OP, w, up)?;

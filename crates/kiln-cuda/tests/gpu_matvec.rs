@@ -197,8 +197,9 @@ fn split_shapes_match_the_reference() {
     report("matvec split shapes", failures);
 }
 
-/// The one-token shapes of 8 rows a warp, on formats of each mat-vec loop, rows that leave a
-/// warp's rows or a block partly empty, and rows of one to several 16-byte steps a lane.
+/// The one-token shapes of 8 rows a warp (16 for the grouped formats), on formats of each
+/// mat-vec loop, rows that leave a warp's rows or a block partly empty, and rows of one to
+/// several 16-byte steps a lane.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn eight_row_shapes_match_the_reference() {
@@ -234,7 +235,7 @@ fn check_shapes(
         matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
         let (g, u) = (gate.products(&x, n).0, up.products(&x, n).0);
         let base = random_f32(rng, n * rows);
-        for &shape in shapes.iter().filter(|&&s| n <= matvec::matvec_shape_max_tokens(s)) {
+        for &shape in shapes.iter().filter(|&&s| matvec::matvec_shape_fits(s, &gate_gpu, n)) {
             let case = format!("{ty} {rows}x{cols} n={n} shape {shape}");
             let mut out = poisoned(n * rows);
             matvec::matmul_quantized_with_shape(device(), &gate_gpu, None, &q, &mut out, n, false, shape).expect("matvec");

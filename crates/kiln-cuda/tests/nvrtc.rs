@@ -114,6 +114,21 @@ fn every_source_compiles_for_sm90_and_exports_every_kernel() {
                         // MMA_TYPE compiles one format's pair of a mat-mat module (and the shared
                         // conversion and reduction), as the host does: only those are expected.
                         let one_format = defines.iter().any(|(name, _)| *name == "MMA_TYPE");
+                        // MV_TYPE compiles one format's six mat-vec kernels (16 rows a warp is
+                        // a shape of the grouped formats only).
+                        let one_matvec_format = defines.iter().any(|(name, _)| *name == "MV_TYPE");
+                        if one_matvec_format {
+                            // The plain product `matvec_<format>` names the format; its five
+                            // other products end in the same suffix.
+                            let products: Vec<&String> = symbols.iter().filter(|s| s.starts_with("matvec_")).collect();
+                            let plain: Vec<&&String> =
+                                products.iter().filter(|s| !s.contains("swiglu_") && !s.contains("stacked_") && !s.contains("expert")).collect();
+                            let one = plain.len() == 1 && products.len() == 6 && products.iter().all(|s| s.ends_with(&plain[0]["matvec".len()..]));
+                            if !one {
+                                failures.push(format!("{}.cu {defines:?}: not one format's six mat-vec kernels (functions: {symbols:?})", source.name));
+                            }
+                            continue;
+                        }
                         // The grouped expert products exist only in the streaming tiles' modules,
                         // the stacked products in the pipelined and streaming ones.
                         let streaming = defines.iter().any(|&(name, value)| name == "MMA_PIPE" && value == 2);

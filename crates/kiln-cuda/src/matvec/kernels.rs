@@ -107,7 +107,7 @@ pub fn matvec_module_keys(w: &GpuWeight) -> Vec<(&'static str, Vec<(&'static str
     let mut kernels = Vec::new();
     for ntok in 1..=MAX_MATVEC_TOKENS {
         if w.is_quantized() {
-            kernels.extend(candidates(ntok).map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape }));
+            kernels.extend(candidates(ntok, w).map(|shape| Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape }));
         } else {
             kernels.push(Kernel::Matvec { ntok, kind: MatvecKind::Plain, shape: default_shape(ntok) });
         }

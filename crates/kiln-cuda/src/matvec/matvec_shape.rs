@@ -32,15 +32,29 @@ const fn split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape 
 }
 
 /// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
-/// The split ones and those of 8 rows a warp are candidates for one token only (`candidates`).
-pub(super) const MATVEC_SHAPES: [MatvecShape; 10] =
-    [shape(1, 4), shape(1, 8), shape(2, 2), shape(2, 4), shape(4, 1), shape(4, 2), split_shape(4, 2, 4), split_shape(2, 4, 4), shape(8, 1), shape(8, 2)];
+/// The split ones and those of 8 or 16 rows a warp are candidates for one token only, 16 rows
+/// for the grouped formats only (`candidates`).
+pub(super) const MATVEC_SHAPES: [MatvecShape; 11] = [
+    shape(1, 4),
+    shape(1, 8),
+    shape(2, 2),
+    shape(2, 4),
+    shape(4, 1),
+    shape(4, 2),
+    split_shape(4, 2, 4),
+    split_shape(2, 4, 4),
+    shape(8, 1),
+    shape(8, 2),
+    shape(16, 1),
+];
 
-/// The shapes measured for `ntok` tokens. One token has the fewest loads in flight per warp:
-/// its candidates add warps that share a long row (split) and 8 rows a warp (a short row of a
-/// 1- or 2-bit format is one 16-byte load per lane, so rows are what a warp can batch).
-pub(super) fn candidates(ntok: usize) -> impl Iterator<Item = usize> + Clone {
-    (0..MATVEC_SHAPES.len()).filter(move |&i| ntok == 1 || !MATVEC_SHAPES[i].one_token_only())
+/// The shapes measured for `ntok` tokens of `w`. One token has the fewest loads in flight per
+/// warp: its candidates add warps that share a long row (split) and 8 rows a warp (a short row
+/// of a 1- or 2-bit format is one 16-byte load per lane, so rows are what a warp can batch);
+/// the grouped formats also 16 rows a warp, which the others' registers do not allow.
+pub(super) fn candidates(ntok: usize, w: &GpuWeight) -> impl Iterator<Item = usize> + Clone {
+    let grouped = w.is_grouped();
+    (0..MATVEC_SHAPES.len()).filter(move |&i| MATVEC_SHAPES[i].fits(ntok, grouped))
 }
 
 /// The shape used before (or without) measurement: one row per warp for one token, two for
@@ -96,6 +110,16 @@ impl MatvecShape {
         self.split > 1 || self.rows_per_warp > 4
     }
 
+    /// Shapes only the grouped formats' loop takes: its raw weights are one 16-byte group a row.
+    pub(super) fn grouped_only(self) -> bool {
+        self.rows_per_warp > 8
+    }
+
+    /// Whether this shape may run `ntok` tokens of a weight, grouped or not.
+    pub(super) fn fits(self, ntok: usize, grouped: bool) -> bool {
+        (ntok == 1 || !self.one_token_only()) && (grouped || !self.grouped_only())
+    }
+
     /// Rows a block of `warps` warps computes.
     pub(super) fn rows_per_block(self, kind: MatvecKind, warps: u32) -> u32 {
         warps / self.split * self.rows(kind)
@@ -148,7 +172,7 @@ pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, w: &GpuWeight, lau
     if is_capturing(device) {
         return Ok(default_shape(key.ntok));
     }
-    let candidates: Vec<usize> = candidates(key.ntok).collect();
+    let candidates: Vec<usize> = candidates(key.ntok, w).collect();
     // Every kind of product of a shape comes from the same module.
     prepare_kernels(device, w, candidates.iter().map(|&shape| Kernel::Matvec { ntok: key.ntok, kind: MatvecKind::Plain, shape }))?;
     let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
@@ -172,7 +196,8 @@ mod tests {
     #[test]
     fn shapes_fit_the_kernels_limits() {
         for s in MATVEC_SHAPES {
-            assert!([1, 2, 4, 8].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
+            assert!([1, 2, 4, 8, 16].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
+            assert!(!s.grouped_only() || s.one_token_only(), "{s:?}");
             let most_tokens = if s.one_token_only() { 1 } else { MAX_MATVEC_TOKENS as u32 };
             for ntok in 1..=most_tokens {
                 // finish_rows reduces ROWS_PER_WARP * NTOK values (x2 for SwiGLU) in one warp.
