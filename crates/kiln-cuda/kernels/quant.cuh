@@ -111,17 +111,34 @@ __device__ __forceinline__ int codebook_lookup(u32 indices, u32 levels0, u32 lev
     return (int)((from_low & ~high_mask) | (from_high & high_mask));
 }
 
-// The IQ4_NL codebook: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113.
-__device__ __forceinline__ int iq4_lookup(u32 indices) {
-    return codebook_lookup(indices, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+// Maps the eight 4-bit indices of a word of nibble codes through a 16-entry codebook (as in
+// codebook_lookup): `low` gets the low nibbles' entries, `high` the high nibbles', in byte
+// order, as nibble_codes orders the codes. Each prmt looks four indices up in eight entries;
+// a third picks, per index, the half its bit 3 names; two more sort the bytes. About 1.5
+// instructions a value against 2.5 for codebook_lookup after nibble_codes.
+__device__ __forceinline__ void codebook16_word(u32 indices, u32 levels0, u32 levels1, u32 levels2, u32 levels3,
+                                                int& low, int& high) {
+    const u32 low3 = indices & 0x77777777u;  // no selector msb: prmt would sign-replicate
+    const u32 half_of_each = 0x32103210u | ((indices >> 1) & 0x44444444u);
+    u32 in_order[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 selector = low3 >> (16 * h);
+        in_order[h] = prmt(prmt(levels0, levels1, selector), prmt(levels2, levels3, selector), half_of_each >> (16 * h));
+    }
+    low = (int)prmt(in_order[0], in_order[1], 0x6420);
+    high = (int)prmt(in_order[0], in_order[1], 0x7531);
 }
 
+__device__ __forceinline__ void codebook16_codes(uint2 w, u32 levels0, u32 levels1, u32 levels2, u32 levels3,
+                                                 int (&q)[4]) {
+    codebook16_word(w.x, levels0, levels1, levels2, levels3, q[0], q[1]);
+    codebook16_word(w.y, levels0, levels1, levels2, levels3, q[2], q[3]);
+}
+
+// The IQ4_NL codebook: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113.
 __device__ __forceinline__ void iq4_codes(uint2 w, int (&q)[4]) {
-    nibble_codes(w, q);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        q[k] = iq4_lookup((u32)q[k]);
-    }
+    codebook16_codes(w, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u, q);
 }
 
 __device__ __forceinline__ float f16_low(u32 word) {
@@ -465,11 +482,7 @@ struct FmtIQ4_XS {
 
 // Twice the E2M1 values by 4-bit code: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12.
 __device__ __forceinline__ void e2m1_codes(uint2 w, int (&q)[4]) {
-    nibble_codes(w, q);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        q[k] = codebook_lookup((u32)q[k], 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
-    }
+    codebook16_codes(w, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu, q);
 }
 
 // MXFP4: 32-value blocks (16 per tile, lane reads block lane/2); tile scales = the E8M0 byte
@@ -528,7 +541,9 @@ __device__ __forceinline__ void book3_codes(u32 codes, u32 high, u32 levels0, u3
     add_bit_plane<2>(high, q);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        q[k] = codebook_lookup((u32)q[k], levels0, levels1, 0u, 0u);
+        // Indices below 8: one prmt over the two words of entries, no half to pick.
+        const u32 pairs = (u32)q[k] | ((u32)q[k] >> 4);
+        q[k] = (int)prmt(levels0, levels1, prmt(pairs, 0, 0x0020));
     }
 }
 
