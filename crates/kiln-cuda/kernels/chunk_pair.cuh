@@ -66,6 +66,49 @@ struct ChunkPair<FmtMXFP4> {
     static __device__ __forceinline__ FmtMXFP4::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.e}; }
 };
 
+// IQ3_XXS / IQ3_S: a pair lies in one 32-value group, so it shares d and the scale byte.
+template <bool XXS>
+struct ChunkPair<FmtIQ3<XXS>> {
+    static constexpr bool WIDE = true;
+    typedef FmtIQ3<XXS> F;
+    struct Raw {
+        uint4 codes;
+        u32 d;
+        u32 sc;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const typename F::Raw first = F::fetch(p, tile, lane);
+        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)), first.d, first.sc};
+    }
+    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.d, r.sc}; }
+};
+
+// The 4-byte code formats with a 2-byte extra plane (IQ2_XXS / IQ2_XS / IQ2_S, IQ1_S / IQ1_M):
+// a pair lies in one 32-value group, so it shares the scale fields.
+template <class F>
+struct CrumbPair {
+    static constexpr bool WIDE = true;
+    struct Raw {
+        uint2 codes;
+        u32 high;
+        typename F::Raw first;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)),
+                ld_weight_u32(lane_bytes(p.extra, tile, lane, F::EXTRA_BYTES)), F::fetch(p, tile, lane)};
+    }
+    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) {
+        typename F::Raw h = r.first;
+        h.codes = i ? r.codes.y : r.codes.x;
+        h.high = i ? r.high >> 16 : r.high & 0xffff;
+        return h;
+    }
+};
+template <bool PER_32>
+struct ChunkPair<FmtIQ2<PER_32>> : CrumbPair<FmtIQ2<PER_32>> {};
+template <bool M>
+struct ChunkPair<FmtIQ1<M>> : CrumbPair<FmtIQ1<M>> {};
+
 template <>
 struct ChunkPair<FmtQ8_0> {
     static constexpr bool WIDE = true;

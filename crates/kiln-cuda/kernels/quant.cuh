@@ -97,25 +97,11 @@ __device__ __forceinline__ void add_bit_plane(u32 bits, int (&q)[4]) {
     }
 }
 
-// Maps four 4-bit indices (one per byte) through a 16-entry codebook of signed bytes, given
-// as four words of four entries (entry 4k + b in byte b of word k).
-__device__ __forceinline__ int codebook_lookup(u32 indices, u32 levels0, u32 levels1, u32 levels2, u32 levels3) {
-    const u32 low3 = indices & 0x07070707;
-    // One selector nibble per index: bytes 0 and 2 of (low3 | low3 >> 4) hold nibble pairs.
-    const u32 pairs = low3 | (low3 >> 4);
-    const u32 selector = prmt(pairs, 0, 0x0020);
-    const u32 from_low = prmt(levels0, levels1, selector);
-    const u32 from_high = prmt(levels2, levels3, selector);
-    // 0xff in the bytes whose index has bit 3 set (sign-replicating selectors 8..11).
-    const u32 high_mask = prmt(indices << 4, 0, 0xba98);
-    return (int)((from_low & ~high_mask) | (from_high & high_mask));
-}
-
-// Maps the eight 4-bit indices of a word of nibble codes through a 16-entry codebook (as in
-// codebook_lookup): `low` gets the low nibbles' entries, `high` the high nibbles', in byte
-// order, as nibble_codes orders the codes. Each prmt looks four indices up in eight entries;
-// a third picks, per index, the half its bit 3 names; two more sort the bytes. About 1.5
-// instructions a value against 2.5 for codebook_lookup after nibble_codes.
+// Maps the eight 4-bit indices of a word of nibble codes through a 16-entry codebook of
+// signed bytes, given as four words of four entries (entry 4k + b in byte b of word k): `low`
+// gets the low nibbles' entries, `high` the high nibbles', in byte order, as nibble_codes
+// orders the codes. Each prmt looks four indices up in eight entries; a third picks, per
+// index, the half its bit 3 names; two more sort the bytes: about 1.5 instructions a value.
 __device__ __forceinline__ void codebook16_word(u32 indices, u32 levels0, u32 levels1, u32 levels2, u32 levels3,
                                                 int& low, int& high) {
     const u32 low3 = indices & 0x77777777u;  // no selector msb: prmt would sign-replicate
@@ -599,11 +585,10 @@ struct FmtIQ3 {
     }
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
         Chunk c;
-        nibble_codes(r.codes, c.q);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            c.q[k] = XXS ? codebook_lookup((u32)c.q[k], 0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu)
-                         : codebook_lookup((u32)c.q[k], 0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u);
+        if (XXS) {
+            codebook16_codes(r.codes, 0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu, c.q);
+        } else {
+            codebook16_codes(r.codes, 0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u, c.q);
         }
         const float d = f16_low(r.d);
         if (XXS) {
