@@ -36,55 +36,34 @@ struct ChunkPair<FmtNibble32<KIND>> {
     static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.dm}; }
 };
 
-// IQ4_XS and MXFP4: a pair lies in one 256-value super-block (one 32-value block), so it
-// shares the head (the exponent byte).
-template <>
-struct ChunkPair<FmtIQ4_XS> {
+// The 8-byte code formats whose pair shares every other field (a pair lies in one 32-value
+// group): IQ4_XS (its super-block's head), MXFP4 (the exponent byte), IQ3_XXS / IQ3_S (d and the
+// scale byte). The first chunk's fetch supplies those fields; its code load is dead and dropped.
+template <class F>
+struct CodesPair {
     static constexpr bool WIDE = true;
     struct Raw {
         uint4 codes;
-        uint2 head;
+        typename F::Raw first;
     };
     static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const FmtIQ4_XS::Raw first = FmtIQ4_XS::fetch(p, tile, lane);
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, FmtIQ4_XS::CODE_BYTES)), first.head};
+        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)), F::fetch(p, tile, lane)};
     }
-    static __device__ __forceinline__ FmtIQ4_XS::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.head}; }
+    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) {
+        typename F::Raw h = r.first;
+        h.codes = half_of(r.codes, i);
+        return h;
+    }
 };
-
 template <>
-struct ChunkPair<FmtMXFP4> {
-    static constexpr bool WIDE = true;
-    struct Raw {
-        uint4 codes;
-        u32 e;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const FmtMXFP4::Raw first = FmtMXFP4::fetch(p, tile, lane);
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, FmtMXFP4::CODE_BYTES)), first.e};
-    }
-    static __device__ __forceinline__ FmtMXFP4::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.e}; }
-};
-
-// IQ3_XXS / IQ3_S: a pair lies in one 32-value group, so it shares d and the scale byte.
+struct ChunkPair<FmtIQ4_XS> : CodesPair<FmtIQ4_XS> {};
+template <>
+struct ChunkPair<FmtMXFP4> : CodesPair<FmtMXFP4> {};
 template <bool XXS>
-struct ChunkPair<FmtIQ3<XXS>> {
-    static constexpr bool WIDE = true;
-    typedef FmtIQ3<XXS> F;
-    struct Raw {
-        uint4 codes;
-        u32 d;
-        u32 sc;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const typename F::Raw first = F::fetch(p, tile, lane);
-        return {ld_weight_u128(lane_bytes(p.codes, tile, lane, F::CODE_BYTES)), first.d, first.sc};
-    }
-    static __device__ __forceinline__ typename F::Raw half(const Raw& r, int i) { return {half_of(r.codes, i), r.d, r.sc}; }
-};
+struct ChunkPair<FmtIQ3<XXS>> : CodesPair<FmtIQ3<XXS>> {};
 
-// The 4-byte code formats with a 2-byte extra plane (IQ2_XXS / IQ2_XS / IQ2_S, IQ1_S / IQ1_M):
-// a pair lies in one 32-value group, so it shares the scale fields.
+// The same for the 4-byte code formats with a 2-byte extra plane (IQ2_XXS / IQ2_XS / IQ2_S,
+// IQ1_S / IQ1_M): the pair's codes and extra bits are loaded together.
 template <class F>
 struct CrumbPair {
     static constexpr bool WIDE = true;
