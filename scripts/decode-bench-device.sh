@@ -6,8 +6,11 @@
 #     scripts/decode-bench-device.sh [quick | NAME...]   quick: the Llama-3-8B Q4_K_M rows only;
 #                                                      NAME: only the rows named (e.g. qwen3-8b-Q1_0)
 # Models go to $BENCH_DIR (default /tmp/kiln-bench), JSON logs to $OUT/decode-bench when set.
+# With KILN_BASE=<another kiln binary>, each row is also run with it, just before kiln (same
+# machine, same file), and the table gets its tg128 and the ratio: an A/B of a change.
 set -euo pipefail
 KILN=${KILN:-.gpu/kiln}
+KILN_BASE=${KILN_BASE:-}
 DIR=${BENCH_DIR:-/tmp/kiln-bench}
 LOG=${OUT:+$OUT/decode-bench}
 LOG=${LOG:-$DIR/decode-logs}
@@ -57,6 +60,12 @@ wait
 for row in "${ROWS[@]}"; do
     read -r name _ <<< "$row"
     [ -f "$DIR/$name.gguf" ] || continue
+    if [ -n "$KILN_BASE" ]; then
+        "$KILN_BASE" bench -o json -r "$REPS" -m "$DIR/$name.gguf" -p 512 -n 128 > "$LOG/$name.base.json" 2> "$LOG/$name.base.err" ||
+            echo "FAILED (base): $name (see $LOG/$name.base.err)" >&2
+    else
+        rm -f "$LOG/$name.base.json"
+    fi
     "$KILN" bench -o json -r "$REPS" -m "$DIR/$name.gguf" -p 512 -n 128 > "$LOG/$name.json" 2> "$LOG/$name.err" ||
         echo "FAILED: $name (see $LOG/$name.err)" >&2
 done
@@ -91,7 +100,9 @@ def tg(name):
                 return test["avg_ts"]
     except Exception:
         return None
-print(f"{'model':<26} {'llama.cpp':>9} {'bar':>6} {'kiln':>7} {'roofline':>8} {'kiln/roof':>9} {'kiln/bar':>8}")
+ab = any(os.path.exists(os.path.join(log, name + ".base.json")) for name, *_ in rows)
+print(f"{'model':<26} {'llama.cpp':>9} {'bar':>6} {'kiln':>7} {'roofline':>8} {'kiln/roof':>9} {'kiln/bar':>8}"
+      + (f" {'base':>7} {'kiln/base':>9}" if ab else ""))
 for name, label, ref, bar in rows:
     path = os.path.join(models, name + ".gguf")
     if not os.path.exists(path):
@@ -103,7 +114,11 @@ for name, label, ref, bar in rows:
     if got is None:
         print(f"{label:<26} {ref_s} {bar:6.0f} {'-':>7} {roof:8.0f}")
         continue
-    print(f"{label:<26} {ref_s} {bar:6.0f} {got:7.1f} {roof:8.0f} {got / roof:9.0%} {got / bar:8.2f}")
+    line = f"{label:<26} {ref_s} {bar:6.0f} {got:7.1f} {roof:8.0f} {got / roof:9.0%} {got / bar:8.2f}"
+    before = tg(name + ".base") if ab else None
+    if before:
+        line += f" {before:7.1f} {got / before:9.3f}"
+    print(line)
 depth = tg("llama3-8b-Q4_K_M-d8192")
 base = tg("llama3-8b-Q4_K_M")
 if depth and base:
