@@ -512,6 +512,7 @@ pub(super) fn fastest<C: Copy>(device: &CudaDevice, what: &str, candidates: &[C]
     let timing = |e| CudaError::driver(format!("timing {what}"))(e);
     let event = || device.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(timing);
     let mut best: Option<(f32, C)> = None;
+    let mut times_ms = Vec::with_capacity(candidates.len());
     for &candidate in candidates {
         run(candidate)?;
         let mut least = f32::INFINITY;
@@ -532,7 +533,9 @@ pub(super) fn fastest<C: Copy>(device: &CudaDevice, what: &str, candidates: &[C]
         if best.is_none_or(|(ms, _)| least < ms) {
             best = Some((least, candidate));
         }
+        times_ms.push(least);
     }
+    tracing::debug!(what, ?times_ms, "candidates timed, in candidate order");
     best.map(|(_, c)| c).ok_or_else(|| invalid("tuning", format!("no candidate {what}")))
 }
 

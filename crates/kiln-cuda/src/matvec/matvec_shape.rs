@@ -176,6 +176,7 @@ pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, w: &GpuWeight, lau
     // Every kind of product of a shape comes from the same module.
     prepare_kernels(device, w, candidates.iter().map(|&shape| Kernel::Matvec { ntok: key.ntok, kind: MatvecKind::Plain, shape }))?;
     let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
+    tracing::debug!(?key, shape = ?MATVEC_SHAPES[best], "mat-vec launch shape measured");
     tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
     Ok(best)
 }
