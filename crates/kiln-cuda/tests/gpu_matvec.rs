@@ -460,6 +460,12 @@ fn bad_arguments_are_typed_errors() {
     invalid(matvec::matmul(device(), &a, &x, &mut out, 3), "x shorter than n * cols");
     let mut short = device().alloc_poisoned::<f32>(2 * 8 - 1, "short output").expect("alloc");
     invalid(matvec::matmul(device(), &a, &x, &mut short, 2), "output shorter than n * rows");
+    // A shape of the grouped formats only (16 rows a warp) on a Q4_0 weight.
+    let grouped_only = (0..matvec::MATVEC_SHAPE_COUNT).find(|&s| matvec::matvec_shape_max_tokens(s) == 1 && !matvec::matvec_shape_fits(s, &a, 1));
+    let grouped_only = grouped_only.expect("a shape for the grouped formats only");
+    let mut q = QuantizedActivations::new(device(), 1, 64).expect("activations");
+    matvec::quantize_activations(device(), &x, 1, &mut q).expect("quantize");
+    invalid(matvec::matmul_quantized_with_shape(device(), &a, None, &q, &mut out, 1, false, grouped_only), "grouped-only shape on Q4_0");
     // Q8_K is ggml's activation format, never a weight: no GPU layout.
     let bytes = GgmlType::Q8_K.type_size();
     let unsupported = WeightSource { name: "q8_k".into(), ty: GgmlType::Q8_K, rows: 1, cols: 256, range: 0..bytes, owner: Arc::new(vec![0u8; bytes]) };

@@ -53,7 +53,10 @@ pub(super) const MATVEC_SHAPES: [MatvecShape; 11] = [
 /// of a 1- or 2-bit format is one 16-byte load per lane, so rows are what a warp can batch);
 /// the grouped formats also 16 rows a warp, which the others' registers do not allow.
 pub(super) fn candidates(ntok: usize, w: &GpuWeight) -> impl Iterator<Item = usize> + Clone {
-    let grouped = w.is_grouped();
+    candidate_shapes(ntok, w.is_grouped())
+}
+
+fn candidate_shapes(ntok: usize, grouped: bool) -> impl Iterator<Item = usize> + Clone {
     (0..MATVEC_SHAPES.len()).filter(move |&i| MATVEC_SHAPES[i].fits(ntok, grouped))
 }
 
@@ -207,5 +210,20 @@ mod tests {
             }
         }
         assert_eq!([1, 2, 3, 4, 8].map(|n| MATVEC_SHAPES[default_shape(n)].rows_per_warp), [1, 2, 2, 4, 4]);
+    }
+
+    #[test]
+    fn sixteen_rows_are_a_one_token_candidate_of_the_grouped_formats_only() {
+        let sixteen = MATVEC_SHAPES.iter().position(|s| s.rows_per_warp == 16).expect("a 16-row shape");
+        assert!(candidate_shapes(1, true).any(|s| s == sixteen));
+        assert!(!candidate_shapes(1, false).any(|s| s == sixteen));
+        assert_eq!(candidate_shapes(1, false).count(), MATVEC_SHAPES.len() - 1);
+        for ntok in 2..=MAX_MATVEC_TOKENS {
+            for grouped in [false, true] {
+                let many: Vec<usize> = candidate_shapes(ntok, grouped).collect();
+                assert!(!many.is_empty() && many.iter().all(|&s| !MATVEC_SHAPES[s].one_token_only()), "{ntok} tokens: {many:?}");
+                assert!(many.contains(&default_shape(ntok)), "{ntok} tokens: the default shape is a candidate");
+            }
+        }
     }
 }
