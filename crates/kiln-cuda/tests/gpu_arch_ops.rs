@@ -220,14 +220,17 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
                 // L2), f32 for float ones.
                 let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 1e-2 };
                 assert_close(&what, &got, &want, tolerance);
-                // Each slot equals its expert's own one-token product on its input row: the
-                // same kernel body, so only the launch shape (the warp's row count) may differ.
+                // Up to 8 tokens, each slot equals its expert's own one-token product on its
+                // input row: the same kernel body, so only the launch shape (the warp's row
+                // count) may differ. More go through the grouped product, whose way (the
+                // mat-vec, or a tensor-core tile on f16 activations) the tuner picks by time.
+                let alone_tolerance = if n <= 8 { 1e-6 } else { tolerance };
                 for slot in [0, n * n_used - 1] {
                     let row = if input == ExpertInput::PerSlot { slot } else { slot / n_used };
                     let mut one = poisoned(gpu, rows);
                     let x_row = upload(gpu, &x[row * cols..(row + 1) * cols]);
                     gpu.matmul(&gw[ids[slot] as usize], view(&x_row, [1, cols]), view_mut(&mut one, [1, rows])).expect("gpu matmul");
-                    assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), 1e-6);
+                    assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), alone_tolerance);
                 }
             }
             // The fused gate/up SwiGLU (one launch for up to 8 tokens, else composed).
