@@ -97,23 +97,23 @@ __device__ __forceinline__ void add_bit_plane(u32 bits, int (&q)[4]) {
     }
 }
 
-// Maps the eight 4-bit indices of a word of nibble codes through a 16-entry codebook of
-// signed bytes, given as four words of four entries (entry 4k + b in byte b of word k): `low`
-// gets the low nibbles' entries, `high` the high nibbles', in byte order, as nibble_codes
-// orders the codes. Each prmt looks four indices up in eight entries; a third picks, per
-// index, the half its bit 3 names; two more sort the bytes: about 1.5 instructions a value.
+// Maps the eight 4-bit indices of a word (value order, nibble n = value n; repack.rs stores the
+// codebook formats so) through a 16-entry codebook of signed bytes, given as four words of four
+// entries (entry 4k + b in byte b of word k): `first` gets values 0..3, `second` values 4..7.
+// Each prmt looks four indices up in eight entries; a third picks, per index, the half its bit 3
+// names: 1.5 instructions a value.
 __device__ __forceinline__ void codebook16_word(u32 indices, u32 levels0, u32 levels1, u32 levels2, u32 levels3,
-                                                int& low, int& high) {
+                                                int& first, int& second) {
     const u32 low3 = indices & 0x77777777u;  // no selector msb: prmt would sign-replicate
     const u32 half_of_each = 0x32103210u | ((indices >> 1) & 0x44444444u);
-    u32 in_order[2];
+    u32 looked_up[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const u32 selector = low3 >> (16 * h);
-        in_order[h] = prmt(prmt(levels0, levels1, selector), prmt(levels2, levels3, selector), half_of_each >> (16 * h));
+        looked_up[h] = prmt(prmt(levels0, levels1, selector), prmt(levels2, levels3, selector), half_of_each >> (16 * h));
     }
-    low = (int)prmt(in_order[0], in_order[1], 0x6420);
-    high = (int)prmt(in_order[0], in_order[1], 0x7531);
+    first = (int)looked_up[0];
+    second = (int)looked_up[1];
 }
 
 __device__ __forceinline__ void codebook16_codes(uint2 w, u32 levels0, u32 levels1, u32 levels2, u32 levels3,

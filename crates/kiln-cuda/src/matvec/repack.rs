@@ -18,6 +18,9 @@
 //! `int` words holding codes `4k..4k+4` in bytes 0..3, ready for `dp4a`):
 //! - 8 bits: byte `i` = `c[i]`;
 //! - 4 bits: byte `j` (0..8) holds `c[8 (j/4) + j%4]` (low nibble) and `c[8 (j/4) + 4 + j%4]` (high);
+//!   the 4-bit codebook indices (IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS, IQ3_S) instead in value
+//!   order, byte `j` holding `c[2j]` (low) and `c[2j + 1]` (high): their lookup (`codebook16_word`)
+//!   takes a word's nibbles in order, so its results need no sorting into code words;
 //! - 2 bits: bits `2k..2k+2` of byte `b` (0..4) hold `c[4k + b]`;
 //! - 1 bit: bit `i` of a little-endian u16 holds `c[i]`.
 //!
@@ -148,6 +151,11 @@ impl QuantLayout {
     /// Codes stored in 16-byte groups (module docs); `CodeGroup` in quant.cuh decodes them.
     pub fn grouped(&self) -> bool {
         matches!(self.ty, GgmlType::Q1_0 | GgmlType::Q2_0 | GgmlType::TQ2_0 | GgmlType::TQ1_0)
+    }
+
+    /// 4-bit codebook indices stored in value order (module docs).
+    pub fn nibbles_in_value_order(&self) -> bool {
+        matches!(self.ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
     }
 
     /// Chunks per 16-byte group of a grouped layout.
@@ -360,7 +368,12 @@ fn pack_row(layout: &QuantLayout, src: &[u8], tiles: usize, codes_out: &mut [u8]
     for (chunk, values) in codes.chunks_exact(CHUNK_VALUES).enumerate() {
         let values: &[u8; CHUNK_VALUES] = values.try_into().expect("chunk of 16 codes");
         let low: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] & low_mask);
-        pack_bits(layout.code_bits, &low, &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes]);
+        let out = &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes];
+        if layout.nibbles_in_value_order() {
+            pack_nibbles_in_value_order(&low, out);
+        } else {
+            pack_bits(layout.code_bits, &low, out);
+        }
         if extra_bytes > 0 {
             let high: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] >> layout.code_bits);
             pack_bits(layout.extra_bits, &high, &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes]);
@@ -389,6 +402,19 @@ pub(crate) fn pack_bits(bits: usize, codes: &[u8; CHUNK_VALUES], out: &mut [u8])
         }
         _ => unreachable!("plane widths are 1, 2, 4 or 8 bits"),
     }
+}
+
+/// Packs 16 4-bit codes into 8 bytes, byte `j` holding `codes[2j]` (low) and `codes[2j + 1]`.
+fn pack_nibbles_in_value_order(codes: &[u8; CHUNK_VALUES], out: &mut [u8]) {
+    for (byte, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
+        *byte = (pair[0] & 0xf) | (pair[1] << 4);
+    }
+}
+
+/// Inverse of [`pack_nibbles_in_value_order`].
+#[cfg(test)]
+fn unpack_nibbles_in_value_order(packed: &[u8]) -> [u8; CHUNK_VALUES] {
+    std::array::from_fn(|i| (packed[i / 2] >> (4 * (i % 2))) & 0xf)
 }
 
 /// Packs the `8 / bits` chunks of one group: byte `j` holds code `j` of chunk `k` at bit `bits k`.
@@ -538,6 +564,8 @@ mod tests {
         let low = if layout.grouped() {
             let (first, k) = (tile * LANES + lane - lane % layout.group_chunks(), lane % layout.group_chunks());
             unpack_group_chunk(layout.code_bits, &packed.bytes[packed.codes.start + first * layout.code_bytes()..][..GROUP_BYTES], k)
+        } else if layout.nibbles_in_value_order() {
+            unpack_nibbles_in_value_order(lane_bytes(&packed.codes, layout.code_bytes()))
         } else {
             unpack_bits(layout.code_bits, lane_bytes(&packed.codes, layout.code_bytes()))
         };
