@@ -239,7 +239,7 @@ fn fused_prologue_matches_the_separate_cpu_ops() {
     let mut rng = rng("prologue");
     let mut pair = Pair::new(8, 0);
     for (with_norm, kind) in [(false, RopeKind::Normal), (true, RopeKind::Neox), (true, RopeKind::Normal)] {
-        for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32)] {
+        for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32), (4, 2, 256, 128)] {
             let kv_width = n_kv_heads * head_dim;
             let (rope, freqs) = (RopeParams { kind }, [n_rot / 2]);
             let attn = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
@@ -369,7 +369,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
     let pair = Pair::new(1, 0);
     let (gpu, device) = (&pair.gpu, pair.gpu.device());
     let (q_rows, kv_rows, eps) = (200, 64, 1e-5);
-    for (ty, dims) in [(GgmlType::Q8_0, [4096, 480, 1440]), (GgmlType::Q4_K, [4096, 256, 3840])] {
+    for (ty, dims) in [(GgmlType::Q8_0, [4096, 480, 1440]), (GgmlType::Q4_K, [5120, 256, 3840])] {
         for dim in dims {
             let sources: Vec<WeightSource> = [q_rows, kv_rows, kv_rows, q_rows].iter().map(|&rows| random_weight(&mut rng, ty, rows, dim)).collect();
             let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu weight")).collect();
