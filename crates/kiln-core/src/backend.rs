@@ -464,6 +464,26 @@ pub trait Backend: Send + Sync + 'static {
         self.ffn_gate_up(w, h.as_ref(), scratch, out)
     }
 
+    /// The dense SwiGLU FFN added to the residual: `x += down(silu(gate(h)) * up(h))` with
+    /// `h = rms_norm(x)`; [`Backend::norm_ffn_gate_up`] into `act`, then
+    /// [`Backend::matmul_add`] of `w = [gate, up, down]`. A backend may hand the activation to
+    /// the down product its own way (CUDA: quantized by the SwiGLU launch itself).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_swiglu_ffn_add(
+        &self,
+        x: TensorMut<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        h: TensorMut<Self::Buffer>,
+        w: [&Self::Weight; 3],
+        scratch: [TensorMut<Self::Buffer>; 2],
+        mut act: TensorMut<Self::Buffer>,
+        tmp: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        let [gate, up, down] = w;
+        self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
+        self.matmul_add(down, act.as_ref(), x, tmp)
+    }
+
     /// The attention prologue: optional per-head RMSNorm of q and k, rotary embedding of both
     /// with `inv_freq`, and the step's keys and values stored in the cache. Afterwards `qkv.q`
     /// holds the final queries; `qkv.k` and the norm's scratch hold unspecified values.

@@ -636,11 +636,44 @@ __device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const 
     matvec_rows<F, 1>(weights, xq, xds, out, rows, accumulate, blockIdx.x);
 }
 
+// The SwiGLU's rows of this block stored again as the next product's int8 input (the down
+// projection's; quantize_chunk's layout, chunks_per_token = rows / 16). The host passes
+// next_xq only for launch shapes whose block holds whole 16-row chunks and none of whose warps
+// return early (rows a multiple of 512 and of the block's rows), so each chunk's amax is found
+// inside the block, behind one barrier, from the values just written.
+__device__ __forceinline__ void quantize_block_rows(const float* out, u32 rows, i8* next_xq, float2* next_xds) {
+    constexpr u32 BLOCK_ROWS = MV_GROUPS * SWIGLU_ROWS_PER_WARP;
+    if constexpr (BLOCK_ROWS % CHUNK_VALUES == 0) {
+        constexpr u32 CHUNKS = BLOCK_ROWS / CHUNK_VALUES;
+        __syncthreads();
+        if (threadIdx.x < CHUNKS * NTOK) {
+            const u32 token = threadIdx.x / CHUNKS;
+            const u32 chunk = blockIdx.x * CHUNKS + threadIdx.x % CHUNKS;
+            const float4* src = reinterpret_cast<const float4*>(out + (u64)token * rows + chunk * CHUNK_VALUES);
+            float v[CHUNK_VALUES];
+#pragma unroll
+            for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
+                const float4 f = src[i];
+                v[4 * i] = f.x;
+                v[4 * i + 1] = f.y;
+                v[4 * i + 2] = f.z;
+                v[4 * i + 3] = f.w;
+            }
+            quantize_chunk(v, next_xq, next_xds, (u64)token * (rows / CHUNK_VALUES) + chunk);
+        }
+    }
+}
+
+#define MV_NEXT_PARAMS i8 *next_xq, float2 *next_xds
+
 template <class F>
 __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up, const i8* xq, const float2* xds,
-                                           float* out, u32 rows) {
+                                           float* out, u32 rows, MV_NEXT_PARAMS) {
     const Planes weights[2] = {gate, up};
     matvec_rows<F, 2>(weights, xq, xds, out, rows, 0, blockIdx.x);
+    if (next_xq != nullptr) {
+        quantize_block_rows(out, rows, next_xq, next_xds);
+    }
 }
 
 // Up to three weights of one format on one input (attention's q, k and v) in one launch: the

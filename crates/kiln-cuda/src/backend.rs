@@ -725,6 +725,41 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn norm_swiglu_ffn_add(
+        &self,
+        mut x: ViewMut,
+        norm: (View, f32),
+        h: ViewMut,
+        w: [&GpuWeight; 3],
+        scratch: [ViewMut; 2],
+        mut act: ViewMut,
+        tmp: ViewMut,
+    ) -> Result<()> {
+        let [gate, up, down] = w;
+        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        // The down product's input buffer is another than gate/up's (both are locked at once).
+        let fused = down.cols == gate.rows && down.cols != dim && takes_quantized_matvec(down, n, down.cols);
+        if let (true, Some(shared)) = (fused, quantized_input_for(&self.device, &[gate, up], n, dim)?) {
+            shapes::matmul("norm_swiglu_ffn_add", (gate.rows, gate.cols), x.shape(), act.shape())?;
+            shapes::matmul("norm_swiglu_ffn_add", (down.rows, down.cols), act.shape(), x.shape())?;
+            let stored = {
+                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
+                let next_shared = matvec::shared_input(&self.device, down.cols).map_err(backend_error)?;
+                let next = next_shared.lock().unwrap_or_else(PoisonError::into_inner);
+                if matvec::matmul_swiglu_quantized_into(&self.device, gate, up, &qx, act.buf_mut(), n, &next).map_err(backend_error)? {
+                    matvec::matmul_quantized(&self.device, down, &next, x.buf_mut(), n, true).map_err(backend_error)?;
+                    true
+                } else {
+                    false
+                }
+            };
+            return if stored { Ok(()) } else { self.matmul_add(down, act.as_ref(), x, tmp) };
+        }
+        self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
+        self.matmul_add(down, act.as_ref(), x, tmp)
+    }
+
     fn attention_prologue(
         &self,
         qkv: Qkv<CudaSlice<f32>>,

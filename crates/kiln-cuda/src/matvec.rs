@@ -465,6 +465,34 @@ pub fn matmul_swiglu_quantized(
     product(device, "matmul_swiglu_quantized", w_gate, Some(w_up), Input::Quantized(x), out, n, false)
 }
 
+/// [`matmul_swiglu_quantized`] that also stores its output as `next`'s int8 input (the FFN's
+/// down projection's) in the same launch where the launch shape measured for it allows
+/// (blocks of whole 16-row chunks: the 1- and 2-bit formats' 16 rows a warp), sparing that
+/// product its quantization launch. Returns whether it did; `next` then holds `n` tokens.
+pub fn matmul_swiglu_quantized_into(
+    device: &CudaDevice,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    x: &QuantizedActivations,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    next: &QuantizedActivations,
+) -> Result<bool, CudaError> {
+    const OP: &str = "matmul_swiglu_quantized_into";
+    if n == 0 || n > next.max_tokens || next.cols != w_gate.rows || !matches!(w_gate.storage, Storage::Quant { .. }) {
+        return matmul_swiglu_quantized(device, w_gate, w_up, x, out, n).map(|()| false);
+    }
+    check_pair(OP, w_gate, w_up)?;
+    check_len(OP, "out", out.len(), n * w_gate.rows)?;
+    check_quantized_input(OP, x, w_gate, n)?;
+    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
+    let stored = launch_matvec(device, call, out)?;
+    if stored {
+        next.mark_filled(n);
+    }
+    Ok(stored)
+}
+
 /// Launch shapes of the quantized mat-vec (see [`matmul_quantized_with_shape`]).
 pub const MATVEC_SHAPE_COUNT: usize = MATVEC_SHAPES.len();
 
@@ -500,22 +528,58 @@ pub fn matmul_quantized_with_shape(
     accumulate: bool,
     shape: usize,
 ) -> Result<(), CudaError> {
-    const OP: &str = "matmul_quantized_with_shape";
+    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, next: None };
+    launch_checked_shape(device, call, out, shape).map(drop)
+}
+
+/// [`matmul_swiglu_quantized_into`] with launch shape `shape` whatever measurement would
+/// pick, for tests: stores `next` where that shape allows and returns whether it did.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_swiglu_quantized_into_with_shape(
+    device: &CudaDevice,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    x: &QuantizedActivations,
+    out: &mut CudaSlice<f32>,
+    n: usize,
+    next: &QuantizedActivations,
+    shape: usize,
+) -> Result<bool, CudaError> {
+    const OP: &str = "matmul_swiglu_quantized_into_with_shape";
+    if n > next.max_tokens || next.cols != w_gate.rows {
+        return Err(invalid(OP, format!("{n} tokens of {} values into a next input of {} x {}", w_gate.rows, next.max_tokens, next.cols)));
+    }
+    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
+    let stored = launch_checked_shape(device, call, out, shape)?;
+    if stored {
+        next.mark_filled(n);
+    }
+    Ok(stored)
+}
+
+/// A mat-vec launch of a caller-chosen shape, its operands checked; returns whether it stored
+/// `call.next`.
+fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<bool, CudaError> {
+    let MatvecCall { op, w, up, input, n, .. } = call;
     if shape >= MATVEC_SHAPES.len() || !(1..=matvec_shape_max_tokens(shape)).contains(&n) {
-        return Err(invalid(OP, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
+        return Err(invalid(op, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
     }
     if !matvec_shape_fits(shape, w, n) {
-        return Err(invalid(OP, format!("shape {shape} ({:?}) is for the grouped formats only, not {}", MATVEC_SHAPES[shape], w.ty)));
+        return Err(invalid(op, format!("shape {shape} ({:?}) is for the grouped formats only, not {}", MATVEC_SHAPES[shape], w.ty)));
     }
     if let Some(up) = up {
-        check_pair(OP, w, up)?;
+        check_pair(op, w, up)?;
     }
-    check_len(OP, "out", out.len(), n * w.rows)?;
-    let filled = x.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
-    if !matches!(w.storage, Storage::Quant { .. }) || x.cols != w.cols || n > filled {
-        return Err(invalid(OP, format!("{n} tokens of {} quantized values ({filled} filled) for {} ({} {}x{})", x.cols, w.name, w.ty, w.rows, w.cols)));
+    check_len(op, "out", out.len(), n * w.rows)?;
+    if !matches!(w.storage, Storage::Quant { .. }) {
+        return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
     }
-    launch_matvec_shape(device, MatvecCall { op: OP, w, up, input: Input::Quantized(x), n, accumulate }, out, shape)
+    if let Input::Quantized(x) = input {
+        check_quantized_input(op, x, w, n)?;
+    }
+    let next = next_input_target(&call, shape);
+    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
+    Ok(next.is_some())
 }
 
 /// `out[t] = table[token_ids[t]]` (f32, `cols` values per token) for the first `n` ids. An id
@@ -583,26 +647,20 @@ fn product(
                     let shared = shared_input(device, w.cols)?;
                     let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
-                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate }, out);
+                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, next: None }, out).map(drop);
                 }
                 Storage::Float { .. } => input,
             }
         }
         (Input::Quantized(q), Storage::Quant { .. }) => {
-            let filled = q.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
-            if q.cols != w.cols || n > filled {
-                return Err(invalid(
-                    op,
-                    format!("{n} tokens of {} quantized values for {} ({}x{}); {filled} tokens were quantized", q.cols, w.name, w.rows, w.cols),
-                ));
-            }
+            check_quantized_input(op, q, w, n)?;
             input
         }
         (Input::Quantized(_), Storage::Float { .. }) => {
             return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
-    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate }, out)
+    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, next: None }, out).map(drop)
 }
 
 /// Whether `n` tokens of f32 activations times `w` take the mat-mat (tensor cores) rather
@@ -667,10 +725,33 @@ struct MatvecCall<'a> {
     input: Input<'a>,
     n: usize,
     accumulate: bool,
+    /// A SwiGLU's output stored again as the next product's int8 input, where the launch
+    /// shape allows ([`next_input_target`]).
+    next: Option<ActivationTarget>,
+}
+
+/// Whether `n` tokens of `x` were quantized for `w`, as its product needs.
+fn check_quantized_input(op: &'static str, x: &QuantizedActivations, w: &GpuWeight, n: usize) -> Result<(), CudaError> {
+    let filled = x.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
+    if x.cols != w.cols || n > filled {
+        return Err(invalid(op, format!("{n} tokens of {} quantized values for {} ({}x{}); {filled} tokens were quantized", x.cols, w.name, w.rows, w.cols)));
+    }
+    Ok(())
+}
+
+/// `call.next` where a quantized SwiGLU launch of `shape` can store its output as the next
+/// product's input too (matvec.cuh's quantize_block_rows): its blocks hold whole 16-row
+/// chunks, none of their warps returns early, and the rows fill whole tiles (no padding chunks).
+fn next_input_target(call: &MatvecCall<'_>, shape: usize) -> Option<ActivationTarget> {
+    let (s, rows) = (MATVEC_SHAPES[shape], call.w.rows);
+    let block_rows = s.rows_per_block(MatvecKind::SwiGlu, MV_WARPS) as usize;
+    let fits = s.split == 1 && block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && rows % TILE_VALUES == 0;
+    call.next.filter(|_| fits && call.up.is_some() && matches!(call.w.storage, Storage::Quant { .. }))
 }
 
 /// The mat-vec with the launch shape measured for it (quantized weights) or the default.
-fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+/// Returns whether it stored `call.next` (only where that shape allows).
+fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>) -> Result<bool, CudaError> {
     let MatvecCall { w, n, .. } = call;
     let shape = match w.storage {
         Storage::Quant { .. } => {
@@ -681,17 +762,19 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
                     Some(out) => out,
                     None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),
                 };
-                launch_matvec_shape(device, MatvecCall { accumulate: false, ..call }, out, shape)
+                launch_matvec_shape(device, MatvecCall { accumulate: false, next: None, ..call }, out, shape).map(drop)
             })?
         }
         Storage::Float { .. } => default_shape(n),
     };
-    launch_matvec_shape(device, call, out, shape)
+    let next = next_input_target(&call, shape);
+    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
+    Ok(next.is_some())
 }
 
 /// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]).
 fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
-    let MatvecCall { op, w, up, input, n, accumulate } = call;
+    let MatvecCall { op, w, up, input, n, accumulate, next } = call;
     let swiglu = up.is_some();
     let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
@@ -713,12 +796,16 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
         Input::F32(x) => launch.arg(x).arg(&cols32),
     };
     launch.arg(out).arg(&rows32);
-    if !swiglu {
-        launch.arg(&accumulate32);
-    }
+    let (next_codes, next_scales) = next.map_or((0u64, 0u64), |t| (t.codes, t.scales));
+    match (swiglu, &w.storage) {
+        (false, _) => launch.arg(&accumulate32),
+        (true, Storage::Quant { .. }) => launch.arg(&next_codes).arg(&next_scales),
+        (true, Storage::Float { .. }) => &mut launch,
+    };
     // SAFETY: argument lists match matvec_* / matvec_swiglu_* of matvec_{legacy,kquant,float}.cu;
     // the weights cover rows x cols (same shape for gate and up, checked), the activations n
-    // tokens of cols values (checked or quantized above) and out n * rows values (checked).
+    // tokens of cols values (checked or quantized above) and out n * rows values (checked); a
+    // next target (or null) holds n tokens of rows values (checked by its caller).
     unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))
 }
 

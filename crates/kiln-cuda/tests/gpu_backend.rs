@@ -466,6 +466,82 @@ fn fused_norm_quantize_matches_norm_then_product() {
     }
 }
 
+/// The dense SwiGLU FFN added to the residual in one backend call (`norm_swiglu_ffn_add`),
+/// against the same ops called one by one: where the SwiGLU launch also stores the down
+/// product's int8 input (the launch shape measured for it permitting), its codes come from the
+/// same f32 values by the same quantize_chunk, so the residual must match bit for bit either
+/// way; and against the CPU within the int8 activations' error (two products: 2e-2). An FFN
+/// width of whole tiles (1,024) and one without (1,040: never stored); 1, 3 and 12 tokens.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
+    let mut rng = rng("swiglu_ffn_add");
+    let pair = Pair::new(1, 0);
+    let (gpu, dim, eps) = (&pair.gpu, 512, 1e-5);
+    for ty in [GgmlType::Q1_0, GgmlType::Q4_K] {
+        for ff in [1024, 1040] {
+            if ff % ty.block_size() != 0 {
+                continue;
+            }
+            let sources = [random_weight(&mut rng, ty, ff, dim), random_weight(&mut rng, ty, ff, dim), random_weight(&mut rng, ty, dim, ff)];
+            let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu weight")).collect();
+            let cw: Vec<_> = sources.iter().map(|s| pair.cpu.upload_weight(s.clone()).expect("cpu weight")).collect();
+            for n in [1, 3, 12] {
+                let what = format!("{ty} FFN {dim} -> {ff}, {n} tokens");
+                let x = random(&mut rng, n * dim, 3.0);
+                let norm: Vec<f32> = random(&mut rng, dim, 0.5).iter().map(|w| 1.0 + w).collect();
+                let g_norm = upload(gpu, &norm);
+                let (rows, wide) = ([n, dim], [n, ff]);
+                let run = |fused: bool| {
+                    let mut gx = upload(gpu, &x);
+                    let (mut h, mut act, mut tmp) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
+                    let (mut s1, mut s2) = (poisoned(gpu, n * ff), poisoned(gpu, n * ff));
+                    let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
+                    let norm_eps = (view(&g_norm, [dim]), eps);
+                    if fused {
+                        let w = [&gw[0], &gw[1], &gw[2]];
+                        gpu.norm_swiglu_ffn_add(
+                            view_mut(&mut gx, rows),
+                            norm_eps,
+                            view_mut(&mut h, rows),
+                            w,
+                            scratch,
+                            view_mut(&mut act, wide),
+                            view_mut(&mut tmp, rows),
+                        )
+                        .expect("norm_swiglu_ffn_add");
+                    } else {
+                        gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut h, rows), [&gw[0], &gw[1]], scratch, view_mut(&mut act, wide))
+                            .expect("gate/up");
+                        gpu.matmul_add(&gw[2], view(&act, wide), view_mut(&mut gx, rows), view_mut(&mut tmp, rows)).expect("down");
+                    }
+                    download(gpu, &gx, n * dim)
+                };
+                let (got, want) = (run(true), run(false));
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: differs from the ops one by one");
+                let mut cpu_x = x.clone();
+                let (mut h, mut act, mut tmp) = (vec![0f32; n * dim], vec![0f32; n * ff], vec![0f32; n * dim]);
+                let (mut s1, mut s2) = (vec![0f32; n * ff], vec![0f32; n * ff]);
+                let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
+                let w = [&cw[0], &cw[1], &cw[2]];
+                pair.cpu
+                    .norm_swiglu_ffn_add(
+                        view_mut(&mut cpu_x, rows),
+                        (view(&norm, [dim]), eps),
+                        view_mut(&mut h, rows),
+                        w,
+                        scratch,
+                        view_mut(&mut act, wide),
+                        view_mut(&mut tmp, rows),
+                    )
+                    .expect("cpu");
+                let tolerance = if n <= MAX_MATVEC_TOKENS { 2e-2 } else { 2.0 * MATMAT_TOLERANCE };
+                assert_close(&format!("{what} vs cpu"), &got, &cpu_x, tolerance);
+            }
+        }
+    }
+}
+
 /// Samples on both backends from the same logits and step values.
 
 #[test]

@@ -577,3 +577,59 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
     ));
     report("matmat", failures);
 }
+
+/// The SwiGLU mat-vec that also stores its output as the down product's int8 input
+/// (`matmul_swiglu_quantized_into`): for every one-token launch shape, where the shape allows it
+/// (blocks of whole 16-row chunks, rows filling whole tiles) the stored codes and scales must be
+/// bit for bit what quantizing the output separately gives, and the output itself that of the
+/// plain SwiGLU launch; where it does not, nothing is claimed stored. Rows of 1,024 and 1,536
+/// (the 16-row shapes' blocks of 32 rows fit both) and 528 (not whole tiles: never stored).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
+    let mut rng = rng("swiglu_next_input");
+    let mut failures = Vec::new();
+    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K] {
+        for (rows, cols) in [(1024, 512), (1536, 1024), (528, 512)] {
+            let case = format!("{ty} {rows}x{cols}");
+            let gate = HostWeight::random(&mut rng, ty, rows, cols).upload("gate");
+            let up = HostWeight::random(&mut rng, ty, rows, cols).upload("up");
+            let mut x = QuantizedActivations::new(device(), 1, cols).expect("activations");
+            matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, cols)), 1, &mut x).expect("quantize");
+            let mut stored_by = Vec::new();
+            for shape in (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_fits(s, &gate, 1)) {
+                let mut want = poisoned(rows);
+                matvec::matmul_quantized_with_shape(device(), &gate, Some(&up), &x, &mut want, 1, false, shape).expect("plain SwiGLU");
+                let mut want_next = QuantizedActivations::new(device(), 1, rows).expect("next");
+                matvec::quantize_activations(device(), &want, 1, &mut want_next).expect("quantize the output");
+                // The buffer starts out holding another row, so a claimed store must overwrite it.
+                let mut next = QuantizedActivations::new(device(), 1, rows).expect("next");
+                matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, rows)), 1, &mut next).expect("stale row");
+                let mut got = poisoned(rows);
+                let stored = match matvec::matmul_swiglu_quantized_into_with_shape(device(), &gate, &up, &x, &mut got, 1, &next, shape) {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        failures.push(format!("{case} shape {shape}: {e}"));
+                        continue;
+                    }
+                };
+                let (got, want) = (download(&got, rows, &mut failures, &case), download(&want, rows, &mut failures, &case));
+                if got.iter().zip(&want).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                    failures.push(format!("{case} shape {shape}: the output differs from the plain SwiGLU launch's"));
+                }
+                if stored {
+                    stored_by.push(shape);
+                    if next.download(device(), 1).expect("download") != want_next.download(device(), 1).expect("download") {
+                        failures.push(format!("{case} shape {shape}: the stored input differs from quantizing the output"));
+                    }
+                }
+            }
+            match (rows % 512 == 0, stored_by.is_empty()) {
+                (true, true) => failures.push(format!("{case}: no launch shape stored the next input")),
+                (false, false) => failures.push(format!("{case}: shapes {stored_by:?} stored rows that do not fill whole tiles")),
+                _ => eprintln!("{case}: stored by shapes {stored_by:?}"),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}

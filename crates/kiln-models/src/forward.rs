@@ -382,6 +382,11 @@ enum Out {
 fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     match (&l.ffn, &lc.ffn) {
+        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) if out == Out::AddToResidual && p.reduce.is_none() && matches!(c.activation, Activation::Silu) => {
+            let scratch = [a.gate.rows_mut(n, *n_ff)?, a.up.rows_mut(n, *n_ff)?];
+            let (x, h, act, tmp) = (a.x.rows_mut(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, *n_ff)?, a.tmp.rows_mut(n, e)?);
+            b.norm_swiglu_ffn_add(x, (l.ffn_norm.whole(), c.rms_eps), h, [&d.gate, &d.up, &d.down], scratch, act, tmp)
+        }
         (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
             dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
             let act = a.act.rows(n, *n_ff)?;
