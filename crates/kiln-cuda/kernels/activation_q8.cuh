@@ -5,6 +5,20 @@
 
 #define CHUNK_VALUES 16
 
+// 16 consecutive f32 values at `p` (16-byte aligned), by plain loads: the callers quantize
+// values their own block has just written, which the read-only path may not see.
+__device__ __forceinline__ void load_written_chunk(const float* p, float (&v)[CHUNK_VALUES]) {
+    const float4* src = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
+        const float4 f = src[i];
+        v[4 * i] = f.x;
+        v[4 * i + 1] = f.y;
+        v[4 * i + 2] = f.z;
+        v[4 * i + 3] = f.w;
+    }
+}
+
 // Stores 16 activations as chunk `index` (= token * tiles * 32 + chunk of the token's row) of
 // the int8 layout the mat-vec kernels read: codes xq[16 index ..] = round-half-even(v * 127 /
 // max|v|) and xds[index] = (d, d * sum of codes) with d = max|v| / 127. A kernel producing

@@ -649,16 +649,8 @@ __device__ __forceinline__ void quantize_block_rows(const float* out, u32 rows, 
         if (threadIdx.x < CHUNKS * NTOK) {
             const u32 token = threadIdx.x / CHUNKS;
             const u32 chunk = blockIdx.x * CHUNKS + threadIdx.x % CHUNKS;
-            const float4* src = reinterpret_cast<const float4*>(out + (u64)token * rows + chunk * CHUNK_VALUES);
             float v[CHUNK_VALUES];
-#pragma unroll
-            for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
-                const float4 f = src[i];
-                v[4 * i] = f.x;
-                v[4 * i + 1] = f.y;
-                v[4 * i + 2] = f.z;
-                v[4 * i + 3] = f.w;
-            }
+            load_written_chunk(out + (u64)token * rows + chunk * CHUNK_VALUES, v);
             quantize_chunk(v, next_xq, next_xds, (u64)token * (rows / CHUNK_VALUES) + chunk);
         }
     }

@@ -138,15 +138,7 @@ __device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, 
         const float* rows = out + ((u64)token * n_heads + first_head) * HEAD_DIM;
         for (u32 c = threadIdx.x; c < GROUP * HEAD_CHUNKS; c += DEC_THREADS) {
             float v[CHUNK_VALUES];
-            const float4* src = reinterpret_cast<const float4*>(rows + c * CHUNK_VALUES);
-#pragma unroll
-            for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
-                const float4 f = src[i];
-                v[4 * i] = f.x;
-                v[4 * i + 1] = f.y;
-                v[4 * i + 2] = f.z;
-                v[4 * i + 3] = f.w;
-            }
+            load_written_chunk(rows + c * CHUNK_VALUES, v);
             quantize_chunk(v, xq, xds, (u64)token * x_chunks + first_head * HEAD_CHUNKS + c);
         }
     }

@@ -747,7 +747,7 @@ impl Backend for CudaBackend {
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
                 let next_shared = matvec::shared_input(&self.device, down.cols).map_err(backend_error)?;
                 let next = next_shared.lock().unwrap_or_else(PoisonError::into_inner);
-                if matvec::matmul_swiglu_quantized_into(&self.device, gate, up, &qx, act.buf_mut(), n, &next).map_err(backend_error)? {
+                if matvec::matmul_swiglu_quantized_into(&self.device, gate, up, &qx, act.buf_mut(), n, &next, None).map_err(backend_error)? {
                     matvec::matmul_quantized(&self.device, down, &next, x.buf_mut(), n, true).map_err(backend_error)?;
                     true
                 } else {

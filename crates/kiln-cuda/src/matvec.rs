@@ -465,34 +465,6 @@ pub fn matmul_swiglu_quantized(
     product(device, "matmul_swiglu_quantized", w_gate, Some(w_up), Input::Quantized(x), out, n, false)
 }
 
-/// [`matmul_swiglu_quantized`] that also stores its output as `next`'s int8 input (the FFN's
-/// down projection's) in the same launch where the launch shape measured for it allows
-/// (blocks of whole 16-row chunks: the 1- and 2-bit formats' 16 rows a warp), sparing that
-/// product its quantization launch. Returns whether it did; `next` then holds `n` tokens.
-pub fn matmul_swiglu_quantized_into(
-    device: &CudaDevice,
-    w_gate: &GpuWeight,
-    w_up: &GpuWeight,
-    x: &QuantizedActivations,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-    next: &QuantizedActivations,
-) -> Result<bool, CudaError> {
-    const OP: &str = "matmul_swiglu_quantized_into";
-    if n == 0 || n > next.max_tokens || next.cols != w_gate.rows || !matches!(w_gate.storage, Storage::Quant { .. }) {
-        return matmul_swiglu_quantized(device, w_gate, w_up, x, out, n).map(|()| false);
-    }
-    check_pair(OP, w_gate, w_up)?;
-    check_len(OP, "out", out.len(), n * w_gate.rows)?;
-    check_quantized_input(OP, x, w_gate, n)?;
-    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
-    let stored = launch_matvec(device, call, out)?;
-    if stored {
-        next.mark_filled(n);
-    }
-    Ok(stored)
-}
-
 /// Launch shapes of the quantized mat-vec (see [`matmul_quantized_with_shape`]).
 pub const MATVEC_SHAPE_COUNT: usize = MATVEC_SHAPES.len();
 
@@ -532,10 +504,13 @@ pub fn matmul_quantized_with_shape(
     launch_checked_shape(device, call, out, shape).map(drop)
 }
 
-/// [`matmul_swiglu_quantized_into`] with launch shape `shape` whatever measurement would
-/// pick, for tests: stores `next` where that shape allows and returns whether it did.
+/// [`matmul_swiglu_quantized`] that also stores its output as `next`'s int8 input (the FFN's
+/// down projection's) in the same launch where the launch shape allows (blocks of whole 16-row
+/// chunks: 8 or 16 rows a warp, rows a multiple of 512), sparing that product its
+/// quantization launch. The shape is the one measured for the product, or `shape` whatever
+/// measurement would pick (tests). Returns whether it stored `next`, which then holds `n` tokens.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_swiglu_quantized_into_with_shape(
+pub fn matmul_swiglu_quantized_into(
     device: &CudaDevice,
     w_gate: &GpuWeight,
     w_up: &GpuWeight,
@@ -543,14 +518,21 @@ pub fn matmul_swiglu_quantized_into_with_shape(
     out: &mut CudaSlice<f32>,
     n: usize,
     next: &QuantizedActivations,
-    shape: usize,
+    shape: Option<usize>,
 ) -> Result<bool, CudaError> {
-    const OP: &str = "matmul_swiglu_quantized_into_with_shape";
+    const OP: &str = "matmul_swiglu_quantized_into";
     if n > next.max_tokens || next.cols != w_gate.rows {
         return Err(invalid(OP, format!("{n} tokens of {} values into a next input of {} x {}", w_gate.rows, next.max_tokens, next.cols)));
     }
     let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
-    let stored = launch_checked_shape(device, call, out, shape)?;
+    let stored = match shape {
+        Some(shape) => launch_checked_shape(device, call, out, shape)?,
+        None if n == 0 => false,
+        None => {
+            check_quantized_call(&call, out)?;
+            launch_matvec(device, call, out)?
+        }
+    };
     if stored {
         next.mark_filled(n);
     }
@@ -560,13 +542,23 @@ pub fn matmul_swiglu_quantized_into_with_shape(
 /// A mat-vec launch of a caller-chosen shape, its operands checked; returns whether it stored
 /// `call.next`.
 fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<bool, CudaError> {
-    let MatvecCall { op, w, up, input, n, .. } = call;
+    let MatvecCall { op, w, n, .. } = call;
     if shape >= MATVEC_SHAPES.len() || !(1..=matvec_shape_max_tokens(shape)).contains(&n) {
         return Err(invalid(op, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
     }
     if !matvec_shape_fits(shape, w, n) {
         return Err(invalid(op, format!("shape {shape} ({:?}) is for the grouped formats only, not {}", MATVEC_SHAPES[shape], w.ty)));
     }
+    check_quantized_call(&call, out)?;
+    let next = next_input_target(&call, shape);
+    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
+    Ok(next.is_some())
+}
+
+/// The operands of a quantized mat-vec on int8 activations: gate and up alike, the output long
+/// enough, quantized weights, and the activations quantized for them.
+fn check_quantized_call(call: &MatvecCall<'_>, out: &CudaSlice<f32>) -> Result<(), CudaError> {
+    let MatvecCall { op, w, up, input, n, .. } = *call;
     if let Some(up) = up {
         check_pair(op, w, up)?;
     }
@@ -574,12 +566,10 @@ fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cud
     if !matches!(w.storage, Storage::Quant { .. }) {
         return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
     }
-    if let Input::Quantized(x) = input {
-        check_quantized_input(op, x, w, n)?;
+    match input {
+        Input::Quantized(x) => check_quantized_input(op, x, w, n),
+        Input::F32(_) => Err(invalid(op, "f32 activations where int8 ones were expected")),
     }
-    let next = next_input_target(&call, shape);
-    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
-    Ok(next.is_some())
 }
 
 /// `out[t] = table[token_ids[t]]` (f32, `cols` values per token) for the first `n` ids. An id

@@ -606,7 +606,7 @@ fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
                 let mut next = QuantizedActivations::new(device(), 1, rows).expect("next");
                 matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, rows)), 1, &mut next).expect("stale row");
                 let mut got = poisoned(rows);
-                let stored = match matvec::matmul_swiglu_quantized_into_with_shape(device(), &gate, &up, &x, &mut got, 1, &next, shape) {
+                let stored = match matvec::matmul_swiglu_quantized_into(device(), &gate, &up, &x, &mut got, 1, &next, Some(shape)) {
                     Ok(stored) => stored,
                     Err(e) => {
                         failures.push(format!("{case} shape {shape}: {e}"));
