@@ -243,6 +243,11 @@ fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, 
     Ok(None)
 }
 
+/// A shared quantized input, locked (a panic elsewhere leaves its buffers as valid as before).
+fn lock_input(input: &matvec::SharedInput) -> std::sync::MutexGuard<'_, matvec::QuantizedActivations> {
+    input.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl CudaBackend {
     /// The attention of `args` into `out`; with a `target`, only where the split kernels can
     /// also store the output there quantized (then they do, and true is returned; else nothing
@@ -483,7 +488,7 @@ impl Backend for CudaBackend {
         if wo.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS {
             shapes::matmul("attention_matmul_add", (wo.rows, wo.cols), out.shape(), residual.shape())?;
             let shared = matvec::shared_input(&self.device, wo.cols).map_err(backend_error)?;
-            let input = shared.lock().unwrap_or_else(PoisonError::into_inner);
+            let input = lock_input(&shared);
             if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
                 input.mark_filled(n);
                 return matvec::matmul_quantized(&self.device, wo, &input, residual.buf_mut(), n, true).map_err(backend_error);
@@ -697,7 +702,7 @@ impl Backend for CudaBackend {
         }
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
-                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let qx = lock_input(&shared);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
                 self.matmuls_quantized(&qx, w, out, n)
             }
@@ -713,7 +718,7 @@ impl Backend for CudaBackend {
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
                 shapes::matmul("norm_ffn_gate_up", (w[0].rows, w[0].cols), x.shape(), out.shape())?;
-                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let qx = lock_input(&shared);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
                 matvec::matmul_swiglu_quantized(&self.device, w[0], w[1], &qx, out.buf_mut(), n).map_err(backend_error)
             }
@@ -742,11 +747,18 @@ impl Backend for CudaBackend {
         if let (true, Some(shared)) = (fused, quantized_input_for(&self.device, &[gate, up], n, dim)?) {
             shapes::matmul("norm_swiglu_ffn_add", (gate.rows, gate.cols), x.shape(), act.shape())?;
             shapes::matmul("norm_swiglu_ffn_add", (down.rows, down.cols), act.shape(), x.shape())?;
+            let next_shared = matvec::shared_input(&self.device, down.cols).map_err(backend_error)?;
             let stored = {
-                let qx = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                // Both stay locked until their products are enqueued; the narrower is taken
+                // first, so two models with swapped widths cannot each hold one and wait.
+                let (qx, next) = if dim < down.cols {
+                    let qx = lock_input(&shared);
+                    (qx, lock_input(&next_shared))
+                } else {
+                    let next = lock_input(&next_shared);
+                    (lock_input(&shared), next)
+                };
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                let next_shared = matvec::shared_input(&self.device, down.cols).map_err(backend_error)?;
-                let next = next_shared.lock().unwrap_or_else(PoisonError::into_inner);
                 if matvec::matmul_swiglu_quantized_into(&self.device, gate, up, &qx, act.buf_mut(), n, &next, None).map_err(backend_error)? {
                     matvec::matmul_quantized(&self.device, down, &next, x.buf_mut(), n, true).map_err(backend_error)?;
                     true
