@@ -524,6 +524,9 @@ pub fn matmul_swiglu_quantized_into(
     if n > next.max_tokens || next.cols != w_gate.rows {
         return Err(invalid(OP, format!("{n} tokens of {} values into a next input of {} x {}", w_gate.rows, next.max_tokens, next.cols)));
     }
+    if std::ptr::eq(x, next) {
+        return Err(invalid(OP, "the next input is the product's own input: its blocks would overwrite what others still read"));
+    }
     let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
     let stored = match shape {
         Some(shape) => launch_checked_shape(device, call, out, shape)?,

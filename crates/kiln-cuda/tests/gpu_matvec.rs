@@ -466,6 +466,13 @@ fn bad_arguments_are_typed_errors() {
     let mut q = QuantizedActivations::new(device(), 1, 64).expect("activations");
     matvec::quantize_activations(device(), &x, 1, &mut q).expect("quantize");
     invalid(matvec::matmul_quantized_with_shape(device(), &a, None, &q, &mut out, 1, false, grouped_only), "grouped-only shape on Q4_0");
+    // The SwiGLU storing the next input into its own input buffer (a square weight makes the
+    // widths agree), or into a buffer of the wrong width.
+    let square = HostWeight::random(&mut rng, GgmlType::Q4_0, 64, 64).upload("square");
+    let stored = |result: Result<bool, CudaError>| result.map(drop);
+    invalid(stored(matvec::matmul_swiglu_quantized_into(device(), &square, &square, &q, &mut out, 1, &q, None)), "next input aliasing the input");
+    let narrow = QuantizedActivations::new(device(), 1, 32).expect("activations");
+    invalid(stored(matvec::matmul_swiglu_quantized_into(device(), &square, &square, &q, &mut out, 1, &narrow, None)), "next input of the wrong width");
     // Q8_K is ggml's activation format, never a weight: no GPU layout.
     let bytes = GgmlType::Q8_K.type_size();
     let unsupported = WeightSource { name: "q8_k".into(), ty: GgmlType::Q8_K, rows: 1, cols: 256, range: 0..bytes, owner: Arc::new(vec![0u8; bytes]) };
