@@ -24,7 +24,11 @@ static_assert(ROWS_PER_WARP == 1 || ROWS_PER_WARP == 2 || ROWS_PER_WARP == 4 ||
                   ((ROWS_PER_WARP == 8 || ROWS_PER_WARP == 16) && NTOK == 1),
               "ROWS_PER_WARP must be 1, 2, 4, or 8 or 16 for one token");
 
+// Warps of a block: 4, or 16 for the wide split shapes, whose blocks hold whole 16-row chunks.
+#ifndef MV_WARPS
 #define MV_WARPS 4
+#endif
+static_assert(MV_WARPS == 4 || MV_WARPS == 16, "MV_WARPS must be 4 or 16");
 #define MV_THREADS (MV_WARPS * 32)
 // Warps that share one group of rows, each taking every MV_SPLIT-th step of the row and their
 // sums added in finish_rows: more loads in flight per row for long, few rows (the FFN down
@@ -107,16 +111,17 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
         }
     }
     float total = warp_sum_many<V>(v);
+    // Without a split every warp writes its rows; with one, the group's first warp does (the
+    // others stay to the end, so a barrier after this one still counts the whole block).
+    bool writer = true;
     if (MV_SPLIT > 1) {
-        // The group's warps add their parts in a fixed order; its first warp writes.
+        // The group's warps add their parts in a fixed order.
         __shared__ float split_sums[MV_WARPS][32];
         const u32 warp = threadIdx.x >> 5;
         const u32 group = warp / MV_SPLIT;
         split_sums[warp][threadIdx.x & 31] = total;
         asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(MV_SPLIT * 32) : "memory");
-        if (warp % MV_SPLIT != 0) {
-            return;
-        }
+        writer = warp % MV_SPLIT == 0;
         total = 0.0f;
 #pragma unroll
         for (int i = 0; i < MV_SPLIT; ++i) {
@@ -126,7 +131,7 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
     // With two weights, lane l < HALF holds the gate value and lane l + HALF the matching up.
     const float up = NW == 2 ? __shfl_xor_sync(0xffffffffu, total, HALF) : 0.0f;
     const u32 lane = threadIdx.x & 31;
-    if (lane < RPW * NTOK) {
+    if (writer && lane < RPW * NTOK) {
         const u32 row = row0 + lane / NTOK;
         const u32 token = lane % NTOK;
         if (row < rows) {

@@ -62,7 +62,7 @@ pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
 pub const MAX_MATVEC_TOKENS: usize = 8;
 
-/// Warps per mat-vec block (`MV_WARPS`, kernels/matvec.cuh).
+/// Warps per mat-vec block unless its shape says otherwise (`MV_WARPS`' default, kernels/matvec.cuh).
 const MV_WARPS: u32 = 4;
 /// Warps of the block that takes rows of float weights for one token (`FV_ROW_WARPS`).
 const FV_ROW_WARPS: u32 = 8;
@@ -736,11 +736,20 @@ fn check_quantized_input(op: &'static str, x: &QuantizedActivations, w: &GpuWeig
 /// product's input too (matvec.cuh's quantize_block_rows): its blocks hold whole 16-row
 /// chunks, none of their warps returns early, and the rows fill whole tiles (no padding chunks).
 fn next_input_target(call: &MatvecCall<'_>, shape: usize) -> Option<ActivationTarget> {
-    let (s, rows) = (MATVEC_SHAPES[shape], call.w.rows);
-    let block_rows = s.rows_per_block(MatvecKind::SwiGlu, MV_WARPS) as usize;
-    let fits = s.split == 1 && block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && rows % TILE_VALUES == 0;
-    call.next.filter(|_| fits && call.up.is_some() && matches!(call.w.storage, Storage::Quant { .. }))
+    call.next.filter(|_| stores_next(call, shape))
 }
+
+fn stores_next(call: &MatvecCall<'_>, shape: usize) -> bool {
+    let rows = call.w.rows;
+    let block_rows = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::SwiGlu) as usize;
+    let fits = block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && rows % TILE_VALUES == 0;
+    fits && call.up.is_some() && matches!(call.w.storage, Storage::Quant { .. })
+}
+
+/// What a launch that moves no weights (a quantization of 16K values) costs in a replayed
+/// decode graph, measured by leaving it out (docs/performance.md: 2.2-2.7 µs). A shape that
+/// makes one unnecessary is measured as faster by this much.
+const SAVED_LAUNCH_MS: f32 = 0.002;
 
 /// The mat-vec with the launch shape measured for it (quantized weights) or the default.
 /// Returns whether it stored `call.next` (only where that shape allows).
@@ -750,7 +759,9 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
         Storage::Quant { .. } => {
             let mut scratch: Option<CudaSlice<f32>> = None;
             let kind = if call.up.is_some() { MatvecKind::SwiGlu } else { MatvecKind::Plain };
-            choose_shape(device, TuneKey::new(device, w, n, kind), w, |shape| {
+            let storing = call.next.is_some();
+            let credit = |shape| if storing && stores_next(&call, shape) { SAVED_LAUNCH_MS } else { 0.0 };
+            choose_shape(device, TuneKey::new(device, w, n, kind).storing(storing), w, credit, |shape| {
                 let out = match &mut scratch {
                     Some(out) => out,
                     None => scratch.insert(device.alloc_zeros::<f32>(n * w.rows, "mat-vec tuning output")?),
@@ -775,7 +786,7 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
     // (matvec_float_row).
     let (rows_per_block, warps) = match w.storage {
         Storage::Float { .. } if n == 1 => (if swiglu { 1 } else { FV_ROW_ROWS }, FV_ROW_WARPS),
-        _ => (MATVEC_SHAPES[shape].rows_per_block(kind, MV_WARPS), MV_WARPS),
+        _ => (MATVEC_SHAPES[shape].rows_per_block(kind), MATVEC_SHAPES[shape].warps),
     };
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
     let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (warps * 32, 1, 1), shared_mem_bytes: 0 };

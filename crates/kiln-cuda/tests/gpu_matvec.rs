@@ -596,7 +596,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
 fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
     let mut rng = rng("swiglu_next_input");
     let mut failures = Vec::new();
-    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K] {
+    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K, GgmlType::Q8_0] {
         for (rows, cols) in [(1024, 512), (1536, 1024), (528, 512)] {
             let case = format!("{ty} {rows}x{cols}");
             let gate = HostWeight::random(&mut rng, ty, rows, cols).upload("gate");

@@ -19,7 +19,7 @@ use kiln_core::ExpertInput;
 
 use super::matmat::{fastest, gpu_key, group_tiles, is_capturing, launch_groups};
 use super::matvec_shape::{default_shape, MatvecKind, MATVEC_SHAPES};
-use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS, MV_WARPS};
+use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS};
 use crate::{CudaDevice, CudaError};
 
 const OP: &str = "matmul_experts";
@@ -134,7 +134,7 @@ impl ExpertProducts {
         }
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
-        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts, MV_WARPS);
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts);
         let (n_experts, n_used32, per_slot) = (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let (out_rows, cols) = (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?);
         let inputs = if float { None } else { Some(self.quantized_input(device, first.cols, in_rows, capturing)?) };
@@ -148,7 +148,11 @@ impl ExpertProducts {
         };
         for slot0 in (0..slots).step_by(MAX_SLOTS_PER_LAUNCH) {
             let count = (slots - slot0).min(MAX_SLOTS_PER_LAUNCH);
-            let cfg = LaunchConfig { grid_dim: (out_rows.div_ceil(rows_per_block), count as u32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (out_rows.div_ceil(rows_per_block), count as u32, 1),
+                block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
+                shared_mem_bytes: 0,
+            };
             let slot0_32 = to_u32(OP, "slot", slot0)?;
             let mut target = out.slice_mut(slot0 * first.rows..(slot0 + count) * first.rows);
             let mut launch = device.stream().launch_builder(function);
@@ -218,10 +222,13 @@ impl ExpertProducts {
         q.fill(device, x, n)?;
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
-        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu, MV_WARPS);
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu);
         let (n_experts, n_used32, rows32, slot0) = (to_u32(OP, "experts", gate.len())?, to_u32(OP, "n_used", n_used)?, to_u32(OP, "rows", first.rows)?, 0u32);
-        let cfg =
-            LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), to_u32(OP, "slots", slots)?, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (rows32.div_ceil(rows_per_block), to_u32(OP, "slots", slots)?, 1),
+            block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: matvec_experts_swiglu_* (matvec_{legacy,kquant}.cu): both tables hold one
         // descriptor per expert of one shape, the kernel checks every id, the quantized input
         // holds n rows of cols and out slots rows of `rows` (checked above; slots <= 64).
@@ -399,8 +406,12 @@ impl ExpertProducts {
         let rows32 = to_u32(OP, "rows", first.rows)?;
         let shape = default_shape(GROUP);
         let product = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: GROUP, kind: MatvecKind::ExpertGroups, shape })?;
-        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertGroups, MV_WARPS);
-        let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertGroups);
+        let cfg = LaunchConfig {
+            grid_dim: (rows32.div_ceil(rows_per_block), max_groups32, 1),
+            block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: matvec_expert_groups_* (matvec_{legacy,kquant}.cu): the table holds one
         // descriptor per expert, the sort kernel wrote only valid experts into group_expert,
         // the quantized rows and the outputs hold entries = max_groups * GROUP rows.

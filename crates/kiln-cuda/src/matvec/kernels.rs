@@ -9,7 +9,7 @@ use cudarc::driver::CudaFunction;
 
 use super::matmat::MMA_TILES;
 use super::matvec_shape::{candidates, default_shape, MatvecKind, MATVEC_SHAPES};
-use super::{GpuWeight, Storage, MATMAT_TILES, MAX_MATVEC_TOKENS};
+use super::{GpuWeight, Storage, MATMAT_TILES, MAX_MATVEC_TOKENS, MV_WARPS};
 use crate::{CudaDevice, CudaError};
 
 /// Kernels of one weight, looked up on first use and kept for later launches. On the heap: a
@@ -170,6 +170,9 @@ pub(super) fn kernel_id(storage: &Storage, kernel: Kernel) -> (&'static str, Str
                 defines.extend([("MV_BATCH", i64::from(s.batch)), ("MV_TYPE", kernel_type_id(suffix))]);
                 if s.split > 1 {
                     defines.push(("MV_SPLIT", i64::from(s.split)));
+                }
+                if s.warps != MV_WARPS {
+                    defines.push(("MV_WARPS", i64::from(s.warps)));
                 }
             }
             (source, format!("matvec_{}{suffix}", kind.prefix()), defines)

@@ -1,18 +1,20 @@
 //! Launch shapes of the quantized mat-vec (kernels/matvec.cuh) and their choice by measurement.
 //!
-//! A shape is the rows each warp computes (ROWS_PER_WARP: activation reuse) and the tiles whose
-//! weight loads one warp issues before decoding any (MV_BATCH: bytes in flight). Which is best
+//! A shape is the rows each warp computes (ROWS_PER_WARP: activation reuse), the tiles whose
+//! weight loads one warp issues before decoding any (MV_BATCH: bytes in flight), the warps
+//! sharing a row (MV_SPLIT) and the warps of a block (MV_WARPS: rows a block owns). Which is best
 //! depends on the token count, the format and the weight's shape, so, like the mat-mat's block
 //! shape, it is measured: the first uncaptured product of a (device, rows, cols, format, SwiGLU,
-//! tokens) key times every candidate on the real weight and input and keeps the fastest. Inside
-//! a graph capture nothing is timed: the remembered choice, else the default for the count.
+//! tokens) key times every candidate on the real weight and input and keeps the fastest, counting
+//! a shape that also stores the next product's input as faster by the launch it saves. Inside a
+//! graph capture nothing is timed: the remembered choice, else the default for the count.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use super::kernels::prepare_kernels;
-use super::matmat::{fastest, gpu_key, is_capturing};
-use super::{GpuWeight, Kernel, MAX_MATVEC_TOKENS};
+use super::matmat::{fastest_with_credit, gpu_key, is_capturing};
+use super::{GpuWeight, Kernel, MAX_MATVEC_TOKENS, MV_WARPS};
 use crate::{CudaDevice, CudaError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,20 +23,28 @@ pub(super) struct MatvecShape {
     pub(super) batch: u32,
     /// Warps sharing one group of rows (MV_SPLIT), each taking every `split`-th step.
     pub(super) split: u32,
+    /// Warps of a block (MV_WARPS).
+    pub(super) warps: u32,
 }
 
 const fn shape(rows_per_warp: u32, batch: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch, split: 1 }
+    MatvecShape { rows_per_warp, batch, split: 1, warps: MV_WARPS }
 }
 
 const fn split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch, split }
+    MatvecShape { rows_per_warp, batch, split, warps: MV_WARPS }
+}
+
+/// A split shape in a block of 16 warps: each warp works as in `split_shape`, but a block holds
+/// four times the rows, enough whole 16-row chunks to quantize its own output (`stores_next`).
+const fn wide_split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape {
+    MatvecShape { rows_per_warp, batch, split, warps: 16 }
 }
 
 /// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
 /// The split ones and those of 8 or 16 rows a warp are candidates for one token only, 16 rows
 /// for the grouped formats only (`candidates`).
-pub(super) const MATVEC_SHAPES: [MatvecShape; 11] = [
+pub(super) const MATVEC_SHAPES: [MatvecShape; 13] = [
     shape(1, 4),
     shape(1, 8),
     shape(2, 2),
@@ -46,6 +56,8 @@ pub(super) const MATVEC_SHAPES: [MatvecShape; 11] = [
     shape(8, 1),
     shape(8, 2),
     shape(16, 1),
+    wide_split_shape(4, 2, 4),
+    wide_split_shape(4, 2, 2),
 ];
 
 /// The shapes measured for `ntok` tokens of `w`. One token has the fewest loads in flight per
@@ -123,9 +135,14 @@ impl MatvecShape {
         (ntok == 1 || !self.one_token_only()) && (grouped || !self.grouped_only())
     }
 
-    /// Rows a block of `warps` warps computes.
-    pub(super) fn rows_per_block(self, kind: MatvecKind, warps: u32) -> u32 {
-        warps / self.split * self.rows(kind)
+    /// Rows a block computes.
+    pub(super) fn rows_per_block(self, kind: MatvecKind) -> u32 {
+        self.warps / self.split * self.rows(kind)
+    }
+
+    /// Threads of a block.
+    pub(super) fn threads(self) -> u32 {
+        self.warps * 32
     }
 
     /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
@@ -146,11 +163,18 @@ pub(super) struct TuneKey {
     ty: u32,
     kind: MatvecKind,
     ntok: usize,
+    /// Whether the launch also stores the next product's input where its shape allows.
+    storing: bool,
 }
 
 impl TuneKey {
     pub(super) fn new(device: &CudaDevice, w: &GpuWeight, ntok: usize, kind: MatvecKind) -> TuneKey {
-        TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), kind, ntok }
+        TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), kind, ntok, storing: false }
+    }
+
+    /// The key of a launch that does (or does not) store the next product's input.
+    pub(super) fn storing(self, storing: bool) -> TuneKey {
+        TuneKey { storing, ..self }
     }
 
     /// The key of `weights` stacked in one launch (same format and width).
@@ -165,9 +189,16 @@ fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
 }
 
 /// The shape for `key`'s launch: remembered, else (outside a capture) measured by timing
-/// `launch(shape)` for each candidate, else the default. `launch` must be repeatable (it writes
-/// a scratch output, not the caller's accumulating one).
-pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, w: &GpuWeight, launch: impl FnMut(usize) -> Result<(), CudaError>) -> Result<usize, CudaError> {
+/// `launch(shape)` for each candidate, less `credit(shape)` ms for the work a shape saves
+/// elsewhere, else the default. `launch` must be repeatable (it writes a scratch output, not
+/// the caller's accumulating one).
+pub(super) fn choose_shape(
+    device: &CudaDevice,
+    key: TuneKey,
+    w: &GpuWeight,
+    credit: impl Fn(usize) -> f32,
+    launch: impl FnMut(usize) -> Result<(), CudaError>,
+) -> Result<usize, CudaError> {
     debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&key.ntok));
     if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return Ok(shape);
@@ -178,7 +209,7 @@ pub(super) fn choose_shape(device: &CudaDevice, key: TuneKey, w: &GpuWeight, lau
     let candidates: Vec<usize> = candidates(key.ntok, w).collect();
     // Every kind of product of a shape comes from the same module.
     prepare_kernels(device, w, candidates.iter().map(|&shape| Kernel::Matvec { ntok: key.ntok, kind: MatvecKind::Plain, shape }))?;
-    let best = fastest(device, "mat-vec shapes", &candidates, launch)?;
+    let best = fastest_with_credit(device, "mat-vec shapes", &candidates, credit, launch)?;
     tracing::debug!(?key, shape = ?MATVEC_SHAPES[best], "mat-vec launch shape measured");
     tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
     Ok(best)

@@ -9,9 +9,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
-use super::{
-    invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS, MAX_MATVEC_TOKENS, MV_WARPS,
-};
+use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS, MAX_MATVEC_TOKENS};
 use crate::{CudaDevice, CudaError};
 
 /// The most weights one launch takes (the kernel's parameters a, b, c).
@@ -125,7 +123,7 @@ fn launch_stacked(device: &CudaDevice, weights: &[&GpuWeight], x: &QuantizedActi
         }
     }
     let key = TuneKey::stacked(device, weights, n);
-    let shape = choose_shape(device, key, first, |shape| launch_shape(device, weights, x, outs, n, shape))?;
+    let shape = choose_shape(device, key, first, |_| 0.0, |shape| launch_shape(device, weights, x, outs, n, shape))?;
     launch_shape(device, weights, x, outs, n, shape)
 }
 
@@ -140,13 +138,13 @@ fn launch_shape(
 ) -> Result<(), CudaError> {
     let first = weights[0];
     let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: n, kind: MatvecKind::Stacked, shape })?;
-    let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Stacked, MV_WARPS);
+    let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Stacked);
     let mut rows = [0u32; MAX_STACKED];
     for (r, w) in rows.iter_mut().zip(weights) {
         *r = to_u32(OP, "rows", w.rows)?;
     }
     let blocks: u32 = rows.iter().map(|r| r.div_ceil(rows_per_block)).sum();
-    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MV_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1), shared_mem_bytes: 0 };
     // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
     // quantized activations, then the outputs and rows; the weights share one quantized format
     // and width (`stackable`), the activations hold n tokens of that width (checked) and each
