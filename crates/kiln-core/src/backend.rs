@@ -199,6 +199,21 @@ impl<B: Backend + ?Sized> Clone for AttentionArgs<'_, B> {
 
 impl<B: Backend + ?Sized> Copy for AttentionArgs<'_, B> {}
 
+/// RMSNorms carried from one call to the next over the residual stream: `prepared`, what the
+/// call that last added to the residual made of this call's input norm
+/// ([`Backend::NormedInput`]); `next`, the norm (weight, eps) the next call will apply to the
+/// residual this call adds to, which a backend may prepare in the same launch.
+pub struct NormChain<'a, B: Backend + ?Sized> {
+    pub prepared: Option<B::NormedInput>,
+    pub next: Option<(Tensor<'a, B::Buffer>, f32)>,
+}
+
+impl<B: Backend + ?Sized> Default for NormChain<'_, B> {
+    fn default() -> Self {
+        NormChain { prepared: None, next: None }
+    }
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// An f32 buffer in the backend's memory.
     type Buffer: DeviceBuffer;
@@ -209,6 +224,11 @@ pub trait Backend: Send + Sync + 'static {
     type Step: Send + Sync;
     /// One layer's paged K and V cache.
     type KvCache: Send + Sync;
+    /// An RMSNorm of the residual prepared, by the call that added to it, as the input of the
+    /// next call's products ([`NormChain`]); the next call uses it if it still matches its input
+    /// and norm, else normalizes itself. A backend that never prepares one uses
+    /// `std::convert::Infallible`.
+    type NormedInput: Send;
 
     fn name(&self) -> String;
     /// Bytes of free memory on the device, where it can tell.
@@ -434,6 +454,7 @@ pub trait Backend: Send + Sync + 'static {
     /// projections; a gate and up): one input for several products, which a backend that
     /// converts its input per product converts once. `h` receives the normed rows (or, in a
     /// backend that normalizes straight into its product input, is left unspecified).
+    /// `prepared`: that input as the previous residual add left it ([`NormChain`]).
     fn norm_matmuls<const N: usize>(
         &self,
         x: Tensor<Self::Buffer>,
@@ -441,6 +462,7 @@ pub trait Backend: Send + Sync + 'static {
         mut h: TensorMut<Self::Buffer>,
         w: [&Self::Weight; N],
         out: [TensorMut<Self::Buffer>; N],
+        _prepared: Option<Self::NormedInput>,
     ) -> Result<()> {
         self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
         for (w, out) in w.into_iter().zip(out) {
@@ -467,7 +489,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The dense SwiGLU FFN added to the residual: `x += down(silu(gate(h)) * up(h))` with
     /// `h = rms_norm(x)`; [`Backend::norm_ffn_gate_up`] into `act`, then
     /// [`Backend::matmul_add`] of `w = [gate, up, down]`. A backend may hand the activation to
-    /// the down product its own way (CUDA: quantized by the SwiGLU launch itself).
+    /// the down product its own way (CUDA: quantized by the SwiGLU launch itself), and take or
+    /// prepare norms along `chain`, returning what it prepared for `chain.next`.
     #[allow(clippy::too_many_arguments)]
     fn norm_swiglu_ffn_add(
         &self,
@@ -478,10 +501,12 @@ pub trait Backend: Send + Sync + 'static {
         scratch: [TensorMut<Self::Buffer>; 2],
         mut act: TensorMut<Self::Buffer>,
         tmp: TensorMut<Self::Buffer>,
-    ) -> Result<()> {
+        _chain: NormChain<Self>,
+    ) -> Result<Option<Self::NormedInput>> {
         let [gate, up, down] = w;
         self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul_add(down, act.as_ref(), x, tmp)
+        self.matmul_add(down, act.as_ref(), x, tmp)?;
+        Ok(None)
     }
 
     /// The attention prologue: optional per-head RMSNorm of q and k, rotary embedding of both
@@ -528,7 +553,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The attention of `args` into `out` ([`Backend::attention`], or [`Backend::attention_sinks`]
     /// with sinks), then `residual += out·woᵀ` with `tmp` as scratch, as [`Backend::matmul_add`].
     /// A backend may hand the attention's output to the product in the product's own input
-    /// format (the CUDA one: int8, written by the attention kernel itself).
+    /// format (the CUDA one: int8, written by the attention kernel itself), and prepare `next`
+    /// ([`NormChain`]) in the product, returning what it prepared.
     fn attention_matmul_add(
         &self,
         args: AttentionArgs<'_, Self>,
@@ -536,13 +562,15 @@ pub trait Backend: Send + Sync + 'static {
         wo: &Self::Weight,
         residual: TensorMut<Self::Buffer>,
         tmp: TensorMut<Self::Buffer>,
-    ) -> Result<()> {
+        _next: Option<(Tensor<Self::Buffer>, f32)>,
+    ) -> Result<Option<Self::NormedInput>> {
         let AttentionArgs { q, cache, sinks, step, params } = args;
         match sinks {
             Some(sinks) => self.attention_sinks(q, cache, sinks, out.reborrow(), step, params)?,
             None => self.attention(q, cache, out.reborrow(), step, params)?,
         }
-        self.matmul_add(wo, out.as_ref(), residual, tmp)
+        self.matmul_add(wo, out.as_ref(), residual, tmp)?;
+        Ok(None)
     }
 
     /// `residual += x·Wᵀ`, using `tmp` (of `residual`'s shape) as scratch.

@@ -191,6 +191,7 @@ impl Backend for CpuBackend {
     type Buffer = Vec<f32>;
     type Weight = WeightSource;
     type Step = CpuStep;
+    type NormedInput = std::convert::Infallible;
     type KvCache = CpuKvCache;
 
     fn name(&self) -> String {

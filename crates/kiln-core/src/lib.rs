@@ -22,7 +22,7 @@ pub mod shapes;
 pub mod tensor;
 
 pub use backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots,
     WeightSource,
 };
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};

@@ -87,11 +87,13 @@ __device__ __forceinline__ float silu(float g) {
     return g / (1.0f + expf(-g));
 }
 
+#include "matvec_next.cuh"
+
 // Reduces acc[w * RPW + r][t] (weight w, row row0 + r, token t) over the warp and writes
 // out[t][row]: the value itself (+= it when `accumulate`), or silu(gate) * up when NW == 2.
 template <int NW, int RPW>
 __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 row0, u32 rows, float* out,
-                                            u32 accumulate) {
+                                            u32 accumulate, const float (&scale)[NTOK]) {
     constexpr int HALF = pow2_at_least(RPW * NTOK);
     constexpr int V = NW * HALF;
     static_assert(V <= 32, "too many values per warp");
@@ -128,9 +130,16 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
             total += split_sums[group * MV_SPLIT + i][threadIdx.x & 31];
         }
     }
+    const u32 lane = threadIdx.x & 31;
+    // Lane l holds value l % HALF of its weight: row l % HALF / NTOK, token l % HALF % NTOK.
+    float token_scale = scale[0];
+#pragma unroll
+    for (int t = 1; t < NTOK; ++t) {
+        token_scale = (lane % HALF) % NTOK == (u32)t ? scale[t] : token_scale;
+    }
+    total *= token_scale;
     // With two weights, lane l < HALF holds the gate value and lane l + HALF the matching up.
     const float up = NW == 2 ? __shfl_xor_sync(0xffffffffu, total, HALF) : 0.0f;
-    const u32 lane = threadIdx.x & 31;
     if (writer && lane < RPW * NTOK) {
         const u32 row = row0 + lane / NTOK;
         const u32 token = lane % NTOK;
@@ -191,7 +200,7 @@ __device__ __forceinline__ float chunk_dot(const Chunk& c, const uint4& x, float
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __restrict__ xq,
-                                             const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                             const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
                                              u32 block) {
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
@@ -209,6 +218,8 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
     typename F::Raw raw[MV_BATCH][R];
     fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, lane);
     wait_for_inputs();
+    float scale[NTOK];
+    input_scales(xn, scale);
     for (u32 t0 = part * MV_BATCH; t0 < tiles; t0 += MV_BATCH * MV_SPLIT) {
         if (t0 > part * MV_BATCH) {
             fetch_tiles<F, NW, RPW>(raw, w, rows_of.first_tile, t0, lane);
@@ -235,7 +246,7 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
 }
 
 // Loads the chunk pairs of steps s0 .. s0 + MV_BATCH - 1 of every row: lane l takes pair
@@ -261,7 +272,7 @@ __device__ __forceinline__ void fetch_pairs(typename ChunkPair<F>::Raw (&raw)[MV
 // tiles, one per half-warp.
 template <class F, int NW>
 __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* __restrict__ xq,
-                                              const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                              const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
                                               u32 block) {
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
@@ -280,6 +291,8 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
     typename ChunkPair<F>::Raw raw[MV_BATCH][R];
     fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, lane);
     wait_for_inputs();
+    float scale[NTOK];
+    input_scales(xn, scale);
     for (u32 s0 = part * MV_BATCH; s0 < steps; s0 += MV_BATCH * MV_SPLIT) {
         if (s0 > part * MV_BATCH) {
             fetch_pairs<F, NW, RPW>(raw, w, rows_of.first_tile, s0, lane);
@@ -319,7 +332,7 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
 }
 
 // dp4a of unsigned weight bytes (the masked fields of a code group reach 0xc0) with signed
@@ -358,7 +371,7 @@ __device__ __forceinline__ void fetch_groups(typename F::Raw (&raw)[MV_BATCH][NW
 // the group's activation sum.
 template <class F, int NW>
 __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* __restrict__ xq,
-                                               const float2* __restrict__ xds, float* out, u32 rows, u32 accumulate,
+                                               const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
                                                u32 block) {
     typedef typename F::Group G;
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
@@ -379,6 +392,8 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
     typename F::Raw raw[MV_BATCH][R];
     fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, part * MV_BATCH, groups, lane);
     wait_for_inputs();
+    float scale[NTOK];
+    input_scales(xn, scale);
     for (u32 s0 = part * MV_BATCH; s0 < steps; s0 += MV_BATCH * MV_SPLIT) {
         if (s0 > part * MV_BATCH) {
             fetch_groups<F, NW, RPW>(raw, w, rows_of.first_tile, s0, groups, lane);
@@ -432,7 +447,7 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
 }
 
 // Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
@@ -505,7 +520,12 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
             }
         }
     }
-    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate);
+    float ones[NTOK];
+#pragma unroll
+    for (int t = 0; t < NTOK; ++t) {
+        ones[t] = 1.0f;
+    }
+    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate, ones);
 }
 
 // One token: the FV_ROW_WARPS warps of a block share R rows (of each of NW weights), every
@@ -623,51 +643,32 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
 // two 16-byte loads 32 bytes apart per lane, so each load instruction of a warp would touch
 // twice the sectors it uses; one chunk a lane streams 2% faster (docs/performance.md).
 template <class F, int NW>
-__device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq, const float2* xds, float* out,
-                                            u32 rows, u32 accumulate, u32 block) {
+__device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq, const float2* xds, const InputNorm& xn,
+                                            float* out, u32 rows, u32 accumulate, u32 block) {
     if constexpr (IsGrouped<F>::value) {
-        matvec_grouped<F, NW>(w, xq, xds, out, rows, accumulate, block);
+        matvec_grouped<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
     } else if constexpr (ChunkPair<F>::WIDE && F::CODE_BYTES < 16) {
-        matvec_paired<F, NW>(w, xq, xds, out, rows, accumulate, block);
+        matvec_paired<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
     } else {
-        matvec_quant<F, NW>(w, xq, xds, out, rows, accumulate, block);
+        matvec_quant<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
     }
 }
 
 template <class F>
-__device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const float2* xds, float* out, u32 rows,
-                                           u32 accumulate) {
+__device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const float2* xds, const InputNorm& xn,
+                                           float* out, u32 rows, u32 accumulate, const NextNorm& next) {
     const Planes weights[1] = {w};
-    matvec_rows<F, 1>(weights, xq, xds, out, rows, accumulate, blockIdx.x);
-}
-
-// The SwiGLU's rows of this block stored again as the next product's int8 input (the down
-// projection's; quantize_chunk's layout, chunks_per_token = rows / 16). The host passes
-// next_xq only for launch shapes whose block holds whole 16-row chunks and none of whose warps
-// return early (rows a multiple of 512 and of the block's rows), so each chunk's amax is found
-// inside the block, behind one barrier, from the values just written.
-__device__ __forceinline__ void quantize_block_rows(const float* out, u32 rows, i8* next_xq, float2* next_xds) {
-    constexpr u32 BLOCK_ROWS = MV_GROUPS * SWIGLU_ROWS_PER_WARP;
-    if constexpr (BLOCK_ROWS % CHUNK_VALUES == 0) {
-        constexpr u32 CHUNKS = BLOCK_ROWS / CHUNK_VALUES;
-        __syncthreads();
-        if (threadIdx.x < CHUNKS * NTOK) {
-            const u32 token = threadIdx.x / CHUNKS;
-            const u32 chunk = blockIdx.x * CHUNKS + threadIdx.x % CHUNKS;
-            float v[CHUNK_VALUES];
-            load_written_chunk(out + (u64)token * rows + chunk * CHUNK_VALUES, v);
-            quantize_chunk(v, next_xq, next_xds, (u64)token * (rows / CHUNK_VALUES) + chunk);
-        }
+    matvec_rows<F, 1>(weights, xq, xds, xn, out, rows, accumulate, blockIdx.x);
+    if (next.xq != nullptr) {
+        norm_block_rows(out, rows, next);
     }
 }
-
-#define MV_NEXT_PARAMS i8 *next_xq, float2 *next_xds
 
 template <class F>
 __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up, const i8* xq, const float2* xds,
-                                           float* out, u32 rows, MV_NEXT_PARAMS) {
+                                           const InputNorm& xn, float* out, u32 rows, MV_NEXT_PARAMS) {
     const Planes weights[2] = {gate, up};
-    matvec_rows<F, 2>(weights, xq, xds, out, rows, 0, blockIdx.x);
+    matvec_rows<F, 2>(weights, xq, xds, xn, out, rows, 0, blockIdx.x);
     if (next_xq != nullptr) {
         quantize_block_rows(out, rows, next_xq, next_xds);
     }
@@ -676,10 +677,10 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
 // Up to three weights of one format on one input (attention's q, k and v) in one launch: the
 // first blocks compute a's rows, the next b's, the rest c's (rows_c = 0 for two), which saves
 // the fixed cost of the launches it replaces.
-#define MV_STACKED_PARAMS                                                                                          \
-    Planes a, Planes b, Planes c, const i8 *xq, const float2 *xds, float *out_a, float *out_b, float *out_c, u32 rows_a, \
-        u32 rows_b, u32 rows_c
-#define MV_STACKED_ARGS a, b, c, xq, xds, out_a, out_b, out_c, rows_a, rows_b, rows_c
+#define MV_STACKED_PARAMS                                                                                         \
+    Planes a, Planes b, Planes c, const i8 *xq, const float2 *xds, InputNorm xn, float *out_a, float *out_b, float *out_c, \
+        u32 rows_a, u32 rows_b, u32 rows_c
+#define MV_STACKED_ARGS a, b, c, xq, xds, xn, out_a, out_b, out_c, rows_a, rows_b, rows_c
 
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
@@ -687,7 +688,7 @@ __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     u32 block = blockIdx.x;
     const u32 k = stacked_weight(block, (rows_a + PER_BLOCK - 1) / PER_BLOCK, (rows_b + PER_BLOCK - 1) / PER_BLOCK);
     const Planes weights[1] = {k == 0 ? a : k == 1 ? b : c};
-    matvec_rows<F, 1>(weights, xq, xds, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block);
+    matvec_rows<F, 1>(weights, xq, xds, xn, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block);
 }
 
 // Expert-indexed mat-vec (mixture of experts): slot s = slot0 + blockIdx.y of the step's
@@ -734,7 +735,7 @@ __device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
     const Planes weights[1] = {table[e]};
     const u64 row = per_slot ? slot : slot / n_used;
     const u32 tiles = weights[0].tiles;
-    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out, rows, 0, blockIdx.x);
+    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x);
 }
 
 // matvec_experts of a gate and an up expert set on one input row per token (PerToken), out =
@@ -757,7 +758,7 @@ __device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) 
     const Planes weights[2] = {gate_table[e], up_table[e]};
     const u64 row = slot / n_used;
     const u32 tiles = weights[0].tiles;
-    matvec_rows<F, 2>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out, rows, 0, blockIdx.x);
+    matvec_rows<F, 2>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x);
 }
 
 // Expert-indexed mat-vec over groups of slots (a prompt's experts): the slots were sorted by
@@ -779,5 +780,5 @@ __device__ __forceinline__ void matvec_expert_groups(MV_EXPERT_GROUPS_PARAMS) {
     const Planes weights[1] = {table[group_expert[g]]};
     const u64 row = (u64)g * NTOK;
     const u32 tiles = weights[0].tiles;
-    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, out + row * rows, rows, 0, blockIdx.x);
+    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out + row * rows, rows, 0, blockIdx.x);
 }

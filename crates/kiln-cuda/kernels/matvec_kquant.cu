@@ -16,7 +16,7 @@
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 
-#define MV_ARGS const i8* xq, const float2* xds, float* out, u32 rows
+#define MV_ARGS const i8* xq, const float2* xds, InputNorm xn, float* out, u32 rows
 // MV_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats it
 // has; without it every format is compiled (the compile check).
 #ifndef MV_TYPE
@@ -25,11 +25,11 @@
 #define MV_WANTS(ggml_type) (MV_TYPE < 0 || MV_TYPE == (ggml_type))
 
 #if MV_WANTS(10)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ2_K>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ2_K>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ2_K>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ2_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_K>(MV_STACKED_ARGS);
@@ -46,11 +46,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 #endif
 
 #if MV_WANTS(11)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ3_K>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ3_K>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ3_K>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ3_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q3_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ3_K>(MV_STACKED_ARGS);
@@ -67,11 +67,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q3
 #endif
 
 #if MV_WANTS(12)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ4_K>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ4_K>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_K>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ4_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_K>(MV_STACKED_ARGS);
@@ -88,11 +88,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(13)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ5_K>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ5_K>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_K>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ5_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_K>(MV_STACKED_ARGS);
@@ -109,11 +109,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(14)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ6_K>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ6_K>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ6_K>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ6_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q6_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ6_K>(MV_STACKED_ARGS);
@@ -130,11 +130,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q6
 #endif
 
 #if MV_WANTS(23)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ4_XS>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ4_XS>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ4_XS>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ4_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_XS>(MV_STACKED_ARGS);
@@ -151,11 +151,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(35)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtTQ2_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtTQ2_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtTQ2_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtTQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_tq2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtTQ2_0>(MV_STACKED_ARGS);
@@ -172,11 +172,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_tq
 #endif
 
 #if MV_WANTS(16)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ2_XXS>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ2_XXS>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XXS>(MV_STACKED_ARGS);
@@ -193,11 +193,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(17)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ2_XS>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ2_XS>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_XS>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ2_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XS>(MV_STACKED_ARGS);
@@ -214,11 +214,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(22)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ2_S>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ2_S>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_S>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ2_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_S>(MV_STACKED_ARGS);
@@ -235,11 +235,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(18)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ3_XXS>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ3_XXS>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_XXS>(MV_STACKED_ARGS);
@@ -256,11 +256,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(21)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ3_S>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ3_S>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ3_S>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ3_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_S>(MV_STACKED_ARGS);
@@ -277,11 +277,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(19)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ1_S>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ1_S>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ1_S>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ1_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_S>(MV_STACKED_ARGS);
@@ -298,11 +298,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(29)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ1_M>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ1_M>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ1_M>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ1_M>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_m(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_M>(MV_STACKED_ARGS);

@@ -17,7 +17,7 @@
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 
-#define MV_ARGS const i8* xq, const float2* xds, float* out, u32 rows
+#define MV_ARGS const i8* xq, const float2* xds, InputNorm xn, float* out, u32 rows
 // MV_TYPE (a GGML type id) compiles only that format's pair, so a model pays for the formats it
 // has; without it every format is compiled (the compile check).
 #ifndef MV_TYPE
@@ -26,11 +26,11 @@
 #define MV_WANTS(ggml_type) (MV_TYPE < 0 || MV_TYPE == (ggml_type))
 
 #if MV_WANTS(8)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ8_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ8_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ8_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ8_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ8_0>(MV_STACKED_ARGS);
@@ -47,11 +47,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q8
 #endif
 
 #if MV_WANTS(2)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ4_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ4_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ4_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_0>(MV_STACKED_ARGS);
@@ -68,11 +68,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(3)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ4_1>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ4_1>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_1>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ4_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_1>(MV_STACKED_ARGS);
@@ -89,11 +89,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(6)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ5_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ5_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ5_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_0>(MV_STACKED_ARGS);
@@ -110,11 +110,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(7)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ5_1>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ5_1>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_1>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ5_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_1>(MV_STACKED_ARGS);
@@ -131,11 +131,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(20)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtIQ4_NL>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtIQ4_NL>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ4_NL>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtIQ4_NL>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_NL>(MV_STACKED_ARGS);
@@ -152,11 +152,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(41)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ1_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ1_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ1_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ1_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ1_0>(MV_STACKED_ARGS);
@@ -173,11 +173,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q1
 #endif
 
 #if MV_WANTS(42)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtQ2_0>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtQ2_0>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ2_0>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_0>(MV_STACKED_ARGS);
@@ -194,11 +194,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 #endif
 
 #if MV_WANTS(39)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtMXFP4>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtMXFP4>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtMXFP4>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtMXFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtMXFP4>(MV_STACKED_ARGS);
@@ -215,11 +215,11 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_mx
 #endif
 
 #if MV_WANTS(40)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate) {
-    matvec_one<FmtNVFP4>(w, xq, xds, out, rows, accumulate);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
+    matvec_one<FmtNVFP4>(w, xq, xds, xn, out, rows, accumulate, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtNVFP4>(gate, up, xq, xds, out, rows, next_xq, next_xds);
+    matvec_two<FmtNVFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtNVFP4>(MV_STACKED_ARGS);

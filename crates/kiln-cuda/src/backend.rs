@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams, StateSlots,
-    WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams,
+    StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -22,6 +22,7 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
+use crate::norm_chain::{chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
@@ -244,7 +245,7 @@ fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, 
 }
 
 /// A shared quantized input, locked (a panic elsewhere leaves its buffers as valid as before).
-fn lock_input(input: &matvec::SharedInput) -> std::sync::MutexGuard<'_, matvec::QuantizedActivations> {
+pub(crate) fn lock_input(input: &matvec::SharedInput) -> std::sync::MutexGuard<'_, matvec::QuantizedActivations> {
     input.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -284,6 +285,7 @@ impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type Weight = GpuWeight;
     type Step = CudaStep;
+    type NormedInput = CudaNormedInput;
     type KvCache = CudaKvCache;
 
     fn name(&self) -> String {
@@ -483,7 +485,15 @@ impl Backend for CudaBackend {
         self.paged_attention(AttentionArgs { q, cache, sinks: None, step, params: p }, out, None).map(drop)
     }
 
-    fn attention_matmul_add(&self, args: AttentionArgs<'_, Self>, mut out: ViewMut, wo: &GpuWeight, mut residual: ViewMut, tmp: ViewMut) -> Result<()> {
+    fn attention_matmul_add(
+        &self,
+        args: AttentionArgs<'_, Self>,
+        mut out: ViewMut,
+        wo: &GpuWeight,
+        mut residual: ViewMut,
+        tmp: ViewMut,
+        next: Option<(View, f32)>,
+    ) -> Result<Option<CudaNormedInput>> {
         let n = shapes::attention(args.q.shape(), out.shape(), args.sinks.map(|s| s.shape()), args.params)?;
         if wo.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS {
             shapes::matmul("attention_matmul_add", (wo.rows, wo.cols), out.shape(), residual.shape())?;
@@ -491,11 +501,15 @@ impl Backend for CudaBackend {
             let input = lock_input(&shared);
             if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
                 input.mark_filled(n);
-                return matvec::matmul_quantized(&self.device, wo, &input, residual.buf_mut(), n, true).map_err(backend_error);
+                let normed = next.map(|_| matvec::normed_input(&self.device, wo.rows)).transpose().map_err(backend_error)?;
+                let target = normed.as_ref().map(lock_input);
+                let next_norm = next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
+                return matmul_add_then_norm(&self.device, wo, &input, residual.buf_mut(), n, next_norm);
             }
         }
         self.paged_attention(args, out.reborrow(), None)?;
-        self.matmul_add(wo, out.as_ref(), residual, tmp)
+        self.matmul_add(wo, out.as_ref(), residual, tmp)?;
+        Ok(None)
     }
 
     fn moe_route(&self, logits: View, expert_scale: Option<View>, ids: ViewMut, weights: ViewMut, p: &RouterParams) -> Result<()> {
@@ -694,13 +708,27 @@ impl Backend for CudaBackend {
         self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    fn norm_matmuls<const N: usize>(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; N], out: [ViewMut; N]) -> Result<()> {
+    fn norm_matmuls<const N: usize>(
+        &self,
+        x: View,
+        norm: (View, f32),
+        mut h: ViewMut,
+        w: [&GpuWeight; N],
+        out: [ViewMut; N],
+        prepared: Option<CudaNormedInput>,
+    ) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         if N == 0 {
             // No product to feed: the plain norm (the stacked helpers take at least one weight).
             return self.rms_norm(x, norm.0, h, norm.1);
         }
-        match quantized_input_for(&self.device, &w, n, dim)? {
+        let shared = quantized_input_for(&self.device, &w, n, dim)?;
+        if let (Some(_), Some(prepared)) = (&shared, &prepared) {
+            if let Some(qx) = prepared.lock_if_current(&self.device, x.buf(), (norm.0.buf(), norm.1), n) {
+                return self.matmuls_quantized(&qx, w, out, n);
+            }
+        }
+        match shared {
             Some(shared) => {
                 let qx = lock_input(&shared);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
@@ -739,7 +767,8 @@ impl Backend for CudaBackend {
         scratch: [ViewMut; 2],
         mut act: ViewMut,
         tmp: ViewMut,
-    ) -> Result<()> {
+        chain: NormChain<Self>,
+    ) -> Result<Option<CudaNormedInput>> {
         let [gate, up, down] = w;
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         // The down product's input buffer is another than gate/up's (both are locked at once).
@@ -747,29 +776,15 @@ impl Backend for CudaBackend {
         if let (true, Some(shared)) = (fused, quantized_input_for(&self.device, &[gate, up], n, dim)?) {
             shapes::matmul("norm_swiglu_ffn_add", (gate.rows, gate.cols), x.shape(), act.shape())?;
             shapes::matmul("norm_swiglu_ffn_add", (down.rows, down.cols), act.shape(), x.shape())?;
-            let next_shared = matvec::shared_input(&self.device, down.cols).map_err(backend_error)?;
-            let stored = {
-                // Both stay locked until their products are enqueued; the narrower is taken
-                // first, so two models with swapped widths cannot each hold one and wait.
-                let (qx, next) = if dim < down.cols {
-                    let qx = lock_input(&shared);
-                    (qx, lock_input(&next_shared))
-                } else {
-                    let next = lock_input(&next_shared);
-                    (lock_input(&shared), next)
-                };
-                matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                if matvec::matmul_swiglu_quantized_into(&self.device, gate, up, &qx, act.buf_mut(), n, &next, None).map_err(backend_error)? {
-                    matvec::matmul_quantized(&self.device, down, &next, x.buf_mut(), n, true).map_err(backend_error)?;
-                    true
-                } else {
-                    false
-                }
+            let done = chained_swiglu_ffn(&self.device, w, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain)?;
+            return match done {
+                Some(prepared) => Ok(prepared),
+                None => self.matmul_add(down, act.as_ref(), x, tmp).map(|()| None),
             };
-            return if stored { Ok(()) } else { self.matmul_add(down, act.as_ref(), x, tmp) };
         }
         self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul_add(down, act.as_ref(), x, tmp)
+        self.matmul_add(down, act.as_ref(), x, tmp)?;
+        Ok(None)
     }
 
     fn attention_prologue(

@@ -168,6 +168,8 @@ pub struct CudaDevice {
     staging: Mutex<Option<Staging>>,
     /// The quantized mat-vec inputs, one per row length (see `matvec::shared_input`).
     pub(crate) matvec_inputs: Mutex<std::collections::HashMap<usize, crate::matvec::SharedInput>>,
+    /// The normed inputs residual products fill, one per row length (`matvec::normed_input`).
+    pub(crate) normed_inputs: Mutex<std::collections::HashMap<usize, crate::matvec::SharedInput>>,
 }
 
 impl CudaDevice {
@@ -182,7 +184,7 @@ impl CudaDevice {
         // SAFETY: no buffer has been allocated through this context yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(CudaError::driver("creating the device stream"))?;
-        Ok(CudaDevice { stream, ctx, registry, info, staging: Mutex::new(None), matvec_inputs: Mutex::default() })
+        Ok(CudaDevice { stream, ctx, registry, info, staging: Mutex::new(None), matvec_inputs: Mutex::default(), normed_inputs: Mutex::default() })
     }
 
     /// Properties as read when the device was opened (free memory included).

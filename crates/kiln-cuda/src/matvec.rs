@@ -31,22 +31,26 @@
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
 
+mod activations;
 mod experts;
 mod kernels;
 mod matmat;
 mod matmat_stacked;
 mod matvec_shape;
+mod normed;
 mod repack;
 mod stacked;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use kiln_core::WeightSource;
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
+use activations::InputNormArg;
+pub use activations::{quantize_activations, rms_norm_quantize, ActivationTarget, QuantizedActivations};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts};
 pub use kernels::{matvec_module_keys, module_keys, resolve_matmat_kernels};
 use kernels::{Kernel, KernelSlots};
@@ -56,6 +60,7 @@ pub use matmat::{matmat_tile, matmat_tile_is_streaming, matmul_with_tile, MATMAT
 pub(crate) use matmat::{rms_norm_half, NormCall};
 pub use matvec_shape::matvec_shape;
 use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
+pub use normed::{matmul_add_normed, normed_input};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 
@@ -101,6 +106,19 @@ struct FloatArg {
 }
 // SAFETY: plain #[repr(C)] data matching the kernels' struct.
 unsafe impl DeviceRepr for FloatArg {}
+
+/// `NextNorm` of kernels/matvec.cuh, passed by value: where a residual product stores the next
+/// product's input (null codes: it does not).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct NextNormArg {
+    weight: u64,
+    codes: u64,
+    scales: u64,
+    parts: u64,
+}
+// SAFETY: plain #[repr(C)] data matching the kernels' struct.
+unsafe impl DeviceRepr for NextNormArg {}
 
 #[derive(Debug)]
 enum Storage {
@@ -213,169 +231,6 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
         return Err(invalid(OP, format!("{what}: no GPU kernels for type {}", src.ty)));
     };
     Ok(GpuWeight { name: src.name.clone(), ty: src.ty, rows, cols, storage, data, kernels: KernelSlots::default() })
-}
-
-/// Activations quantized for the quantized mat-vec kernels: for up to `max_tokens` tokens of
-/// `cols` values, int8 codes per value and (scale, scale * sum of codes) per 16 values, zero
-/// past `cols` up to whole 512-value tiles.
-pub struct QuantizedActivations {
-    codes: CudaSlice<i8>,
-    /// (scale, scale * code sum) pairs.
-    scales: CudaSlice<f32>,
-    max_tokens: usize,
-    cols: usize,
-    /// Tokens of the last quantization, so a product cannot read stale ones.
-    filled_tokens: AtomicUsize,
-    quantize: OnceLock<CudaFunction>,
-    norm_quantize: OnceLock<CudaFunction>,
-}
-
-impl QuantizedActivations {
-    /// `cols` must be a multiple of 16 (every quantized format's row length is).
-    pub fn new(device: &CudaDevice, max_tokens: usize, cols: usize) -> Result<Self, CudaError> {
-        const OP: &str = "QuantizedActivations::new";
-        if cols % CHUNK_VALUES != 0 || cols == 0 || max_tokens == 0 {
-            return Err(invalid(OP, format!("{max_tokens} tokens of {cols} values: need cols a non-zero multiple of 16")));
-        }
-        let padded = tiles_of(cols) * TILE_VALUES;
-        let codes = device.alloc_zeros::<i8>(max_tokens * padded, "quantized activations")?;
-        let scales = device.alloc_zeros::<f32>(max_tokens * padded / CHUNK_VALUES * 2, "activation scales")?;
-        Ok(QuantizedActivations {
-            codes,
-            scales,
-            max_tokens,
-            cols,
-            filled_tokens: AtomicUsize::new(0),
-            quantize: OnceLock::new(),
-            norm_quantize: OnceLock::new(),
-        })
-    }
-
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
-    /// Checks that `x` holds `n` tokens this buffer can take, and returns `kernel` of
-    /// matvec_input.cu from `slot`, looking it up on first use.
-    fn prepare<'a>(
-        &self,
-        device: &CudaDevice,
-        op: &'static str,
-        slot: &'a OnceLock<CudaFunction>,
-        kernel: &str,
-        x: &CudaSlice<f32>,
-        n: usize,
-    ) -> Result<&'a CudaFunction, CudaError> {
-        if n > self.max_tokens {
-            return Err(invalid(op, format!("{n} tokens exceed the buffer's {}", self.max_tokens)));
-        }
-        check_len(op, "x", x.len(), n * self.cols)?;
-        if let Some(function) = slot.get() {
-            return Ok(function);
-        }
-        let function = device.registry().function("matvec_input", kernel, &[])?;
-        Ok(slot.get_or_init(|| function))
-    }
-
-    /// Quantizes the first `n` tokens of `x` [n][cols]. Writes the device buffers through a
-    /// shared reference: their only readers are later launches on the same stream.
-    pub(crate) fn fill(&self, device: &CudaDevice, x: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
-        const OP: &str = "quantize_activations";
-        let function = self.prepare(device, OP, &self.quantize, "quantize_activations_q8", x, n)?;
-        let tiles = tiles_of(self.cols);
-        let (cols, n32, tiles32) = (to_u32(OP, "cols", self.cols)?, to_u32(OP, "n", n)?, to_u32(OP, "tiles", tiles)?);
-        let cfg = stride_launch(n * tiles * LANES);
-        // SAFETY: argument list matches quantize_activations_q8; x holds n * cols values (checked)
-        // and the buffers n <= max_tokens tokens of tiles * 512 codes and tiles * 32 pairs.
-        unsafe { device.stream().launch_builder(function).arg(x).arg(&cols).arg(&n32).arg(&tiles32).arg(&self.codes).arg(&self.scales).launch(cfg) }
-            .map(drop)
-            .map_err(CudaError::driver("launching quantize_activations_q8"))?;
-        self.filled_tokens.store(n, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// Where a kernel that produces activations stores them in [`QuantizedActivations`]' layout
-/// itself (kernels/activation_q8.cuh): the codes' and scales' device addresses and the chunks
-/// of 16 values a token's row takes (padding included).
-#[derive(Clone, Copy, Debug)]
-pub struct ActivationTarget {
-    pub codes: u64,
-    pub scales: u64,
-    pub chunks_per_token: u32,
-    pub cols: usize,
-    pub max_tokens: usize,
-}
-
-impl QuantizedActivations {
-    /// The buffers for a kernel that writes them itself; afterwards [`Self::mark_filled`] with
-    /// the tokens it wrote, so that products may read them.
-    pub fn target(&self, device: &CudaDevice) -> ActivationTarget {
-        ActivationTarget {
-            codes: device_address(device, &self.codes),
-            scales: device_address(device, &self.scales),
-            chunks_per_token: (tiles_of(self.cols) * LANES) as u32,
-            cols: self.cols,
-            max_tokens: self.max_tokens,
-        }
-    }
-
-    /// The first `n` tokens' codes (`cols` each, padding dropped) and (scale, scale * code
-    /// sum) pairs, copied to the host (for tests).
-    pub fn download(&self, device: &CudaDevice, n: usize) -> Result<(Vec<i8>, Vec<[f32; 2]>), CudaError> {
-        let (padded, chunks) = (tiles_of(self.cols) * TILE_VALUES, tiles_of(self.cols) * LANES);
-        let (codes, scales) = (device.download(&self.codes)?, device.download(&self.scales)?);
-        let n = n.min(self.max_tokens);
-        let codes = (0..n).flat_map(|t| codes[t * padded..t * padded + self.cols].iter().copied()).collect();
-        let scales = (0..n).flat_map(|t| (0..self.cols / CHUNK_VALUES).map(move |c| (t * chunks + c) * 2)).map(|i| [scales[i], scales[i + 1]]).collect();
-        Ok((codes, scales))
-    }
-
-    /// The first `n` tokens now hold activations written through [`Self::target`].
-    pub fn mark_filled(&self, n: usize) {
-        self.filled_tokens.store(n.min(self.max_tokens), Ordering::Relaxed);
-    }
-}
-
-/// Quantizes the first `n` tokens of `x` [n][cols] for [`matmul_quantized`] and
-/// [`matmul_swiglu_quantized`].
-pub fn quantize_activations(device: &CudaDevice, x: &CudaSlice<f32>, n: usize, out: &mut QuantizedActivations) -> Result<(), CudaError> {
-    out.fill(device, x, n)
-}
-
-/// RMSNorm of the first `n` tokens of `x` [n][cols] (`x / sqrt(mean(x²) + eps) * weight`),
-/// quantized into `out` in the same launch. The normalized values are bit-identical to the
-/// backend's `rms_norm` (the kernels share their reduction code), so this equals `rms_norm`
-/// followed by [`quantize_activations`]. Writes `out` through a shared reference like `matmul`
-/// does with a weight's own input buffer.
-pub fn rms_norm_quantize(
-    device: &CudaDevice,
-    x: &CudaSlice<f32>,
-    weight: &CudaSlice<f32>,
-    eps: f32,
-    n: usize,
-    out: &QuantizedActivations,
-) -> Result<(), CudaError> {
-    const OP: &str = "rms_norm_quantize";
-    let function = out.prepare(device, OP, &out.norm_quantize, "rms_norm_quantize_q8", x, n)?;
-    check_len(OP, "norm weight", weight.len(), out.cols)?;
-    if n > 0 {
-        let tiles = tiles_of(out.cols);
-        let (cols, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "tiles", tiles)?);
-        let cfg = LaunchConfig { grid_dim: (to_u32(OP, "n", n)?, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument list matches rms_norm_quantize_q8; x holds n * cols values and weight
-        // cols (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
-        // tiles * 32 pairs.
-        unsafe { device.stream().launch_builder(function).arg(x).arg(weight).arg(&cols).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales).launch(cfg) }
-            .map(drop)
-            .map_err(CudaError::driver("launching rms_norm_quantize_q8"))?;
-    }
-    out.filled_tokens.store(n, Ordering::Relaxed);
-    Ok(())
 }
 
 fn check_len(op: &'static str, what: &str, have: usize, need: usize) -> Result<(), CudaError> {
@@ -500,7 +355,7 @@ pub fn matmul_quantized_with_shape(
     accumulate: bool,
     shape: usize,
 ) -> Result<(), CudaError> {
-    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, next: None };
+    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, next: None, norm: None };
     launch_checked_shape(device, call, out, shape).map(drop)
 }
 
@@ -521,30 +376,43 @@ pub fn matmul_swiglu_quantized_into(
     shape: Option<usize>,
 ) -> Result<bool, CudaError> {
     const OP: &str = "matmul_swiglu_quantized_into";
-    if n > next.max_tokens || next.cols != w_gate.rows {
-        return Err(invalid(OP, format!("{n} tokens of {} values into a next input of {} x {}", w_gate.rows, next.max_tokens, next.cols)));
-    }
-    if std::ptr::eq(x, next) {
-        return Err(invalid(OP, "the next input is the product's own input: its blocks would overwrite what others still read"));
-    }
-    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)) };
-    let stored = match shape {
-        Some(shape) => launch_checked_shape(device, call, out, shape)?,
-        None if n == 0 => false,
-        None => {
-            check_quantized_call(&call, out)?;
-            launch_matvec(device, call, out)?
-        }
-    };
-    if stored {
+    check_next_input(OP, w_gate, x, next, n)?;
+    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)), norm: None };
+    let stored = launch_storing(device, call, out, shape)?;
+    if stored.is_some() {
         next.mark_filled(n);
     }
-    Ok(stored)
+    Ok(stored.is_some())
 }
 
-/// A mat-vec launch of a caller-chosen shape, its operands checked; returns whether it stored
-/// `call.next`.
-fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<bool, CudaError> {
+/// Whether `next` can take the `n` tokens of `w`'s output that a product reading `x` stores as
+/// the next product's input: room enough, and another buffer than `x`.
+fn check_next_input(op: &'static str, w: &GpuWeight, x: &QuantizedActivations, next: &QuantizedActivations, n: usize) -> Result<(), CudaError> {
+    if n > next.max_tokens || next.cols != w.rows {
+        return Err(invalid(op, format!("{n} tokens of {} values into a next input of {} x {}", w.rows, next.max_tokens, next.cols)));
+    }
+    if std::ptr::eq(x, next) {
+        return Err(invalid(op, "the next input is the product's own input: its blocks would overwrite what others still read"));
+    }
+    Ok(())
+}
+
+/// A mat-vec that stores `call.next` where its launch shape allows: the measured shape, or
+/// `shape` whatever measurement would pick. Returns its blocks when it stored.
+fn launch_storing(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: Option<usize>) -> Result<Option<u32>, CudaError> {
+    match shape {
+        Some(shape) => launch_checked_shape(device, call, out, shape),
+        None if call.n == 0 => Ok(None),
+        None => {
+            check_quantized_call(&call, out)?;
+            launch_matvec(device, call, out)
+        }
+    }
+}
+
+/// A mat-vec launch of a caller-chosen shape, its operands checked; returns its blocks where it
+/// stored `call.next`.
+fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<Option<u32>, CudaError> {
     let MatvecCall { op, w, n, .. } = call;
     if shape >= MATVEC_SHAPES.len() || !(1..=matvec_shape_max_tokens(shape)).contains(&n) {
         return Err(invalid(op, format!("shape {shape} of {} for {n} tokens (1..={})", MATVEC_SHAPES.len(), matvec_shape_max_tokens(shape))));
@@ -554,8 +422,7 @@ fn launch_checked_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cud
     }
     check_quantized_call(&call, out)?;
     let next = next_input_target(&call, shape);
-    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
-    Ok(next.is_some())
+    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape).map(|blocks| next.map(|_| blocks))
 }
 
 /// The operands of a quantized mat-vec on int8 activations: gate and up alike, the output long
@@ -640,7 +507,8 @@ fn product(
                     let shared = shared_input(device, w.cols)?;
                     let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
-                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, next: None }, out).map(drop);
+                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, next: None, norm: None }, out)
+                        .map(drop);
                 }
                 Storage::Float { .. } => input,
             }
@@ -653,7 +521,7 @@ fn product(
             return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
-    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, next: None }, out).map(drop)
+    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, next: None, norm: None }, out).map(drop)
 }
 
 /// Whether `n` tokens of f32 activations times `w` take the mat-mat (tensor cores) rather
@@ -718,9 +586,19 @@ struct MatvecCall<'a> {
     input: Input<'a>,
     n: usize,
     accumulate: bool,
-    /// A SwiGLU's output stored again as the next product's int8 input, where the launch
-    /// shape allows ([`next_input_target`]).
+    /// The output stored again as the next product's int8 input, where the launch shape allows
+    /// ([`next_input_target`]): a SwiGLU's as it is, a residual product's (`norm`) times the
+    /// norm weight, its RMS scale deferred to the products that read it.
     next: Option<ActivationTarget>,
+    norm: Option<NormStore>,
+}
+
+/// The device addresses a residual product needs to store the next product's normed input:
+/// the norm weight, and where each block's sum of squares goes.
+#[derive(Clone, Copy)]
+struct NormStore {
+    weight: u64,
+    parts: u64,
 }
 
 /// Whether `n` tokens of `x` were quantized for `w`, as its product needs.
@@ -732,18 +610,30 @@ fn check_quantized_input(op: &'static str, x: &QuantizedActivations, w: &GpuWeig
     Ok(())
 }
 
-/// `call.next` where a quantized SwiGLU launch of `shape` can store its output as the next
-/// product's input too (matvec.cuh's quantize_block_rows): its blocks hold whole 16-row
-/// chunks, none of their warps returns early, and the rows fill whole tiles (no padding chunks).
+/// `call.next` where a quantized SwiGLU or residual (`call.norm`) launch of `shape` can store its
+/// output as the next product's input too (matvec.cuh's quantize_block_rows, norm_block_rows):
+/// its blocks hold whole 16-row chunks, none of their warps returns early, and the rows fill
+/// whole tiles (no padding chunks).
 fn next_input_target(call: &MatvecCall<'_>, shape: usize) -> Option<ActivationTarget> {
     call.next.filter(|_| stores_next(call, shape))
 }
 
 fn stores_next(call: &MatvecCall<'_>, shape: usize) -> bool {
     let rows = call.w.rows;
-    let block_rows = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::SwiGlu) as usize;
+    let block_rows = MATVEC_SHAPES[shape].rows_per_block(call.kind()) as usize;
     let fits = block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && rows % TILE_VALUES == 0;
-    fits && call.up.is_some() && matches!(call.w.storage, Storage::Quant { .. })
+    let stores = call.up.is_some() || (call.norm.is_some() && call.accumulate);
+    fits && stores && matches!(call.w.storage, Storage::Quant { .. })
+}
+
+impl MatvecCall<'_> {
+    fn kind(&self) -> MatvecKind {
+        if self.up.is_some() {
+            MatvecKind::SwiGlu
+        } else {
+            MatvecKind::Plain
+        }
+    }
 }
 
 /// What a launch that moves no weights (a quantization of 16K values) costs in a replayed
@@ -752,13 +642,13 @@ fn stores_next(call: &MatvecCall<'_>, shape: usize) -> bool {
 const SAVED_LAUNCH_MS: f32 = 0.002;
 
 /// The mat-vec with the launch shape measured for it (quantized weights) or the default.
-/// Returns whether it stored `call.next` (only where that shape allows).
-fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>) -> Result<bool, CudaError> {
+/// Returns its blocks where it stored `call.next` (only where that shape allows).
+fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>) -> Result<Option<u32>, CudaError> {
     let MatvecCall { w, n, .. } = call;
     let shape = match w.storage {
         Storage::Quant { .. } => {
             let mut scratch: Option<CudaSlice<f32>> = None;
-            let kind = if call.up.is_some() { MatvecKind::SwiGlu } else { MatvecKind::Plain };
+            let kind = call.kind();
             let storing = call.next.is_some();
             let credit = |shape| if storing && stores_next(&call, shape) { SAVED_LAUNCH_MS } else { 0.0 };
             choose_shape(device, TuneKey::new(device, w, n, kind).storing(storing), w, credit, |shape| {
@@ -772,15 +662,15 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
         Storage::Float { .. } => default_shape(n),
     };
     let next = next_input_target(&call, shape);
-    launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
-    Ok(next.is_some())
+    let blocks = launch_matvec_shape(device, MatvecCall { next, ..call }, out, shape)?;
+    Ok(next.map(|_| blocks))
 }
 
-/// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]).
-fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
-    let MatvecCall { op, w, up, input, n, accumulate, next } = call;
+/// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]); returns its blocks.
+fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<u32, CudaError> {
+    let MatvecCall { op, w, up, input, n, accumulate, next, norm } = call;
     let swiglu = up.is_some();
-    let kind = if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain };
+    let kind = call.kind();
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
     // One token of float weights takes a block per FV_ROW_ROWS rows, per row of a SwiGLU pair
     // (matvec_float_row).
@@ -789,28 +679,40 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
         _ => (MATVEC_SHAPES[shape].rows_per_block(kind), MATVEC_SHAPES[shape].warps),
     };
     let (rows32, cols32, accumulate32) = (to_u32(op, "rows", w.rows)?, to_u32(op, "cols", w.cols)?, u32::from(accumulate));
-    let cfg = LaunchConfig { grid_dim: (rows32.div_ceil(rows_per_block), 1, 1), block_dim: (warps * 32, 1, 1), shared_mem_bytes: 0 };
+    let blocks = rows32.div_ceil(rows_per_block);
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (warps * 32, 1, 1), shared_mem_bytes: 0 };
+    let input_norm = match input {
+        Input::Quantized(q) => q.input_norm_arg(device),
+        Input::F32(_) => InputNormArg::default(),
+    };
+    let (next_codes, next_scales) = next.map_or((0u64, 0u64), |t| (t.codes, t.scales));
+    let next_norm = match (next, norm) {
+        (Some(t), Some(norm)) => NextNormArg { weight: norm.weight, codes: t.codes, scales: t.scales, parts: norm.parts },
+        _ => NextNormArg::default(),
+    };
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {
         push_weight(&mut launch, &up.storage);
     }
     match input {
-        Input::Quantized(q) => launch.arg(&q.codes).arg(&q.scales),
+        Input::Quantized(q) => launch.arg(&q.codes).arg(&q.scales).arg(&input_norm),
         Input::F32(x) => launch.arg(x).arg(&cols32),
     };
     launch.arg(out).arg(&rows32);
-    let (next_codes, next_scales) = next.map_or((0u64, 0u64), |t| (t.codes, t.scales));
     match (swiglu, &w.storage) {
-        (false, _) => launch.arg(&accumulate32),
+        (false, Storage::Quant { .. }) => launch.arg(&accumulate32).arg(&next_norm),
+        (false, Storage::Float { .. }) => launch.arg(&accumulate32),
         (true, Storage::Quant { .. }) => launch.arg(&next_codes).arg(&next_scales),
         (true, Storage::Float { .. }) => &mut launch,
     };
     // SAFETY: argument lists match matvec_* / matvec_swiglu_* of matvec_{legacy,kquant,float}.cu;
     // the weights cover rows x cols (same shape for gate and up, checked), the activations n
-    // tokens of cols values (checked or quantized above) and out n * rows values (checked); a
-    // next target (or null) holds n tokens of rows values (checked by its caller).
-    unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))
+    // tokens of cols values (checked or quantized above) with their deferred norm's sums, and
+    // out n * rows values (checked); a next target (or null) holds n tokens of rows values, and
+    // its norm weight rows values and sums a value per token and block (checked by its caller).
+    unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))?;
+    Ok(blocks)
 }
 
 #[cfg(test)]

@@ -631,12 +631,86 @@ fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
                     }
                 }
             }
-            match (rows % 512 == 0, stored_by.is_empty()) {
-                (true, true) => failures.push(format!("{case}: no launch shape stored the next input")),
-                (false, false) => failures.push(format!("{case}: shapes {stored_by:?} stored rows that do not fill whole tiles")),
-                _ => eprintln!("{case}: stored by shapes {stored_by:?}"),
+            check_stored_by(&mut failures, &case, rows, &stored_by);
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A residual product that prepares the next product's normed input
+/// (`matmul_add_normed`), for every launch shape: the residual must be bit for bit the plain
+/// accumulating launch's of the same shape; where the shape stores (blocks of whole 16-row
+/// chunks, rows filling whole tiles), a product reading the prepared input must match one
+/// reading `rms_norm_quantize` of the new residual within 1e-3 relative L2 (the codes quantize
+/// `x * weight` instead of `x * weight / rms`: the same but at rounding ties, one step of a
+/// chunk's scale), and elsewhere nothing is claimed stored. Rows of 1,024 and 528 (not whole
+/// tiles: never stored); 1 and 3 tokens.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
+    let mut rng = rng("matmul_add_normed");
+    let mut failures = Vec::new();
+    let eps = 1e-5;
+    for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q8_0, GgmlType::Q4_K] {
+        for (rows, cols) in [(1024, 512), (528, 512)] {
+            let w = HostWeight::random(&mut rng, ty, rows, cols).upload("w");
+            // A reader of the prepared input (rows not filling whole tiles are never prepared).
+            let reader = (rows % 512 == 0).then(|| HostWeight::random(&mut rng, ty, 64, rows).upload("reader"));
+            let norm = upload_f32(&random_f32(&mut rng, rows).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
+            for n in [1, 3] {
+                let case = format!("{ty} {rows}x{cols} n={n}");
+                let mut x = QuantizedActivations::new(device(), n, cols).expect("activations");
+                matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, n * cols)), n, &mut x).expect("quantize");
+                let residual = random_f32(&mut rng, n * rows);
+                let mut stored_by = Vec::new();
+                for shape in (0..matvec::MATVEC_SHAPE_COUNT).filter(|&s| matvec::matvec_shape_fits(s, &w, n)) {
+                    let mut want = upload_f32(&residual);
+                    matvec::matmul_quantized_with_shape(device(), &w, None, &x, &mut want, n, true, shape).expect("plain add");
+                    let mut got = upload_f32(&residual);
+                    let next = QuantizedActivations::new(device(), n, rows).expect("next");
+                    let stored = match matvec::matmul_add_normed(device(), &w, &x, &mut got, n, (&norm, eps), &next, Some(shape)) {
+                        Ok(stored) => stored,
+                        Err(e) => {
+                            failures.push(format!("{case} shape {shape}: {e}"));
+                            continue;
+                        }
+                    };
+                    let (got_x, want_x) = (download(&got, n * rows, &mut failures, &case), download(&want, n * rows, &mut failures, &case));
+                    if got_x.iter().zip(&want_x).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                        failures.push(format!("{case} shape {shape}: the residual differs from the plain accumulating launch's"));
+                    }
+                    if stored != next.has_deferred_norm() {
+                        failures.push(format!("{case} shape {shape}: stored {stored}, but the input's deferred norm says otherwise"));
+                    }
+                    if !stored {
+                        continue;
+                    }
+                    stored_by.push(shape);
+                    let Some(reader) = &reader else { continue };
+                    let separate = QuantizedActivations::new(device(), n, rows).expect("separate");
+                    matvec::rms_norm_quantize(device(), &want, &norm, eps, n, &separate).expect("norm");
+                    let (mut y, mut y_want) = (poisoned(n * 64), poisoned(n * 64));
+                    matvec::matmul_quantized(device(), reader, &next, &mut y, n, false).expect("reader of the prepared input");
+                    matvec::matmul_quantized(device(), reader, &separate, &mut y_want, n, false).expect("reader of the separate norm");
+                    let (y, y_want) = (download(&y, n * 64, &mut failures, &case), download(&y_want, n * 64, &mut failures, &case));
+                    let (diff, norm2) = y.iter().zip(&y_want).fold((0f64, 0f64), |(d, w), (a, b)| (d + f64::from(a - b).powi(2), w + f64::from(*b).powi(2)));
+                    let rel_l2 = (diff / norm2.max(f64::MIN_POSITIVE)).sqrt();
+                    if rel_l2.is_nan() || rel_l2 > 1e-3 {
+                        failures.push(format!("{case} shape {shape}: the reader of the prepared input is {rel_l2:.2e} (relative L2) from the separate norm's"));
+                    }
+                }
+                check_stored_by(&mut failures, &case, rows, &stored_by);
             }
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Rows filling whole tiles must have been stored by some launch shape, others by none.
+fn check_stored_by(failures: &mut Vec<String>, case: &str, rows: usize, stored_by: &[usize]) {
+    match (rows.is_multiple_of(512), stored_by.is_empty()) {
+        (true, true) => failures.push(format!("{case}: no launch shape stored the next input")),
+        (false, false) => failures.push(format!("{case}: shapes {stored_by:?} stored rows that do not fill whole tiles")),
+        _ => eprintln!("{case}: stored by shapes {stored_by:?}"),
+    }
 }

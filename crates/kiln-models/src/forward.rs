@@ -3,7 +3,9 @@
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
 use kiln_core::backend::{AttentionParams, Result};
-use kiln_core::{AllReduce, AttentionArgs, Backend, BackendError, DeviceBuffer, ExpertInput, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut};
+use kiln_core::{
+    AllReduce, AttentionArgs, Backend, BackendError, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut,
+};
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
@@ -152,17 +154,24 @@ pub(crate) fn forward<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, stat
 fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Option<&mut RecurrentStates<B>>, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     b.embed(&p.w.token_embd, p.step, a.x.rows_mut(n, e)?)?;
-    for (lc, l) in c.layers.iter().zip(&p.w.layers) {
+    // The attention norm the last FFN prepared with its residual add (NormChain).
+    let mut prepared = None;
+    for (i, (lc, l)) in c.layers.iter().zip(&p.w.layers).enumerate() {
+        let next_attention_norm = match (c.layers.get(i + 1).map(|lc| &lc.mixer), p.w.layers.get(i + 1)) {
+            (Some(Mixer::Attention(at)), Some(next)) if matches!(at.kv, KvSource::Own { .. }) => Some((next.attn_norm.whole(), c.rms_eps)),
+            _ => None,
+        };
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
-                attention_inputs(p, at, aw, &l.attn_norm, caches, a)?;
+                attention_inputs(p, at, aw, &l.attn_norm, caches, a, prepared.take())?;
                 let q_width = at.n_head * at.head_dim;
                 match (&aw.wo_bias, p.reduce) {
                     (None, None) if !at.gated => {
                         let (cache, step) = caches.get(at.cache)?;
                         let params = attention_params(at, p.max_seq_len);
                         let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks: aw.sinks.as_ref().map(|s| s.whole()), step, params: &params };
-                        b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?;
+                        let ffn_norm = swiglu_ffn(p, lc, l).map(|_| (l.ffn_norm.whole(), c.rms_eps));
+                        prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
                     }
                     (bias, _) => {
                         attention(p, at, aw, caches, a)?;
@@ -182,7 +191,8 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
             }
             _ => return Err(BackendError::BadPlan("layer weights do not match the layer's mixer".into())),
         }
-        ffn(p, lc, l, a, Out::AddToResidual)?;
+        let chain = NormChain { prepared: prepared.take(), next: next_attention_norm };
+        prepared = ffn(p, lc, l, a, Out::AddToResidual, chain)?;
     }
     lm_head(p, a)
 }
@@ -201,7 +211,7 @@ fn delta_net<B: Backend>(
     let (conv_dim, heads, v_width) = (d.conv_dim(), d.n_v_heads, d.v_width());
     let params = recurrent::params(d);
     let projections = [s.qkv.rows_mut(n, conv_dim)?, s.z.rows_mut(n, v_width)?, s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?];
-    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta], projections)?;
+    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta], projections, None)?;
     b.delta_net_gates(s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?, w.a.whole(), w.dt_bias.whole())?;
     let [conv, ssm] = states.layer(d.state, &params)?;
     b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
@@ -225,11 +235,11 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         let (Mixer::Attention(at), MixerWeights::Attention(aw)) = (&lc.mixer, &l.mixer) else {
             return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
         };
-        attention_inputs(p, at, aw, &l.attn_norm, caches, a)?;
+        attention_inputs(p, at, aw, &l.attn_norm, caches, a, None)?;
         attention(p, at, aw, caches, a)?;
         b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
-        ffn(p, lc, l, a, Out::Scratch)?;
+        ffn_unchained(p, lc, l, a, Out::Scratch)?;
         // The layer's output scale comes last: after the per-layer block where there is one.
         let scale = l.output_scale.unwrap_or(1.0);
         match &l.per_layer {
@@ -291,6 +301,7 @@ fn attention_inputs<B: Backend>(
     norm: &B::Buffer,
     caches: &mut LayerCaches<B>,
     a: &mut Workspace<B>,
+    prepared: Option<B::NormedInput>,
 ) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
@@ -304,7 +315,7 @@ fn attention_inputs<B: Backend>(
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
             let qkv = [a.q.rows_mut(n, q_proj)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv)?;
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv, prepared)?;
         }
         (KvSource::Shared { .. }, None) => {
             b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
@@ -377,16 +388,32 @@ enum Out {
     Scratch,
 }
 
+/// The layer's dense SiLU-gated FFN where it is added straight to the residual (one backend call,
+/// [`Backend::norm_swiglu_ffn_add`]), with its width.
+fn swiglu_ffn<'a, B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &'a LayerWeights<B>) -> Option<(&'a DenseFfn<B>, usize)> {
+    match (&l.ffn, &lc.ffn) {
+        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) if p.reduce.is_none() && matches!(p.w.config.activation, Activation::Silu) => Some((d, *n_ff)),
+        _ => None,
+    }
+}
+
 /// The layer's feed-forward of `norm(x)`: dense gated FFN or mixture of experts (with Gemma 4's
-/// dense FFN beside it).
-fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out) -> Result<()> {
+/// dense FFN beside it). Along `chain` the dense SwiGLU FFN added to the residual takes the
+/// norm the attention prepared and prepares the next layer's; returns what it prepared.
+fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out, chain: NormChain<B>) -> Result<Option<B::NormedInput>> {
+    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
+    if let (Some((d, n_ff)), Out::AddToResidual) = (swiglu_ffn(p, lc, l), out) {
+        let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
+        let (x, h, act, tmp) = (a.x.rows_mut(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?, a.tmp.rows_mut(n, e)?);
+        return b.norm_swiglu_ffn_add(x, (l.ffn_norm.whole(), c.rms_eps), h, [&d.gate, &d.up, &d.down], scratch, act, tmp, chain);
+    }
+    ffn_unchained(p, lc, l, a, out).map(|()| None)
+}
+
+/// [`ffn`] for the FFNs that take no norm along a chain.
+fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     match (&l.ffn, &lc.ffn) {
-        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) if out == Out::AddToResidual && p.reduce.is_none() && matches!(c.activation, Activation::Silu) => {
-            let scratch = [a.gate.rows_mut(n, *n_ff)?, a.up.rows_mut(n, *n_ff)?];
-            let (x, h, act, tmp) = (a.x.rows_mut(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, *n_ff)?, a.tmp.rows_mut(n, e)?);
-            b.norm_swiglu_ffn_add(x, (l.ffn_norm.whole(), c.rms_eps), h, [&d.gate, &d.up, &d.down], scratch, act, tmp)
-        }
         (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
             dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
             let act = a.act.rows(n, *n_ff)?;
@@ -458,7 +485,7 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
         }
         act => {
             let projections = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], projections)?;
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], projections, None)?;
             gated_activation(b, act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
         }
     }

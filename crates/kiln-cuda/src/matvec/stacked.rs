@@ -145,9 +145,11 @@ fn launch_shape(
     }
     let blocks: u32 = rows.iter().map(|r| r.div_ceil(rows_per_block)).sum();
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1), shared_mem_bytes: 0 };
+    let input_norm = x.input_norm_arg(device);
     // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
-    // quantized activations, then the outputs and rows; the weights share one quantized format
-    // and width (`stackable`), the activations hold n tokens of that width (checked) and each
+    // quantized activations with their deferred norm, then the outputs and rows; the weights
+    // share one quantized format and width (`stackable`), the activations hold n tokens of that
+    // width (checked) and each
     // output n times its weight's rows (checked).
     unsafe {
         launch_stacked_kernel(
@@ -156,7 +158,7 @@ fn launch_shape(
             cfg,
             weights,
             |launch| {
-                launch.arg(&x.codes).arg(&x.scales);
+                launch.arg(&x.codes).arg(&x.scales).arg(&input_norm);
             },
             outs,
             &rows,

@@ -1,0 +1,131 @@
+//! The CUDA backend's [`Backend::NormedInput`](kiln_core::Backend::NormedInput): the RMSNorm of
+//! the residual that a residual product prepared in its own launch (matvec::matmul_add_normed)
+//! for the next call's products, so that call runs no norm launch.
+
+use std::sync::MutexGuard;
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use kiln_core::backend::{NormChain, Result};
+
+use crate::backend::{backend_error, lock_input, View};
+use crate::matvec::{self, GpuWeight, QuantizedActivations, SharedInput};
+use crate::{CudaBackend, CudaDevice};
+
+/// What a residual product left in the device's normed input for `cols`-value rows: the norm
+/// of the residual at `residual` with the weight at `weight` and `eps`, for `n` tokens, as the
+/// buffer's fill number `fill`.
+pub struct CudaNormedInput {
+    input: SharedInput,
+    fill: u64,
+    residual: u64,
+    weight: u64,
+    eps: f32,
+    n: usize,
+}
+
+fn address(device: &CudaDevice, buffer: &CudaSlice<f32>) -> u64 {
+    buffer.device_ptr(device.stream()).0
+}
+
+impl CudaNormedInput {
+    /// Records what `input` (locked by the caller, just filled) now holds.
+    pub(crate) fn new(
+        device: &CudaDevice,
+        input: &SharedInput,
+        filled: &QuantizedActivations,
+        residual: &CudaSlice<f32>,
+        norm: (&CudaSlice<f32>, f32),
+        n: usize,
+    ) -> Self {
+        CudaNormedInput { input: input.clone(), fill: filled.fills(), residual: address(device, residual), weight: address(device, norm.0), eps: norm.1, n }
+    }
+
+    /// The prepared input, locked, if it holds the norm of `residual` with `norm` for `n`
+    /// tokens and nothing has filled it since; else None (the caller normalizes itself).
+    pub(crate) fn lock_if_current(
+        &self,
+        device: &CudaDevice,
+        residual: &CudaSlice<f32>,
+        norm: (&CudaSlice<f32>, f32),
+        n: usize,
+    ) -> Option<MutexGuard<'_, QuantizedActivations>> {
+        let same = self.residual == address(device, residual) && self.weight == address(device, norm.0) && self.eps == norm.1 && self.n == n;
+        if !same {
+            return None;
+        }
+        let input = self.input.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (input.fills() == self.fill && input.has_deferred_norm()).then_some(input)
+    }
+}
+
+/// Where a residual product prepares the next call's normed input: the norm (weight, eps), and
+/// the device's normed input for the residual's width, locked by the caller.
+pub(crate) struct NextNormTarget<'a> {
+    pub(crate) norm: (View<'a>, f32),
+    pub(crate) input: &'a SharedInput,
+    pub(crate) locked: &'a QuantizedActivations,
+}
+
+/// `residual += x · Wᵀ` from int8 activations and, given `next`, the norm of the new residual
+/// prepared in the same launch where its shape allows (returned, for the next call's products).
+pub(crate) fn matmul_add_then_norm(
+    device: &CudaDevice,
+    w: &GpuWeight,
+    x: &QuantizedActivations,
+    residual: &mut CudaSlice<f32>,
+    n: usize,
+    next: Option<NextNormTarget>,
+) -> Result<Option<CudaNormedInput>> {
+    let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next else {
+        matvec::matmul_quantized(device, w, x, residual, n, true).map_err(backend_error)?;
+        return Ok(None);
+    };
+    let norm = (weight.buf(), eps);
+    if !matvec::matmul_add_normed(device, w, x, residual, n, norm, locked, None).map_err(backend_error)? {
+        return Ok(None);
+    }
+    Ok(Some(CudaNormedInput::new(device, input, locked, residual, norm, n)))
+}
+
+/// The quantized SwiGLU FFN of `n` tokens of `dim` values added to `x`: its norm (`norm`, or
+/// what `chain.prepared` holds of it; else into `shared`, the device's input for `dim`),
+/// gate/up storing the down product's input, down preparing `chain.next`. Returns the prepared
+/// norm, or None without adding anything when gate/up could not store down's input (the caller
+/// then runs down from the f32 activation `act`).
+pub(crate) fn chained_swiglu_ffn(
+    device: &CudaDevice,
+    [gate, up, down]: [&GpuWeight; 3],
+    (x, norm): (&mut CudaSlice<f32>, (View, f32)),
+    act: &mut CudaSlice<f32>,
+    (n, dim): (usize, usize),
+    shared: &SharedInput,
+    chain: NormChain<CudaBackend>,
+) -> Result<Option<Option<CudaNormedInput>>> {
+    let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
+    let normed = chain.next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
+    // All stay locked until their products are enqueued: the shared inputs narrower first, the
+    // normed one last, so two models with swapped widths cannot each hold one and wait.
+    let (qx, next) = if dim < down.cols {
+        let qx = lock_input(shared);
+        (qx, lock_input(&next_shared))
+    } else {
+        let next = lock_input(&next_shared);
+        (lock_input(shared), next)
+    };
+    let prepared = chain.prepared.as_ref().and_then(|p| p.lock_if_current(device, x, (norm.0.buf(), norm.1), n));
+    if prepared.is_none() {
+        matvec::rms_norm_quantize(device, x, norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
+    }
+    let gate_input = prepared.as_deref().unwrap_or(&qx);
+    if !matvec::matmul_swiglu_quantized_into(device, gate, up, gate_input, act, n, &next, None).map_err(backend_error)? {
+        return Ok(None);
+    }
+    // The next norm goes where gate/up's prepared input was (read by then).
+    let target = match (prepared, &normed) {
+        (Some(target), _) => Some(target),
+        (None, Some(normed)) => Some(lock_input(normed)),
+        (None, None) => None,
+    };
+    let next_norm = chain.next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
+    matmul_add_then_norm(device, down, &next, x, n, next_norm).map(Some)
+}
