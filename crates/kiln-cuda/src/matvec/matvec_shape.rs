@@ -232,6 +232,8 @@ mod tests {
     fn shapes_fit_the_kernels_limits() {
         for s in MATVEC_SHAPES {
             assert!([1, 2, 4, 8, 16].contains(&s.rows_per_warp) && (1..=8).contains(&s.batch) && [1, 2, 4].contains(&s.split), "{s:?}");
+            // matvec.cuh's static_assert on MV_WARPS; a split divides the block's warps.
+            assert!([MV_WARPS, 16].contains(&s.warps) && s.warps % s.split == 0, "{s:?}");
             assert!(!s.grouped_only() || s.one_token_only(), "{s:?}");
             let most_tokens = if s.one_token_only() { 1 } else { MAX_MATVEC_TOKENS as u32 };
             for ntok in 1..=most_tokens {
@@ -241,6 +243,19 @@ mod tests {
             }
         }
         assert_eq!([1, 2, 3, 4, 8].map(|n| MATVEC_SHAPES[default_shape(n)].rows_per_warp), [1, 2, 2, 4, 4]);
+    }
+
+    /// Every format has a one-token shape whose blocks hold whole 16-row chunks for each kind
+    /// of product that stores the next input (the plain residual product, the SwiGLU), so the
+    /// tuner always has a storing candidate to weigh.
+    #[test]
+    fn one_token_candidates_include_storing_shapes_for_every_kind() {
+        for grouped in [false, true] {
+            for kind in [MatvecKind::Plain, MatvecKind::SwiGlu] {
+                let storing = candidate_shapes(1, grouped).filter(|&i| MATVEC_SHAPES[i].rows_per_block(kind) % 16 == 0).count();
+                assert!(storing > 0, "{kind:?}, grouped {grouped}: no candidate holds whole 16-row chunks a block");
+            }
+        }
     }
 
     #[test]

@@ -112,6 +112,24 @@ fn host_constants_match_the_kernel_defines() {
     assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
 }
 
+/// Every mat-vec launch shape's kind of block (rows a warp, warps a row, warps a block) is
+/// one the compile test builds for both quantized sources.
+#[test]
+fn every_matvec_shape_is_a_tested_specialization() {
+    for name in ["matvec_legacy", "matvec_kquant"] {
+        let source = crate::find_source(name).expect("matvec source");
+        let value = |set: &[(&str, i64)], key: &str, default: i64| set.iter().find(|(k, _)| *k == key).map_or(default, |&(_, v)| v);
+        for s in MATVEC_SHAPES {
+            let built = source.test_defines.iter().any(|set| {
+                value(set, "ROWS_PER_WARP", 0) == i64::from(s.rows_per_warp)
+                    && value(set, "MV_SPLIT", 1) == i64::from(s.split)
+                    && value(set, "MV_WARPS", i64::from(MV_WARPS)) == i64::from(s.warps)
+            });
+            assert!(built, "{name}: {s:?} has no kiln-test-defines line");
+        }
+    }
+}
+
 /// Every mat-mat tile the host launches is one the compile test builds.
 #[test]
 fn every_matmat_tile_is_a_tested_specialization() {
