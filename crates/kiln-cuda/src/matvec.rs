@@ -41,6 +41,7 @@ mod normed;
 mod repack;
 mod stacked;
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -175,7 +176,13 @@ pub type SharedInput = Arc<Mutex<QuantizedActivations>>;
 /// quantized weight with `cols` columns and `n <= 8` quantizes into; made on first request
 /// (every quantized upload asks, so none is first made inside a graph capture).
 pub fn shared_input(device: &CudaDevice, cols: usize) -> Result<SharedInput, CudaError> {
-    let mut inputs = device.matvec_inputs.lock().unwrap_or_else(PoisonError::into_inner);
+    input_for_width(device, &device.matvec_inputs, cols)
+}
+
+/// The input of `inputs` (one of the device's maps of per-width buffers) for rows of `cols`
+/// values, made on first request.
+fn input_for_width(device: &CudaDevice, inputs: &Mutex<HashMap<usize, SharedInput>>, cols: usize) -> Result<SharedInput, CudaError> {
+    let mut inputs = inputs.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(input) = inputs.get(&cols) {
         return Ok(input.clone());
     }
@@ -361,7 +368,7 @@ pub fn matmul_quantized_with_shape(
 
 /// [`matmul_swiglu_quantized`] that also stores its output as `next`'s int8 input (the FFN's
 /// down projection's) in the same launch where the launch shape allows (blocks of whole 16-row
-/// chunks: 8 or 16 rows a warp, rows a multiple of 512), sparing that product its
+/// chunks, rows a multiple of 512), sparing that product its
 /// quantization launch. The shape is the one measured for the product, or `shape` whatever
 /// measurement would pick (tests). Returns whether it stored `next`, which then holds `n` tokens.
 #[allow(clippy::too_many_arguments)]

@@ -9,12 +9,10 @@
 //! add those sums and scale their outputs by 1 / rms (matvec.cuh's InputNorm), which is linear
 //! in the input, so the product equals that of the normed input up to float rounding.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use cudarc::driver::CudaSlice;
 
 use super::{
-    check_len, check_next_input, device_address, invalid, launch_storing, shared_input, GpuWeight, Input, MatvecCall, NormStore, QuantizedActivations,
+    check_len, check_next_input, device_address, input_for_width, invalid, launch_storing, GpuWeight, Input, MatvecCall, NormStore, QuantizedActivations,
     SharedInput,
 };
 use crate::{CudaDevice, CudaError};
@@ -52,14 +50,7 @@ pub fn matmul_add_normed(
 }
 
 /// The device's buffer for normed inputs of rows of `cols` values that residual products fill
-/// ([`matmul_add_normed`]): another than [`shared_input`]'s, which the product itself may read.
+/// ([`matmul_add_normed`]): another than [`super::shared_input`]'s, which the product itself may read.
 pub fn normed_input(device: &CudaDevice, cols: usize) -> Result<SharedInput, CudaError> {
-    shared_input(device, cols)?;
-    let mut inputs = device.normed_inputs.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(input) = inputs.get(&cols) {
-        return Ok(input.clone());
-    }
-    let input = Arc::new(Mutex::new(QuantizedActivations::new(device, super::MAX_MATVEC_TOKENS, cols)?));
-    inputs.insert(cols, input.clone());
-    Ok(input)
+    input_for_width(device, &device.normed_inputs, cols)
 }
