@@ -62,8 +62,11 @@ const fn stream(slots: u32, tokens: u32, token_warps: u32, depth: u32, x_stages:
 /// most work per block to the least; 4..: pipelined (predictions in matmat_mma.cu), 9: tile 6
 /// with registers for three resident blocks (at n = 64 on the 8B shapes 3-10% faster; 64x32 and
 /// 32x32 shapes with four blocks were slower, measured); 10..: streaming, 64 tokens with one
-/// warp along them get registers for one block.
-pub(super) const MMA_TILES: [MmaTile; 15] = [
+/// warp along them get registers for one block; 15: tile 10 with two chunk pairs a thread a step
+/// in registers for one block (at 32 tokens on the 8B FFN shapes 7-13% faster than tile 10:
+/// twice the weight bytes in flight a warp beats twice the warps; the same at 16 and 64 tokens,
+/// three activation stages, and 64 rows with four depth warps were no faster, measured).
+pub(super) const MMA_TILES: [MmaTile; 16] = [
     tile(128, 128, 2),
     tile(128, 64, 2),
     tile(64, 64, 2),
@@ -79,6 +82,7 @@ pub(super) const MMA_TILES: [MmaTile; 15] = [
     stream(256, 32, 1, 128, 3, 2),
     stream(128, 16, 1, 256, 2, 2),
     stream(256, 64, 1, 128, 2, 1),
+    stream(128, 32, 1, 512, 2, 1),
 ];
 
 /// Mat-mat block shapes the kernels are built for (see [`matmul_with_tile`]).
@@ -501,7 +505,10 @@ fn tune(device: &CudaDevice, call: MatmatCall<'_>) -> Result<Choice, CudaError> 
     let candidates = candidates(device, call.w, call.w.rows, call.n, call.up.is_some(), false);
     prepare_kernels(device, call.w, candidates.iter().map(|c| Kernel::Matmat { tile: c.tile, swiglu: false }))?;
     let mut out = device.alloc_zeros::<f32>(call.n * call.w.rows, "mat-mat tuning output")?;
-    fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, call, &mut out, choice, false, None).map(drop))
+    let choice = fastest(device, "mat-mat shapes", &candidates, |choice| launch_choice(device, call, &mut out, choice, false, None).map(drop))?;
+    let w = call.w;
+    tracing::debug!(rows = w.rows, cols = w.cols, ty = w.ty.name(), n = call.n, swiglu = call.up.is_some(), ?candidates, ?choice, "mat-mat product tuned");
+    Ok(choice)
 }
 
 /// The candidate whose `run` takes least time: each runs once untimed (compiling its module,
