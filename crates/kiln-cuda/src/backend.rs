@@ -776,11 +776,7 @@ impl Backend for CudaBackend {
         if let (true, Some(shared)) = (fused, quantized_input_for(&self.device, &[gate, up], n, dim)?) {
             shapes::matmul("norm_swiglu_ffn_add", (gate.rows, gate.cols), x.shape(), act.shape())?;
             shapes::matmul("norm_swiglu_ffn_add", (down.rows, down.cols), act.shape(), x.shape())?;
-            let done = chained_swiglu_ffn(&self.device, w, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain)?;
-            return match done {
-                Some(prepared) => Ok(prepared),
-                None => self.matmul_add(down, act.as_ref(), x, tmp).map(|()| None),
-            };
+            return chained_swiglu_ffn(&self.device, w, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain);
         }
         self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
         self.matmul_add(down, act.as_ref(), x, tmp)?;

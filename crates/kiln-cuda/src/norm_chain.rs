@@ -89,9 +89,8 @@ pub(crate) fn matmul_add_then_norm(
 
 /// The quantized SwiGLU FFN of `n` tokens of `dim` values added to `x`: its norm (`norm`, or
 /// what `chain.prepared` holds of it; else into `shared`, the device's input for `dim`),
-/// gate/up storing the down product's input, down preparing `chain.next`. Returns the prepared
-/// norm, or None without adding anything when gate/up could not store down's input (the caller
-/// then runs down from the f32 activation `act`).
+/// gate/up storing the down product's input (where its launch shape cannot, `act` is quantized
+/// in a launch of its own), down preparing `chain.next`. Returns the prepared norm.
 pub(crate) fn chained_swiglu_ffn(
     device: &CudaDevice,
     [gate, up, down]: [&GpuWeight; 3],
@@ -100,7 +99,7 @@ pub(crate) fn chained_swiglu_ffn(
     (n, dim): (usize, usize),
     shared: &SharedInput,
     chain: NormChain<CudaBackend>,
-) -> Result<Option<Option<CudaNormedInput>>> {
+) -> Result<Option<CudaNormedInput>> {
     let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
     let normed = chain.next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
     // All stay locked until their products are enqueued: the shared inputs narrower first, the
@@ -118,7 +117,7 @@ pub(crate) fn chained_swiglu_ffn(
     }
     let gate_input = prepared.as_deref().unwrap_or(&qx);
     if !matvec::matmul_swiglu_quantized_into(device, gate, up, gate_input, act, n, &next, None).map_err(backend_error)? {
-        return Ok(None);
+        next.fill(device, act, n).map_err(backend_error)?;
     }
     // The next norm goes where gate/up's prepared input was (read by then).
     let target = match (prepared, &normed) {
@@ -127,5 +126,5 @@ pub(crate) fn chained_swiglu_ffn(
         (None, None) => None,
     };
     let next_norm = chain.next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
-    matmul_add_then_norm(device, down, &next, x, n, next_norm).map(Some)
+    matmul_add_then_norm(device, down, &next, x, n, next_norm)
 }
