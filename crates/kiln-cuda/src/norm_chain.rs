@@ -66,8 +66,15 @@ pub(crate) struct NextNormTarget<'a> {
     pub(crate) locked: &'a QuantizedActivations,
 }
 
-/// `residual += x · Wᵀ` from int8 activations and, given `next`, the norm of the new residual
-/// prepared in the same launch where its shape allows (returned, for the next call's products).
+/// Most tokens a residual product prepares the next norm for: each reader sums the producer's
+/// per-block parts for every token (one L2 round trip a warp), which at two to eight tokens
+/// cost more than the norm launch it saves (H200, Llama-3-8B Q4_K_M batched decode at 2 / 4 / 8
+/// sequences 796 / 1,243 / 1,975 tok/s unchained against 748 / 1,123 / 1,678 chained).
+const MAX_CHAINED_TOKENS: usize = 1;
+
+/// `residual += x · Wᵀ` from int8 activations and, given `next` and at most
+/// [`MAX_CHAINED_TOKENS`] tokens, the norm of the new residual prepared in the same launch
+/// where its shape allows (returned, for the next call's products).
 pub(crate) fn matmul_add_then_norm(
     device: &CudaDevice,
     w: &GpuWeight,
@@ -76,7 +83,7 @@ pub(crate) fn matmul_add_then_norm(
     n: usize,
     next: Option<NextNormTarget>,
 ) -> Result<Option<CudaNormedInput>> {
-    let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next else {
+    let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next.filter(|_| n <= MAX_CHAINED_TOKENS) else {
         matvec::matmul_quantized(device, w, x, residual, n, true).map_err(backend_error)?;
         return Ok(None);
     };
