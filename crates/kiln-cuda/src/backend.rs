@@ -22,7 +22,7 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
-use crate::norm_chain::{chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
+use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
@@ -501,6 +501,7 @@ impl Backend for CudaBackend {
             let input = lock_input(&shared);
             if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
                 input.mark_filled(n);
+                let next = chained_norm(next, n);
                 let normed = next.map(|_| matvec::normed_input(&self.device, wo.rows)).transpose().map_err(backend_error)?;
                 let target = normed.as_ref().map(lock_input);
                 let next_norm = next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });

@@ -72,9 +72,15 @@ pub(crate) struct NextNormTarget<'a> {
 /// sequences 796 / 1,243 / 1,975 tok/s unchained against 748 / 1,123 / 1,678 chained).
 const MAX_CHAINED_TOKENS: usize = 1;
 
-/// `residual += x · Wᵀ` from int8 activations and, given `next` and at most
-/// [`MAX_CHAINED_TOKENS`] tokens, the norm of the new residual prepared in the same launch
-/// where its shape allows (returned, for the next call's products).
+/// The next norm a residual product of `n` tokens should prepare: `next`, or none past
+/// [`MAX_CHAINED_TOKENS`] (then no normed input is even looked up or locked).
+pub(crate) fn chained_norm<T>(next: Option<T>, n: usize) -> Option<T> {
+    next.filter(|_| n <= MAX_CHAINED_TOKENS)
+}
+
+/// `residual += x · Wᵀ` from int8 activations and, given `next` (see [`chained_norm`]), the
+/// norm of the new residual prepared in the same launch where its shape allows (returned, for
+/// the next call's products).
 pub(crate) fn matmul_add_then_norm(
     device: &CudaDevice,
     w: &GpuWeight,
@@ -83,7 +89,7 @@ pub(crate) fn matmul_add_then_norm(
     n: usize,
     next: Option<NextNormTarget>,
 ) -> Result<Option<CudaNormedInput>> {
-    let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next.filter(|_| n <= MAX_CHAINED_TOKENS) else {
+    let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next else {
         matvec::matmul_quantized(device, w, x, residual, n, true).map_err(backend_error)?;
         return Ok(None);
     };
@@ -108,7 +114,8 @@ pub(crate) fn chained_swiglu_ffn(
     chain: NormChain<CudaBackend>,
 ) -> Result<Option<CudaNormedInput>> {
     let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
-    let normed = chain.next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
+    let chain_next = chained_norm(chain.next, n);
+    let normed = chain_next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
     // All stay locked until their products are enqueued: the shared inputs narrower first, the
     // normed one last, so two models with swapped widths cannot each hold one and wait.
     let (qx, next) = if dim < down.cols {
@@ -132,6 +139,6 @@ pub(crate) fn chained_swiglu_ffn(
         (None, Some(normed)) => Some(lock_input(normed)),
         (None, None) => None,
     };
-    let next_norm = chain.next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
+    let next_norm = chain_next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
     matmul_add_then_norm(device, down, &next, x, n, next_norm)
 }
