@@ -183,13 +183,36 @@ pub struct QkNorm<'a, T> {
 
 /// The operands of one attention call besides its output: queries `[n, n_heads * head_dim]`,
 /// the layer's cache, its sink logits (gpt-oss: `[n_heads]`), the step and the geometry.
+/// With `prologue`, the queries are as projected and the call takes the attention prologue
+/// first (only where [`Backend::defers_attention_prologue`] said so).
 pub struct AttentionArgs<'a, B: Backend + ?Sized> {
     pub q: Tensor<'a, B::Buffer>,
     pub cache: &'a B::KvCache,
     pub sinks: Option<Tensor<'a, B::Buffer>>,
     pub step: &'a B::Step,
     pub params: &'a AttentionParams,
+    pub prologue: Option<DeferredPrologue<'a, B::Buffer>>,
 }
+
+/// An attention prologue left to the attention call: keys `[n, n_kv_heads, head_dim]` and
+/// values `[n, n_kv_heads * head_dim]` as projected, the q/k norm weights and eps, the rope
+/// table (`inv_freq`) and kind. What [`Backend::attention_prologue`] would have done with them,
+/// the attention does before reading the cache.
+pub struct DeferredPrologue<'a, T> {
+    pub k: Tensor<'a, T>,
+    pub v: Tensor<'a, T>,
+    pub qk_norm: Option<(Tensor<'a, T>, Tensor<'a, T>, f32)>,
+    pub inv_freq: Tensor<'a, T>,
+    pub rope: RopeParams,
+}
+
+impl<T> Clone for DeferredPrologue<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DeferredPrologue<'_, T> {}
 
 impl<B: Backend + ?Sized> Clone for AttentionArgs<'_, B> {
     fn clone(&self) -> Self {
@@ -509,6 +532,13 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether the attention of this layer and step can take its prologue itself
+    /// ([`AttentionArgs::prologue`], for [`Backend::attention_matmul_add`]); the caller then
+    /// skips [`Backend::attention_prologue`].
+    fn defers_attention_prologue(&self, _cache: &Self::KvCache, _step: &Self::Step, _params: &AttentionParams) -> bool {
+        false
+    }
+
     /// The attention prologue: optional per-head RMSNorm of q and k, rotary embedding of both
     /// with `inv_freq`, and the step's keys and values stored in the cache. Afterwards `qkv.q`
     /// holds the final queries; `qkv.k` and the norm's scratch hold unspecified values.
@@ -564,7 +594,10 @@ pub trait Backend: Send + Sync + 'static {
         tmp: TensorMut<Self::Buffer>,
         _next: Option<(Tensor<Self::Buffer>, f32)>,
     ) -> Result<Option<Self::NormedInput>> {
-        let AttentionArgs { q, cache, sinks, step, params } = args;
+        let AttentionArgs { q, cache, sinks, step, params, prologue } = args;
+        if prologue.is_some() {
+            return Err(BackendError::Unsupported { backend: self.name(), what: "an attention prologue left to the attention".into() });
+        }
         match sinks {
             Some(sinks) => self.attention_sinks(q, cache, sinks, out.reborrow(), step, params)?,
             None => self.attention(q, cache, out.reborrow(), step, params)?,

@@ -22,8 +22,8 @@ pub mod shapes;
 pub mod tensor;
 
 pub use backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, RopeKind, RopeParams, RouterParams, StateSlots,
-    WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, RopeKind, RopeParams,
+    RouterParams, StateSlots, WeightSource,
 };
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};

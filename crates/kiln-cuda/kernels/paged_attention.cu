@@ -42,8 +42,9 @@
 #endif
 
 #include "paged_decode.cuh"
+#include "rope.cuh"
 
-// Writes `out` directly when launched with one split, else unnormalized partials:
+// Writes `out` directly where the token has one live split (alone_in_span), else unnormalized partials:
 // part_acc[(row * n_splits + split) * HEAD_DIM + d] and part_ml[(row * n_splits + split) * 2 +
 // {0: max (log2 units), 1: sum}], row = token * n_heads + head, that merge_splits combines;
 // `tickets` holds n_tokens * n_kv_heads zeros; xq, xds, x_chunks: quantize_heads_out. Dynamic
@@ -62,6 +63,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
         return;
     }
     const DecodeSpan span = split_rows.span;
+    const bool alone = alone_in_span(span, n_splits);
     const u32 begin = split_rows.begin;
     const u32 end = split_rows.end;
     const u32* table = split_rows.table;
@@ -303,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
                 for (int c = 0; c < V_VEC; ++c) {
                     const u32 d = (k * V_DIM_THREADS + dim_lane) * V_VEC + c;
                     if (d < HEAD_DIM) {
-                        if (n_splits == 1) {
+                        if (alone) {
                             out[row * HEAD_DIM + d] = acc[g][k][c] * inv_sum;
                         } else {
                             part_acc[slot * HEAD_DIM + d] = acc[g][k][c];
@@ -311,13 +313,13 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
                     }
                 }
             }
-            if (n_splits > 1 && threadIdx.x == 0) {
+            if (!alone && threadIdx.x == 0) {
                 part_ml[slot * 2] = max_s[g];
                 part_ml[slot * 2 + 1] = sum_s[g];
             }
         }
     }
-    if (n_splits > 1) {
+    if (!alone) {
         copy_wait<0>();
         merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
                      reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
@@ -330,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
 //
 // With f16 caches, HEAD_DIM a multiple of 16 (at most 128) and GROUP <= 8,
 // paged_attention_split_mma replaces paged_attention_split (same grid, arguments and partials;
-// src/paged_attention.rs's decode_on_tensor_cores mirrors DEC_MMA).
+// DEC_MMA in paged_decode.cuh).
 // Each warp walks its own MD_ROWS-row tiles of the split's chunk (tiles w, w + MD_WARPS, ...)
 // through its own cp.async stages, so no block barrier stands in the loop; the warps' online
 // softmaxes merge once at the end. S = Q K^T and O += P V run on mma.m16n8k16 with f32
@@ -338,7 +340,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
 // f16 and rows 8 + g what that rounding left over; a thread holds both rows' accumulators, and
 // their sum is as exact as f32 arithmetic on the cache's own f16 values.
 // Every specialization exports the kernel (with an empty body where it does not apply).
-#define DEC_MMA (K_TYPE == KV_F16 && V_TYPE == KV_F16 && HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && GROUP <= 8)
 #if DEC_MMA
 #define MD_WARPS (DEC_THREADS / 32)
 #define MD_ROWS 16
@@ -354,10 +355,32 @@ static_assert(MD_WARPS * GROUP * HEAD_DIM * 4 + MD_WARPS * GROUP * 8 <= MD_WARPS
               "the merge fits the stages");
 #endif
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma(
-    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
-    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
-    float2* xds, u32 x_chunks) {
+// The attention prologue that paged_attention_split_mma_prologue takes over from
+// qk_norm_rope_store (rope.cu), for decode steps of one token per sequence: q, k and v arrive
+// as the projections left them ([n][n_heads][HEAD_DIM], [n][n_kv_heads][HEAD_DIM] twice).
+// Every split block norms and ropes its GROUP query heads into shared memory; the split that
+// holds the token's own position norms and ropes its key, stores key and value at the token's
+// cache row, and writes both into its staged tile in place of the copy of that row, so no
+// block waits for its own stores. Pointers into the caches as k_cache / v_cache (writable).
+struct DecodePrologue {
+    const float* k;
+    const float* v;
+    const float* q_norm;  // null: no q/k norms
+    const float* k_norm;
+    const float* inv_freq;
+    u8* k_cache;
+    u8* v_cache;
+    u32 n_rot;
+    u32 neox;
+    float eps;
+    u32 pad;
+};
+
+template <bool PROLOGUE>
+__device__ __forceinline__ void split_mma(float* out, float* part_acc, float* part_ml, u32* tickets, const float* q,
+                                          const u8* k_cache, const u8* v_cache, const u32* step, u32 n_heads,
+                                          u32 n_kv_heads, float scale, u32 window, const float* sinks, i8* xq,
+                                          float2* xds, u32 x_chunks, const DecodePrologue& pro) {
 #if DEC_MMA
     wait_for_inputs();
     const u32 split = blockIdx.x;
@@ -369,6 +392,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
         return;
     }
     const DecodeSpan span = split_rows.span;
+    const bool alone = alone_in_span(span, n_splits);
     const u32 begin = split_rows.begin;
     const u32 end = split_rows.end;
     const u32* table = split_rows.table;
@@ -413,6 +437,37 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
     }
     u32 pending = MD_STAGES - 1 < my_tiles ? block_of(MD_STAGES - 1) : 0;
 
+    // With the prologue: the GROUP query heads normed and roped, then (in the split holding the
+    // token's position) its key and value, one warp a row.
+    __shared__ __align__(16) float prologue_s[PROLOGUE ? (GROUP + 2) * HEAD_DIM : 4];
+    const u32 own_pos = span.end - 1;
+    const bool stores = PROLOGUE && end == span.end;
+    if constexpr (PROLOGUE) {
+        const HeadPrologue roped{pro.q_norm, pro.eps, pro.n_rot, pro.neox, own_pos, pro.inv_freq};
+        const u64 kv_row = (u64)token * n_kv_heads + kv_head;
+        for (u32 r = warp; r < GROUP + (stores ? 2 : 0); r += MD_WARPS) {
+            HeadPrologue how = roped;
+            const float* src = q + ((u64)token * n_heads + first_head + r) * HEAD_DIM;
+            if (r == GROUP) {
+                how.norm = pro.k_norm;
+                src = pro.k + kv_row * HEAD_DIM;
+            } else if (r == GROUP + 1) {
+                how.norm = nullptr;
+                how.n_rot = 0;
+                src = pro.v + kv_row * HEAD_DIM;
+            }
+            prepare_head_row(prologue_s + r * HEAD_DIM, src, HEAD_DIM, how);
+        }
+        __syncthreads();
+        if (stores) {
+            const u64 cache_at = step[step[STEP_SLOT_AT] + token];
+            for (u32 d = threadIdx.x; d < HEAD_DIM; d += DEC_THREADS) {
+                kv_store_float<KV_F16>(pro.k_cache, width, cache_at, col0 + d, prologue_s[GROUP * HEAD_DIM + d]);
+                kv_store_float<KV_F16>(pro.v_cache, width, cache_at, col0 + d, prologue_s[(GROUP + 1) * HEAD_DIM + d]);
+            }
+        }
+    }
+
     // Q fragments (A operand, k step kc): rows g, pre-scaled into log2 units; heads past GROUP
     // are zeros and never written.
     constexpr int KSTEPS = HEAD_DIM / 16;
@@ -420,7 +475,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
     {
         const float q_scale = scale * LOG2E;
         const bool head_live = g < GROUP;
-        const float* q_row = q + ((u64)token * n_heads + first_head + (head_live ? g : 0)) * HEAD_DIM;
+        const float* q_row = PROLOGUE ? prologue_s + (head_live ? g : 0) * HEAD_DIM
+                                      : q + ((u64)token * n_heads + first_head + (head_live ? g : 0)) * HEAD_DIM;
 #pragma unroll
         for (int kc = 0; kc < KSTEPS; ++kc) {
 #pragma unroll
@@ -452,9 +508,17 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
         copy_commit();
         pending = ahead + 1 < my_tiles ? block_of(ahead + 1) : 0;
 
-        const u16* k_s = stages + (i % MD_STAGES) * MD_STAGE_HALVES;
-        const u16* v_s = k_s + MD_ROWS * MD_STRIDE;
+        u16* k_s = stages + (i % MD_STAGES) * MD_STAGE_HALVES;
+        u16* v_s = k_s + MD_ROWS * MD_STRIDE;
         const u32 pos0 = begin + tile_first(i);
+        if (stores && own_pos - pos0 < MD_ROWS) {
+            // The token's own row: its key and value as stored, not the copy racing the store.
+            for (u32 d = lane; d < HEAD_DIM; d += 32) {
+                k_s[(own_pos - pos0) * MD_STRIDE + d] = f32_to_f16_bits(prologue_s[GROUP * HEAD_DIM + d]);
+                v_s[(own_pos - pos0) * MD_STRIDE + d] = f32_to_f16_bits(prologue_s[(GROUP + 1) * HEAD_DIM + d]);
+            }
+            __syncwarp();
+        }
 
         // S: n tile n covers the tile's rows 8n..8n+7; ldmatrix matrix (lane / 8) is rows
         // 8 * (lane / 16).., dims 8 * (lane / 8 % 2).. of the k step.
@@ -559,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
             sum += ml_s[(w * GROUP + h) * 2 + 1] * weight;
         }
         const u64 row = (u64)token * n_heads + first_head + h;
-        if (n_splits == 1) {
+        if (alone) {
             out[row * HEAD_DIM + d] = value * softmax_norm(top, sum, sinks ? sinks[first_head + h] * LOG2E : 0.0f, sinks != nullptr);
         } else {
             const u64 slot = row * n_splits + split;
@@ -570,7 +634,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
             }
         }
     }
-    if (n_splits > 1) {
+    if (!alone) {
         // The barrier in merge_splits also ends every thread's reads of o_s and ml_s.
         merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
                      reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
@@ -578,4 +642,21 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_spl
         quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
     }
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma(
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks) {
+    split_mma<false>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads, scale, window,
+                     sinks, xq, xds, x_chunks, DecodePrologue{});
+}
+
+// paged_attention_split_mma with the attention prologue (DecodePrologue): q is unroped.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma_prologue(
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks, DecodePrologue pro) {
+    split_mma<true>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads, scale, window,
+                    sinks, xq, xds, x_chunks, pro);
 }

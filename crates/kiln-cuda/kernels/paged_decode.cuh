@@ -18,8 +18,15 @@
 #define DEC_WARPS (DEC_THREADS / 32)
 // Cache rows per tile: one KV block, so a tile needs one block table entry.
 #define DEC_TILE 32
-// A split covers whole KV blocks.
-#define DEC_MIN_CHUNK 32
+// Whether decode runs on tensor cores (paged_attention_split_mma; src/paged_attention.rs's
+// decode_on_tensor_cores mirrors it).
+#define DEC_MMA (K_TYPE == KV_F16 && V_TYPE == KV_F16 && HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && GROUP <= 8)
+// Rows a split covers at least, whole KV blocks: what a block's first copies bring in at once
+// (tensor cores: 4 warps x 2 stages ahead x 16 rows), so a shorter span takes one split and
+// skips the merge (src/paged_attention.rs's min_chunk mirrors it).
+#define DEC_MIN_CHUNK_MMA 128
+#define DEC_MIN_CHUNK_CORES 32
+#define DEC_MIN_CHUNK (DEC_MMA ? DEC_MIN_CHUNK_MMA : DEC_MIN_CHUNK_CORES)
 // Most splits a launch may have (the merge's scratch is sized for them).
 #define DEC_MAX_SPLITS 256
 
@@ -148,6 +155,12 @@ __device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, 
 __device__ __forceinline__ u32 live_splits(u32 visible, u32 n_splits) {
     const u32 chunk = split_chunk(visible, n_splits);
     return min((visible + chunk - 1) / chunk, n_splits);
+}
+
+// Whether a split block is its token's only live one, so it writes the output itself: no
+// partials, ticket or merge.
+__device__ __forceinline__ bool alone_in_span(const DecodeSpan& span, u32 n_splits) {
+    return live_splits(span.end - span.start, n_splits) == 1;
 }
 
 // Partial vectors of one head each merging thread loads before adding them up.

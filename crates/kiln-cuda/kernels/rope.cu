@@ -10,6 +10,7 @@
 #include "common.cuh"
 #include "kv.cuh"
 #include "plan.cuh"
+#include "rope.cuh"
 
 #ifndef K_TYPE
 #define K_TYPE KV_F16
@@ -20,22 +21,6 @@
 // q8_0 needs a whole 32-value block per store, which spans heads when head_dim < 32: such
 // caches get the roped keys back in f32 and kv_store quantizes them afterwards.
 #define FUSED_STORE (K_TYPE != KV_Q8_0 && V_TYPE != KV_Q8_0)
-
-// Rotates pair `pair` (of n_rot / 2) of one head at position `pos`: reads src[a], src[b] and
-// writes dst[a], dst[b], with (a, b) = (2i, 2i+1), or (i, i + n_rot/2) when `neox` is set.
-// The angle is the same f32 product as the CPU backend's, so both rotate by the same angle.
-__device__ __forceinline__ void rotate_pair(float* dst, const float* src, u32 pair, u32 n_rot, u32 neox, u32 pos,
-                                            const float* inv_freq) {
-    const u32 half = n_rot / 2;
-    float sin_a, cos_a;
-    sincosf((float)pos * inv_freq[pair], &sin_a, &cos_a);
-    const u32 a = neox ? pair : 2 * pair;
-    const u32 b = neox ? pair + half : 2 * pair + 1;
-    const float x0 = src[a];
-    const float x1 = src[b];
-    dst[a] = x0 * cos_a - x1 * sin_a;
-    dst[b] = x0 * sin_a + x1 * cos_a;
-}
 
 // In place on [n_tokens][n_heads][head_dim]: every pair of token t rotates by its position.
 // Any 1-D grid (grid-stride over the pairs).
@@ -126,27 +111,8 @@ extern "C" __global__ void __launch_bounds__(PROLOGUE_WARPS * 32) qk_norm_rope_s
         norm = kind == 1 ? k_norm : nullptr;
     }
     float* x = rows_s[warp];
-    float sum_sq = 0.0f;
-    for (u32 d = lane; d < head_dim; d += 32) {
-        const float value = src[d];
-        x[d] = value;
-        sum_sq += value * value;
-    }
-    sum_sq = warp_sum(sum_sq);
-    if (norm != nullptr) {
-        const float scale = 1.0f / sqrtf(sum_sq / (float)head_dim + eps);
-        for (u32 d = lane; d < head_dim; d += 32) {
-            x[d] = x[d] * scale * norm[d];
-        }
-    }
-    __syncwarp();
-    if (kind != 2) {
-        const u32 pos = step[step[STEP_POS_AT] + token];
-        for (u32 pair = lane; pair < n_rot / 2; pair += 32) {
-            rotate_pair(x, x, pair, n_rot, neox, pos, inv_freq);
-        }
-        __syncwarp();
-    }
+    const u32 pos = step[step[STEP_POS_AT] + token];
+    prepare_head_row(x, src, head_dim, HeadPrologue{norm, eps, kind != 2 ? n_rot : 0u, neox, pos, inv_freq});
     if (kind == 0) {
         float* dst = q_out + (u64)row * head_dim;
         for (u32 d = lane; d < head_dim; d += 32) {

@@ -70,8 +70,9 @@ struct VocabSource {
     u32 window;
     __device__ u32 size() const { return n; }
     __device__ u32 id(u32 i) const { return i; }
-    __device__ float value(u32 i) const {
-        float v = logits[i];
+    __device__ float value(u32 i) const { return adjusted(i, logits[i]); }
+    // Logit `v` of token `i` with the repetition penalties applied.
+    __device__ float adjusted(u32 i, float v) const {
         if (penalize && ((penalized[i >> 5] >> (i & 31)) & 1u)) {
             v = v > 0.0f ? v / penalty : v * penalty;
             // Only penalized tokens pay for counting, and only with a frequency penalty.
@@ -327,14 +328,29 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f3
     }
     const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize, presence, frequency, history + (n_history - window), window};
 
-    // The largest value and its lowest id (the greedy answer).
+    // The largest value and its lowest id (the greedy answer). Four logits a load where the
+    // row allows, several loads in flight: one block reads the whole row.
     float best = NEG_INF;
     u32 best_id = 0xffffffffu;
-    for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
-        const float v = vocab.value(i);
+    const auto consider = [&](float v, u32 i) {
         if (v > best || (v == best && i < best_id)) {
             best = v;
             best_id = i;
+        }
+    };
+    if (n_vocab % 4 == 0 && reinterpret_cast<u64>(logits) % 16 == 0) {
+        const float4* quads = reinterpret_cast<const float4*>(logits);
+#pragma unroll 4
+        for (u32 j = tid; j < n_vocab / 4; j += SAMPLE_THREADS) {
+            const float4 x = quads[j];
+            consider(vocab.adjusted(4 * j, x.x), 4 * j);
+            consider(vocab.adjusted(4 * j + 1, x.y), 4 * j + 1);
+            consider(vocab.adjusted(4 * j + 2, x.z), 4 * j + 2);
+            consider(vocab.adjusted(4 * j + 3, x.w), 4 * j + 3);
+        }
+    } else {
+        for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
+            consider(vocab.value(i), i);
         }
     }
     sh.thread_max[tid] = best;

@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterParams,
-    StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams,
+    RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -23,7 +23,7 @@ use crate::graph::{StepGraphExec, StepProfile};
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
-use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, StepCounts};
+use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::step::{CudaStep, StepGraph, StepGraphs};
 use crate::step_clock::{StepClock, StepTime};
@@ -254,15 +254,20 @@ impl CudaBackend {
     /// also store the output there quantized (then they do, and true is returned; else nothing
     /// is done and false is returned).
     fn paged_attention(&self, args: AttentionArgs<'_, Self>, mut out: ViewMut, target: Option<ActivationTarget>) -> Result<bool> {
-        let AttentionArgs { q, cache, sinks, step, params: p } = args;
+        let AttentionArgs { q, cache, sinks, step, params: p, prologue } = args;
         let n = shapes::attention(q.shape(), out.shape(), sinks.map(|s| s.shape()), p)?;
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         kiln_core::plan::check_window_reach(step.widest_window, p.window)?;
         let params = paged_params(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
+        let prologue = match prologue {
+            Some(deferred) if PagedAttention::takes_prologue(&counts, &params) => Some(prologue_inputs(&deferred, n, p)?),
+            Some(_) => return Err(BackendError::Unsupported { backend: "CUDA".into(), what: "the attention prologue in this attention kernel".into() }),
+            None => None,
+        };
         let view = cache.view();
-        let inputs = AttentionInputs { q: q.buf(), kv: &view, step: &step.block, sinks: sinks.map(|s| s.buf()) };
+        let inputs = AttentionInputs { q: q.buf(), kv: &view, step: &step.block, sinks: sinks.map(|s| s.buf()), prologue };
         match target {
             Some(target) => self.attention.attention_quantized(&self.device, inputs, out.buf_mut(), counts, &params, None, target),
             None => self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map(|()| true),
@@ -279,6 +284,31 @@ impl CudaBackend {
         let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
         matvec::matmul_stacked_quantized(&self.device, &w, qx, &mut outs, n).map_err(backend_error)
     }
+}
+
+/// The decode kernel's view of a deferred attention prologue, its shapes checked against the
+/// attention's: keys `[n, n_kv_heads, head_dim]`, values `[n, n_kv_heads * head_dim]`, norms of
+/// `head_dim`, and a rope table of at most `head_dim / 2` frequencies.
+fn prologue_inputs<'a>(d: &DeferredPrologue<'a, CudaSlice<f32>>, n: usize, p: &AttentionParams) -> Result<PrologueInputs<'a>> {
+    let (kv_heads, hd) = (p.n_kv_heads, p.head_dim);
+    expect_shape("attention prologue", "k", d.k.shape(), [n, kv_heads, hd])?;
+    expect_shape("attention prologue", "v", d.v.shape(), [n, kv_heads * hd])?;
+    if let Some((q_norm, k_norm, _)) = d.qk_norm {
+        expect_shape("attention prologue", "q norm", q_norm.shape(), [hd])?;
+        expect_shape("attention prologue", "k norm", k_norm.shape(), [hd])?;
+    }
+    let n_rot = 2 * d.inv_freq.shape().numel();
+    if n_rot > hd {
+        return Err(BackendError::Device(format!("attention prologue: rope over {n_rot} dims of heads of {hd}")));
+    }
+    Ok(PrologueInputs {
+        k: d.k.buf(),
+        v: d.v.buf(),
+        qk_norm: d.qk_norm.map(|(q, k, eps)| (q.buf(), k.buf(), eps)),
+        inv_freq: d.inv_freq.buf(),
+        n_rot,
+        neox: d.rope.kind == RopeKind::Neox,
+    })
 }
 
 impl Backend for CudaBackend {
@@ -482,7 +512,12 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&self, q: View, cache: &CudaKvCache, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
-        self.paged_attention(AttentionArgs { q, cache, sinks: None, step, params: p }, out, None).map(drop)
+        self.paged_attention(AttentionArgs { q, cache, sinks: None, step, params: p, prologue: None }, out, None).map(drop)
+    }
+
+    fn defers_attention_prologue(&self, cache: &CudaKvCache, step: &CudaStep, p: &AttentionParams) -> bool {
+        let counts = StepCounts { n_tokens: step.n_tokens, n_tiles: step.n_tiles, decode_only: step.decode_only };
+        PagedAttention::takes_prologue(&counts, &paged_params(p, cache.spec()))
     }
 
     fn attention_matmul_add(
@@ -549,7 +584,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention_sinks(&self, q: View, cache: &CudaKvCache, sinks: View, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {
-        self.paged_attention(AttentionArgs { q, cache, sinks: Some(sinks), step, params: p }, out, None).map(drop)
+        self.paged_attention(AttentionArgs { q, cache, sinks: Some(sinks), step, params: p, prologue: None }, out, None).map(drop)
     }
 
     fn moe_combine(&self, y: View, weights: View, out: ViewMut) -> Result<()> {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute, CUstreamCaptureStatus};
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use kiln_core::plan::{BatchPlan, FlatPlan, KvType, LogitRows, SeqStep, StepCapacity, KV_BLOCK_SIZE};
 
 pub use crate::kv::cache_bytes;
@@ -27,9 +27,11 @@ use crate::matvec::ActivationTarget;
 use crate::plan_words::{word, PlanLayout};
 use crate::{CudaDevice, CudaError};
 
-/// `paged_decode.cuh`'s DEC_THREADS, DEC_MIN_CHUNK (= DEC_TILE) and DEC_MAX_SPLITS.
+/// `paged_decode.cuh`'s DEC_THREADS, DEC_TILE, DEC_MIN_CHUNK_MMA / _CORES and DEC_MAX_SPLITS.
 const DEC_THREADS: u32 = 128;
-const DEC_MIN_CHUNK: usize = 32;
+const DEC_TILE: usize = 32;
+const DEC_MIN_CHUNK_MMA: usize = 128;
+const DEC_MIN_CHUNK_CORES: usize = 32;
 const DEC_MAX_SPLITS: usize = 256;
 /// `paged_attention.cu`'s MD_ROWS and MD_STAGES (the tensor-core split kernel's stages).
 const MD_ROWS: usize = 16;
@@ -78,7 +80,42 @@ pub struct AttentionInputs<'a> {
     pub kv: &'a KvView,
     pub step: &'a CudaSlice<u32>,
     pub sinks: Option<&'a CudaSlice<f32>>,
+    /// The attention prologue taken by the decode kernel (`q` then as projected); only for a
+    /// decode step of one token per sequence on tensor cores ([`PagedAttention::takes_prologue`]).
+    pub prologue: Option<PrologueInputs<'a>>,
 }
+
+/// The operands of the attention prologue in the decode kernel: keys `[n, n_kv_heads,
+/// head_dim]` and values as projected, the q/k norm weights (`head_dim` each) and eps, the rope
+/// table (`n_rot / 2` frequencies) and kind.
+#[derive(Clone, Copy)]
+pub struct PrologueInputs<'a> {
+    pub k: &'a CudaSlice<f32>,
+    pub v: &'a CudaSlice<f32>,
+    pub qk_norm: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>, f32)>,
+    pub inv_freq: &'a CudaSlice<f32>,
+    pub n_rot: usize,
+    pub neox: bool,
+}
+
+/// `DecodePrologue` of paged_attention.cu, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct DecodePrologueArg {
+    k: u64,
+    v: u64,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    k_cache: u64,
+    v_cache: u64,
+    n_rot: u32,
+    neox: u32,
+    eps: f32,
+    pad: u32,
+}
+// SAFETY: plain #[repr(C)] data matching the kernel's struct.
+unsafe impl DeviceRepr for DecodePrologueArg {}
 
 impl AttentionInputs<'_> {
     /// The sinks' device address, 0 (null) without them.
@@ -132,6 +169,8 @@ pub struct SplitChoice {
 #[derive(Clone)]
 struct Kernels {
     split: CudaFunction,
+    /// The tensor-core split kernel with the attention prologue (None on CUDA cores).
+    split_prologue: Option<CudaFunction>,
     prefill: CudaFunction,
     /// Split blocks the whole GPU holds at once: the split candidates are multiples of a wave.
     resident_blocks: usize,
@@ -179,6 +218,16 @@ fn decode_on_tensor_cores(key: &Key) -> bool {
     key.k_type == KvType::F16 && key.v_type == KvType::F16 && key.head_dim % 16 == 0 && key.head_dim <= 128 && key.group <= 8
 }
 
+/// Fewest rows a split covers (paged_decode.cuh's DEC_MIN_CHUNK): what one block's first copies
+/// bring in, so a shorter span takes one split and no merge.
+fn min_chunk(key: &Key) -> usize {
+    if decode_on_tensor_cores(key) {
+        DEC_MIN_CHUNK_MMA
+    } else {
+        DEC_MIN_CHUNK_CORES
+    }
+}
+
 /// Dynamic shared memory of the split kernel: its stages, which the merge of the splits reuses
 /// for one weight per (query head, split) and one total per query head.
 fn decode_shared_bytes(key: &Key) -> usize {
@@ -199,7 +248,7 @@ fn decode_stage_bytes(key: &Key) -> usize {
         KvType::F16 => 2,
         KvType::Q8_0 => 1,
     };
-    let stage = DEC_MIN_CHUNK * ((head_dim * elem(k_type)).div_ceil(16) * 16 + (head_dim * elem(v_type)).div_ceil(16) * 16);
+    let stage = DEC_TILE * ((head_dim * elem(k_type)).div_ceil(16) * 16 + (head_dim * elem(v_type)).div_ceil(16) * 16);
     stage * if stage <= 16384 { 3 } else { 2 }
 }
 
@@ -305,6 +354,12 @@ impl PagedAttention {
         }
     }
 
+    /// Whether the decode kernel for these shapes can take the attention prologue: a decode
+    /// step (one token per sequence) on tensor cores.
+    pub fn takes_prologue(counts: &StepCounts, p: &PagedAttentionParams) -> bool {
+        counts.decode_only && decode_on_tensor_cores(&Key::of(p))
+    }
+
     /// How many splits the decode grid of `n_tokens` tokens uses: the measured choice once an
     /// automatic call made it, else the one-wave estimate.
     pub fn splits(&self, device: &CudaDevice, n_tokens: usize, p: &PagedAttentionParams) -> Result<usize, CudaError> {
@@ -330,7 +385,7 @@ impl PagedAttention {
     /// No more splits than the longest sequence can feed, and partials within the workspace cap.
     fn cap_splits(n_splits: usize, n_tokens: usize, p: &PagedAttentionParams) -> usize {
         let per_split_bytes = n_tokens * p.n_heads * (p.head_dim + 2) * 4;
-        n_splits.min(p.max_span().div_ceil(DEC_MIN_CHUNK)).min(DEC_MAX_SPLITS).min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1)).max(1)
+        n_splits.min(p.max_span().div_ceil(min_chunk(&Key::of(p)))).min(DEC_MAX_SPLITS).min(WORKSPACE_MAX_BYTES / per_split_bytes.max(1)).max(1)
     }
 
     /// Split counts worth timing: half a wave to four waves (blocks beyond one wave overlap one
@@ -494,41 +549,71 @@ fn launch_split(
     launch: SplitLaunch,
 ) -> Result<(), CudaError> {
     let SplitLaunch { n_tokens, n_splits, quantized } = launch;
-    let (AttentionInputs { q, kv, step, .. }, sinks, window) = (inputs, inputs.sinks_address(device), p.window_arg()?);
+    let (AttentionInputs { q, kv, step, prologue, .. }, sinks, window) = (inputs, inputs.sinks_address(device), p.window_arg()?);
     let (xq, xds, x_chunks) = quantized.map_or((0, 0, 0), |t| (t.codes, t.scales, t.chunks_per_token));
     let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
     let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
     let (n_tokens, n_heads, n_kv_heads, rows) = (n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
     let stream = device.stream();
     let cfg = LaunchConfig { grid_dim: (n_splits as u32, n_kv_heads, n_tokens), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: kernels.split_shared_bytes };
-    // SAFETY: arguments match paged_attention_split; q/out hold n_tokens query rows and the
-    // caches `rows` rows (checked by the caller); the partials hold every slot when
-    // n_splits > 1 (workspace_len) and the tickets every (token, kv head); the shared memory is
-    // what its attribute was raised to.
-    unsafe {
-        stream
-            .launch_builder(&kernels.split)
-            .arg(&mut *out)
-            .arg(&mut part_acc)
-            .arg(&mut part_ml)
-            .arg(tickets)
-            .arg(q)
-            .arg(&kv.k)
-            .arg(&kv.v)
-            .arg(step)
-            .arg(&n_heads)
-            .arg(&n_kv_heads)
-            .arg(&rows)
-            .arg(&p.scale)
-            .arg(&window)
-            .arg(&sinks)
-            .arg(&xq)
-            .arg(&xds)
-            .arg(&x_chunks)
-            .launch(cfg)
+    let (function, prologue) = match prologue {
+        None => (&kernels.split, None),
+        Some(inputs) => {
+            let function = kernels.split_prologue.as_ref().ok_or_else(|| invalid("the attention prologue in a decode kernel on CUDA cores".into()))?;
+            (function, Some(prologue_arg(device, &inputs, kv)))
+        }
+    };
+    let mut builder = stream.launch_builder(function);
+    builder
+        .arg(&mut *out)
+        .arg(&mut part_acc)
+        .arg(&mut part_ml)
+        .arg(tickets)
+        .arg(q)
+        .arg(&kv.k)
+        .arg(&kv.v)
+        .arg(step)
+        .arg(&n_heads)
+        .arg(&n_kv_heads)
+        .arg(&rows)
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&sinks)
+        .arg(&xq)
+        .arg(&xds)
+        .arg(&x_chunks);
+    if let Some(prologue) = &prologue {
+        builder.arg(prologue);
     }
-    .map(drop)
-    .map_err(launch_error("paged_attention_split"))
+    // SAFETY: arguments match paged_attention_split(_mma)(_prologue); q/out hold n_tokens
+    // query rows and the caches `rows` rows (checked by the caller); the partials hold every
+    // slot when n_splits > 1 (workspace_len) and the tickets every (token, kv head); the shared
+    // memory is what its attribute was raised to; the prologue's operands were checked by
+    // `PagedAttention::takes_prologue`'s caller.
+    unsafe { builder.launch(cfg) }.map(drop).map_err(launch_error("paged_attention_split"))
+}
+
+/// The kernel argument of a decode prologue: device addresses of its operands and the caches.
+fn prologue_arg(device: &CudaDevice, inputs: &PrologueInputs, kv: &KvView) -> DecodePrologueArg {
+    let stream = device.stream();
+    let address = |buf: &CudaSlice<f32>| {
+        let (address, _record) = buf.device_ptr(stream);
+        address
+    };
+    let (q_norm, k_norm, eps) = inputs.qk_norm.map_or((0, 0, 0.0), |(q, k, eps)| (address(q), address(k), eps));
+    DecodePrologueArg {
+        k: address(inputs.k),
+        v: address(inputs.v),
+        q_norm,
+        k_norm,
+        inv_freq: address(inputs.inv_freq),
+        k_cache: kv.k,
+        v_cache: kv.v,
+        n_rot: inputs.n_rot as u32,
+        neox: u32::from(inputs.neox),
+        eps,
+        pad: 0,
+    }
 }
 
 /// Step words of `n_tokens` decode tokens, each its own sequence at position `positions - 1`
@@ -567,12 +652,17 @@ impl State {
                     ("K_TYPE", kv_type_code(key.k_type)),
                     ("V_TYPE", kv_type_code(key.v_type)),
                 ];
-                let load = |kernel| device.registry().function("paged_attention", kernel, &defines);
-                let split = load(if decode_on_tensor_cores(&key) { "paged_attention_split_mma" } else { "paged_attention_split" })?;
                 let split_shared = decode_shared_bytes(&key);
-                split
-                    .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, split_shared as i32)
-                    .map_err(CudaError::driver("raising paged_attention_split's shared memory limit"))?;
+                let load = |kernel| -> Result<CudaFunction, CudaError> {
+                    let function = device.registry().function("paged_attention", kernel, &defines)?;
+                    function
+                        .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, split_shared as i32)
+                        .map_err(CudaError::driver("raising the decode attention's shared memory limit"))?;
+                    Ok(function)
+                };
+                let mma = decode_on_tensor_cores(&key);
+                let split = load(if mma { "paged_attention_split_mma" } else { "paged_attention_split" })?;
+                let split_prologue = if mma { Some(load("paged_attention_split_mma_prologue")?) } else { None };
                 let per_multiprocessor = split
                     .occupancy_max_active_blocks_per_multiprocessor(DEC_THREADS, split_shared, None)
                     .map_err(CudaError::driver("querying paged_attention_split occupancy"))?;
@@ -582,7 +672,14 @@ impl State {
                 prefill
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
                     .map_err(CudaError::driver("raising paged_attention_prefill's shared memory limit"))?;
-                slot.insert(Kernels { split, prefill, resident_blocks, split_shared_bytes: split_shared as u32, prefill_shared_bytes: shared as u32 })
+                slot.insert(Kernels {
+                    split,
+                    split_prologue,
+                    prefill,
+                    resident_blocks,
+                    split_shared_bytes: split_shared as u32,
+                    prefill_shared_bytes: shared as u32,
+                })
             }
         })
     }
@@ -613,9 +710,9 @@ impl State {
         let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
             SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
         } else {
-            let positions = p.max_span().min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(DEC_MIN_CHUNK * 16));
+            let positions = p.max_span().min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(min_chunk(&Key::of(p)) * 16));
             let step = device.upload(&tuning_step(n_tokens, positions, cache_blocks)?, "paged attention tuning step")?;
-            let timed = AttentionInputs { step: &step, ..inputs };
+            let timed = AttentionInputs { step: &step, prologue: None, ..inputs };
             let most = candidates.iter().map(|&n| workspace_len(n_tokens, p, n)).max().unwrap_or(2);
             let workspace = self.workspace(device, most, n_tokens * p.n_kv_heads, false)?;
             let ctx = device.context();
@@ -699,8 +796,9 @@ mod tests {
         let (decode, split, prefill) =
             (include_str!("../kernels/paged_decode.cuh"), include_str!("../kernels/paged_attention.cu"), include_str!("../kernels/paged_prefill.cu"));
         assert_eq!(define(decode, "DEC_THREADS"), DEC_THREADS);
-        assert_eq!(define(decode, "DEC_MIN_CHUNK") as usize, DEC_MIN_CHUNK);
-        assert_eq!(define(decode, "DEC_TILE") as usize, DEC_MIN_CHUNK);
+        assert_eq!(define(decode, "DEC_MIN_CHUNK_MMA") as usize, DEC_MIN_CHUNK_MMA);
+        assert_eq!(define(decode, "DEC_MIN_CHUNK_CORES") as usize, DEC_MIN_CHUNK_CORES);
+        assert_eq!(define(decode, "DEC_TILE") as usize, DEC_TILE);
         assert_eq!(define(decode, "DEC_MAX_SPLITS") as usize, DEC_MAX_SPLITS);
         assert_eq!(define(split, "MD_ROWS") as usize, MD_ROWS);
         assert_eq!(define(split, "MD_STAGES") as usize, MD_STAGES);

@@ -56,7 +56,7 @@ fn shared_gpu() -> RwLockReadGuard<'static, ()> {
 
 /// The inputs of a call without sinks (the backend tests cover those, gpu_arch_ops.rs).
 fn inputs<'a>(q: &'a CudaSlice<f32>, kv: &'a KvView, step: &'a CudaSlice<u32>) -> AttentionInputs<'a> {
-    AttentionInputs { q, kv, step, sinks: None }
+    AttentionInputs { q, kv, step, sinks: None, prologue: None }
 }
 
 fn attention() -> &'static PagedAttention {
@@ -375,8 +375,10 @@ fn decode_steps_match_the_reference() {
     let mut cases = Vec::new();
     for shape in shapes() {
         let seqs = decode(&[1, 31, 32, 33, 1000, 4096]);
-        // 128 and 256 splits cut 4096 positions into one-block chunks; 3 and 5 leave partial
-        // last tiles in every split.
+        // 128 and 256 splits cut 4096 positions into the smallest chunks (one block on CUDA
+        // cores, four on tensor cores); 3 and 5 leave partial last tiles in every split. Spans
+        // shorter than one chunk (1, 31, 32, 33 with several splits) have one live split, which
+        // writes its output without the merge.
         for path in [Path::Auto, Path::Split(Some(1)), Path::Split(Some(3)), Path::Split(Some(5)), Path::Split(Some(128)), Path::Split(Some(256))] {
             cases.push((shape, seqs.clone(), path));
         }

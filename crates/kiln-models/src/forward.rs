@@ -4,7 +4,8 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterParams, Tensor, TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterParams, Tensor,
+    TensorMut,
 };
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
@@ -163,13 +164,16 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
         };
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
-                attention_inputs(p, at, aw, &l.attn_norm, caches, a, prepared.take())?;
+                let defer = defers_prologue(p, at, aw, caches)?;
+                attention_inputs(p, at, aw, &l.attn_norm, caches, a, prepared.take(), defer)?;
                 let q_width = at.n_head * at.head_dim;
                 match (&aw.wo_bias, p.reduce) {
                     (None, None) if !at.gated => {
                         let (cache, step) = caches.get(at.cache)?;
                         let params = attention_params(at, p.max_seq_len);
-                        let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks: aw.sinks.as_ref().map(|s| s.whole()), step, params: &params };
+                        let prologue = if defer { Some(deferred_prologue(p, at, aw, [&a.k, &a.v])?) } else { None };
+                        let sinks = aw.sinks.as_ref().map(|s| s.whole());
+                        let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks, step, params: &params, prologue };
                         let ffn_norm = swiglu_ffn(p, lc, l).map(|_| (l.ffn_norm.whole(), c.rms_eps));
                         prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
                     }
@@ -235,7 +239,7 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         let (Mixer::Attention(at), MixerWeights::Attention(aw)) = (&lc.mixer, &l.mixer) else {
             return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
         };
-        attention_inputs(p, at, aw, &l.attn_norm, caches, a, None)?;
+        attention_inputs(p, at, aw, &l.attn_norm, caches, a, None, false)?;
         attention(p, at, aw, caches, a)?;
         b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
@@ -291,9 +295,44 @@ fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace
     p.b.rms_norm_add(a.tmp.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.x.rows_mut(n, e)?, scale)
 }
 
+/// Whether this layer's attention takes its prologue itself (the fused attention of
+/// `pre_norm`, for a layer with its own plain keys and values: no biases, v norm or gate).
+fn defers_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>) -> Result<bool> {
+    let plain = matches!(at.kv, KvSource::Own { v_from_k: false }) && l.wk.is_some() && l.bias.is_none() && l.v_norm.is_none();
+    if !plain || at.gated || l.wo_bias.is_some() || p.reduce.is_some() {
+        return Ok(false);
+    }
+    let (cache, step) = caches.get(at.cache)?;
+    Ok(p.b.defers_attention_prologue(cache, step, &attention_params(at, p.max_seq_len)))
+}
+
+/// The prologue `attention_inputs` left undone: the projected keys and values (`a.k`, `a.v`),
+/// the layer's q/k norms and rope table.
+fn deferred_prologue<'t, B: Backend>(
+    p: &Pass<'t, B>,
+    at: &AttentionConfig,
+    l: &'t AttentionWeights<B>,
+    [k, v]: [&'t B::Buffer; 2],
+) -> Result<DeferredPrologue<'t, B::Buffer>> {
+    let (n, kv_heads, hd) = (p.n, at.n_head_kv, at.head_dim);
+    let qk_norm = match (&l.q_norm, &l.k_norm) {
+        (Some(qn), Some(kn)) => Some((qn.whole(), kn.whole(), p.w.config.rms_eps)),
+        _ => None,
+    };
+    Ok(DeferredPrologue {
+        k: k.view([n, kv_heads, hd])?,
+        v: v.rows(n, at.kv_width())?,
+        qk_norm,
+        inv_freq: p.w.rope_tables[at.rope].whole(),
+        rope: RopeParams { kind: p.w.config.rope_kind },
+    })
+}
+
 /// Self-attention's inputs from `norm(x)`: q (and k, v where the layer has its own), biases,
 /// q/k/v norms, rope with the layer's table, the step's K/V stored in the layer's cache (read
-/// through the step of the cache's pool); the final queries are left in `a.q`.
+/// through the step of the cache's pool); the final queries are left in `a.q`. With
+/// `defer_prologue` (see `defers_prologue`), only the projections: the attention takes the rest.
+#[allow(clippy::too_many_arguments)]
 fn attention_inputs<B: Backend>(
     p: &Pass<B>,
     at: &AttentionConfig,
@@ -302,6 +341,7 @@ fn attention_inputs<B: Backend>(
     caches: &mut LayerCaches<B>,
     a: &mut Workspace<B>,
     prepared: Option<B::NormedInput>,
+    defer_prologue: bool,
 ) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
@@ -329,6 +369,9 @@ fn attention_inputs<B: Backend>(
         b.copy_cols(a.q.rows(rows, 2 * hd)?, hd, a.q_gate.rows_mut(rows, hd)?)?;
         b.copy_cols(a.q.rows(rows, 2 * hd)?, 0, a.q_normed.rows_mut(rows, hd)?)?;
         b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
+    }
+    if defer_prologue {
+        return Ok(());
     }
     if l.wk.is_some() {
         if let Some([bq, bk, bv]) = &l.bias {
