@@ -11,7 +11,8 @@
 // in the kernel (paged_decode.cuh), so a captured graph stays valid as sequences grow. The last
 // split of a (token, kv head) to finish merges the splits' partials (merge_splits), so no
 // second launch is needed.
-// paged_attention_split_mma: the split kernel on tensor cores, for f16 caches.
+// paged_attention_split_mma: the split kernel on tensor cores, for f16 caches;
+// paged_attention_split_mma_prologue the same taking the attention prologue (DecodePrologue).
 // The prefill kernel (flash attention over the step's query tiles) is paged_prefill.cu.
 // kiln-test-defines: HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1
 // kiln-test-defines: HEAD_DIM=128,GROUP=8,K_TYPE=2,V_TYPE=2

@@ -288,7 +288,7 @@ impl CudaBackend {
 
 /// The decode kernel's view of a deferred attention prologue, its shapes checked against the
 /// attention's: keys `[n, n_kv_heads, head_dim]`, values `[n, n_kv_heads * head_dim]`, norms of
-/// `head_dim`, and a rope table of at most `head_dim / 2` frequencies.
+/// `head_dim` (the rope table's width is checked with the buffers, `check_prologue`).
 fn prologue_inputs<'a>(d: &DeferredPrologue<'a, CudaSlice<f32>>, n: usize, p: &AttentionParams) -> Result<PrologueInputs<'a>> {
     let (kv_heads, hd) = (p.n_kv_heads, p.head_dim);
     expect_shape("attention prologue", "k", d.k.shape(), [n, kv_heads, hd])?;
@@ -297,16 +297,12 @@ fn prologue_inputs<'a>(d: &DeferredPrologue<'a, CudaSlice<f32>>, n: usize, p: &A
         expect_shape("attention prologue", "q norm", q_norm.shape(), [hd])?;
         expect_shape("attention prologue", "k norm", k_norm.shape(), [hd])?;
     }
-    let n_rot = 2 * d.inv_freq.shape().numel();
-    if n_rot > hd {
-        return Err(BackendError::Device(format!("attention prologue: rope over {n_rot} dims of heads of {hd}")));
-    }
     Ok(PrologueInputs {
         k: d.k.buf(),
         v: d.v.buf(),
         qk_norm: d.qk_norm.map(|(q, k, eps)| (q.buf(), k.buf(), eps)),
         inv_freq: d.inv_freq.buf(),
-        n_rot,
+        n_rot: 2 * d.inv_freq.shape().numel(),
         neox: d.rope.kind == RopeKind::Neox,
     })
 }

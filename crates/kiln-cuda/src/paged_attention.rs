@@ -98,6 +98,15 @@ pub struct PrologueInputs<'a> {
     pub neox: bool,
 }
 
+/// The lengths of a prologue's operands, for [`PagedAttentionParams::check_prologue`].
+struct PrologueLens {
+    k: usize,
+    v: usize,
+    norms: Option<(usize, usize)>,
+    inv_freq: usize,
+    n_rot: usize,
+}
+
 /// `DecodePrologue` of paged_attention.cu, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -284,7 +293,32 @@ impl PagedAttentionParams {
             }
         }
         self.window_arg()?;
+        if let Some(pro) = inputs.prologue {
+            let norms = pro.qk_norm.map(|(q, k, _)| (q.len(), k.len()));
+            self.check_prologue(counts, PrologueLens { k: pro.k.len(), v: pro.v.len(), norms, inv_freq: pro.inv_freq.len(), n_rot: pro.n_rot })?;
+        }
         self.check(counts, inputs.q.len(), out, inputs.kv.k_bytes, inputs.kv.v_bytes, inputs.step.len())
+    }
+
+    /// The prologue's operands hold what the decode kernel reads: every token's key and value
+    /// rows, a norm weight per head dimension, and `n_rot / 2` frequencies of an even `n_rot`
+    /// no wider than a head.
+    fn check_prologue(&self, counts: &StepCounts, lens: PrologueLens) -> Result<(), CudaError> {
+        let values = counts.n_tokens * self.n_kv_heads * self.head_dim;
+        for (what, have) in [("key", lens.k), ("value", lens.v)] {
+            if have < values {
+                return Err(invalid(format!("prologue {what} buffer of {have} values; {} tokens need {values}", counts.n_tokens)));
+            }
+        }
+        if let Some((q_norm, k_norm)) = lens.norms {
+            if q_norm < self.head_dim || k_norm < self.head_dim {
+                return Err(invalid(format!("q/k norm weights of {q_norm} and {k_norm} values for heads of {}", self.head_dim)));
+            }
+        }
+        if lens.n_rot % 2 != 0 || lens.n_rot > self.head_dim || lens.inv_freq < lens.n_rot / 2 {
+            return Err(invalid(format!("rope over {} dims of heads of {} with {} frequencies", lens.n_rot, self.head_dim, lens.inv_freq)));
+        }
+        Ok(())
     }
 
     fn check(&self, counts: &StepCounts, q: usize, out: usize, k: usize, v: usize, step: usize) -> Result<(), CudaError> {
@@ -468,6 +502,9 @@ impl PagedAttention {
         if counts.n_tiles == 0 || counts.n_tiles > counts.n_tokens {
             return Err(invalid(format!("{} prefill tiles for {} tokens", counts.n_tiles, counts.n_tokens)));
         }
+        if inputs.prologue.is_some() {
+            return Err(invalid("the attention prologue in the prefill kernel (decode steps on tensor cores only)".into()));
+        }
         let kernels = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.kernels(device, p)?.clone()
@@ -588,8 +625,8 @@ fn launch_split(
     // SAFETY: arguments match paged_attention_split(_mma)(_prologue); q/out hold n_tokens
     // query rows and the caches `rows` rows (checked by the caller); the partials hold every
     // slot when n_splits > 1 (workspace_len) and the tickets every (token, kv head); the shared
-    // memory is what its attribute was raised to; the prologue's operands were checked by
-    // `PagedAttention::takes_prologue`'s caller.
+    // memory is what its attribute was raised to; the prologue's operands hold every token's
+    // rows (check_prologue).
     unsafe { builder.launch(cfg) }.map(drop).map_err(launch_error("paged_attention_split"))
 }
 
@@ -866,6 +903,23 @@ mod tests {
         assert!(err(p, k, v - 1, q).contains("V cache"));
         assert!(err(p, k, v, q - 1).contains("query"));
         assert!(err(PagedAttentionParams { head_dim: 8, n_kv_heads: 1, n_heads: 1, ..p }, k, v, q).contains("multiple of 32"));
+    }
+
+    #[test]
+    fn prologue_operands_too_small_are_refused() {
+        let counts = StepCounts { n_tokens: 3, n_tiles: 0, decode_only: true };
+        let p = PagedAttentionParams { v_type: KvType::F16, ..params() };
+        let kv = 3 * 8 * 128;
+        let lens = |k, v, norms, inv_freq, n_rot| PrologueLens { k, v, norms, inv_freq, n_rot };
+        assert!(p.check_prologue(&counts, lens(kv, kv, Some((128, 128)), 64, 128)).is_ok());
+        assert!(p.check_prologue(&counts, lens(kv, kv, None, 16, 32)).is_ok(), "partial rope, no norms");
+        let err = |l| p.check_prologue(&counts, l).unwrap_err().to_string();
+        assert!(err(lens(kv - 1, kv, None, 64, 128)).contains("key"));
+        assert!(err(lens(kv, kv - 1, None, 64, 128)).contains("value"));
+        assert!(err(lens(kv, kv, Some((127, 128)), 64, 128)).contains("norm"));
+        assert!(err(lens(kv, kv, None, 65, 130)).contains("rope"));
+        assert!(err(lens(kv, kv, None, 16, 33)).contains("rope"));
+        assert!(err(lens(kv, kv, None, 15, 32)).contains("rope"));
     }
 
     #[test]
