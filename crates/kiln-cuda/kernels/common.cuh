@@ -60,11 +60,19 @@ __device__ __forceinline__ u16 f32_to_bf16_bits(float value) {
 // block of the kernel before it has exited, before that kernel's results are flushed: until
 // wait_for_inputs() returns it may read only weights (never written during a step); after it,
 // everything earlier kernels wrote is visible. Outside a graph, or below sm_90, it does nothing.
-// (No kernel triggers its successor earlier: chains of early-started kernels crowd the SMs.)
+// A kernel that calls start_dependents() lets the kernel after it start as soon as all its own
+// blocks have called it: used only around the decode attention, whose neighbours have few blocks
+// or short waits (chains of early-started mat-vecs would crowd the SMs).
 
 __device__ __forceinline__ void wait_for_inputs() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void start_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -684,6 +684,11 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
 
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
+    // For one token, the decode attention after q, k and v starts now and fetches its cache
+    // rows meanwhile.
+    if constexpr (NTOK == 1) {
+        start_dependents();
+    }
     constexpr u32 PER_BLOCK = MV_GROUPS * ROWS_PER_WARP;
     u32 block = blockIdx.x;
     const u32 k = stacked_weight(block, (rows_a + PER_BLOCK - 1) / PER_BLOCK, (rows_b + PER_BLOCK - 1) / PER_BLOCK);

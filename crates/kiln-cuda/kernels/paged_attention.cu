@@ -383,7 +383,14 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
                                           u32 n_kv_heads, float scale, u32 window, const float* sinks, i8* xq,
                                           float2* xds, u32 x_chunks, const DecodePrologue& pro) {
 #if DEC_MMA
-    wait_for_inputs();
+    // For one token, the o product after this kernel starts now and streams its weights
+    // meanwhile (with more, its blocks would crowd the attention's).
+    if (gridDim.z == 1) {
+        start_dependents();
+    }
+    if constexpr (!PROLOGUE) {
+        wait_for_inputs();
+    }
     const u32 split = blockIdx.x;
     const u32 n_splits = gridDim.x;
     const u32 kv_head = blockIdx.y;
@@ -437,6 +444,11 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         copy_commit();
     }
     u32 pending = MD_STAGES - 1 < my_tiles ? block_of(MD_STAGES - 1) : 0;
+    // With the prologue, no kernel of this step writes the step block or the rows copied so far
+    // (the token's own row is replaced below), so they were fetched before q, k and v are ready.
+    if constexpr (PROLOGUE) {
+        wait_for_inputs();
+    }
 
     // With the prologue: the GROUP query heads normed and roped, then (in the split holding the
     // token's position) its key and value, one warp a row.
@@ -625,7 +637,10 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         }
         const u64 row = (u64)token * n_heads + first_head + h;
         if (alone) {
-            out[row * HEAD_DIM + d] = value * softmax_norm(top, sum, sinks ? sinks[first_head + h] * LOG2E : 0.0f, sinks != nullptr);
+            const float result = value * softmax_norm(top, sum, sinks ? sinks[first_head + h] * LOG2E : 0.0f, sinks != nullptr);
+            out[row * HEAD_DIM + d] = result;
+            // Warp 0's slot of (h, d), which no other thread reads: the quantization's source.
+            o_s[h * HEAD_DIM + d] = result;
         } else {
             const u64 slot = row * n_splits + split;
             part_acc[slot * HEAD_DIM + d] = value;
@@ -640,7 +655,7 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
                      reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
     } else {
-        quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
+        quantize_head_rows(o_s, token, first_head, xq, xds, x_chunks);
     }
 #endif
 }

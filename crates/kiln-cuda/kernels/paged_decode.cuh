@@ -129,26 +129,32 @@ __device__ __forceinline__ SplitRows decode_split_rows(const u32* step, u32 toke
     return rows;
 }
 
-// When `xq` is not null, the GROUP heads of `token` this block has just written to `out` are
-// also stored as the int8 input of the product that follows (activation_q8.cuh; chunk c of
-// the token's row at index token * x_chunks + c), saving that product its own quantization
-// launch. The host asks only for HEAD_DIM a multiple of CHUNK_VALUES. Called by every thread.
-__device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, u32 first_head, u32 n_heads, i8* xq,
-                                                   float2* xds, u32 x_chunks) {
+// quantize_heads_out from `rows`, the GROUP heads as the block wrote them (global or shared
+// memory).
+__device__ __forceinline__ void quantize_head_rows(const float* rows, u32 token, u32 first_head, i8* xq, float2* xds,
+                                                   u32 x_chunks) {
     if constexpr (HEAD_DIM % CHUNK_VALUES == 0) {
         if (xq == nullptr) {
             return;
         }
-        // The block's stores to `out` are visible to all its threads past the barrier.
+        // The block's stores to `rows` are visible to all its threads past the barrier.
         __syncthreads();
         constexpr u32 HEAD_CHUNKS = HEAD_DIM / CHUNK_VALUES;
-        const float* rows = out + ((u64)token * n_heads + first_head) * HEAD_DIM;
         for (u32 c = threadIdx.x; c < GROUP * HEAD_CHUNKS; c += DEC_THREADS) {
             float v[CHUNK_VALUES];
             load_written_chunk(rows + c * CHUNK_VALUES, v);
             quantize_chunk(v, xq, xds, (u64)token * x_chunks + first_head * HEAD_CHUNKS + c);
         }
     }
+}
+
+// When `xq` is not null, the GROUP heads of `token` this block has just written to `out` are
+// also stored as the int8 input of the product that follows (activation_q8.cuh; chunk c of
+// the token's row at index token * x_chunks + c), saving that product its own quantization
+// launch. The host asks only for HEAD_DIM a multiple of CHUNK_VALUES. Called by every thread.
+__device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, u32 first_head, u32 n_heads, i8* xq,
+                                                   float2* xds, u32 x_chunks) {
+    quantize_head_rows(out + ((u64)token * n_heads + first_head) * HEAD_DIM, token, first_head, xq, xds, x_chunks);
 }
 
 // Splits of a token that sees `visible` positions that have rows to read.

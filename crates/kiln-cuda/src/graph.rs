@@ -1,8 +1,8 @@
 //! Step graphs: a stream capture instantiated for replay, with the kernel-to-kernel edges into
 //! kernels that wait for their own inputs (sources tagged `// kiln-waits-for-inputs`) made
 //! programmatic. Such a kernel is launched as soon as every block of the kernel before it has
-//! started, streams its weights while that kernel drains, and waits for its results in
-//! `wait_for_inputs()` (common.cuh): the gap between launches disappears.
+//! exited (or called `start_dependents()`), streams its weights while that kernel drains, and
+//! waits for its results in `wait_for_inputs()` (common.cuh): the gap between launches disappears.
 
 use std::ptr;
 use std::sync::Arc;
