@@ -165,7 +165,10 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
         match (&lc.mixer, &l.mixer) {
             (Mixer::Attention(at), MixerWeights::Attention(aw)) => {
                 let defer = defers_prologue(p, at, aw, caches)?;
-                attention_inputs(p, at, aw, &l.attn_norm, caches, a, prepared.take(), defer)?;
+                attention_projections(p, at, aw, &l.attn_norm, a, prepared.take())?;
+                if !defer {
+                    attention_prologue(p, at, aw, caches, a)?;
+                }
                 let q_width = at.n_head * at.head_dim;
                 match (&aw.wo_bias, p.reduce) {
                     (None, None) if !at.gated => {
@@ -239,7 +242,8 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         let (Mixer::Attention(at), MixerWeights::Attention(aw)) = (&lc.mixer, &l.mixer) else {
             return Err(BackendError::BadPlan("a Gemma layer without attention".into()));
         };
-        attention_inputs(p, at, aw, &l.attn_norm, caches, a, None, false)?;
+        attention_projections(p, at, aw, &l.attn_norm, a, None)?;
+        attention_prologue(p, at, aw, caches, a)?;
         attention(p, at, aw, caches, a)?;
         b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
@@ -306,7 +310,7 @@ fn defers_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionW
     Ok(p.b.defers_attention_prologue(cache, step, &attention_params(at, p.max_seq_len)))
 }
 
-/// The prologue `attention_inputs` left undone: the projected keys and values (`a.k`, `a.v`),
+/// The prologue `attention_prologue` would have run: the projected keys and values (`a.k`, `a.v`),
 /// the layer's q/k norms and rope table.
 fn deferred_prologue<'t, B: Backend>(
     p: &Pass<'t, B>,
@@ -328,29 +332,21 @@ fn deferred_prologue<'t, B: Backend>(
     })
 }
 
-/// Self-attention's inputs from `norm(x)`: q (and k, v where the layer has its own), biases,
-/// q/k/v norms, rope with the layer's table, the step's K/V stored in the layer's cache (read
-/// through the step of the cache's pool); the final queries are left in `a.q`. With
-/// `defer_prologue` (see `defers_prologue`), only the projections: the attention takes the rest.
-#[allow(clippy::too_many_arguments)]
-fn attention_inputs<B: Backend>(
+/// Self-attention's projections of `norm(x)`: q (with its gate split off into `a.q_gate` where
+/// the layer gates it) into `a.q`, and k, v into `a.k`, `a.v` where the layer has its own.
+fn attention_projections<B: Backend>(
     p: &Pass<B>,
     at: &AttentionConfig,
     l: &AttentionWeights<B>,
     norm: &B::Buffer,
-    caches: &mut LayerCaches<B>,
     a: &mut Workspace<B>,
     prepared: Option<B::NormedInput>,
-    defer_prologue: bool,
 ) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
-    let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
+    let (heads, hd) = (at.n_head, at.head_dim);
     let (q_width, kv_width) = (heads * hd, at.kv_width());
     // A gated attention's query projection also holds its gate.
     let q_proj = if at.gated { 2 * q_width } else { q_width };
-    let rope = RopeParams { kind: c.rope_kind };
-    let table = p.w.rope_tables[at.rope].whole();
-    let (cache, step) = caches.get(at.cache)?;
     match (at.kv, &l.wk) {
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
@@ -370,9 +366,19 @@ fn attention_inputs<B: Backend>(
         b.copy_cols(a.q.rows(rows, 2 * hd)?, 0, a.q_normed.rows_mut(rows, hd)?)?;
         b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
     }
-    if defer_prologue {
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// The attention prologue after the projections: biases, q/k/v norms, rope with the layer's
+/// table and the step's K/V stored in the layer's cache (read through the step of the cache's
+/// pool); the final queries are left in `a.q`.
+fn attention_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>, a: &mut Workspace<B>) -> Result<()> {
+    let (b, c, n) = (p.b, &p.w.config, p.n);
+    let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
+    let (q_width, kv_width) = (heads * hd, at.kv_width());
+    let rope = RopeParams { kind: c.rope_kind };
+    let table = p.w.rope_tables[at.rope].whole();
+    let (cache, step) = caches.get(at.cache)?;
     if l.wk.is_some() {
         if let Some([bq, bk, bv]) = &l.bias {
             b.add_bias(a.q.rows_mut(n, q_width)?, bq.whole())?;
@@ -405,7 +411,7 @@ fn attention_inputs<B: Backend>(
     Ok(())
 }
 
-/// The attention of the queries `attention_inputs` left in `a.q` into `a.att`, gated where the
+/// The attention of the queries `attention_prologue` left in `a.q` into `a.att`, gated where the
 /// layer gates it.
 fn attention<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>, a: &mut Workspace<B>) -> Result<()> {
     let (b, n, q_width) = (p.b, p.n, at.n_head * at.head_dim);
