@@ -3,11 +3,12 @@
 
 Compiles a kernel source with NVRTC for sm_90 (the options kiln's registry uses), disassembles
 the cubin with nvdisasm and, for each kernel named, prints the size and instruction mix of its
-smallest loop that holds a dp4a (or, with --any, of its smallest loop), so that a change to a
-decode path can be weighed by the instructions it removes before it is timed on the device.
+smallest loop that holds a dp4a (or the opcode --holding names), so that a change to a decode
+path can be weighed by the instructions it removes before it is timed on the device.
 
     python3 scripts/sass-loops.py matvec_kquant NTOK=1,ROWS_PER_WARP=4 matvec_q4_k matvec_iq4_xs
     python3 scripts/sass-loops.py --print matvec_legacy NTOK=1,ROWS_PER_WARP=8 matvec_q1_0
+    python3 scripts/sass-loops.py --holding HMMA paged_attention HEAD_DIM=128,GROUP=4,K_TYPE=1,V_TYPE=1 paged_attention_split_mma
 
 Needs libnvrtc (scripts/nvrtc-env.sh finds it) and nvdisasm (`pip install nvidia-cuda-nvdisasm`,
 or a CUDA toolkit's bin/ on PATH). Register counts and spills come from ptxas's report.
@@ -101,13 +102,13 @@ def instructions(sass, kernel):
     return code, labels
 
 
-def smallest_loop(code, labels, need_dp4a):
+def smallest_loop(code, labels, holding):
     best = None
     for address, op, args in code:
         target = re.search(r"(\.L_x_\d+)", args) if op.startswith("BRA") else None
         if target and labels.get(target.group(1), address + 1) <= address:
             body = [c for c in code if labels[target.group(1)] <= c[0] <= address]
-            if need_dp4a and not any(c[1].startswith("IDP") for c in body):
+            if holding and not any(c[1].startswith(holding) for c in body):
                 continue
             if best is None or len(body) < len(best):
                 best = body
@@ -116,7 +117,7 @@ def smallest_loop(code, labels, need_dp4a):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--any", action="store_true", help="the smallest loop, dp4a or not")
+    parser.add_argument("--holding", default="IDP", metavar="OPCODE", help="the smallest loop holding this opcode (default IDP, dp4a; HMMA for tensor cores; '' for any loop)")
     parser.add_argument("--print", action="store_true", help="print the loop's instructions")
     parser.add_argument("source", help="kernel file stem, e.g. matvec_kquant")
     parser.add_argument("defines", help="comma-separated NAME=VALUE, e.g. NTOK=1,ROWS_PER_WARP=4")
@@ -132,14 +133,13 @@ def main():
         if code is None:
             print(f"{kernel}: not in {args.source} with {args.defines}")
             continue
-        loop = smallest_loop(code, labels, not args.any)
+        loop = smallest_loop(code, labels, args.holding)
         regs = registers(log, kernel)
         if loop is None:
             print(f"{kernel}: {len(code)} instructions, no loop found; {regs} registers")
             continue
         mix = collections.Counter(op.split(".")[0] for _, op, _ in loop)
-        dp4a = mix.get("IDP", 0)
-        print(f"{kernel}: loop of {len(loop)} instructions, {dp4a} dp4a, {regs} registers | " + " ".join(f"{k} {v}" for k, v in mix.most_common(12)))
+        print(f"{kernel}: loop of {len(loop)} instructions, {mix.get('IDP', 0)} dp4a, {regs} registers | " + " ".join(f"{k} {v}" for k, v in mix.most_common(12)))
         if args.print:
             for address, op, operands in loop:
                 print(f"    {address:05x}  {op} {operands}")
