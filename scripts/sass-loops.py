@@ -49,7 +49,11 @@ def compile_cubin(source, defines):
     for builtins in sorted(glob.glob(os.path.join(os.path.dirname(lib_path), "libnvrtc-builtins.so*"))):
         ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     nvrtc = ctypes.CDLL(lib_path)
-    code = open(os.path.join(KERNELS, source + ".cu"), "rb").read()
+    path = os.path.join(KERNELS, source + ".cu")
+    if not os.path.isfile(path):
+        stems = sorted(f[:-3] for f in os.listdir(KERNELS) if f.endswith(".cu"))
+        sys.exit(f"sass-loops: no kernel source {source!r}; the sources are: {' '.join(stems)}")
+    code = open(path, "rb").read()
     program = ctypes.c_void_p()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, (source + ".cu").encode(), 0, None, None):
         sys.exit("sass-loops: nvrtcCreateProgram failed")
