@@ -6,10 +6,9 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureMode};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
     AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams,
@@ -19,13 +18,13 @@ use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
 use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
-use crate::graph::{StepGraphExec, StepProfile};
+use crate::graph::StepProfile;
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
-use crate::step::{CudaStep, StepGraph, StepGraphs};
+use crate::step::{CudaStep, StepGraphRunner};
 use crate::step_clock::{StepClock, StepTime};
 use crate::{CudaDevice, CudaError, RegistryConfig};
 
@@ -84,14 +83,7 @@ pub struct CudaBackend {
     pub(crate) store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
     attention: PagedAttention,
     experts: ExpertProducts,
-    graphs: StepGraphs,
-    /// Id of the step object written last: `run_step` records and replays for it.
-    current_step: AtomicU64,
-    /// Kernel-to-kernel edges made programmatic in the graphs captured so far.
-    overlapped_edges: AtomicUsize,
-    /// Whether each step graph's first replay is followed by a per-node profile of it.
-    profile_graphs: AtomicBool,
-    profiles: Mutex<Vec<StepProfile>>,
+    graphs: StepGraphRunner,
     /// Device-side times of sampled steps, once `time_steps` was called.
     step_clock: Mutex<Option<StepClock>>,
     /// Blocks that keep every multiprocessor busy, for the grid-stride kernels.
@@ -163,11 +155,7 @@ impl CudaBackend {
             store_kernels: Mutex::new(HashMap::new()),
             attention: PagedAttention::new(),
             experts: ExpertProducts::default(),
-            graphs: StepGraphs::default(),
-            current_step: AtomicU64::new(0),
-            overlapped_edges: AtomicUsize::new(0),
-            profile_graphs: AtomicBool::new(false),
-            profiles: Mutex::new(Vec::new()),
+            graphs: StepGraphRunner::default(),
             step_clock: Mutex::new(None),
             busy_blocks,
             max_sample_shared_bytes,
@@ -178,17 +166,17 @@ impl CudaBackend {
     /// How many kernels of the step graphs captured so far start while the kernel before them
     /// drains (`GraphEdges::Overlapped`); 0 under `GraphEdges::Serial`.
     pub fn overlapped_graph_edges(&self) -> usize {
-        self.overlapped_edges.load(Ordering::Relaxed)
+        self.graphs.overlapped_edges()
     }
 
     /// From now on, profile every step graph once, at its first replay (`step_profiles`).
     pub fn profile_step_graphs(&self) {
-        self.profile_graphs.store(true, Ordering::Relaxed);
+        self.graphs.profile();
     }
 
     /// The profiles taken since `profile_step_graphs`, one per step graph, in capture order.
     pub fn step_profiles(&self) -> Vec<StepProfile> {
-        self.profiles.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.graphs.profiles()
     }
 
     /// From now on, time every sampled step on the device (`step_times`).
@@ -355,7 +343,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_step(&self, capacity: &StepCapacity, cache_blocks: usize) -> Result<CudaStep> {
-        CudaStep::new(&self.device, &self.graphs, capacity, cache_blocks)
+        CudaStep::new(&self.device, &self.graphs.graphs, capacity, cache_blocks)
     }
 
     fn write_step(&self, step: &mut CudaStep, plan: &FlatPlan) -> Result<()> {
@@ -363,7 +351,7 @@ impl Backend for CudaBackend {
             clock.step_written(self.device.stream()).map_err(|e| BackendError::Device(format!("timing the step: {e:?}")))?;
         }
         step.write(&self.device, plan)?;
-        self.current_step.store(step.id, Ordering::Relaxed);
+        self.graphs.set_current(step.id);
         Ok(())
     }
 
@@ -670,45 +658,8 @@ impl Backend for CudaBackend {
         step.sampled(&self.device, out, self.step_clock.lock().unwrap_or_else(PoisonError::into_inner).as_mut())
     }
 
-    /// Per key of the step object written last: the first call runs `record` directly, so
-    /// lazily loaded kernels and scratch buffers are created outside any capture; the second
-    /// captures `record` into a graph and launches it; later calls launch the graph only.
     fn run_step(&self, key: u64, record: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let slot = (self.current_step.load(Ordering::Relaxed), key);
-        let mut graphs = self.graphs.lock().unwrap_or_else(PoisonError::into_inner);
-        let stream = self.device.stream();
-        let graph_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the graph of step {key}: {e:?}"));
-        match graphs.get(&slot) {
-            None => {
-                record()?;
-                graphs.insert(slot, StepGraph::WarmedUp);
-            }
-            Some(StepGraph::WarmedUp) => {
-                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(graph_error("starting the capture of"))?;
-                let recorded = record();
-                // The capture always ends, so a failed record leaves the stream usable.
-                let registry = self.device.registry();
-                let captured = StepGraphExec::end_capture(stream, &|function| registry.waits_for_inputs(function));
-                recorded?;
-                let (graph, overlapped) =
-                    captured.map_err(graph_error("capturing"))?.ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
-                self.overlapped_edges.fetch_add(overlapped, Ordering::Relaxed);
-                tracing::debug!(key, overlapped, "step graph captured");
-                graph.launch().map_err(graph_error("launching"))?;
-                graphs.insert(slot, StepGraph::Captured(graph));
-            }
-            Some(StepGraph::Captured(graph)) => {
-                graph.launch().map_err(graph_error("launching"))?;
-                if self.profile_graphs.load(Ordering::Relaxed) {
-                    let mut profiles = self.profiles.lock().unwrap_or_else(PoisonError::into_inner);
-                    if !profiles.iter().any(|p| p.slot == slot) {
-                        let nodes = graph.profile_nodes().map_err(graph_error("profiling"))?;
-                        profiles.push(StepProfile { slot, key, nodes });
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.graphs.run(&self.device, key, record)
     }
 
     fn prepare(&self, weights: &[&GpuWeight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {

@@ -3,14 +3,15 @@
 //! with one asynchronous copy, so a captured graph reads each step's values from device memory.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use cudarc::driver::sys::CUstreamCaptureMode;
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use kiln_core::backend::{BackendError, Result};
 use kiln_core::plan::{FlatPlan, StepCapacity};
 
-use crate::graph::StepGraphExec;
+use crate::graph::{StepGraphExec, StepProfile};
 use crate::plan_words::PlanLayout;
 use crate::step_clock::StepClock;
 use crate::CudaDevice;
@@ -26,6 +27,80 @@ pub(crate) enum StepGraph {
 /// addresses of the buffers its step used, so it belongs to the step object (and the model
 /// around it) that recorded it, and goes when that step object is dropped.
 pub(crate) type StepGraphs = Arc<Mutex<HashMap<(u64, u64), StepGraph>>>;
+
+/// Runs the steps as graphs: per key of the step object written last, the first call runs
+/// `record` directly, so lazily loaded kernels and scratch buffers are created outside any
+/// capture; the second captures `record` into a graph and launches it; later calls launch the
+/// graph only. Counts the programmatic edges of what it captured and, once asked, profiles each
+/// graph at its first replay.
+#[derive(Default)]
+pub(crate) struct StepGraphRunner {
+    pub(crate) graphs: StepGraphs,
+    /// Id of the step object written last.
+    current_step: AtomicU64,
+    /// Kernel-to-kernel edges made programmatic in the graphs captured so far.
+    overlapped_edges: AtomicUsize,
+    profile_graphs: AtomicBool,
+    profiles: Mutex<Vec<StepProfile>>,
+}
+
+impl StepGraphRunner {
+    /// The step object whose graphs `run` records and replays from now on.
+    pub(crate) fn set_current(&self, step_id: u64) {
+        self.current_step.store(step_id, Ordering::Relaxed);
+    }
+
+    pub(crate) fn overlapped_edges(&self) -> usize {
+        self.overlapped_edges.load(Ordering::Relaxed)
+    }
+
+    /// From now on, profile every graph once, at its first replay.
+    pub(crate) fn profile(&self) {
+        self.profile_graphs.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn profiles(&self) -> Vec<StepProfile> {
+        self.profiles.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn run(&self, device: &CudaDevice, key: u64, record: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let slot = (self.current_step.load(Ordering::Relaxed), key);
+        let mut graphs = self.graphs.lock().unwrap_or_else(PoisonError::into_inner);
+        let stream = device.stream();
+        let graph_error = |what: &'static str| move |e| BackendError::Device(format!("{what} the graph of step {key}: {e:?}"));
+        match graphs.get(&slot) {
+            None => {
+                record()?;
+                graphs.insert(slot, StepGraph::WarmedUp);
+            }
+            Some(StepGraph::WarmedUp) => {
+                stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(graph_error("starting the capture of"))?;
+                let recorded = record();
+                // The capture always ends, so a failed record leaves the stream usable.
+                let registry = device.registry();
+                let captured = StepGraphExec::end_capture(stream, &|function| registry.waits_for_inputs(function));
+                recorded?;
+                let (graph, overlapped) =
+                    captured.map_err(graph_error("capturing"))?.ok_or_else(|| BackendError::Device(format!("step {key} recorded no work to capture")))?;
+                self.overlapped_edges.fetch_add(overlapped, Ordering::Relaxed);
+                tracing::debug!(key, overlapped, "step graph captured");
+                graph.launch().map_err(graph_error("launching"))?;
+                graphs.insert(slot, StepGraph::Captured(graph));
+            }
+            Some(StepGraph::Captured(graph)) => {
+                graph.launch().map_err(graph_error("launching"))?;
+                if self.profile_graphs.load(Ordering::Relaxed) {
+                    let mut profiles = self.profiles.lock().unwrap_or_else(PoisonError::into_inner);
+                    if !profiles.iter().any(|p| p.slot == slot) {
+                        let nodes = graph.profile_nodes().map_err(graph_error("profiling"))?;
+                        profiles.push(StepProfile { slot, key, nodes });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
 
 pub struct CudaStep {
     /// Unique for the process's lifetime, so a new model never inherits an old one's graphs.
