@@ -189,12 +189,13 @@ struct WarpRows {
 };
 
 // acc plus a chunk's 16 values dotted with the 16 int8 activations x (scale xd, scaled sum xs).
+template <class F>
 __device__ __forceinline__ float chunk_dot(const Chunk& c, const uint4& x, float xd, float xs, float acc) {
     int dot = __dp4a(c.q[0], (int)x.x, 0);
     dot = __dp4a(c.q[1], (int)x.y, dot);
     dot = __dp4a(c.q[2], (int)x.z, dot);
     dot = __dp4a(c.q[3], (int)x.w, dot);
-    return fmaf(c.scale * xd, (float)dot, fmaf(c.offset, xs, acc));
+    return fmaf(c.scale * xd, (float)dot, HasOffset<F>::value ? fmaf(c.offset, xs, acc) : acc);
 }
 
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
@@ -241,7 +242,7 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
                 const float2 ds = __ldg(xds + t * ds_stride + tile * 32 + lane);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    rows_of.acc[r][t] = chunk_dot(c[r], xv, ds.x, ds.y, rows_of.acc[r][t]);
+                    rows_of.acc[r][t] = chunk_dot<F>(c[r], xv, ds.x, ds.y, rows_of.acc[r][t]);
                 }
             }
         }
@@ -326,7 +327,7 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
                     const float xs = i ? ds.w : ds.y;
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
-                        rows_of.acc[r][t] = chunk_dot(c[r][i], x, xd, xs, rows_of.acc[r][t]);
+                        rows_of.acc[r][t] = chunk_dot<F>(c[r][i], x, xd, xs, rows_of.acc[r][t]);
                     }
                 }
             }

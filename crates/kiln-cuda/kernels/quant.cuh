@@ -156,6 +156,17 @@ struct Chunk {
     float offset;
 };
 
+// Formats whose values are scale * code declare NO_OFFSET, so the dot products skip the offset
+// term (an FMA with 0 that IEEE rules keep the compiler from dropping).
+template <class F, class = void>
+struct HasOffset {
+    static constexpr bool value = true;
+};
+template <class F>
+struct HasOffset<F, decltype(void(F::NO_OFFSET))> {
+    static constexpr bool value = !F::NO_OFFSET;
+};
+
 __device__ __forceinline__ const u8* lane_bytes(const u8* plane, u64 tile, u32 lane, u32 bytes) {
     return plane + (tile * 32 + lane) * bytes;
 }
@@ -172,6 +183,7 @@ __device__ __forceinline__ const u8* tile_scales(const Planes& p, u64 tile) {
 // 32-value blocks, f16 d per block (16 per tile, lane reads block lane/2): value = d * int8.
 struct FmtQ8_0 {
     static constexpr u32 CODE_BYTES = 16, EXTRA_BYTES = 0, SCALE_BYTES = 32;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         uint4 codes;
         u32 d;
@@ -190,6 +202,7 @@ struct FmtQ8_0 {
 template <int KIND>  // 0: Q4_0, 1: Q4_1, 2: IQ4_NL
 struct FmtNibble32 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = KIND == 1 ? 64 : 32;
+    static constexpr bool NO_OFFSET = KIND == 2;
     struct Raw {
         uint2 codes;
         u32 dm;
@@ -447,6 +460,7 @@ struct FmtQ6_K {
 // scales_l[4]) of both super-blocks. value = d * (ls - 32) * codebook[q] for 32-value group g.
 struct FmtIQ4_XS {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         uint2 codes;
         uint2 head;
@@ -475,6 +489,7 @@ __device__ __forceinline__ void e2m1_codes(uint2 w, int (&q)[4]) {
 // of each block. value = 2^(e - 128) * code (exactly: subnormal for e < 2).
 struct FmtMXFP4 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         uint2 codes;
         u32 e;
@@ -496,6 +511,7 @@ struct FmtMXFP4 {
 // l / 4 and its UE4M3 scale byte is tile scale byte l. value = ue4m3(byte) / 2 * code.
 struct FmtNVFP4 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 32;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         uint2 codes;
         u32 d;
@@ -540,6 +556,7 @@ __device__ __forceinline__ void book3_codes(u32 codes, u32 high, u32 levels0, u3
 template <bool PER_32>
 struct FmtIQ2 {
     static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = 20;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         u32 codes;
         u32 high;
@@ -572,6 +589,7 @@ typedef FmtIQ2<false> FmtIQ2_S;
 template <bool XXS>
 struct FmtIQ3 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = XXS ? 20 : 12;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         uint2 codes;
         u32 d;
@@ -611,6 +629,7 @@ typedef FmtIQ3<false> FmtIQ3_S;
 template <bool M>
 struct FmtIQ1 {
     static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = M ? 16 : 36;
+    static constexpr bool NO_OFFSET = true;
     struct Raw {
         u32 codes;
         u32 high;
