@@ -188,14 +188,61 @@ struct WarpRows {
     }
 };
 
+// 1.5 * 2^23 as float bits: an int accumulated onto it, |i| < 2^22, reads back as float
+// 12582912 + i exactly, so subtracting the float replaces a (quarter-rate) int-to-float.
+#define EXACT_INT_BIAS 0x4b400000
+#define EXACT_INT_BIAS_F 12582912.0f
+
+// A chunk as the dot products below take it: codebook formats as two lookups for one token (a
+// prmt fewer per four values; with more tokens each lookup's dp4a would repeat per token).
+template <class F>
+__device__ __forceinline__ Chunk decode_for_dot(const typename F::Raw& r, u32 lane) {
+    if constexpr (SplitsBook<F>::value && NTOK == 1) {
+        return F::template decode<true>(r, lane);
+    } else {
+        return F::decode(r, lane);
+    }
+}
+
+// A chunk's 16 codes dotted with 16 int8 activations, exactly (|sum| < 2^19), as a float; a
+// codebook format's two lookups add in one chain.
+template <class F>
+__device__ __forceinline__ float exact_dot16(const Chunk& c, const uint4& x) {
+    const int xs[4] = {(int)x.x, (int)x.y, (int)x.z, (int)x.w};
+    int dot = EXACT_INT_BIAS;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        dot = __dp4a(c.q[k], xs[k], dot);
+        if constexpr (SplitsBook<F>::value && NTOK == 1) {
+            dot = __dp4a(c.q2[k], xs[k], dot);
+        }
+    }
+    return __int_as_float(dot) - EXACT_INT_BIAS_F;
+}
+
 // acc plus a chunk's 16 values dotted with the 16 int8 activations x (scale xd, scaled sum xs).
 template <class F>
 __device__ __forceinline__ float chunk_dot(const Chunk& c, const uint4& x, float xd, float xs, float acc) {
-    int dot = __dp4a(c.q[0], (int)x.x, 0);
-    dot = __dp4a(c.q[1], (int)x.y, dot);
-    dot = __dp4a(c.q[2], (int)x.z, dot);
-    dot = __dp4a(c.q[3], (int)x.w, dot);
-    return fmaf(c.scale * xd, (float)dot, HasOffset<F>::value ? fmaf(c.offset, xs, acc) : acc);
+    constexpr float K = ScaledOffset<F>::value;
+    if constexpr (K != 0.0f) {
+        return fmaf(c.scale, fmaf(xd, exact_dot16<F>(c, x), K * xs), acc);
+    } else {
+        return fmaf(c.scale * xd, exact_dot16<F>(c, x), HasOffset<F>::value ? fmaf(c.offset, xs, acc) : acc);
+    }
+}
+
+// acc plus chunks 2u and 2u + 1 dotted with their activations x0, x1 (ds: xd0, xs0, xd1, xs1).
+// Where the pair lies in one scale group, its scale and offset apply once to both sums.
+template <class F>
+__device__ __forceinline__ float pair_dot(const Chunk (&c)[2], const uint4& x0, const uint4& x1, const float4& ds, float acc) {
+    if constexpr (ScalePer32<F>::value) {
+        constexpr float K = ScaledOffset<F>::value;
+        const float first = K != 0.0f ? fmaf(ds.x, exact_dot16<F>(c[0], x0), K * (ds.y + ds.w)) : ds.x * exact_dot16<F>(c[0], x0);
+        acc = fmaf(c[0].scale, fmaf(ds.z, exact_dot16<F>(c[1], x1), first), acc);
+        return HasOffset<F>::value && K == 0.0f ? fmaf(c[0].offset, ds.y + ds.w, acc) : acc;
+    } else {
+        return chunk_dot<F>(c[1], x1, ds.z, ds.w, chunk_dot<F>(c[0], x0, ds.x, ds.y, acc));
+    }
 }
 
 // w: NW weights with the same shape; xq: [NTOK][tiles * 512] int8; xds: [NTOK][tiles * 32] (xd, xs).
@@ -233,7 +280,7 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
             Chunk c[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                c[r] = F::decode(raw[b][r], lane);
+                c[r] = decode_for_dot<F>(raw[b][r], lane);
             }
             const u64 tile = t0 + b;
 #pragma unroll
@@ -312,7 +359,7 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
             for (int r = 0; r < R; ++r) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    c[r][i] = F::decode(ChunkPair<F>::half(raw[b][r], i), pair_chunk + i);
+                    c[r][i] = decode_for_dot<F>(ChunkPair<F>::half(raw[b][r], i), pair_chunk + i);
                 }
             }
             const u64 chunk = (u64)tile * 32 + pair_chunk;
@@ -320,15 +367,10 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
             for (int t = 0; t < NTOK; ++t) {
                 const uint4* xv = reinterpret_cast<const uint4*>(xq + t * x_stride + chunk * CHUNK_VALUES);
                 const float4 ds = __ldg(reinterpret_cast<const float4*>(xds + t * ds_stride + chunk));
+                const uint4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const uint4 x = __ldg(xv + i);
-                    const float xd = i ? ds.z : ds.x;
-                    const float xs = i ? ds.w : ds.y;
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        rows_of.acc[r][t] = chunk_dot<F>(c[r][i], x, xd, xs, rows_of.acc[r][t]);
-                    }
+                for (int r = 0; r < R; ++r) {
+                    rows_of.acc[r][t] = pair_dot<F>(c[r], x0, x1, ds, rows_of.acc[r][t]);
                 }
             }
         }
@@ -343,11 +385,6 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-
-// 1.5 * 2^23 as float bits: an int accumulated onto it, |i| < 2^22, reads back as float
-// 12582912 + i exactly, so subtracting the float replaces a (quarter-rate) int-to-float.
-#define EXACT_INT_BIAS 0x4b400000
-#define EXACT_INT_BIAS_F 12582912.0f
 
 // Loads the code groups of steps s0 .. s0 + MV_BATCH - 1 (lane l: group 32 s + l) of every
 // row; groups past the row's end re-read its last group (in bounds, never used).

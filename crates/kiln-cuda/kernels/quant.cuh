@@ -116,15 +116,99 @@ __device__ __forceinline__ void codebook16_word(u32 indices, u32 levels0, u32 le
     second = (int)looked_up[1];
 }
 
-__device__ __forceinline__ void codebook16_codes(uint2 w, u32 levels0, u32 levels1, u32 levels2, u32 levels3,
-                                                 int (&q)[4]) {
-    codebook16_word(w.x, levels0, levels1, levels2, levels3, q[0], q[1]);
-    codebook16_word(w.y, levels0, levels1, levels2, levels3, q[2], q[3]);
+// A 16-entry codebook of signed bytes: entry 4k + b in byte b of word w[k].
+struct Book16 {
+    u32 w[4];
+};
+
+// The codebook as two 8-entry halves A and B for the mat-vec's dot products, which add what two
+// lookups give: prmt with a selector nibble of bit 3 set yields the sign (0 or -1) of the byte
+// it names, so the indices looked up in A give A[q] for q < 8 and sign(A[q - 8]) above, and with
+// bit 3 flipped in B give B[q - 8] for q >= 8 and sign(B[q]) below. A[i] = T[i] - sign(B[i]) and
+// B[i] = T[i + 8] - sign(A[i]) make each pair add up to T[q]; split_book finds them.
+struct SplitBook {
+    u32 a0, a1, b0, b1;
+};
+
+constexpr int book_entry(const Book16& t, int i) {
+    return (int)((t.w[i / 4] >> (8 * (i % 4))) & 0xff) - (((t.w[i / 4] >> (8 * (i % 4))) & 0x80) ? 256 : 0);
 }
 
+constexpr int sign_of(int v) {
+    return v < 0 ? -1 : 0;
+}
+
+constexpr SplitBook split_book(const Book16& t) {
+    int a[8] = {}, b[8] = {};
+    for (int i = 0; i < 8; ++i) {
+        a[i] = book_entry(t, i);
+    }
+    for (int round = 0; round < 2; ++round) {
+        for (int i = 0; i < 8; ++i) {
+            b[i] = book_entry(t, i + 8) - sign_of(a[i]);
+        }
+        for (int i = 0; i < 8; ++i) {
+            a[i] = book_entry(t, i) - sign_of(b[i]);
+        }
+    }
+    SplitBook s = {0, 0, 0, 0};
+    for (int i = 0; i < 8; ++i) {
+        const u32 a_byte = (u32)(a[i] & 0xff) << (8 * (i % 4)), b_byte = (u32)(b[i] & 0xff) << (8 * (i % 4));
+        (i < 4 ? s.a0 : s.a1) |= a_byte;
+        (i < 4 ? s.b0 : s.b1) |= b_byte;
+    }
+    return s;
+}
+
+// Whether the halves add up to the codebook (each half's entries fit signed bytes by construction
+// unless this fails).
+constexpr bool split_book_holds(const Book16& t) {
+    const SplitBook s = split_book(t);
+    const Book16 a = {{s.a0, s.a1, 0, 0}}, b = {{s.b0, s.b1, 0, 0}};
+    for (int i = 0; i < 8; ++i) {
+        if (book_entry(a, i) + sign_of(book_entry(b, i)) != book_entry(t, i) ||
+            sign_of(book_entry(a, i)) + book_entry(b, i) != book_entry(t, i + 8)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// A codebook as a type, so its split is a compile-time constant.
+template <u32 W0, u32 W1, u32 W2, u32 W3>
+struct Codebook {
+    static constexpr Book16 table = {{W0, W1, W2, W3}};
+    static constexpr SplitBook split = split_book(table);
+    static_assert(split_book_holds(table), "this codebook has no split into two 8-entry lookups");
+};
+
 // The IQ4_NL codebook: -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113.
-__device__ __forceinline__ void iq4_codes(uint2 w, int (&q)[4]) {
-    codebook16_codes(w, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u, q);
+typedef Codebook<0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u> Iq4Book;
+// Twice the E2M1 values by 4-bit code: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12.
+typedef Codebook<0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu> E2m1Book;
+// IQ3_XXS: +-4, 12, .., 52, 62; IQ3_S: +-1, 3, .., 15.
+typedef Codebook<0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu> Iq3xxsBook;
+typedef Codebook<0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u> Iq3sBook;
+
+// A chunk's 16 indices (value order) through codebook B: with SPLIT, as the lookups in its two
+// halves whose dot products add up (c.q and c.q2: one prmt a four values each); else the entries
+// themselves (c.q).
+template <class B, bool SPLIT, class C>
+__device__ __forceinline__ void codebook16_codes(uint2 w, C& c) {
+    if constexpr (SPLIT) {
+        const u32 words[2] = {w.x, w.y};
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const u32 flipped = words[k] ^ 0x88888888u;
+            c.q[2 * k] = (int)prmt(B::split.a0, B::split.a1, words[k]);
+            c.q[2 * k + 1] = (int)prmt(B::split.a0, B::split.a1, words[k] >> 16);
+            c.q2[2 * k] = (int)prmt(B::split.b0, B::split.b1, flipped);
+            c.q2[2 * k + 1] = (int)prmt(B::split.b0, B::split.b1, flipped >> 16);
+        }
+    } else {
+        codebook16_word(w.x, B::table.w[0], B::table.w[1], B::table.w[2], B::table.w[3], c.q[0], c.q[1]);
+        codebook16_word(w.y, B::table.w[0], B::table.w[1], B::table.w[2], B::table.w[3], c.q[2], c.q[3]);
+    }
 }
 
 __device__ __forceinline__ float f16_low(u32 word) {
@@ -154,6 +238,7 @@ struct Chunk {
     int q[4];
     float scale;
     float offset;
+    int q2[4];  // codebook formats in the mat-vec: second lookups, whose dot adds to q's
 };
 
 // Formats whose values are scale * code declare NO_OFFSET, so the dot products skip the offset
@@ -165,6 +250,38 @@ struct HasOffset {
 template <class F>
 struct HasOffset<F, decltype(void(F::NO_OFFSET))> {
     static constexpr bool value = !F::NO_OFFSET;
+};
+
+// Formats whose offset is a fixed multiple of the scale (value = scale * (code + OFFSET_PER_SCALE))
+// declare it, so the dot products apply the scale once.
+template <class F, class = void>
+struct ScaledOffset {
+    static constexpr float value = 0.0f;
+};
+template <class F>
+struct ScaledOffset<F, decltype(void(F::OFFSET_PER_SCALE))> {
+    static constexpr float value = F::OFFSET_PER_SCALE;
+};
+
+// Formats whose scale and offset are constant over each 32-value group declare SCALE_PER_32,
+// so a chunk pair (2u, 2u + 1) decodes them once.
+template <class F, class = void>
+struct ScalePer32 {
+    static constexpr bool value = false;
+};
+template <class F>
+struct ScalePer32<F, decltype(void(F::SCALE_PER_32))> {
+    static constexpr bool value = F::SCALE_PER_32;
+};
+
+// Codebook formats (BOOK16) decode for the mat-vec as two lookups (codebook16_codes).
+template <class F, class = void>
+struct SplitsBook {
+    static constexpr bool value = false;
+};
+template <class F>
+struct SplitsBook<F, decltype(void(F::BOOK16))> {
+    static constexpr bool value = F::BOOK16;
 };
 
 __device__ __forceinline__ const u8* lane_bytes(const u8* plane, u64 tile, u32 lane, u32 bytes) {
@@ -202,6 +319,8 @@ struct FmtQ8_0 {
 template <int KIND>  // 0: Q4_0, 1: Q4_1, 2: IQ4_NL
 struct FmtNibble32 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = KIND == 1 ? 64 : 32;
+    static constexpr bool SCALE_PER_32 = true;
+    static constexpr float OFFSET_PER_SCALE = KIND == 0 ? -8.0f : 0.0f;
     static constexpr bool NO_OFFSET = KIND == 2;
     struct Raw {
         uint2 codes;
@@ -212,11 +331,13 @@ struct FmtNibble32 {
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
                 KIND == 1 ? ld_weight_u32(scales + 4 * (lane >> 1)) : ld_weight_u16(scales + 2 * (lane >> 1))};
     }
+    static constexpr bool BOOK16 = KIND == 2;
+    template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
         Chunk c;
         const float d = f16_low(r.dm);
-        if (KIND == 2) {
-            iq4_codes(r.codes, c.q);
+        if constexpr (KIND == 2) {
+            codebook16_codes<Iq4Book, SPLIT>(r.codes, c);
         } else {
             nibble_codes(r.codes, c.q);
         }
@@ -234,6 +355,7 @@ typedef FmtNibble32<2> FmtIQ4_NL;
 template <bool WITH_MIN>
 struct FmtQ5 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 2, SCALE_BYTES = WITH_MIN ? 64 : 32;
+    static constexpr float OFFSET_PER_SCALE = WITH_MIN ? 0.0f : -16.0f;
     struct Raw {
         uint2 codes;
         u32 high;
@@ -351,6 +473,7 @@ struct FmtQ2_K {
 // both super-blocks (24 B), then d of both (4 B). value = d * (sc - 32) * (code - 4).
 struct FmtQ3_K {
     static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = 28;
+    static constexpr float OFFSET_PER_SCALE = -4.0f;
     struct Raw {
         u32 codes;
         u32 high;
@@ -380,22 +503,21 @@ struct FmtQ3_K {
 };
 
 // Q4_K / Q5_K header (d, dmin, 12 packed scale bytes): the 6-bit scale and min of 32-value
-// sub-block j (ggml's get_scale_min_k4).
+// sub-block j (ggml's get_scale_min_k4) without a branch: j < 4 takes the low six bits of
+// bytes j and j + 4; j >= 4 the nibbles of byte j + 4 and the top two bits of bytes j - 4 and j.
+// Each comes out as the float bits of 2^23 + value, so one subtraction converts it exactly.
 __device__ __forceinline__ void k4_scale_min(const uint4& head, u32 j, float& scale, float& offset) {
-    const u32 jj = j & 3;
-    const u32 a = byte_of(head.y, jj);  // scales[jj]
-    const u32 b = byte_of(head.z, jj);  // scales[jj + 4]
-    const u32 e = byte_of(head.w, jj);  // scales[jj + 8]
-    u32 sc, m;
-    if (j < 4) {
-        sc = a & 63;
-        m = b & 63;
-    } else {
-        sc = (e & 0xf) | ((a >> 6) << 4);
-        m = (e >> 4) | ((b >> 6) << 4);
-    }
-    scale = f16_low(head.x) * (float)sc;
-    offset = -(f16_high(head.x) * (float)m);
+    const u32 shift = 8 * (j & 3);
+    const bool low = j < 4;
+    const u32 a = head.y >> shift;  // scales[j % 4] in bits 0..7
+    const u32 b = head.z >> shift;  // scales[j % 4 + 4]
+    const u32 e = head.w >> shift;  // scales[j % 4 + 8]
+    const u32 keep = low ? 0x3fu : 0x0fu;
+    const u32 top = low ? 0x4b000000u : 0x4b000030u;  // bits 4, 5 from a / b's top bits (j >= 4)
+    const u32 sc = ((low ? a : e) & keep) | (((a >> 2) | 0x4b000000u) & top);
+    const u32 m = ((low ? b : e >> 4) & keep) | (((b >> 2) | 0x4b000000u) & top);
+    scale = f16_low(head.x) * (__uint_as_float(sc) - 8388608.0f);
+    offset = -(f16_high(head.x) * (__uint_as_float(m) - 8388608.0f));
 }
 
 // Q4_K / Q5_K: tile scales = the 16-byte headers of both super-blocks; lane l's chunk is half
@@ -403,6 +525,7 @@ __device__ __forceinline__ void k4_scale_min(const uint4& head, u32 j, float& sc
 template <bool FIVE_BITS>
 struct FmtQ45_K {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = FIVE_BITS ? 2 : 0, SCALE_BYTES = 32;
+    static constexpr bool SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
         u32 high;
@@ -431,6 +554,7 @@ typedef FmtQ45_K<true> FmtQ5_K;
 // value = d * sc * (code - 32).
 struct FmtQ6_K {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 4, SCALE_BYTES = 36;
+    static constexpr float OFFSET_PER_SCALE = -32.0f;
     struct Raw {
         uint2 codes;
         u32 high;
@@ -460,7 +584,7 @@ struct FmtQ6_K {
 // scales_l[4]) of both super-blocks. value = d * (ls - 32) * codebook[q] for 32-value group g.
 struct FmtIQ4_XS {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
-    static constexpr bool NO_OFFSET = true;
+    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
         uint2 head;
@@ -469,9 +593,11 @@ struct FmtIQ4_XS {
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
                 ld_weight_u64(tile_scales<FmtIQ4_XS>(p, tile) + 8 * (lane >> 4))};
     }
+    static constexpr bool BOOK16 = true;
+    template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
         Chunk c;
-        iq4_codes(r.codes, c.q);
+        codebook16_codes<Iq4Book, SPLIT>(r.codes, c);
         const u32 g = (lane & 15) >> 1;
         const u32 ls = ((r.head.y >> (4 * g)) & 0xf) | (((r.head.x >> (16 + 2 * g)) & 3) << 4);
         c.scale = f16_low(r.head.x) * (float)((int)ls - 32);
@@ -480,16 +606,11 @@ struct FmtIQ4_XS {
     }
 };
 
-// Twice the E2M1 values by 4-bit code: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12.
-__device__ __forceinline__ void e2m1_codes(uint2 w, int (&q)[4]) {
-    codebook16_codes(w, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu, q);
-}
-
 // MXFP4: 32-value blocks (16 per tile, lane reads block lane/2); tile scales = the E8M0 byte
 // of each block. value = 2^(e - 128) * code (exactly: subnormal for e < 2).
 struct FmtMXFP4 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 16;
-    static constexpr bool NO_OFFSET = true;
+    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
         u32 e;
@@ -498,9 +619,11 @@ struct FmtMXFP4 {
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
                 ld_weight_u8(tile_scales<FmtMXFP4>(p, tile) + (lane >> 1))};
     }
+    static constexpr bool BOOK16 = true;
+    template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
         Chunk c;
-        e2m1_codes(r.codes, c.q);
+        codebook16_codes<E2m1Book, SPLIT>(r.codes, c);
         c.scale = __uint_as_float(r.e < 2 ? 0x00200000u << r.e : (r.e - 1) << 23);
         c.offset = 0.0f;
         return c;
@@ -520,9 +643,11 @@ struct FmtNVFP4 {
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)),
                 ld_weight_u8(tile_scales<FmtNVFP4>(p, tile) + lane)};
     }
+    static constexpr bool BOOK16 = true;
+    template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
         Chunk c;
-        e2m1_codes(r.codes, c.q);
+        codebook16_codes<E2m1Book, SPLIT>(r.codes, c);
         const u32 exponent = (r.d >> 3) & 0xf, mantissa = r.d & 7;
         // Half of (1 + m/8) 2^(e-7), or of m 2^-9 for e = 0; bytes 0x00 and 0x7f read as zero.
         const float half = exponent == 0 ? (float)mantissa * 9.765625e-4f : __uint_as_float(((exponent + 119) << 23) | (mantissa << 20));
@@ -556,7 +681,7 @@ __device__ __forceinline__ void book3_codes(u32 codes, u32 high, u32 levels0, u3
 template <bool PER_32>
 struct FmtIQ2 {
     static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = 20;
-    static constexpr bool NO_OFFSET = true;
+    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = PER_32;
     struct Raw {
         u32 codes;
         u32 high;
@@ -589,7 +714,7 @@ typedef FmtIQ2<false> FmtIQ2_S;
 template <bool XXS>
 struct FmtIQ3 {
     static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = XXS ? 20 : 12;
-    static constexpr bool NO_OFFSET = true;
+    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
         u32 d;
@@ -601,12 +726,14 @@ struct FmtIQ3 {
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
                 ld_weight_u8(scales + 4 + (XXS ? 2 * g + sb : 4 * sb + (g >> 1)))};
     }
+    static constexpr bool BOOK16 = true;
+    template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
         Chunk c;
-        if (XXS) {
-            codebook16_codes(r.codes, 0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu, c.q);
+        if constexpr (XXS) {
+            codebook16_codes<Iq3xxsBook, SPLIT>(r.codes, c);
         } else {
-            codebook16_codes(r.codes, 0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u, c.q);
+            codebook16_codes<Iq3sBook, SPLIT>(r.codes, c);
         }
         const float d = f16_low(r.d);
         if (XXS) {
@@ -629,7 +756,7 @@ typedef FmtIQ3<false> FmtIQ3_S;
 template <bool M>
 struct FmtIQ1 {
     static constexpr u32 CODE_BYTES = 4, EXTRA_BYTES = 2, SCALE_BYTES = M ? 16 : 36;
-    static constexpr bool NO_OFFSET = true;
+    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = !M;
     struct Raw {
         u32 codes;
         u32 high;
