@@ -284,14 +284,16 @@ struct SplitsBook<F, decltype(void(F::BOOK16))> {
     static constexpr bool value = F::BOOK16;
 };
 
+// A weight's chunk indices fit 32 bits (upload_weight checks), so an address is one wide
+// multiply-add.
 __device__ __forceinline__ const u8* lane_bytes(const u8* plane, u64 tile, u32 lane, u32 bytes) {
-    return plane + (tile * 32 + lane) * bytes;
+    return plane + (u64)((u32)tile * 32 + lane) * bytes;
 }
 
 // Per-tile scale bytes of a format whose SCALE_BYTES-wide tile region starts at `tile`.
 template <class F>
 __device__ __forceinline__ const u8* tile_scales(const Planes& p, u64 tile) {
-    return p.scales + tile * F::SCALE_BYTES;
+    return p.scales + (u64)(u32)tile * F::SCALE_BYTES;
 }
 
 // Each format: CODE_BYTES / EXTRA_BYTES per lane and SCALE_BYTES per tile, a Raw struct holding

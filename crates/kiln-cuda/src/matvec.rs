@@ -222,6 +222,8 @@ pub fn upload_weight(device: &CudaDevice, src: &WeightSource) -> Result<GpuWeigh
         let rows_arg = FloatArg { data: device_address(device, &data), stride: to_u32(OP, "row stride", stride)?, _pad: 0 };
         (Storage::Float { kind, rows: rows_arg }, data)
     } else if let Some(layout) = quant_layout(src.ty) {
+        // The kernels index a weight's 16-value chunks with 32-bit integers (quant.cuh's lane_bytes).
+        to_u32(OP, "16-value chunks", rows * tiles_of(cols) * LANES)?;
         let packed = repack(layout, src.bytes(), rows, cols);
         let data = device.upload_via_pinned(&packed.bytes, &what)?;
         let base = device_address(device, &data);
