@@ -227,7 +227,7 @@ __device__ __forceinline__ float chunk_dot(const Chunk& c, const uint4& x, float
     if constexpr (K != 0.0f) {
         return fmaf(c.scale, fmaf(xd, exact_dot16<F>(c, x), K * xs), acc);
     } else {
-        return fmaf(c.scale * xd, exact_dot16<F>(c, x), HasOffset<F>::value ? fmaf(c.offset, xs, acc) : acc);
+        return fmaf(c.scale * xd, exact_dot16<F>(c, x), !NoOffset<F>::value ? fmaf(c.offset, xs, acc) : acc);
     }
 }
 
@@ -239,7 +239,7 @@ __device__ __forceinline__ float pair_dot(const Chunk (&c)[2], const uint4& x0, 
         constexpr float K = ScaledOffset<F>::value;
         const float first = K != 0.0f ? fmaf(ds.x, exact_dot16<F>(c[0], x0), K * (ds.y + ds.w)) : ds.x * exact_dot16<F>(c[0], x0);
         acc = fmaf(c[0].scale, fmaf(ds.z, exact_dot16<F>(c[1], x1), first), acc);
-        return HasOffset<F>::value && K == 0.0f ? fmaf(c[0].offset, ds.y + ds.w, acc) : acc;
+        return !NoOffset<F>::value && K == 0.0f ? fmaf(c[0].offset, ds.y + ds.w, acc) : acc;
     } else {
         return chunk_dot<F>(c[1], x1, ds.z, ds.w, chunk_dot<F>(c[0], x0, ds.x, ds.y, acc));
     }

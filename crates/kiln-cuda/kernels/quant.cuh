@@ -241,48 +241,28 @@ struct Chunk {
     int q2[4];  // codebook formats in the mat-vec: second lookups, whose dot adds to q's
 };
 
-// Formats whose values are scale * code declare NO_OFFSET, so the dot products skip the offset
-// term (an FMA with 0 that IEEE rules keep the compiler from dropping).
-template <class F, class = void>
-struct HasOffset {
-    static constexpr bool value = true;
-};
-template <class F>
-struct HasOffset<F, decltype(void(F::NO_OFFSET))> {
-    static constexpr bool value = !F::NO_OFFSET;
-};
+// A format's optional compile-time property MEMBER, or FALLBACK where it declares none.
+#define FORMAT_PROPERTY(NAME, TYPE, MEMBER, FALLBACK) \
+    template <class F, class = void>                  \
+    struct NAME {                                     \
+        static constexpr TYPE value = FALLBACK;       \
+    };                                                \
+    template <class F>                                \
+    struct NAME<F, decltype(void(F::MEMBER))> {       \
+        static constexpr TYPE value = F::MEMBER;      \
+    };
 
-// Formats whose offset is a fixed multiple of the scale (value = scale * (code + OFFSET_PER_SCALE))
-// declare it, so the dot products apply the scale once.
-template <class F, class = void>
-struct ScaledOffset {
-    static constexpr float value = 0.0f;
-};
-template <class F>
-struct ScaledOffset<F, decltype(void(F::OFFSET_PER_SCALE))> {
-    static constexpr float value = F::OFFSET_PER_SCALE;
-};
-
-// Formats whose scale and offset are constant over each 32-value group declare SCALE_PER_32,
-// so a chunk pair (2u, 2u + 1) decodes them once.
-template <class F, class = void>
-struct ScalePer32 {
-    static constexpr bool value = false;
-};
-template <class F>
-struct ScalePer32<F, decltype(void(F::SCALE_PER_32))> {
-    static constexpr bool value = F::SCALE_PER_32;
-};
-
-// Codebook formats (BOOK16) decode for the mat-vec as two lookups (codebook16_codes).
-template <class F, class = void>
-struct SplitsBook {
-    static constexpr bool value = false;
-};
-template <class F>
-struct SplitsBook<F, decltype(void(F::BOOK16))> {
-    static constexpr bool value = F::BOOK16;
-};
+// Values are scale * code: the dot products skip the offset term (an FMA with 0 that IEEE rules
+// keep the compiler from dropping).
+FORMAT_PROPERTY(NoOffset, bool, NO_OFFSET, false)
+// The offset is a fixed multiple of the scale (value = scale * (code + OFFSET_PER_SCALE)): the
+// dot products apply the scale once.
+FORMAT_PROPERTY(ScaledOffset, float, OFFSET_PER_SCALE, 0.0f)
+// Scale and offset are constant over each 32-value group: a chunk pair (2u, 2u + 1) decodes
+// them once.
+FORMAT_PROPERTY(ScalePer32, bool, SCALE_PER_32, false)
+// A 16-entry codebook: the one-token mat-vec looks it up as two halves (codebook16_codes).
+FORMAT_PROPERTY(SplitsBook, bool, BOOK16, false)
 
 // A weight's chunk indices fit 32 bits (upload_weight checks), so an address is one wide
 // multiply-add.
