@@ -160,8 +160,7 @@ constexpr SplitBook split_book(const Book16& t) {
     return s;
 }
 
-// Whether the halves add up to the codebook (each half's entries fit signed bytes by construction
-// unless this fails).
+// Whether the halves, stored as signed bytes, add up to the codebook.
 constexpr bool split_book_holds(const Book16& t) {
     const SplitBook s = split_book(t);
     const Book16 a = {{s.a0, s.a1, 0, 0}}, b = {{s.b0, s.b1, 0, 0}};
