@@ -194,10 +194,11 @@ struct WarpRows {
 #define EXACT_INT_BIAS_F 12582912.0f
 
 // A chunk as the dot products below take it: codebook formats as two lookups for one token (a
-// prmt fewer per four values; with more tokens each lookup's dp4a would repeat per token).
+// prmt fewer per four values; with more tokens each lookup's dp4a would repeat per token), and
+// the mat-vec variants of MatvecDecode formats.
 template <class F>
 __device__ __forceinline__ Chunk decode_for_dot(const typename F::Raw& r, u32 lane) {
-    if constexpr (SplitsBook<F>::value && NTOK == 1) {
+    if constexpr ((SplitsBook<F>::value && NTOK == 1) || MatvecDecode<F>::value) {
         return F::template decode<true>(r, lane);
     } else {
         return F::decode(r, lane);

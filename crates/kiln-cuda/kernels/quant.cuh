@@ -262,6 +262,8 @@ FORMAT_PROPERTY(ScaledOffset, float, OFFSET_PER_SCALE, 0.0f)
 FORMAT_PROPERTY(ScalePer32, bool, SCALE_PER_32, false)
 // A 16-entry codebook: the one-token mat-vec looks it up as two halves (codebook16_codes).
 FORMAT_PROPERTY(SplitsBook, bool, BOOK16, false)
+// decode<true> is the mat-vec's variant (Q4_K / Q5_K: the scales decoded without a branch).
+FORMAT_PROPERTY(MatvecDecode, bool, MATVEC_DECODE, false)
 
 // A weight's chunk indices fit 32 bits (upload_weight checks), so an address is one wide
 // multiply-add.
@@ -501,6 +503,25 @@ __device__ __forceinline__ void k4_scale_min(const uint4& head, u32 j, float& sc
     offset = -(f16_high(head.x) * (__uint_as_float(m) - 8388608.0f));
 }
 
+// The same with a branch on j < 4: the tiles of the exact mat-mat decode, capped at 128
+// registers, spill less with it (Q5_K's streaming tile 64 -> 144 bytes with the selects).
+__device__ __forceinline__ void k4_scale_min_branched(const uint4& head, u32 j, float& scale, float& offset) {
+    const u32 jj = j & 3;
+    const u32 a = byte_of(head.y, jj);  // scales[jj]
+    const u32 b = byte_of(head.z, jj);  // scales[jj + 4]
+    const u32 e = byte_of(head.w, jj);  // scales[jj + 8]
+    u32 sc, m;
+    if (j < 4) {
+        sc = a & 63;
+        m = b & 63;
+    } else {
+        sc = (e & 0xf) | ((a >> 6) << 4);
+        m = (e >> 4) | ((b >> 6) << 4);
+    }
+    scale = f16_low(head.x) * (float)sc;
+    offset = -(f16_high(head.x) * (float)m);
+}
+
 // Q4_K / Q5_K: tile scales = the 16-byte headers of both super-blocks; lane l's chunk is half
 // of 32-value sub-block (l % 16) / 2. value = d * sc * q - dmin * m.
 template <bool FIVE_BITS>
@@ -517,13 +538,19 @@ struct FmtQ45_K {
                 FIVE_BITS ? ld_weight_u16(lane_bytes(p.extra, tile, lane, 2)) : 0u,
                 ld_weight_u128(tile_scales<FmtQ45_K>(p, tile) + 16 * (lane >> 4))};
     }
+    static constexpr bool MATVEC_DECODE = true;
+    template <bool MATVEC = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
         Chunk c;
         nibble_codes(r.codes, c.q);
         if (FIVE_BITS) {
             add_bit_plane<4>(r.high, c.q);
         }
-        k4_scale_min(r.head, (lane & 15) >> 1, c.scale, c.offset);
+        if constexpr (MATVEC) {
+            k4_scale_min(r.head, (lane & 15) >> 1, c.scale, c.offset);
+        } else {
+            k4_scale_min_branched(r.head, (lane & 15) >> 1, c.scale, c.offset);
+        }
         return c;
     }
 };
