@@ -21,10 +21,10 @@
 // Whether decode runs on tensor cores (paged_attention_split_mma; src/paged_attention.rs's
 // decode_on_tensor_cores mirrors it).
 #define DEC_MMA (K_TYPE == KV_F16 && V_TYPE == KV_F16 && HEAD_DIM % 16 == 0 && HEAD_DIM <= 128 && GROUP <= 8)
-// Rows a split covers at least, whole KV blocks: what a block's first copies bring in at once
-// (tensor cores: 4 warps x 2 stages ahead x 16 rows), so a shorter span takes one split and
-// skips the merge (src/paged_attention.rs's min_chunk mirrors it).
-#define DEC_MIN_CHUNK_MMA 128
+// Rows a split covers at least, whole KV blocks, so a shorter span takes one split and skips
+// the merge (src/paged_attention.rs's min_chunk mirrors it). Tensor cores: four tiles a warp,
+// which its three stages stream without a stall; a merge costs more than the extra tiles.
+#define DEC_MIN_CHUNK_MMA 256
 #define DEC_MIN_CHUNK_CORES 32
 #define DEC_MIN_CHUNK (DEC_MMA ? DEC_MIN_CHUNK_MMA : DEC_MIN_CHUNK_CORES)
 // Most splits a launch may have (the merge's scratch is sized for them).

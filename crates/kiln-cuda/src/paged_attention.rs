@@ -35,7 +35,7 @@ pub use split_count::SplitChoice;
 /// `paged_decode.cuh`'s DEC_THREADS, DEC_TILE, DEC_MIN_CHUNK_MMA / _CORES and DEC_MAX_SPLITS.
 const DEC_THREADS: u32 = 128;
 const DEC_TILE: usize = 32;
-const DEC_MIN_CHUNK_MMA: usize = 128;
+const DEC_MIN_CHUNK_MMA: usize = 256;
 const DEC_MIN_CHUNK_CORES: usize = 32;
 const DEC_MAX_SPLITS: usize = 256;
 /// `paged_attention.cu`'s MD_ROWS and MD_STAGES (the tensor-core split kernel's stages).

@@ -31,7 +31,7 @@ fn decode_attention_with_its_prologue_matches_the_separate_cpu_ops() {
     // Positions of the step's sequences (one token each): a first token, spans inside one
     // split's rows, just past them (a second split holding one row), and long ones whose
     // token lies in the last of many splits.
-    let positions = [0usize, 40, 127, 128, 700, 3000];
+    let positions = [0usize, 40, 255, 256, 700, 3000];
     let n = positions.len();
     let mut pair = Pair::new(n, 0);
     // (heads, kv heads, head dim, rotated dims, q/k norms, rope kind): Qwen3 and Llama 3

@@ -376,7 +376,7 @@ fn decode_steps_match_the_reference() {
     for shape in shapes() {
         let seqs = decode(&[1, 31, 32, 33, 1000, 4096]);
         // 128 and 256 splits cut 4096 positions into the smallest chunks (one block on CUDA
-        // cores, four on tensor cores); 3 and 5 leave partial last tiles in every split. Spans
+        // cores, eight on tensor cores); 3 and 5 leave partial last tiles in every split. Spans
         // shorter than one chunk (1, 31, 32, 33 with several splits) have one live split, which
         // writes its output without the merge.
         for path in [Path::Auto, Path::Split(Some(1)), Path::Split(Some(3)), Path::Split(Some(5)), Path::Split(Some(128)), Path::Split(Some(256))] {
