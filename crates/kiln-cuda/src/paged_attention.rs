@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::{CUfunction_attribute, CUstreamCaptureStatus};
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use kiln_core::plan::{KvType, KV_BLOCK_SIZE};
 
 pub use crate::kv::cache_bytes;
@@ -463,33 +463,19 @@ impl PagedAttention {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.kernels(device, p)?.clone()
         };
-        let (n_heads, n_kv_heads, rows, window) = (to_u32("heads", p.n_heads)?, p.n_kv_heads as u32, p.rows as u32, p.window_arg()?);
-        let (AttentionInputs { q, kv, step, .. }, sinks) = (inputs, inputs.sinks_address(device));
+        let common = CommonArgs::new(device, inputs, p)?;
         let cfg = LaunchConfig {
-            grid_dim: (to_u32("tiles", counts.n_tiles)?, n_heads, 1),
+            grid_dim: (to_u32("tiles", counts.n_tiles)?, common.n_heads, 1),
             block_dim: (FA_THREADS, 1, 1),
             shared_mem_bytes: kernels.prefill_shared_bytes,
         };
+        let stream = device.stream();
+        let mut builder = stream.launch_builder(&kernels.prefill);
+        builder.arg(out);
+        common.push(&mut builder);
         // SAFETY: arguments match paged_attention_prefill; buffers checked above; the shared
         // memory size is the one its attribute was raised to when the kernel was loaded.
-        unsafe {
-            device
-                .stream()
-                .launch_builder(&kernels.prefill)
-                .arg(out)
-                .arg(q)
-                .arg(&kv.k)
-                .arg(&kv.v)
-                .arg(step)
-                .arg(&n_heads)
-                .arg(&n_kv_heads)
-                .arg(&rows)
-                .arg(&p.scale)
-                .arg(&window)
-                .arg(&sinks)
-                .launch(cfg)
-        }
-        .map_err(launch_error("paged_attention_prefill"))?;
+        unsafe { builder.launch(cfg) }.map_err(launch_error("paged_attention_prefill"))?;
         Ok(())
     }
 
@@ -514,6 +500,47 @@ fn workspace_len(n_tokens: usize, p: &PagedAttentionParams, n_splits: usize) -> 
     }
 }
 
+/// The arguments the prefill and split kernels both take after their outputs, in their order:
+/// q, the caches, the step block, heads, KV heads, cache rows, scale, window and sinks.
+struct CommonArgs<'a> {
+    inputs: AttentionInputs<'a>,
+    n_heads: u32,
+    n_kv_heads: u32,
+    rows: u32,
+    scale: f32,
+    window: u32,
+    sinks: u64,
+}
+
+impl<'a> CommonArgs<'a> {
+    fn new(device: &CudaDevice, inputs: AttentionInputs<'a>, p: &PagedAttentionParams) -> Result<CommonArgs<'a>, CudaError> {
+        Ok(CommonArgs {
+            inputs,
+            n_heads: to_u32("heads", p.n_heads)?,
+            n_kv_heads: to_u32("KV heads", p.n_kv_heads)?,
+            rows: to_u32("cache rows", p.rows)?,
+            scale: p.scale,
+            window: p.window_arg()?,
+            sinks: inputs.sinks_address(device),
+        })
+    }
+
+    fn push<'b>(&'b self, builder: &mut LaunchArgs<'b>) {
+        let AttentionInputs { q, kv, step, .. } = self.inputs;
+        builder
+            .arg(q)
+            .arg(&kv.k)
+            .arg(&kv.v)
+            .arg(step)
+            .arg(&self.n_heads)
+            .arg(&self.n_kv_heads)
+            .arg(&self.rows)
+            .arg(&self.scale)
+            .arg(&self.window)
+            .arg(&self.sinks);
+    }
+}
+
 /// The grid of one split launch and where its output also goes quantized.
 #[derive(Clone, Copy)]
 struct SplitLaunch {
@@ -534,39 +561,27 @@ fn launch_split(
     launch: SplitLaunch,
 ) -> Result<(), CudaError> {
     let SplitLaunch { n_tokens, n_splits, quantized } = launch;
-    let (AttentionInputs { q, kv, step, prologue, .. }, sinks, window) = (inputs, inputs.sinks_address(device), p.window_arg()?);
+    let common = CommonArgs::new(device, inputs, p)?;
     let (xq, xds, x_chunks) = quantized.map_or((0, 0, 0), |t| (t.codes, t.scales, t.chunks_per_token));
     let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
     let (mut part_acc, mut part_ml) = workspace.split_at_mut(if n_splits > 1 { acc_len } else { 1 });
-    let (n_tokens, n_heads, n_kv_heads, rows) = (n_tokens as u32, p.n_heads as u32, p.n_kv_heads as u32, p.rows as u32);
     let stream = device.stream();
-    let cfg = LaunchConfig { grid_dim: (n_splits as u32, n_kv_heads, n_tokens), block_dim: (DEC_THREADS, 1, 1), shared_mem_bytes: kernels.split_shared_bytes };
-    let (function, prologue) = match prologue {
+    let cfg = LaunchConfig {
+        grid_dim: (n_splits as u32, common.n_kv_heads, n_tokens as u32),
+        block_dim: (DEC_THREADS, 1, 1),
+        shared_mem_bytes: kernels.split_shared_bytes,
+    };
+    let (function, prologue) = match inputs.prologue {
         None => (&kernels.split, None),
-        Some(inputs) => {
+        Some(prologue) => {
             let function = kernels.split_prologue.as_ref().ok_or_else(|| invalid("the attention prologue in a decode kernel on CUDA cores".into()))?;
-            (function, Some(prologue_arg(device, &inputs, kv)))
+            (function, Some(prologue_arg(device, &prologue, inputs.kv)))
         }
     };
     let mut builder = stream.launch_builder(function);
-    builder
-        .arg(&mut *out)
-        .arg(&mut part_acc)
-        .arg(&mut part_ml)
-        .arg(tickets)
-        .arg(q)
-        .arg(&kv.k)
-        .arg(&kv.v)
-        .arg(step)
-        .arg(&n_heads)
-        .arg(&n_kv_heads)
-        .arg(&rows)
-        .arg(&p.scale)
-        .arg(&window)
-        .arg(&sinks)
-        .arg(&xq)
-        .arg(&xds)
-        .arg(&x_chunks);
+    builder.arg(&mut *out).arg(&mut part_acc).arg(&mut part_ml).arg(tickets);
+    common.push(&mut builder);
+    builder.arg(&xq).arg(&xds).arg(&x_chunks);
     if let Some(prologue) = &prologue {
         builder.arg(prologue);
     }
