@@ -425,14 +425,34 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         const u32 live = min((u32)MD_ROWS, end - begin - first);
         const u64 row0 = (u64)block * KV_BLOCK_SIZE + first % KV_BLOCK_SIZE;
         u16* dst = stages + (i % MD_STAGES) * MD_STAGE_HALVES;
+        if constexpr (32 % ROW_UNITS == 0) {
+            // Lane l copies unit l % ROW_UNITS of rows l / ROW_UNITS + k PASS_ROWS: one address
+            // each, then steps of PASS_ROWS rows.
+            constexpr u32 PASS_ROWS = 32 / ROW_UNITS;
+            const u32 j0 = lane / ROW_UNITS, c = lane % ROW_UNITS * 8;
+            const u64 at = ((row0 + j0) * width + col0 + c) * 2;
+            const u64 pass_bytes = (u64)PASS_ROWS * width * 2;
+            const u8* k_src = k_cache + at;
+            const u8* v_src = v_cache + at;
+            const u32 k_dst = shared_address(dst + j0 * MD_STRIDE + c);
 #pragma unroll
-        for (int u0 = 0; u0 < UNITS; u0 += 32) {
-            const u32 u = u0 + lane;
-            const u32 j = u / ROW_UNITS;
-            const u32 c = u % ROW_UNITS * 8;
-            const u64 at = ((row0 + j) * width + col0 + c) * 2;
-            copy_async<16>(dst + j * MD_STRIDE + c, k_cache + at, j < live);
-            copy_async<16>(dst + (MD_ROWS + j) * MD_STRIDE + c, v_cache + at, j < live);
+            for (u32 pass = 0; pass < MD_ROWS / PASS_ROWS; ++pass) {
+                const bool in = j0 + pass * PASS_ROWS < live;
+                copy_async16(k_dst + 2 * pass * PASS_ROWS * MD_STRIDE, k_src, in);
+                copy_async16(k_dst + 2 * (MD_ROWS + pass * PASS_ROWS) * MD_STRIDE, v_src, in);
+                k_src += pass_bytes;
+                v_src += pass_bytes;
+            }
+        } else {
+#pragma unroll
+            for (int u0 = 0; u0 < UNITS; u0 += 32) {
+                const u32 u = u0 + lane;
+                const u32 j = u / ROW_UNITS;
+                const u32 c = u % ROW_UNITS * 8;
+                const u64 at = ((row0 + j) * width + col0 + c) * 2;
+                copy_async<16>(dst + j * MD_STRIDE + c, k_cache + at, j < live);
+                copy_async<16>(dst + (MD_ROWS + j) * MD_STRIDE + c, v_cache + at, j < live);
+            }
         }
     };
     auto block_of = [&](u32 i) { return table[tile_first(i) / KV_BLOCK_SIZE]; };

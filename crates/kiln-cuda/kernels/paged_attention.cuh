@@ -124,19 +124,24 @@ __device__ __forceinline__ u32 shared_address(const void* p) {
     return address;
 }
 
+// 16 bytes from global `src` to shared-space address `dst`, zeros when !live (the source is then
+// not read).
+__device__ __forceinline__ void copy_async16(u32 dst, const u8* src, bool live) {
+    u64 global;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(global) : "l"(src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(global), "r"(live ? 16u : 0u) : "memory");
+}
+
 // BYTES from global `src` to shared `dst`, zeros when !live (the source is then not read).
 // Units under 4 bytes (odd row sizes only) are copied synchronously.
 template <int BYTES>
 __device__ __forceinline__ void copy_async(void* dst, const u8* src, bool live) {
-    if constexpr (BYTES >= 4) {
+    if constexpr (BYTES == 16) {
+        copy_async16(shared_address(dst), src, live);
+    } else if constexpr (BYTES >= 4) {
         u64 global;
         asm("cvta.to.global.u64 %0, %1;" : "=l"(global) : "l"(src));
-        const u32 src_bytes = live ? BYTES : 0;
-        if constexpr (BYTES == 16) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(dst)), "l"(global), "r"(src_bytes) : "memory");
-        } else {
-            asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(shared_address(dst)), "l"(global), "n"(BYTES), "r"(src_bytes) : "memory");
-        }
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(shared_address(dst)), "l"(global), "n"(BYTES), "r"(live ? BYTES : 0) : "memory");
     } else if constexpr (BYTES == 2) {
         *reinterpret_cast<u16*>(dst) = live ? *reinterpret_cast<const u16*>(src) : (u16)0;
     } else {
