@@ -158,7 +158,7 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
 // bounds, never used), so no load waits on a branch.
 template <class F, int NW, int RPW>
 __device__ __forceinline__ void fetch_tiles(typename F::Raw (&raw)[MV_BATCH][NW * RPW], const Planes (&w)[NW],
-                                            const u64 (&first_tile)[NW * RPW], u32 t0, u32 lane) {
+                                            const u32 (&first_tile)[NW * RPW], u32 t0, u32 lane) {
     const u32 tiles = w[0].tiles;
 #pragma unroll
     for (int b = 0; b < MV_BATCH; ++b) {
@@ -171,15 +171,16 @@ __device__ __forceinline__ void fetch_tiles(typename F::Raw (&raw)[MV_BATCH][NW 
 }
 
 // A warp's rows of a quantized mat-vec: the first global tile of each of its R rows (rows past
-// the end re-read the last row, never written) and their sums per token.
+// the end re-read the last row, never written; 32 bits, as a weight's chunk indices fit them)
+// and their sums per token.
 template <int R, int RPW>
 struct WarpRows {
-    u64 first_tile[R];
+    u32 first_tile[R];
     float acc[R][NTOK];
     __device__ __forceinline__ WarpRows(u32 row0, u32 rows, u32 tiles) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            first_tile[r] = (u64)min(row0 + r % RPW, rows - 1) * tiles;
+            first_tile[r] = min(row0 + r % RPW, rows - 1) * tiles;
 #pragma unroll
             for (int t = 0; t < NTOK; ++t) {
                 acc[r][t] = 0.0f;
@@ -302,7 +303,7 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
 // l % 16 of tile 2 s + l / 16. Tiles past the row's end re-read its last tile (never used).
 template <class F, int NW, int RPW>
 __device__ __forceinline__ void fetch_pairs(typename ChunkPair<F>::Raw (&raw)[MV_BATCH][NW * RPW],
-                                            const Planes (&w)[NW], const u64 (&first_tile)[NW * RPW], u32 s0,
+                                            const Planes (&w)[NW], const u32 (&first_tile)[NW * RPW], u32 s0,
                                             u32 lane) {
     const u32 tiles = w[0].tiles;
 #pragma unroll
@@ -391,7 +392,7 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
 // row; groups past the row's end re-read its last group (in bounds, never used).
 template <class F, int NW, int RPW>
 __device__ __forceinline__ void fetch_groups(typename F::Raw (&raw)[MV_BATCH][NW * RPW], const Planes (&w)[NW],
-                                             const u64 (&first_tile)[NW * RPW], u32 s0, u32 groups, u32 lane) {
+                                             const u32 (&first_tile)[NW * RPW], u32 s0, u32 groups, u32 lane) {
     constexpr u32 CHUNKS = F::Group::CHUNKS;
 #pragma unroll
     for (int b = 0; b < MV_BATCH; ++b) {
