@@ -8,6 +8,194 @@
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 
+// Steps whose weight loads are issued together: 32 registers of weights in flight per thread.
+#define FV_BATCH (ROWS_PER_WARP < 8 ? 8 / ROWS_PER_WARP : 1)
+
+// Weights of steps c0, c0 + 128, ... (FV_BATCH of them) of every row; zeros past `cols`.
+template <class W, int NW, int RPW>
+__device__ __forceinline__ void fetch_float_steps(float4 (&wv)[FV_BATCH][NW * RPW], const W (&w)[NW],
+                                                  const u32 (&row_of)[NW * RPW], u32 c0, u32 cols) {
+#pragma unroll
+    for (int b = 0; b < FV_BATCH; ++b) {
+        const u32 c = c0 + 128 * b;
+#pragma unroll
+        for (int r = 0; r < NW * RPW; ++r) {
+            wv[b][r] = c < cols ? w[r / RPW].load4(row_of[r], c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+}
+
+// Float weights (FloatRows) against f32 activations x [NTOK][cols], cols a multiple of 4 (the
+// host routes other widths to the mat-mat kernel). Lane l handles values 128 s + 4 l of step s,
+// so both the weight and the activation loads of a warp are contiguous.
+template <class W, int NW>
+__device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
+                                             u32 rows, u32 accumulate) {
+    constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
+    constexpr int R = NW * RPW;
+    const u32 lane = threadIdx.x & 31;
+    const u32 row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * RPW;
+    if (row0 >= rows) {
+        return;
+    }
+    u32 row_of[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        row_of[r] = min(row0 + r % RPW, rows - 1);
+    }
+    float acc[R][NTOK];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < NTOK; ++t) {
+            acc[r][t] = 0.0f;
+        }
+    }
+    float4 wv[FV_BATCH][R];
+    fetch_float_steps<W, NW, RPW>(wv, w, row_of, 4 * lane, cols);
+    wait_for_inputs();
+    for (u32 c0 = 4 * lane; c0 < cols; c0 += 128 * FV_BATCH) {
+        if (c0 > 4 * lane) {
+            fetch_float_steps<W, NW, RPW>(wv, w, row_of, c0, cols);
+        }
+#pragma unroll
+        for (int b = 0; b < FV_BATCH; ++b) {
+            const u32 c = c0 + 128 * b;
+            if (c >= cols) {
+                break;
+            }
+#pragma unroll
+            for (int t = 0; t < NTOK; ++t) {
+                const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (u64)t * cols + c));
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float a = acc[r][t];
+                    a = fmaf(wv[b][r].x, xv.x, a);
+                    a = fmaf(wv[b][r].y, xv.y, a);
+                    a = fmaf(wv[b][r].z, xv.z, a);
+                    acc[r][t] = fmaf(wv[b][r].w, xv.w, a);
+                }
+            }
+        }
+    }
+    float ones[NTOK];
+#pragma unroll
+    for (int t = 0; t < NTOK; ++t) {
+        ones[t] = 1.0f;
+    }
+    finish_rows<NW, RPW>(acc, row0, rows, out, accumulate, ones);
+}
+
+// One token: the FV_ROW_WARPS warps of a block share R rows (of each of NW weights), every
+// thread streaming eight values of each row per 16-byte load with FV_ROW_BATCH / R steps in
+// flight. A block per row or two keeps all SMs busy even for short products (the 1024-row K/V
+// projections) and halves the load count of matvec_float's lane-per-four-values loop. Block
+// `block` computes rows block * R onwards.
+#define FV_ROW_BATCH 4
+// Warps of that block: 8 streams 4-14% more bytes a second than 4 on the 8B shapes (standalone
+// harness, docs/performance.md), the LM head's 128256 rows alike within 2%.
+#define FV_ROW_WARPS 8
+#define FV_ROW_THREADS (FV_ROW_WARPS * 32)
+// Rows of one weight a block takes (plain and stacked products; the SwiGLU pair already reads
+// two rows a step): each f32 activation a thread reads from L1 serves that many f16 rows, so
+// the block reads 4 / FV_ROW_ROWS bytes of activation per 2-byte weight instead of 4.
+#define FV_ROW_ROWS 2
+template <class W, int NW, int R = 1>
+__device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
+                                                 u32 rows, u32 accumulate, u32 block) {
+    static_assert(NW == 1 || R == 1, "the SwiGLU pair takes one row of each weight");
+    constexpr u32 STEP = 8 * FV_ROW_THREADS;
+    constexpr int SLOTS = NW * R;  // slot s: row row0 + s % R of weight s / R
+    constexpr int BATCH = FV_ROW_BATCH / R > 0 ? FV_ROW_BATCH / R : 1;
+    const u32 row0 = block * R;
+    if (row0 >= rows) {
+        return;
+    }
+    uint4 raw[BATCH][SLOTS][W::RAW8];
+    auto fetch = [&](u32 c0) {
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const u32 c = c0 + STEP * b;
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                const u32 row = row0 + s % R;
+                if (c < cols && row < rows) {
+                    w[s / R].load8(row, c, raw[b][s]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < W::RAW8; ++i) {
+                        raw[b][s][i] = make_uint4(0, 0, 0, 0);
+                    }
+                }
+            }
+        }
+    };
+    float acc[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        acc[s] = 0.0f;
+    }
+    const u32 first = 8 * threadIdx.x;
+    fetch(first);
+    wait_for_inputs();
+    for (u32 c0 = first; c0 < cols; c0 += STEP * BATCH) {
+        if (c0 != first) {
+            fetch(c0);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const u32 c = c0 + STEP * b;
+            if (c >= cols) {
+                break;
+            }
+            // cols is a multiple of 4: the second half of the eight is either all in or all out.
+            const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + c));
+            const float4 x1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(x + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int s = 0; s < SLOTS; ++s) {
+                float v[8];
+                W::expand8(raw[b][s], v);
+                float a = acc[s];
+                a = fmaf(v[0], x0.x, a);
+                a = fmaf(v[1], x0.y, a);
+                a = fmaf(v[2], x0.z, a);
+                a = fmaf(v[3], x0.w, a);
+                a = fmaf(v[4], x1.x, a);
+                a = fmaf(v[5], x1.y, a);
+                a = fmaf(v[6], x1.z, a);
+                acc[s] = fmaf(v[7], x1.w, a);
+            }
+        }
+    }
+    __shared__ float partial[SLOTS][FV_ROW_WARPS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        const float total = warp_sum(acc[s]);
+        if ((threadIdx.x & 31) == 0) {
+            partial[s][threadIdx.x >> 5] = total;
+        }
+    }
+    __syncthreads();
+    // Thread s sums slot s, every slot in the same order.
+    auto slot_total = [&](int slot) {
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FV_ROW_WARPS; ++i) {
+            total += partial[slot][i];
+        }
+        return total;
+    };
+    if (NW == 2) {
+        if (threadIdx.x == 0) {
+            out[row0] = silu(slot_total(0)) * slot_total(1);
+        }
+    } else if (threadIdx.x < R && row0 + threadIdx.x < rows) {
+        const u32 row = row0 + threadIdx.x;
+        const float total = slot_total(threadIdx.x);
+        out[row] = accumulate ? out[row] + total : total;
+    }
+}
+
 // One token's kernels run a block of FV_ROW_THREADS per row, the others MV_THREADS.
 #define FV_THREADS (NTOK == 1 ? FV_ROW_THREADS : MV_THREADS)
 

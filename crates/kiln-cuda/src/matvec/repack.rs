@@ -115,7 +115,7 @@ impl CodeMap {
     }
 }
 
-/// The codebooks of the expanded formats; quant.cuh holds the same bytes.
+/// The codebooks of the expanded formats; quant_bits.cuh and quant.cuh hold the same bytes.
 pub(crate) const IQ2_BOOK: &[i8] = &[8, 25, 43, 0, -8, -25, -43, 0];
 pub(crate) const IQ3_XXS_BOOK: &[i8] = &[4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62];
 pub(crate) const IQ3_S_BOOK: &[i8] = &[1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15];
@@ -747,11 +747,11 @@ mod tests {
         }
     }
 
-    /// quant.cuh spells each codebook as words of four signed bytes; they must be the
-    /// codebooks the repacking indexes (the decoders themselves only run on a GPU).
+    /// quant_bits.cuh and quant.cuh spell each codebook as words of four signed bytes; they
+    /// must be the codebooks the repacking indexes (the decoders themselves only run on a GPU).
     #[test]
     fn kernel_codebook_words_match_the_repack_codebooks() {
-        let source = include_str!("../../kernels/quant.cuh");
+        let source = [include_str!("../../kernels/quant_bits.cuh"), include_str!("../../kernels/quant.cuh")].concat();
         let words = |book: &[i8]| -> Vec<String> {
             let mut padded = book.to_vec();
             padded.resize(16, 0);
@@ -759,7 +759,7 @@ mod tests {
         };
         for (book, used) in [(&kiln_quant::E2M1_X2[..], 4), (IQ3_XXS_BOOK, 4), (IQ3_S_BOOK, 4), (IQ2_BOOK, 2), (IQ1_BOOK, 2)] {
             let spelled = words(book)[..used].join(", ");
-            assert!(source.contains(&spelled), "quant.cuh lacks the codebook {book:?} as {spelled}");
+            assert!(source.contains(&spelled), "the kernel headers lack the codebook {book:?} as {spelled}");
         }
         let iq4: Vec<i8> = kiln_quant::IQ4_NL_CODEBOOK.to_vec();
         assert!(source.contains(&words(&iq4).join(", ")), "IQ4_NL codebook");

@@ -95,10 +95,11 @@ fn every_format_finds_its_kernels() {
 #[test]
 fn host_constants_match_the_kernel_defines() {
     let define = crate::sources::define_value;
-    let (quant, activations, matvec, matmat, norm) = (
+    let (quant, activations, matvec, float, matmat, norm) = (
         include_str!("../../kernels/quant.cuh"),
         include_str!("../../kernels/activation_q8.cuh"),
         include_str!("../../kernels/matvec.cuh"),
+        include_str!("../../kernels/matvec_float.cu"),
         include_str!("../../kernels/matmat_mma.cu"),
         include_str!("../../kernels/norm.cuh"),
     );
@@ -107,8 +108,8 @@ fn host_constants_match_the_kernel_defines() {
     assert_eq!(define(quant, "TILE_VALUES") as usize, TILE_VALUES);
     assert_eq!(define(activations, "CHUNK_VALUES") as usize, CHUNK_VALUES);
     assert_eq!(define(matvec, "MV_WARPS"), MV_WARPS);
-    assert_eq!(define(matvec, "FV_ROW_WARPS"), FV_ROW_WARPS);
-    assert_eq!(define(matvec, "FV_ROW_ROWS"), FV_ROW_ROWS);
+    assert_eq!(define(float, "FV_ROW_WARPS"), FV_ROW_WARPS);
+    assert_eq!(define(float, "FV_ROW_ROWS"), FV_ROW_ROWS);
     assert_eq!(define(matmat, "MMA_THREADS"), MMA_THREADS);
 }
 
