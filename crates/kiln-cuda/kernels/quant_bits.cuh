@@ -178,17 +178,24 @@ typedef Codebook<0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u> Iq3sBook;
 // A chunk's 16 indices (value order) through codebook B: with SPLIT, as the lookups in its two
 // halves whose dot products add up (c.q and c.q2: one prmt a four values each); else the entries
 // themselves (c.q).
+// The halves as device memory, read once a step (a 16-byte load from L1): as constants in prmt's
+// data operands, which must be registers, ptxas rematerialized them before every lookup (a move
+// each, about a seventh of the loop); loaded words it keeps.
+template <class B>
+__device__ const uint4 split_words = {B::split.a0, B::split.a1, B::split.b0, B::split.b1};
+
 template <class B, bool SPLIT, class C>
 __device__ __forceinline__ void codebook16_codes(uint2 w, C& c) {
     if constexpr (SPLIT) {
         const u32 words[2] = {w.x, w.y};
+        const uint4 s = __ldg(&split_words<B>);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const u32 flipped = words[k] ^ 0x88888888u;
-            c.q[2 * k] = (int)prmt(B::split.a0, B::split.a1, words[k]);
-            c.q[2 * k + 1] = (int)prmt(B::split.a0, B::split.a1, words[k] >> 16);
-            c.q2[2 * k] = (int)prmt(B::split.b0, B::split.b1, flipped);
-            c.q2[2 * k + 1] = (int)prmt(B::split.b0, B::split.b1, flipped >> 16);
+            c.q[2 * k] = (int)prmt(s.x, s.y, words[k]);
+            c.q[2 * k + 1] = (int)prmt(s.x, s.y, words[k] >> 16);
+            c.q2[2 * k] = (int)prmt(s.z, s.w, flipped);
+            c.q2[2 * k + 1] = (int)prmt(s.z, s.w, flipped >> 16);
         }
     } else {
         codebook16_word(w.x, B::table.w[0], B::table.w[1], B::table.w[2], B::table.w[3], c.q[0], c.q[1]);
