@@ -465,15 +465,16 @@ struct FmtNVFP4 {
 // plus a third in the extra plane, or 4 bits (nibble layout). 256-value super-blocks, two per
 // tile; lane l's chunk is 16-value sub-block j = l % 16 of super-block sb = l / 16.
 
-// 3-bit codebook indices (codes plane + bit 2 from the extra plane) to signed bytes.
+// 3-bit codebook indices to signed bytes. The planes are stored in prmt selector order
+// (repack.rs, `selector_order`): bits 16 (k / 2) + 4 b + 2 (k % 2) of `codes` hold the low two
+// bits of value 4k + b, bit 4 b + k of `high` its third, so the selector of values 4k..4k+3 is
+// a shift and two masks away, with bit 3 of every nibble clear (no sign replication).
 __device__ __forceinline__ void book3_codes(u32 codes, u32 high, u32 levels0, u32 levels1, int (&q)[4]) {
-    crumb_codes(codes, q);
-    add_bit_plane<2>(high, q);
+    const u32 high_at_bit2[4] = {high << 2, high << 1, high, high >> 1};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        // Indices below 8: one prmt over the two words of entries, no half to pick.
-        const u32 pairs = (u32)q[k] | ((u32)q[k] >> 4);
-        q[k] = (int)prmt(levels0, levels1, prmt(pairs, 0, 0x0020));
+        const u32 low = (codes >> (16 * (k / 2) + 2 * (k % 2))) & 0x3333u;
+        q[k] = (int)prmt(levels0, levels1, low | (high_at_bit2[k] & 0x4444u));
     }
 }
 

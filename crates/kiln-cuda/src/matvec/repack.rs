@@ -22,7 +22,11 @@
 //!   order, byte `j` holding `c[2j]` (low) and `c[2j + 1]` (high): their lookup (`codebook16_word`)
 //!   takes a word's nibbles in order, so its results need no sorting into code words;
 //! - 2 bits: bits `2k..2k+2` of byte `b` (0..4) hold `c[4k + b]`;
-//! - 1 bit: bit `i` of a little-endian u16 holds `c[i]`.
+//! - 1 bit: bit `i` of a little-endian u16 holds `c[i]`;
+//! - the 3-bit codebook indices (2 + 1 bits: IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) instead in
+//!   prmt selector order: the low two bits of `c[4k + b]` at bits `16 (k / 2) + 4 b + 2 (k % 2)` of
+//!   the little-endian u32, its third at bit `4 b + k` of the u16, so that one shift and two masks
+//!   make the selector that looks `c[4k..4k + 4]` up (`book3_codes`).
 //!
 //! The 1- and 2-bit formats whose scale spans at least 64 values (Q1_0, Q2_0, TQ2_0, TQ1_0:
 //! "grouped") store instead 16-byte groups of `8 / bits` consecutive chunks: byte `j` of a
@@ -156,6 +160,11 @@ impl QuantLayout {
     /// 4-bit codebook indices stored in value order (module docs).
     pub fn nibbles_in_value_order(&self) -> bool {
         matches!(self.ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
+    }
+
+    /// 3-bit codebook indices stored in prmt selector order (module docs).
+    pub fn selector_order(&self) -> bool {
+        matches!(self.ty, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ1_S | GgmlType::IQ1_M)
     }
 
     /// Chunks per 16-byte group of a grouped layout.
@@ -369,14 +378,21 @@ fn pack_row(layout: &QuantLayout, src: &[u8], tiles: usize, codes_out: &mut [u8]
         let values: &[u8; CHUNK_VALUES] = values.try_into().expect("chunk of 16 codes");
         let low: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] & low_mask);
         let out = &mut codes_out[chunk * code_bytes..(chunk + 1) * code_bytes];
+        let high: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] >> layout.code_bits);
+        let extra = &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes];
+        if layout.selector_order() {
+            let (low_bits, high_bits) = pack_selector_order(values);
+            out.copy_from_slice(&low_bits.to_le_bytes());
+            extra.copy_from_slice(&high_bits.to_le_bytes());
+            continue;
+        }
         if layout.nibbles_in_value_order() {
             pack_nibbles_in_value_order(&low, out);
         } else {
             pack_bits(layout.code_bits, &low, out);
         }
         if extra_bytes > 0 {
-            let high: [u8; CHUNK_VALUES] = std::array::from_fn(|i| values[i] >> layout.code_bits);
-            pack_bits(layout.extra_bits, &high, &mut extra_out[chunk * extra_bytes..(chunk + 1) * extra_bytes]);
+            pack_bits(layout.extra_bits, &high, extra);
         }
     }
 }
@@ -402,6 +418,28 @@ pub(crate) fn pack_bits(bits: usize, codes: &[u8; CHUNK_VALUES], out: &mut [u8])
         }
         _ => unreachable!("plane widths are 1, 2, 4 or 8 bits"),
     }
+}
+
+/// The two planes of 16 3-bit codebook indices in prmt selector order (module docs): the low
+/// two bits of each and its third.
+fn pack_selector_order(codes: &[u8; CHUNK_VALUES]) -> (u32, u16) {
+    let (mut low, mut high) = (0u32, 0u16);
+    for (v, &c) in codes.iter().enumerate() {
+        let (k, b) = (v / 4, v % 4);
+        low |= u32::from(c & 3) << (16 * (k / 2) + 4 * b + 2 * (k % 2));
+        high |= u16::from((c >> 2) & 1) << (4 * b + k);
+    }
+    (low, high)
+}
+
+/// The indices `book3_codes` (quant.cuh) looks up from planes in selector order: its selector
+/// of values `4k..4k + 4`, nibble by nibble.
+#[cfg(test)]
+fn selector_order_indices(low: u32, high: u16) -> [u8; CHUNK_VALUES] {
+    let high = u32::from(high);
+    let high_at_bit2 = [high << 2, high << 1, high, high >> 1];
+    let selectors: [u32; 4] = std::array::from_fn(|k| ((low >> (16 * (k / 2) + 2 * (k % 2))) & 0x3333) | (high_at_bit2[k] & 0x4444));
+    std::array::from_fn(|v| ((selectors[v / 4] >> (4 * (v % 4))) & 0xf) as u8)
 }
 
 /// Packs 16 4-bit codes into 8 bytes, byte `j` holding `codes[2j]` (low) and `codes[2j + 1]`.
@@ -561,6 +599,13 @@ mod tests {
     fn decode_chunk(layout: &QuantLayout, packed: &Repacked, row: usize, chunk: usize) -> [f32; CHUNK_VALUES] {
         let (lane, tile) = (chunk % LANES, row * packed.tiles + chunk / LANES);
         let lane_bytes = |plane: &Range<usize>, bytes: usize| &packed.bytes[plane.start + (tile * LANES + lane) * bytes..][..bytes];
+        if layout.selector_order() {
+            let low = u32::from_le_bytes(lane_bytes(&packed.codes, 4).try_into().expect("4 code bytes"));
+            let high = u16::from_le_bytes(lane_bytes(&packed.extra, 2).try_into().expect("2 extra bytes"));
+            let indices = selector_order_indices(low, high);
+            assert!(indices.iter().all(|&i| i < 8), "{}: a selector nibble with bit 3 set replicates a sign", layout.ty);
+            return decode_values(layout, packed, tile, lane, indices);
+        }
         let low = if layout.grouped() {
             let (first, k) = (tile * LANES + lane - lane % layout.group_chunks(), lane % layout.group_chunks());
             unpack_group_chunk(layout.code_bits, &packed.bytes[packed.codes.start + first * layout.code_bytes()..][..GROUP_BYTES], k)
@@ -575,6 +620,11 @@ mod tests {
         } else {
             low
         };
+        decode_values(layout, packed, tile, lane, codes)
+    }
+
+    /// A chunk's values from its stored codes and its tile's scales, as kernels/quant.cuh decodes them.
+    fn decode_values(layout: &QuantLayout, packed: &Repacked, tile: usize, lane: usize, codes: [u8; CHUNK_VALUES]) -> [f32; CHUNK_VALUES] {
         let s = &packed.bytes[packed.scales.start + tile * layout.scale_bytes()..][..layout.scale_bytes()];
         let f16_at = |at: usize| f16::from_le_bytes([s[at], s[at + 1]]).to_f32();
         let (sb, j) = (lane / 16, lane % 16);
