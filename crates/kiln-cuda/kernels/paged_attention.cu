@@ -345,6 +345,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
 #define MD_WARPS (DEC_THREADS / 32)
 #define MD_ROWS 16
 #define MD_STAGES 3
+// How far (log2 units) a head's scores may pass its kept max before O is rescaled.
+#define MD_MAX_GROWTH 8.0f
 // Halves per staged row: 16 bytes of padding put the 8 rows of an ldmatrix on distinct banks.
 constexpr int MD_STRIDE = HEAD_DIM + 8;
 // A stage: MD_ROWS K rows, then MD_ROWS V rows. Dynamic shared memory: DEC_THREADS / 32 warps
@@ -580,28 +582,32 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        // A head that has seen no visible position yet keeps a max of -inf; it is offset by 0
-        // instead, so its weights and rescale come out 0, not NaN.
-        const float new_max = fmaxf(m, tile_max);
-        const float base = new_max == NEG_INF ? 0.0f : new_max;
-        const float alpha = exp2f(m - base);
-        m = new_max;
-        float tile_sum = 0.0f;
+        // The running max moves, and O and the sum are rescaled, only when some head's scores
+        // pass it by more than MD_MAX_GROWTH (log2 units): at long context it rarely does, and
+        // the weights below the kept max stay under 2^MD_MAX_GROWTH, which the f32 sums and the
+        // split f16 weights hold to the same relative precision. A head that has seen no visible
+        // position yet keeps a max of -inf and is offset by 0, so its weights and rescale are 0.
+        if (__any_sync(0xffffffffu, tile_max > m + MD_MAX_GROWTH)) {
+            const float new_max = fmaxf(m, tile_max);
+            const float alpha = exp2f(m - (new_max == NEG_INF ? 0.0f : new_max));
+            m = new_max;
+            l *= alpha;
+#pragma unroll
+            for (int n = 0; n < HEAD_DIM / 8; ++n) {
+                o[n][0] *= alpha;
+                o[n][1] *= alpha;
+                o[n][2] *= alpha;
+                o[n][3] *= alpha;
+            }
+        }
+        const float base = m == NEG_INF ? 0.0f : m;
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 p[n][e] = exp2f(p[n][e] - base);
-                tile_sum += p[n][e];
+                l += p[n][e];
             }
-        }
-        l = l * alpha + tile_sum;
-#pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n) {
-            o[n][0] *= alpha;
-            o[n][1] *= alpha;
-            o[n][2] *= alpha;
-            o[n][3] *= alpha;
         }
 
         // O += P V: the weights of n tiles 0 and 1 are the A operand's k = 0..7 and 8..15.
