@@ -151,6 +151,33 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantEr
     )
 }
 
+/// Writes an f16 super-block scale (`d_bits()`, one call a block) into every block of `bytes`, which holds whole
+/// blocks of an IQ1/IQ2 codebook format (IQ1_M keeps it in the top nibbles of its four scale
+/// words, the others in their first two bytes): tests fill such blocks with random bytes, which
+/// reach every grid point and sign pattern, and then need a finite scale.
+pub fn set_codebook_scales(ty: GgmlType, bytes: &mut [u8], mut d_bits: impl FnMut() -> u16) -> Result<(), QuantError> {
+    if !matches!(ty, GgmlType::IQ1_S | GgmlType::IQ1_M | GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S) {
+        return Err(QuantError::Unsupported { ty, op: "set_codebook_scales" });
+    }
+    if !bytes.chunks_exact(ty.type_size()).remainder().is_empty() {
+        let n_elements = bytes.len() / ty.type_size() * ty.block_size();
+        return Err(QuantError::BadLength { ty, n_elements, n_bytes: bytes.len(), expected: n_elements / ty.block_size() * ty.type_size() });
+    }
+    for block in bytes.chunks_exact_mut(ty.type_size()) {
+        let d = d_bits();
+        if ty == GgmlType::IQ1_M {
+            for k in 0..4 {
+                let at = 48 + 2 * k;
+                let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
+                block[at..at + 2].copy_from_slice(&word.to_le_bytes());
+            }
+        } else {
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
 /// The integer codes of one block of `ty` (`block` holds exactly its bytes, `codes` one
 /// entry per value): value i = scale * code i (+ offset) with the per-group scale of
 /// `dequantize`. For the codebook formats the code is the signed codebook value

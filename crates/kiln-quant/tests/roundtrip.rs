@@ -281,3 +281,22 @@ fn wrong_lengths_are_errors() {
     let msg = dequantize(GgmlType::Q8_0, &[0u8; 33], &mut [0f32; 32]).unwrap_err().to_string();
     assert!(msg.contains("Q8_0") && msg.contains("33") && msg.contains("34"), "{msg}");
 }
+
+#[test]
+fn codebook_scales_are_written_where_dequantize_reads_them() {
+    for ty in [GgmlType::IQ2_XXS, GgmlType::IQ1_M] {
+        let mut bytes = vec![0x5au8; 2 * ty.type_size()];
+        let mut scales = [0x3c00u16, 0x4000].into_iter();
+        kiln_quant::set_codebook_scales(ty, &mut bytes, || scales.next().unwrap()).unwrap();
+        let mut values = vec![0f32; 2 * ty.block_size()];
+        kiln_quant::dequantize(ty, &bytes, &mut values).unwrap();
+        // The same codes under scales 1.0 and 2.0: the second block is twice the first.
+        let (first, second) = values.split_at(ty.block_size());
+        assert!(first.iter().zip(second).all(|(a, b)| 2.0 * a == *b), "{ty}");
+    }
+    let mut bytes = vec![0u8; 70];
+    let err = kiln_quant::set_codebook_scales(GgmlType::Q4_0, &mut bytes, || 0).unwrap_err();
+    assert!(err.to_string().contains("set_codebook_scales"), "{err}");
+    let err = kiln_quant::set_codebook_scales(GgmlType::IQ2_XXS, &mut bytes, || 0).unwrap_err();
+    assert!(matches!(err, kiln_quant::QuantError::BadLength { .. }), "{err}");
+}

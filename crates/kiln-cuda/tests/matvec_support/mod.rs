@@ -46,18 +46,7 @@ pub const FORMATS: &[GgmlType] = &[
 /// (IQ1_M keeps it in the top nibbles of its four scale words), so values stay well inside f16.
 pub fn random_codebook_blocks(rng: &mut ChaCha8Rng, ty: GgmlType, bytes: &mut [u8]) {
     rng.fill(bytes);
-    for block in bytes.chunks_exact_mut(ty.type_size()) {
-        let d = half::f16::from_f32(rng.gen_range(-0.05f32..0.05)).to_bits();
-        if ty == GgmlType::IQ1_M {
-            for k in 0..4 {
-                let at = 48 + 2 * k;
-                let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
-                block[at..at + 2].copy_from_slice(&word.to_le_bytes());
-            }
-        } else {
-            block[..2].copy_from_slice(&d.to_le_bytes());
-        }
-    }
+    kiln_quant::set_codebook_scales(ty, bytes, || half::f16::from_f32(rng.gen_range(-0.05f32..0.05)).to_bits()).expect("an IQ1/IQ2 type and whole blocks");
 }
 
 /// Token counts: every mat-vec specialization class (1, 2-3, 4-8 rows per warp) and the mat-mat.

@@ -129,18 +129,7 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
         return bytes;
     }
     rng.fill(&mut bytes[..]);
-    for block in bytes.chunks_exact_mut(ty.type_size()) {
-        let d = f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits();
-        if ty == GgmlType::IQ1_M {
-            for k in 0..4 {
-                let at = 48 + 2 * k;
-                let word = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0fff | ((d >> (4 * k)) & 0xf) << 12;
-                block[at..at + 2].copy_from_slice(&word.to_le_bytes());
-            }
-        } else {
-            block[..2].copy_from_slice(&d.to_le_bytes());
-        }
-    }
+    kiln_quant::set_codebook_scales(ty, &mut bytes, || f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_bits()).unwrap();
     bytes
 }
 
