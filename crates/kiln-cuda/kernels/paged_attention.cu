@@ -332,17 +332,22 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_attention_spl
 // ---- The same on tensor cores, for f16 caches ----
 //
 // With f16 caches, HEAD_DIM a multiple of 16 (at most 128) and GROUP <= 8,
-// paged_attention_split_mma replaces paged_attention_split (same grid, arguments and partials;
-// DEC_MMA in paged_decode.cuh).
-// Each warp walks its own MD_ROWS-row tiles of the split's chunk (tiles w, w + MD_WARPS, ...)
+// paged_attention_split_mma replaces paged_attention_split (same grid, arguments and partials,
+// blocks of WARPS warps; DEC_MMA in paged_decode.cuh).
+// Each warp walks its own MD_ROWS-row tiles of the split's chunk (tiles w, w + WARPS, ...)
 // through its own cp.async stages, so no block barrier stands in the loop; the warps' online
 // softmaxes merge once at the end. S = Q K^T and O += P V run on mma.m16n8k16 with f32
 // accumulation. The A operand's rows g < 8 hold query head g (then its weights) rounded to
 // f16 and rows 8 + g what that rounding left over; a thread holds both rows' accumulators, and
 // their sum is as exact as f32 arithmetic on the cache's own f16 values.
 // Every specialization exports the kernel (with an empty body where it does not apply).
+// Blocks of MD_WARPS_NARROW or MD_WARPS_WIDE warps (the `_wide` kernels). A wide block takes a
+// span of up to 256 rows (DEC_MIN_CHUNK_MMA) in at most two tiles a warp, both copied before
+// the first is scored, so a decode step of few tokens pays one load latency; with many tokens
+// the grid fills the GPU anyway, and narrow blocks, two a multiprocessor, keep more of it busy.
+#define MD_WARPS_NARROW 4
+#define MD_WARPS_WIDE 8
 #if DEC_MMA
-#define MD_WARPS (DEC_THREADS / 32)
 #define MD_ROWS 16
 #define MD_STAGES 3
 // How far (log2 units) a head's scores may pass its kept max before O is rescaled.
@@ -354,8 +359,7 @@ constexpr int MD_STRIDE = HEAD_DIM + 8;
 constexpr int MD_STAGE_HALVES = 2 * MD_ROWS * MD_STRIDE;
 
 static_assert(KV_BLOCK_SIZE % MD_ROWS == 0, "a warp tile lies in one KV block");
-static_assert(MD_WARPS * GROUP * HEAD_DIM * 4 + MD_WARPS * GROUP * 8 <= MD_WARPS * MD_STAGES * MD_STAGE_HALVES * 2,
-              "the merge fits the stages");
+static_assert(GROUP * HEAD_DIM * 4 + GROUP * 8 <= MD_STAGES * MD_STAGE_HALVES * 2, "the merge fits the stages");
 #endif
 
 // The attention prologue that paged_attention_split_mma_prologue takes over from
@@ -379,12 +383,13 @@ struct DecodePrologue {
     u32 pad;
 };
 
-template <bool PROLOGUE>
+template <bool PROLOGUE, int WARPS>
 __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* part_ml, u32* tickets, const float* q,
                                           const u8* k_cache, const u8* v_cache, const u32* step, u32 n_heads,
                                           u32 n_kv_heads, float scale, u32 window, const float* sinks, i8* xq,
                                           float2* xds, u32 x_chunks, const DecodePrologue& pro) {
 #if DEC_MMA
+    constexpr int THREADS = WARPS * 32;
     // For one token, the o product after this kernel starts now and streams its weights
     // meanwhile (with more, its blocks would crowd the attention's).
     if (gridDim.z == 1) {
@@ -417,9 +422,9 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
 
     extern __shared__ uint4 dec_shared[];
     u16* stages = reinterpret_cast<u16*>(dec_shared) + warp * MD_STAGES * MD_STAGE_HALVES;
-    const u32 my_tiles = warp < n_tiles ? (n_tiles - warp + MD_WARPS - 1) / MD_WARPS : 0;
+    const u32 my_tiles = warp < n_tiles ? (n_tiles - warp + WARPS - 1) / WARPS : 0;
     // Offset from `begin` of this warp's local tile i.
-    auto tile_first = [&](u32 i) { return (warp + i * MD_WARPS) * MD_ROWS; };
+    auto tile_first = [&](u32 i) { return (warp + i * WARPS) * MD_ROWS; };
     auto issue = [&](u32 i, u32 block) {
         constexpr int ROW_UNITS = HEAD_DIM / 8;
         constexpr int UNITS = MD_ROWS * ROW_UNITS;
@@ -480,7 +485,7 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
     if constexpr (PROLOGUE) {
         const HeadPrologue roped{pro.q_norm, pro.eps, pro.n_rot, pro.neox, own_pos, pro.inv_freq};
         const u64 kv_row = (u64)token * n_kv_heads + kv_head;
-        for (u32 r = warp; r < GROUP + (stores ? 2 : 0); r += MD_WARPS) {
+        for (u32 r = warp; r < GROUP + (stores ? 2 : 0); r += WARPS) {
             HeadPrologue how = roped;
             const float* src = q + ((u64)token * n_heads + first_head + r) * HEAD_DIM;
             if (r == GROUP) {
@@ -496,7 +501,7 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         __syncthreads();
         if (stores) {
             const u64 cache_at = step[step[STEP_SLOT_AT] + token];
-            for (u32 d = threadIdx.x; d < HEAD_DIM; d += DEC_THREADS) {
+            for (u32 d = threadIdx.x; d < HEAD_DIM; d += THREADS) {
                 kv_store_float<KV_F16>(pro.k_cache, width, cache_at, col0 + d, prologue_s[GROUP * HEAD_DIM + d]);
                 kv_store_float<KV_F16>(pro.v_cache, width, cache_at, col0 + d, prologue_s[(GROUP + 1) * HEAD_DIM + d]);
             }
@@ -631,7 +636,7 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
     copy_wait<0>();
     __syncthreads();
     float* o_s = reinterpret_cast<float*>(dec_shared);
-    float* ml_s = o_s + MD_WARPS * GROUP * HEAD_DIM;
+    float* ml_s = o_s + WARPS * GROUP * HEAD_DIM;
     if (g < GROUP) {
 #pragma unroll
         for (int n = 0; n < HEAD_DIM / 8; ++n) {
@@ -644,18 +649,18 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
         }
     }
     __syncthreads();
-    for (u32 index = threadIdx.x; index < GROUP * HEAD_DIM; index += DEC_THREADS) {
+    for (u32 index = threadIdx.x; index < GROUP * HEAD_DIM; index += THREADS) {
         const u32 h = index / HEAD_DIM;
         const u32 d = index % HEAD_DIM;
         float top = NEG_INF;
 #pragma unroll
-        for (int w = 0; w < MD_WARPS; ++w) {
+        for (int w = 0; w < WARPS; ++w) {
             top = fmaxf(top, ml_s[(w * GROUP + h) * 2]);
         }
         float value = 0.0f;
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < MD_WARPS; ++w) {
+        for (int w = 0; w < WARPS; ++w) {
             const float wm = ml_s[(w * GROUP + h) * 2];
             const float weight = wm == NEG_INF ? 0.0f : exp2f(wm - top);
             value += o_s[(w * GROUP + h) * HEAD_DIM + d] * weight;
@@ -678,27 +683,44 @@ __device__ __forceinline__ void split_mma(float* out, float* part_acc, float* pa
     }
     if (!alone) {
         // The barrier in merge_splits also ends every thread's reads of o_s and ml_s.
-        merge_splits(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
+        merge_splits<THREADS>(out, part_acc, part_ml, tickets, span, token, kv_head, n_heads, n_kv_heads, n_splits, sinks,
                      reinterpret_cast<float*>(dec_shared), xq, xds, x_chunks);
     } else {
-        quantize_head_rows(o_s, token, first_head, xq, xds, x_chunks);
+        quantize_head_rows<THREADS>(o_s, token, first_head, xq, xds, x_chunks);
     }
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma(
+extern "C" __global__ void __launch_bounds__(MD_WARPS_NARROW * 32, 2) paged_attention_split_mma(
     float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
     const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
     float2* xds, u32 x_chunks) {
-    split_mma<false>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads, scale, window,
-                     sinks, xq, xds, x_chunks, DecodePrologue{});
+    split_mma<false, MD_WARPS_NARROW>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads,
+                                  scale, window, sinks, xq, xds, x_chunks, DecodePrologue{});
 }
 
 // paged_attention_split_mma with the attention prologue (DecodePrologue): q is unroped.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS, 2) paged_attention_split_mma_prologue(
+extern "C" __global__ void __launch_bounds__(MD_WARPS_NARROW * 32, 2) paged_attention_split_mma_prologue(
     float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
     const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
     float2* xds, u32 x_chunks, DecodePrologue pro) {
-    split_mma<true>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads, scale, window,
-                    sinks, xq, xds, x_chunks, pro);
+    split_mma<true, MD_WARPS_NARROW>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads,
+                                  scale, window, sinks, xq, xds, x_chunks, pro);
+}
+
+// The same in wide blocks.
+extern "C" __global__ void __launch_bounds__(MD_WARPS_WIDE * 32, 1) paged_attention_split_mma_wide(
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks) {
+    split_mma<false, MD_WARPS_WIDE>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads,
+                                  scale, window, sinks, xq, xds, x_chunks, DecodePrologue{});
+}
+
+extern "C" __global__ void __launch_bounds__(MD_WARPS_WIDE * 32, 1) paged_attention_split_mma_prologue_wide(
+    float* out, float* part_acc, float* part_ml, u32* tickets, const float* q, const u8* k_cache, const u8* v_cache,
+    const u32* step, u32 n_heads, u32 n_kv_heads, u32 rows, float scale, u32 window, const float* sinks, i8* xq,
+    float2* xds, u32 x_chunks, DecodePrologue pro) {
+    split_mma<true, MD_WARPS_WIDE>(out, part_acc, part_ml, tickets, q, k_cache, v_cache, step, n_heads, n_kv_heads,
+                                  scale, window, sinks, xq, xds, x_chunks, pro);
 }

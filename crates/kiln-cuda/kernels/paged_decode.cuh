@@ -131,6 +131,7 @@ __device__ __forceinline__ SplitRows decode_split_rows(const u32* step, u32 toke
 
 // quantize_heads_out from `rows`, the GROUP heads as the block wrote them (global or shared
 // memory).
+template <int THREADS = DEC_THREADS>
 __device__ __forceinline__ void quantize_head_rows(const float* rows, u32 token, u32 first_head, i8* xq, float2* xds,
                                                    u32 x_chunks) {
     if constexpr (HEAD_DIM % CHUNK_VALUES == 0) {
@@ -140,7 +141,7 @@ __device__ __forceinline__ void quantize_head_rows(const float* rows, u32 token,
         // The block's stores to `rows` are visible to all its threads past the barrier.
         __syncthreads();
         constexpr u32 HEAD_CHUNKS = HEAD_DIM / CHUNK_VALUES;
-        for (u32 c = threadIdx.x; c < GROUP * HEAD_CHUNKS; c += DEC_THREADS) {
+        for (u32 c = threadIdx.x; c < GROUP * HEAD_CHUNKS; c += THREADS) {
             float v[CHUNK_VALUES];
             load_written_chunk(rows + c * CHUNK_VALUES, v);
             quantize_chunk(v, xq, xds, (u64)token * x_chunks + first_head * HEAD_CHUNKS + c);
@@ -152,9 +153,10 @@ __device__ __forceinline__ void quantize_head_rows(const float* rows, u32 token,
 // also stored as the int8 input of the product that follows (activation_q8.cuh; chunk c of
 // the token's row at index token * x_chunks + c), saving that product its own quantization
 // launch. The host asks only for HEAD_DIM a multiple of CHUNK_VALUES. Called by every thread.
+template <int THREADS = DEC_THREADS>
 __device__ __forceinline__ void quantize_heads_out(const float* out, u32 token, u32 first_head, u32 n_heads, i8* xq,
                                                    float2* xds, u32 x_chunks) {
-    quantize_head_rows(out + ((u64)token * n_heads + first_head) * HEAD_DIM, token, first_head, xq, xds, x_chunks);
+    quantize_head_rows<THREADS>(out + ((u64)token * n_heads + first_head) * HEAD_DIM, token, first_head, xq, xds, x_chunks);
 }
 
 // Splits of a token that sees `visible` positions that have rows to read.
@@ -178,7 +180,8 @@ constexpr int MERGE_VEC = HEAD_DIM % 4 == 0 ? 4 : HEAD_DIM % 2 == 0 ? 2 : 1;
 // split's partials (through L2: other multiprocessors wrote them) and writes the GROUP heads'
 // outputs, then resets the ticket for the next launch (no block of this one uses it again).
 // `scratch`: the block's dynamic shared memory, free by now, GROUP * (DEC_MAX_SPLITS + 1)
-// floats at least (merge_shared_bytes in src/paged_attention.rs).
+// floats at least (merge_shared_bytes in src/paged_attention.rs). THREADS: the block's size.
+template <int THREADS = DEC_THREADS>
 __device__ __forceinline__ void merge_splits(float* out, const float* part_acc, const float* part_ml, u32* tickets,
                                              const DecodeSpan& span, u32 token, u32 kv_head, u32 n_heads,
                                              u32 n_kv_heads, u32 n_splits, const float* sinks, float* scratch,
@@ -210,7 +213,7 @@ __device__ __forceinline__ void merge_splits(float* out, const float* part_acc, 
     float* weight_s = scratch;
     float* inv_total_s = scratch + GROUP * live;
     // One warp per head: the max over the splits (and the sink), each split's weight, the total.
-    for (u32 g = warp; g < GROUP; g += DEC_WARPS) {
+    for (u32 g = warp; g < GROUP; g += THREADS / 32) {
         const float sink = sinks ? sinks[first_head + g] * LOG2E : NEG_INF;
         float top = sink;
         for (u32 s = lane; s < live; s += 32) {
@@ -233,7 +236,7 @@ __device__ __forceinline__ void merge_splits(float* out, const float* part_acc, 
     __syncthreads();
     // Each thread sums MERGE_VEC dims of one head over the splits, in split order.
     constexpr u32 HEAD_LANES = HEAD_DIM / MERGE_VEC;
-    for (u32 i = threadIdx.x; i < GROUP * HEAD_LANES; i += DEC_THREADS) {
+    for (u32 i = threadIdx.x; i < GROUP * HEAD_LANES; i += THREADS) {
         const u32 g = i / HEAD_LANES;
         const u32 d = i % HEAD_LANES * MERGE_VEC;
         const float* acc = part_acc + (row0 + g) * n_splits * HEAD_DIM + d;
@@ -272,5 +275,5 @@ __device__ __forceinline__ void merge_splits(float* out, const float* part_acc, 
             out[(row0 + g) * HEAD_DIM + d + c] = value[c] * inv_total_s[g];
         }
     }
-    quantize_heads_out(out, token, first_head, n_heads, xq, xds, x_chunks);
+    quantize_heads_out<THREADS>(out, token, first_head, n_heads, xq, xds, x_chunks);
 }

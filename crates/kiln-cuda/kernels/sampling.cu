@@ -292,17 +292,82 @@ __device__ u32 gather_candidates(const VocabSource& vocab, SampleShared& sh, Kee
     return sh.n_cand;
 }
 
-// Samples one token per sample of the step (plan.cuh): block b draws sample b from its row of
-// logits ([rows][n_vocab]) with its settings and stores the token at STEP_SAMPLED_AT + b.
-// Launch: one block of SAMPLE_THREADS threads per sample, ceil(n_vocab / 32) * 4 bytes of
-// dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab) {
+// Each thread's best (largest value, lowest id among equals) of positions begin..end of the
+// row, four logits a load where the row allows (begin a multiple of 4), several loads in flight.
+__device__ __forceinline__ void thread_best(const VocabSource& vocab, u32 begin, u32 end, float& best, u32& best_id) {
+    best = NEG_INF;
+    best_id = 0xffffffffu;
+    const auto consider = [&](float v, u32 i) {
+        if (v > best || (v == best && i < best_id)) {
+            best = v;
+            best_id = i;
+        }
+    };
+    if (vocab.n % 4 == 0 && begin % 4 == 0 && reinterpret_cast<u64>(vocab.logits) % 16 == 0) {
+        const float4* quads = reinterpret_cast<const float4*>(vocab.logits);
+#pragma unroll 4
+        for (u32 j = begin / 4 + threadIdx.x; j < end / 4; j += SAMPLE_THREADS) {
+            const float4 x = quads[j];
+            consider(vocab.adjusted(4 * j, x.x), 4 * j);
+            consider(vocab.adjusted(4 * j + 1, x.y), 4 * j + 1);
+            consider(vocab.adjusted(4 * j + 2, x.z), 4 * j + 2);
+            consider(vocab.adjusted(4 * j + 3, x.w), 4 * j + 3);
+        }
+    } else {
+        for (u32 i = begin + threadIdx.x; i < end; i += SAMPLE_THREADS) {
+            consider(vocab.value(i), i);
+        }
+    }
+}
+
+// The block's best of its threads' (every thread gets it).
+__device__ __forceinline__ void block_best(SampleShared& sh, float& best, u32& best_id) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+        if (other > best || (other == best && other_id < best_id)) {
+            best = other;
+            best_id = other_id;
+        }
+    }
+    if ((threadIdx.x & 31) == 0) {
+        sh.best_value[threadIdx.x >> 5] = best;
+        sh.best_id[threadIdx.x >> 5] = best_id;
+    }
+    __syncthreads();
+    best = sh.best_value[0];
+    best_id = sh.best_id[0];
+    for (u32 w = 1; w < SAMPLE_THREADS / 32; ++w) {
+        if (sh.best_value[w] > best || (sh.best_value[w] == best && sh.best_id[w] < best_id)) {
+            best = sh.best_value[w];
+            best_id = sh.best_id[w];
+        }
+    }
+}
+
+// A (value, id) pair as one integer that orders as the pairs do: larger values first, then
+// lower ids; 0 is below every pair.
+__device__ __forceinline__ u64 best_key(float value, u32 id) {
+    return ((u64)order_key(value) << 32) | (u64)(0xffffffffu - id);
+}
+
+// Samples one token per sample of the step (plan.cuh): the blocks of column y draw sample y
+// from its row of logits ([rows][n_vocab]) with its settings and store the token at
+// STEP_SAMPLED_AT + y. With several blocks a sample (grid x), each finds the best of its part
+// of the row and folds it into best_keys[y]; the last to finish (tickets[y]) answers a greedy
+// sample from it, or ranks the whole row alone, and resets both for the next launch.
+// Launch: SAMPLE_THREADS threads a block, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
+    sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab, u64* best_keys, u32* tickets) {
     wait_for_inputs();
     __shared__ SampleShared sh;
+    __shared__ u64 last_key_s;  // the sample's best, in the block that finishes it; else 0
     extern __shared__ u32 penalized[];
     const u32 tid = threadIdx.x;
-    const u32* rec = step_sample(step, blockIdx.x);
-    u32* sampled = step + step[STEP_SAMPLED_AT] + blockIdx.x;
+    const u32 sample = blockIdx.y;
+    const u32* rec = step_sample(step, sample);
+    u32* sampled = step + step[STEP_SAMPLED_AT] + sample;
     const float* logits = all_logits + (u64)rec[SAMPLE_LOGIT_ROW] * n_vocab;
     const float penalty = __uint_as_float(rec[SAMPLE_REPEAT_PENALTY]);
     const u32 last_n = rec[SAMPLE_REPEAT_LAST_N];
@@ -327,57 +392,46 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_tokens_f3
         __syncthreads();
     }
     const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize, presence, frequency, history + (n_history - window), window};
+    const float temperature = __uint_as_float(rec[SAMPLE_TEMPERATURE]);
 
-    // The largest value and its lowest id (the greedy answer). Four logits a load where the
-    // row allows, several loads in flight: one block reads the whole row.
-    float best = NEG_INF;
-    u32 best_id = 0xffffffffu;
-    const auto consider = [&](float v, u32 i) {
-        if (v > best || (v == best && i < best_id)) {
-            best = v;
-            best_id = i;
-        }
-    };
-    if (n_vocab % 4 == 0 && reinterpret_cast<u64>(logits) % 16 == 0) {
-        const float4* quads = reinterpret_cast<const float4*>(logits);
-#pragma unroll 4
-        for (u32 j = tid; j < n_vocab / 4; j += SAMPLE_THREADS) {
-            const float4 x = quads[j];
-            consider(vocab.adjusted(4 * j, x.x), 4 * j);
-            consider(vocab.adjusted(4 * j + 1, x.y), 4 * j + 1);
-            consider(vocab.adjusted(4 * j + 2, x.z), 4 * j + 2);
-            consider(vocab.adjusted(4 * j + 3, x.w), 4 * j + 3);
-        }
+    float best;
+    u32 best_id;
+    if (gridDim.x == 1) {
+        thread_best(vocab, 0, n_vocab, best, best_id);
     } else {
-        for (u32 i = tid; i < n_vocab; i += SAMPLE_THREADS) {
-            consider(vocab.value(i), i);
+        const u32 part = ((n_vocab + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+        const u32 begin = min(blockIdx.x * part, n_vocab);
+        thread_best(vocab, begin, min(begin + part, n_vocab), best, best_id);
+        block_best(sh, best, best_id);
+        if (tid == 0) {
+            unsigned long long* key = reinterpret_cast<unsigned long long*>(best_keys + sample);
+            atomicMax(key, (unsigned long long)best_key(best, best_id));
+            __threadfence();
+            last_key_s = 0;
+            if (atomicAdd(tickets + sample, 1u) + 1 == gridDim.x) {
+                __threadfence();
+                last_key_s = atomicExch(key, 0ull);
+                tickets[sample] = 0;
+            }
         }
+        __syncthreads();
+        const u64 key = last_key_s;
+        if (key == 0) {
+            return;
+        }
+        if (temperature <= 0.0f) {
+            if (tid == 0) {
+                *sampled = 0xffffffffu - (u32)key;
+            }
+            return;
+        }
+        // The ranking below needs every thread's maximum over the whole row.
+        __syncthreads();
+        thread_best(vocab, 0, n_vocab, best, best_id);
     }
     sh.thread_max[tid] = best;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const u32 other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-        if (other > best || (other == best && other_id < best_id)) {
-            best = other;
-            best_id = other_id;
-        }
-    }
-    if ((tid & 31) == 0) {
-        sh.best_value[tid >> 5] = best;
-        sh.best_id[tid >> 5] = best_id;
-    }
-    __syncthreads();
-    best = sh.best_value[0];
-    best_id = sh.best_id[0];
-    for (u32 w = 1; w < SAMPLE_THREADS / 32; ++w) {
-        if (sh.best_value[w] > best || (sh.best_value[w] == best && sh.best_id[w] < best_id)) {
-            best = sh.best_value[w];
-            best_id = sh.best_id[w];
-        }
-    }
+    block_best(sh, best, best_id);
 
-    const float temperature = __uint_as_float(rec[SAMPLE_TEMPERATURE]);
     if (temperature <= 0.0f) {
         if (tid == 0) {
             *sampled = best_id;

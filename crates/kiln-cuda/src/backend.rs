@@ -39,6 +39,15 @@ const BLOCK: u32 = 256;
 pub(crate) const WARP_NORM_MAX_DIM: usize = 512;
 /// `sampling.cu`'s SAMPLE_THREADS.
 const SAMPLE_THREADS: u32 = 1024;
+/// Logits each sampler thread reads in a part of a row: one block alone reads a row of 128k
+/// logits in about 16 us, the step's last and exposed kernel; in parts, a few.
+const SAMPLE_VALUES_PER_THREAD: usize = 8;
+const SAMPLE_MAX_PARTS: usize = 64;
+
+/// Blocks that share one sample's row (sampling.cu's grid x).
+fn sample_parts(n_vocab: usize) -> u32 {
+    n_vocab.div_ceil(SAMPLE_THREADS as usize * SAMPLE_VALUES_PER_THREAD).clamp(1, SAMPLE_MAX_PARTS) as u32
+}
 
 pub(crate) fn backend_error(error: CudaError) -> BackendError {
     match error {
@@ -646,12 +655,16 @@ impl Backend for CudaBackend {
             });
         }
         let n32 = to_u32("n_vocab", n_vocab)?;
-        let cfg =
-            LaunchConfig { grid_dim: (to_u32("samples", step.n_samples)?, 1, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
-        // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its layout.
-        unsafe { self.device.stream().launch_builder(&self.kernels.sample).arg(logits.buf()).arg(&mut step.block).arg(&n32).launch(cfg) }
-            .map(drop)
-            .map_err(launch_error("sample_tokens_f32"))
+        let samples = to_u32("samples", step.n_samples)?;
+        let cfg = LaunchConfig { grid_dim: (sample_parts(n_vocab), samples, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
+        let CudaStep { block, sample_keys, sample_tickets, .. } = step;
+        // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its
+        // layout, the keys and tickets one zeroed slot per sample of the capacity.
+        unsafe {
+            self.device.stream().launch_builder(&self.kernels.sample).arg(logits.buf()).arg(block).arg(&n32).arg(sample_keys).arg(sample_tickets).launch(cfg)
+        }
+        .map(drop)
+        .map_err(launch_error("sample_tokens_f32"))
     }
 
     fn sampled_tokens(&self, step: &CudaStep, out: &mut [u32]) -> Result<()> {

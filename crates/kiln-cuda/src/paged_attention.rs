@@ -38,7 +38,10 @@ const DEC_TILE: usize = 32;
 const DEC_MIN_CHUNK_MMA: usize = 256;
 const DEC_MIN_CHUNK_CORES: usize = 32;
 const DEC_MAX_SPLITS: usize = 256;
-/// `paged_attention.cu`'s MD_ROWS and MD_STAGES (the tensor-core split kernel's stages).
+/// `paged_attention.cu`'s MD_WARPS_NARROW / _WIDE, MD_ROWS and MD_STAGES (the tensor-core split
+/// kernels' blocks and stages).
+const MD_WARPS_NARROW: usize = 4;
+const MD_WARPS_WIDE: usize = 8;
 const MD_ROWS: usize = 16;
 const MD_STAGES: usize = 3;
 /// `paged_prefill.cu`'s FA_THREADS and FA_KV.
@@ -151,16 +154,36 @@ struct Key {
     v_type: KvType,
 }
 
+/// One block shape of the split kernel.
+#[derive(Clone)]
+struct SplitKernel {
+    function: CudaFunction,
+    /// The same with the attention prologue (tensor cores only).
+    prologue: Option<CudaFunction>,
+    threads: u32,
+    shared_bytes: u32,
+    /// Blocks the whole GPU holds at once: the split candidates are multiples of a wave.
+    resident_blocks: usize,
+}
+
 #[derive(Clone)]
 struct Kernels {
-    split: CudaFunction,
-    /// The tensor-core split kernel with the attention prologue (None on CUDA cores).
-    split_prologue: Option<CudaFunction>,
+    split: SplitKernel,
+    /// Tensor cores only: wide blocks (paged_attention.cu's MD_WARPS_WIDE), for steps whose
+    /// (token, kv head) pairs are fewer than the multiprocessors.
+    split_wide: Option<SplitKernel>,
+    multiprocessors: usize,
     prefill: CudaFunction,
-    /// Split blocks the whole GPU holds at once: the split candidates are multiples of a wave.
-    resident_blocks: usize,
-    split_shared_bytes: u32,
     prefill_shared_bytes: u32,
+}
+
+impl Kernels {
+    fn split_for(&self, n_tokens: usize, p: &PagedAttentionParams) -> &SplitKernel {
+        match &self.split_wide {
+            Some(wide) if n_tokens * p.n_kv_heads < self.multiprocessors => wide,
+            _ => &self.split,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -213,19 +236,20 @@ fn min_chunk(key: &Key) -> usize {
     }
 }
 
-/// Dynamic shared memory of the split kernel: its stages, which the merge of the splits reuses
-/// for one weight per (query head, split) and one total per query head.
-fn decode_shared_bytes(key: &Key) -> usize {
-    decode_stage_bytes(key).max(key.group * (DEC_MAX_SPLITS + 1) * 4)
+/// Dynamic shared memory of the split kernel (of `warps` warps a block on tensor cores): its
+/// stages, which the merge of the splits reuses for one weight per (query head, split) and one
+/// total per query head.
+fn decode_shared_bytes(key: &Key, warps: usize) -> usize {
+    decode_stage_bytes(key, warps).max(key.group * (DEC_MAX_SPLITS + 1) * 4)
 }
 
 /// The split kernel's stages. The tensor-core one: per warp, MD_STAGES stages of MD_ROWS K rows
 /// and MD_ROWS V rows of f16, each padded by 8 values. The other: DEC_STAGES stages of a 32-row
 /// K tile and V tile, rows padded to 16 bytes, three stages when one takes at most 16 KiB
 /// (paged_decode.cuh).
-fn decode_stage_bytes(key: &Key) -> usize {
+fn decode_stage_bytes(key: &Key, warps: usize) -> usize {
     if decode_on_tensor_cores(key) {
-        return (DEC_THREADS as usize / 32) * MD_STAGES * 2 * MD_ROWS * (key.head_dim + 8) * 2;
+        return warps * MD_STAGES * 2 * MD_ROWS * (key.head_dim + 8) * 2;
     }
     let Key { head_dim, k_type, v_type, .. } = *key;
     let elem = |ty| match ty {
@@ -304,7 +328,7 @@ impl PagedAttentionParams {
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
             return Err(invalid(format!("head dimension {} (supported: 1 to {MAX_HEAD_DIM})", self.head_dim)));
         }
-        let decode_bytes = decode_shared_bytes(&Key { head_dim: self.head_dim, group: self.group(), k_type: self.k_type, v_type: self.v_type });
+        let decode_bytes = decode_shared_bytes(&Key { head_dim: self.head_dim, group: self.group(), k_type: self.k_type, v_type: self.v_type }, MD_WARPS_WIDE);
         if decode_bytes > MAX_SHARED_BYTES {
             return Err(invalid(format!(
                 "a {} K / {} V cache with heads of {} values needs {} KiB of shared memory per decode block (at most {}); use an f16 or q8_0 cache",
@@ -375,7 +399,7 @@ impl PagedAttention {
     pub fn splits(&self, device: &CudaDevice, n_tokens: usize, p: &PagedAttentionParams) -> Result<usize, CudaError> {
         Ok(match self.split_choice(n_tokens, p) {
             Some(choice) => choice.n_splits,
-            None => Self::splits_for(self.kernels(device, p)?.resident_blocks, n_tokens, p),
+            None => Self::splits_for(self.kernels(device, p)?.split_for(n_tokens, p).resident_blocks, n_tokens, p),
         })
     }
 
@@ -561,6 +585,7 @@ fn launch_split(
     launch: SplitLaunch,
 ) -> Result<(), CudaError> {
     let SplitLaunch { n_tokens, n_splits, quantized } = launch;
+    let kernel = kernels.split_for(n_tokens, p);
     let common = CommonArgs::new(device, inputs, p)?;
     let (xq, xds, x_chunks) = quantized.map_or((0, 0, 0), |t| (t.codes, t.scales, t.chunks_per_token));
     let acc_len = n_tokens * p.n_heads * n_splits * p.head_dim;
@@ -568,13 +593,13 @@ fn launch_split(
     let stream = device.stream();
     let cfg = LaunchConfig {
         grid_dim: (n_splits as u32, common.n_kv_heads, n_tokens as u32),
-        block_dim: (DEC_THREADS, 1, 1),
-        shared_mem_bytes: kernels.split_shared_bytes,
+        block_dim: (kernel.threads, 1, 1),
+        shared_mem_bytes: kernel.shared_bytes,
     };
     let (function, prologue) = match inputs.prologue {
-        None => (&kernels.split, None),
+        None => (&kernel.function, None),
         Some(prologue) => {
-            let function = kernels.split_prologue.as_ref().ok_or_else(|| invalid("the attention prologue in a decode kernel on CUDA cores".into()))?;
+            let function = kernel.prologue.as_ref().ok_or_else(|| invalid("the attention prologue in a decode kernel on CUDA cores".into()))?;
             (function, Some(prologue_arg(device, &prologue, inputs.kv)))
         }
     };
@@ -635,34 +660,37 @@ impl State {
                     ("K_TYPE", kv_type_code(key.k_type)),
                     ("V_TYPE", kv_type_code(key.v_type)),
                 ];
-                let split_shared = decode_shared_bytes(&key);
-                let load = |kernel| -> Result<CudaFunction, CudaError> {
-                    let function = device.registry().function("paged_attention", kernel, &defines)?;
-                    function
-                        .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, split_shared as i32)
-                        .map_err(CudaError::driver("raising the decode attention's shared memory limit"))?;
-                    Ok(function)
+                let multiprocessors = device.info().multiprocessor_count as usize;
+                let load_split = |name: &str, warps: usize| -> Result<SplitKernel, CudaError> {
+                    let shared_bytes = decode_shared_bytes(&key, warps);
+                    let load = |kernel: &str| -> Result<CudaFunction, CudaError> {
+                        let function = device.registry().function("paged_attention", kernel, &defines)?;
+                        function
+                            .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32)
+                            .map_err(CudaError::driver("raising the decode attention's shared memory limit"))?;
+                        Ok(function)
+                    };
+                    let mma = decode_on_tensor_cores(&key);
+                    let function = load(name)?;
+                    let prologue = if mma { Some(load(&name.replacen("_mma", "_mma_prologue", 1))?) } else { None };
+                    let threads = if mma { (warps * 32) as u32 } else { DEC_THREADS };
+                    let per_multiprocessor = function
+                        .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes, None)
+                        .map_err(CudaError::driver("querying the split kernel's occupancy"))?;
+                    let resident_blocks = (per_multiprocessor as usize).max(1) * multiprocessors;
+                    Ok(SplitKernel { function, prologue, threads, shared_bytes: shared_bytes as u32, resident_blocks })
                 };
-                let mma = decode_on_tensor_cores(&key);
-                let split = load(if mma { "paged_attention_split_mma" } else { "paged_attention_split" })?;
-                let split_prologue = if mma { Some(load("paged_attention_split_mma_prologue")?) } else { None };
-                let per_multiprocessor = split
-                    .occupancy_max_active_blocks_per_multiprocessor(DEC_THREADS, split_shared, None)
-                    .map_err(CudaError::driver("querying paged_attention_split occupancy"))?;
-                let resident_blocks = (per_multiprocessor as usize).max(1) * device.info().multiprocessor_count as usize;
+                let (split, split_wide) = if decode_on_tensor_cores(&key) {
+                    (load_split("paged_attention_split_mma", MD_WARPS_NARROW)?, Some(load_split("paged_attention_split_mma_wide", MD_WARPS_WIDE)?))
+                } else {
+                    (load_split("paged_attention_split", MD_WARPS_NARROW)?, None)
+                };
                 let prefill = device.registry().function("paged_prefill", "paged_attention_prefill", &defines)?;
                 let shared = prefill_shared_bytes(key.head_dim);
                 prefill
                     .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared as i32)
                     .map_err(CudaError::driver("raising paged_attention_prefill's shared memory limit"))?;
-                slot.insert(Kernels {
-                    split,
-                    split_prologue,
-                    prefill,
-                    resident_blocks,
-                    split_shared_bytes: split_shared as u32,
-                    prefill_shared_bytes: shared as u32,
-                })
+                slot.insert(Kernels { split, split_wide, multiprocessors, prefill, prefill_shared_bytes: shared as u32 })
             }
         })
     }
@@ -726,6 +754,8 @@ mod tests {
         assert_eq!(define(decode, "DEC_MIN_CHUNK_CORES") as usize, DEC_MIN_CHUNK_CORES);
         assert_eq!(define(decode, "DEC_TILE") as usize, DEC_TILE);
         assert_eq!(define(decode, "DEC_MAX_SPLITS") as usize, DEC_MAX_SPLITS);
+        assert_eq!(define(split, "MD_WARPS_NARROW") as usize, MD_WARPS_NARROW);
+        assert_eq!(define(split, "MD_WARPS_WIDE") as usize, MD_WARPS_WIDE);
         assert_eq!(define(split, "MD_ROWS") as usize, MD_ROWS);
         assert_eq!(define(split, "MD_STAGES") as usize, MD_STAGES);
         assert_eq!(define(prefill, "FA_KV") as usize, FA_KV);
@@ -735,16 +765,17 @@ mod tests {
     #[test]
     fn decode_shared_memory_matches_the_kernel_stages() {
         let key = |head_dim, group, k_type, v_type| Key { head_dim, group, k_type, v_type };
-        // f16, head_dim 128, on tensor cores: 4 warps x 3 stages x 32 rows of 136 halves.
-        assert_eq!(decode_shared_bytes(&key(128, 4, KvType::F16, KvType::F16)), 4 * 3 * 32 * 136 * 2);
+        // f16, head_dim 128, on tensor cores: warps x 3 stages x 32 rows of 136 halves.
+        assert_eq!(decode_shared_bytes(&key(128, 4, KvType::F16, KvType::F16), 4), 4 * 3 * 32 * 136 * 2);
+        assert_eq!(decode_shared_bytes(&key(128, 4, KvType::F16, KvType::F16), 8), 8 * 3 * 32 * 136 * 2);
         // f16, head_dim 128, 16 query heads a kv head: 32 rows of 256 + 256 bytes = 16 KiB a stage, three stages.
-        assert_eq!(decode_shared_bytes(&key(128, 16, KvType::F16, KvType::F16)), 3 * 16384);
+        assert_eq!(decode_shared_bytes(&key(128, 16, KvType::F16, KvType::F16), 4), 3 * 16384);
         // f32, head_dim 256: 64 KiB a stage, two stages.
-        assert_eq!(decode_shared_bytes(&key(256, 2, KvType::F32, KvType::F32)), 2 * 65536);
+        assert_eq!(decode_shared_bytes(&key(256, 2, KvType::F32, KvType::F32), 4), 2 * 65536);
         // q8_0 / f16, head_dim 8: rows padded to 16 bytes.
-        assert_eq!(decode_shared_bytes(&key(8, 2, KvType::Q8_0, KvType::F16)), 3 * 32 * 32);
+        assert_eq!(decode_shared_bytes(&key(8, 2, KvType::Q8_0, KvType::F16), 4), 3 * 32 * 32);
         // Small stages: the merge's weights (8 heads x 256 splits) and totals set the size.
-        assert_eq!(decode_shared_bytes(&key(4, 8, KvType::F32, KvType::F32)), 8 * 257 * 4);
+        assert_eq!(decode_shared_bytes(&key(4, 8, KvType::F32, KvType::F32), 4), 8 * 257 * 4);
     }
 
     #[test]

@@ -107,6 +107,10 @@ pub struct CudaStep {
     pub(crate) id: u64,
     graphs: StepGraphs,
     pub(crate) block: CudaSlice<u32>,
+    /// The sampler's per-sample best (value, id) key and count of finished parts, zero
+    /// between launches (sampling.cu).
+    pub(crate) sample_keys: CudaSlice<u64>,
+    pub(crate) sample_tickets: CudaSlice<u32>,
     staging: PinnedHostSlice<u32>,
     /// Recorded after each copy out of `staging`, which must not be rewritten before it.
     copied: CudaEvent,
@@ -133,6 +137,9 @@ impl CudaStep {
             return Err(BackendError::PlanTooLarge { what: "step words".into(), need: layout.words, capacity: u32::MAX as usize });
         }
         let block = device.alloc_zeros::<u32>(layout.words, "step block").map_err(crate::backend::backend_error)?;
+        let samples = capacity.seqs.max(1);
+        let sample_keys = device.alloc_zeros::<u64>(samples, "sampler keys").map_err(crate::backend::backend_error)?;
+        let sample_tickets = device.alloc_zeros::<u32>(samples, "sampler tickets").map_err(crate::backend::backend_error)?;
         // SAFETY: zeroed below before the first copy.
         let mut staging = unsafe { device.context().alloc_pinned::<u32>(layout.words) }
             .map_err(|e| BackendError::Device(format!("allocating {} bytes of pinned memory for the step block: {e:?}", layout.words * 4)))?;
@@ -143,6 +150,8 @@ impl CudaStep {
             id,
             graphs: graphs.clone(),
             block,
+            sample_keys,
+            sample_tickets,
             staging,
             copied,
             layout,

@@ -386,6 +386,10 @@ fn decode_steps_match_the_reference() {
         cases.push((shape, decode(&[4096]), Path::Auto));
         cases.push((shape, decode(&[33]), Path::Auto));
         cases.push((shape, decode(&[65, 96]), Path::Split(Some(66))));
+        // More (token, kv head) pairs than any GPU has multiprocessors: the tensor-core kernel's
+        // narrow blocks instead of its wide ones.
+        let many: Vec<usize> = (0..300).map(|i| 1 + i * 37 % 700).collect();
+        cases.push((shape, decode(&many), Path::Auto));
         // The output also as int8: written by the single split, by the merging block, with
         // fewer tokens than the buffer holds.
         for path in [Path::SplitQuantized(Some(1)), Path::SplitQuantized(Some(5)), Path::SplitQuantized(None)] {

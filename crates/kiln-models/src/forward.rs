@@ -160,6 +160,8 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
     for (i, (lc, l)) in c.layers.iter().zip(&p.w.layers).enumerate() {
         let next_attention_norm = match (c.layers.get(i + 1).map(|lc| &lc.mixer), p.w.layers.get(i + 1)) {
             (Some(Mixer::Attention(at)), Some(next)) if matches!(at.kv, KvSource::Own { .. }) => Some((next.attn_norm.whole(), c.rms_eps)),
+            // The LM head's norm, where it reads the residual itself (lm_head).
+            (None, _) if p.n_rows == n => Some((p.w.output_norm.whole(), c.rms_eps)),
             _ => None,
         };
         match (&lc.mixer, &l.mixer) {
@@ -201,7 +203,7 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
         let chain = NormChain { prepared: prepared.take(), next: next_attention_norm };
         prepared = ffn(p, lc, l, a, Out::AddToResidual, chain)?;
     }
-    lm_head(p, a)
+    lm_head(p, a, prepared)
 }
 
 /// A Gated DeltaNet of `norm(x)` into `a.att` (before its output projection): q/k/v through the
@@ -261,7 +263,7 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
             None => norm_add(p, l.post_ffn_norm.as_ref(), a, scale)?,
         }
     }
-    lm_head(p, a)
+    lm_head(p, a, None)
 }
 
 /// Gemma 4's per-layer inputs from the (scaled) embeddings in `x`:
@@ -596,15 +598,21 @@ fn gated_activation<B: Backend>(b: &B, act: Activation, gate: Tensor<B::Buffer>,
 }
 
 /// Final norm and output projection of the rows that produce logits, soft-capped where the
-/// architecture caps them.
-fn lm_head<B: Backend>(p: &Pass<B>, a: &mut Workspace<B>) -> Result<()> {
+/// architecture caps them; `prepared`: that norm as the last layer left it ([`NormChain`]).
+fn lm_head<B: Backend>(p: &Pass<B>, a: &mut Workspace<B>, prepared: Option<B::NormedInput>) -> Result<()> {
     let (b, c, rows, e) = (p.b, &p.w.config, p.n_rows, p.w.config.n_embd);
     if rows == 0 {
         return Ok(());
     }
-    b.gather_rows(a.x.rows(p.n, e)?, a.rows.rows_mut(rows, e)?, p.step)?;
-    b.rms_norm(a.rows.rows(rows, e)?, p.w.output_norm.whole(), a.h.rows_mut(rows, e)?, c.rms_eps)?;
-    b.matmul(p.w.lm_head(), a.h.rows(rows, e)?, a.logits.rows_mut(rows, c.n_vocab)?)?;
+    // A row per token is every token in order (FlatPlan): nothing to gather.
+    let x = if rows == p.n {
+        a.x.rows(rows, e)?
+    } else {
+        b.gather_rows(a.x.rows(p.n, e)?, a.rows.rows_mut(rows, e)?, p.step)?;
+        a.rows.rows(rows, e)?
+    };
+    let norm = (p.w.output_norm.whole(), c.rms_eps);
+    b.norm_matmuls(x, norm, a.h.rows_mut(rows, e)?, [p.w.lm_head()], [a.logits.rows_mut(rows, c.n_vocab)?], prepared)?;
     if let Some(cap) = c.final_softcap {
         b.softcap(a.logits.rows_mut(rows, c.n_vocab)?, cap)?;
     }

@@ -110,10 +110,11 @@ impl State {
         if let Some(choice) = self.choices.get(&grid) {
             return Ok(choice.n_splits);
         }
-        let estimate = PagedAttention::splits_for(kernels.resident_blocks, n_tokens, p);
+        let resident_blocks = kernels.split_for(n_tokens, p).resident_blocks;
+        let estimate = PagedAttention::splits_for(resident_blocks, n_tokens, p);
         // Only blocks with memory behind them: the synthetic step's tables wrap within those.
         let cache_blocks = p.rows.min(inputs.kv.usable_rows) / KV_BLOCK_SIZE;
-        let candidates = PagedAttention::candidates(kernels.resident_blocks, n_tokens, p);
+        let candidates = PagedAttention::candidates(resident_blocks, n_tokens, p);
         let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
             SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
         } else {
