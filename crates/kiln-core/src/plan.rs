@@ -464,6 +464,23 @@ mod tests {
         StepCapacity { tokens: 256, seqs: 8, blocks: 64, logit_rows: 256, history: 64 }
     }
 
+    /// The LM head skips its gather where every token has a logit row (kiln-models' lm_head):
+    /// such rows must be the tokens themselves, in order.
+    #[test]
+    fn a_logit_row_for_every_token_is_every_token_in_order() {
+        let (prompt, one) = ([1u32, 2, 3], [4u32]);
+        for (first, second) in [(LogitRows::All, LogitRows::Last), (LogitRows::Last, LogitRows::All), (LogitRows::All, LogitRows::All)] {
+            let tokens_a: &[u32] = if first == LogitRows::All { &prompt } else { &one };
+            let tokens_b: &[u32] = if second == LogitRows::All { &prompt } else { &one };
+            let seq = |tokens, logits, blocks| SeqStep { tokens, pos0: 0, blocks, logits, sample: None };
+            let seqs = [seq(tokens_a, first, &[0][..]), seq(tokens_b, second, &[1][..])];
+            let mut flat = FlatPlan::default();
+            flat.fill(&BatchPlan { seqs: &seqs }, &cap(), 8).unwrap();
+            assert_eq!(flat.logit_rows.len(), flat.tokens.len());
+            assert!(flat.logit_rows.iter().enumerate().all(|(i, &row)| row as usize == i), "{:?}", flat.logit_rows);
+        }
+    }
+
     #[test]
     fn flattening_maps_positions_through_block_tables() {
         let history = [5u32, 6];

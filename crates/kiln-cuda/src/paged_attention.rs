@@ -244,7 +244,8 @@ impl PagedAttentionParams {
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
             return Err(invalid(format!("head dimension {} (supported: 1 to {MAX_HEAD_DIM})", self.head_dim)));
         }
-        let decode_bytes = decode_shared_bytes(&Key { head_dim: self.head_dim, group: self.group(), k_type: self.k_type, v_type: self.v_type }, MD_WARPS_WIDE);
+        let decode_bytes =
+            decode_shared_bytes(&Key { head_dim: self.head_dim, group: self.group(), k_type: self.k_type, v_type: self.v_type }, MD_WARPS_NARROW);
         if decode_bytes > MAX_SHARED_BYTES {
             return Err(invalid(format!(
                 "a {} K / {} V cache with heads of {} values needs {} KiB of shared memory per decode block (at most {}); use an f16 or q8_0 cache",

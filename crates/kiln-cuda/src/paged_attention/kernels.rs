@@ -69,8 +69,11 @@ impl Kernels {
         };
         let (split, split_wide) = if decode_on_tensor_cores(&key) {
             let narrow = load_split("paged_attention_split_mma", Some("paged_attention_split_mma_prologue"), MD_WARPS_NARROW)?;
-            let wide = load_split("paged_attention_split_mma_wide", Some("paged_attention_split_mma_prologue_wide"), MD_WARPS_WIDE)?;
-            (narrow, Some(wide))
+            // A GPU with less shared memory a block than the wide stages keeps the narrow blocks.
+            let fits = decode_shared_bytes(&key, MD_WARPS_WIDE) <= device.info().max_shared_memory_per_block_optin;
+            let wide =
+                if fits { Some(load_split("paged_attention_split_mma_wide", Some("paged_attention_split_mma_prologue_wide"), MD_WARPS_WIDE)?) } else { None };
+            (narrow, wide)
         } else {
             (load_split("paged_attention_split", None, MD_WARPS_NARROW)?, None)
         };
