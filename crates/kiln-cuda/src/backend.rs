@@ -654,6 +654,9 @@ impl Backend for CudaBackend {
                 ),
             });
         }
+        if step.n_samples > step.sample_keys.len() {
+            return Err(BackendError::PlanTooLarge { what: "samples".into(), need: step.n_samples, capacity: step.sample_keys.len() });
+        }
         let n32 = to_u32("n_vocab", n_vocab)?;
         let samples = to_u32("samples", step.n_samples)?;
         let cfg = LaunchConfig { grid_dim: (sample_parts(n_vocab), samples, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
