@@ -211,21 +211,6 @@ impl CudaBackend {
     }
 }
 
-/// The paged attention launch parameters of a layer with this geometry over this cache.
-fn paged_params(p: &AttentionParams, kv: &KvCacheSpec) -> PagedAttentionParams {
-    PagedAttentionParams {
-        n_heads: p.n_heads,
-        n_kv_heads: p.n_kv_heads,
-        head_dim: p.head_dim,
-        rows: kv.rows(),
-        max_seq_len: p.max_seq_len,
-        scale: p.scale,
-        k_type: kv.k_type,
-        v_type: kv.v_type,
-        window: p.window,
-    }
-}
-
 /// Whether a product of `n` tokens of `dim` values with `w` takes the quantized mat-vec, whose
 /// input buffer is the device's for `dim` ([`matvec::shared_input`]).
 fn takes_quantized_matvec(w: &GpuWeight, n: usize, dim: usize) -> bool {
@@ -256,7 +241,7 @@ impl CudaBackend {
         check_len("attention tokens in the step", step.n_tokens, n)?;
         step.check_usable(cache)?;
         kiln_core::plan::check_window_reach(step.widest_window, p.window)?;
-        let params = paged_params(p, cache.spec());
+        let params = PagedAttentionParams::of_layer(p, cache.spec());
         let counts = StepCounts { n_tokens: n, n_tiles: step.n_tiles, decode_only: step.decode_only };
         let prologue = match prologue {
             Some(deferred) if PagedAttention::takes_prologue(&counts, &params) => Some(prologue_inputs(&deferred, n, p)?),
@@ -510,7 +495,7 @@ impl Backend for CudaBackend {
 
     fn defers_attention_prologue(&self, cache: &CudaKvCache, step: &CudaStep, p: &AttentionParams) -> bool {
         let counts = StepCounts { n_tokens: step.n_tokens, n_tiles: step.n_tiles, decode_only: step.decode_only };
-        PagedAttention::takes_prologue(&counts, &paged_params(p, cache.spec()))
+        PagedAttention::takes_prologue(&counts, &PagedAttentionParams::of_layer(p, cache.spec()))
     }
 
     fn attention_matmul_add(
@@ -680,7 +665,7 @@ impl Backend for CudaBackend {
 
     fn prepare(&self, weights: &[&GpuWeight], attention: &AttentionParams, kv: &KvCacheSpec) -> Result<()> {
         let mut keys: Vec<_> = weights.iter().flat_map(|w| matvec::module_keys(w)).collect();
-        keys.extend(crate::paged_attention::module_keys(&paged_params(attention, kv)));
+        keys.extend(crate::paged_attention::module_keys(&PagedAttentionParams::of_layer(attention, kv)));
         keys.push(("rope", vec![("K_TYPE", kv_type_code(kv.k_type)), ("V_TYPE", kv_type_code(kv.v_type))]));
         self.device.registry().prepare(&keys).map_err(backend_error)?;
         weights.iter().try_for_each(|w| matvec::resolve_matmat_kernels(&self.device, w)).map_err(backend_error)

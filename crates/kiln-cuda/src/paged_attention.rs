@@ -19,7 +19,8 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
-use kiln_core::plan::{KvType, KV_BLOCK_SIZE};
+use kiln_core::backend::AttentionParams;
+use kiln_core::plan::{KvCacheSpec, KvType, KV_BLOCK_SIZE};
 
 pub use crate::kv::cache_bytes;
 use crate::kv::{kv_type_code, KvView};
@@ -72,6 +73,23 @@ pub struct PagedAttentionParams {
     pub v_type: KvType,
     /// Sliding window: a token at position `p` sees only `p + 1 - window ..= p`.
     pub window: Option<usize>,
+}
+
+impl PagedAttentionParams {
+    /// The launch parameters of a layer with this geometry over this cache.
+    pub fn of_layer(p: &AttentionParams, kv: &KvCacheSpec) -> PagedAttentionParams {
+        PagedAttentionParams {
+            n_heads: p.n_heads,
+            n_kv_heads: p.n_kv_heads,
+            head_dim: p.head_dim,
+            rows: kv.rows(),
+            max_seq_len: p.max_seq_len,
+            scale: p.scale,
+            k_type: kv.k_type,
+            v_type: kv.v_type,
+            window: p.window,
+        }
+    }
 }
 
 /// What one attention call reads: the queries, the caches, the step block, and the sink logits
