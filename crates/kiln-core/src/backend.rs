@@ -122,6 +122,42 @@ pub struct RouterParams {
     pub renormalize: bool,
 }
 
+/// A mixture of experts' router for [`Backend::moe_norm_route`]: its weight `[n_experts, cols]`,
+/// its own RMSNorm weight where it has one (Gemma 4; else the experts' norm serves it too), its
+/// bias `[n_experts]`, the per-expert output scales `[n_experts]` and the routing rule.
+pub struct RouterArgs<'a, B: Backend + ?Sized> {
+    pub weight: &'a B::Weight,
+    pub norm: Option<Tensor<'a, B::Buffer>>,
+    pub bias: Option<Tensor<'a, B::Buffer>>,
+    pub expert_scale: Option<Tensor<'a, B::Buffer>>,
+    pub params: RouterParams,
+}
+
+/// [`Backend::moe_norm_route`] composed of the plain ops: the router's norm (where it has its
+/// own), its product and bias, the experts' norm, then the routing.
+pub fn compose_moe_norm_route<B: Backend + ?Sized>(
+    b: &B,
+    x: Tensor<B::Buffer>,
+    norm: (Tensor<B::Buffer>, f32),
+    router: RouterArgs<B>,
+    mut h: TensorMut<B::Buffer>,
+    mut logits: TensorMut<B::Buffer>,
+    [ids, weights]: [TensorMut<B::Buffer>; 2],
+) -> Result<()> {
+    if let Some(router_norm) = router.norm {
+        b.rms_norm(x, router_norm, h.reborrow(), norm.1)?;
+        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
+        b.rms_norm(x, norm.0, h, norm.1)?;
+    } else {
+        b.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
+    }
+    if let Some(bias) = router.bias {
+        b.add_bias(logits.reborrow(), bias)?;
+    }
+    b.moe_route(logits.as_ref(), router.expert_scale, ids, weights, &router.params)
+}
+
 /// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops, which check their views
 /// against it (the states are allocated from it before any view exists). Its convolution runs
 /// over `conv_dim() = (2 * n_k_heads + n_v_heads) * head_dim` channels: q, k and v side by side.
@@ -565,6 +601,23 @@ pub trait Backend: Send + Sync + 'static {
         self.rope(k.reborrow(), inv_freq, step, p)?;
         let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
         self.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
+    }
+
+    /// The experts' input and their routing: `h = rms_norm(x) · norm.0` (`norm` = (weight, eps);
+    /// `x`, `h`: `[n, cols]`), the router's logits of `rms_norm(x) · router.norm` (or of `h`)
+    /// plus its bias into `logits` (`[n, n_experts]`), then [`Backend::moe_route`] into `ids` and
+    /// `weights` (`[n, n_used]`). A backend may also prepare `h` for the expert products that
+    /// follow (CUDA: their int8 input, in the same launch).
+    fn moe_norm_route(
+        &self,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        router: RouterArgs<Self>,
+        h: TensorMut<Self::Buffer>,
+        logits: TensorMut<Self::Buffer>,
+        routes: [TensorMut<Self::Buffer>; 2],
+    ) -> Result<()> {
+        compose_moe_norm_route(self, x, norm, router, h, logits, routes)
     }
 
     /// `residual[t] += sum_j weights[t][j] * y[t][j]` ([`Backend::moe_combine`] added to the

@@ -23,7 +23,7 @@ pub mod tensor;
 
 pub use backend::{
     AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, RopeKind, RopeParams,
-    RouterParams, StateSlots, WeightSource,
+    RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};

@@ -5,7 +5,8 @@
 // (kiln-core), in the same order of operations where that order shows in f32.
 // Elementwise kernels take any 1-D grid (grid-stride).
 // kiln-waits-for-inputs
-#include "common.cuh"
+#include "activation_q8.cuh"
+#include "norm.cuh"
 #include "plan.cuh"
 
 #define CONV_MAX_KERNEL 8
@@ -110,22 +111,19 @@ __device__ __forceinline__ float route_logit(u32 key) {
     return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// The router of one token per 32-thread block: softmax over n_experts logits, the n_used (at
-// most ROUTE_MAX_USED) most probable in order, a tie going to the lower id, renormalized when
-// asked, each times expert_scale[id] when given. Up to 32 * ROUTE_REGS experts stay in
-// registers (one warp-wide max and min per choice); more go through dynamic shared memory.
-// Grid (tokens).
+// The routing rule of one token, run by one warp: softmax over n_experts logits (`row`, read
+// through L2: other blocks of the caller may have written them), the n_used (at most
+// ROUTE_MAX_USED) most probable in order, a tie going to the lower id, renormalized when asked,
+// each times expert_scale[id] when given, into ids[0..n_used] and weights[0..n_used]. Up to 32 *
+// ROUTE_REGS experts stay in registers (one warp-wide max and min per choice); more go through
+// `route_logits` (n_experts floats of shared memory).
 #define ROUTE_MAX_USED 64
 #define ROUTE_REGS 8
-extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
-    const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
-    wait_for_inputs();
-    extern __shared__ float route_logits[];
+__device__ __forceinline__ void route_token(const float* row, const float* expert_scale, float* ids, float* weights,
+                                            u32 n_experts, u32 n_used, u32 renormalize, float* route_logits) {
     __shared__ u32 chosen[ROUTE_MAX_USED];
     __shared__ float chosen_weight[ROUTE_MAX_USED];
-    const u32 t = blockIdx.x;
-    const u32 lane = threadIdx.x;
-    const float* row = logits + (u64)t * n_experts;
+    const u32 lane = threadIdx.x & 31;
     const float minus_inf = __int_as_float(0xff800000);
     float chosen_sum = 0.0f;
     if (n_experts <= 32 * ROUTE_REGS) {
@@ -134,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
 #pragma unroll
         for (int i = 0; i < ROUTE_REGS; ++i) {
             const u32 e = lane + 32 * i;
-            const float l = e < n_experts ? row[e] : minus_inf;
+            const float l = e < n_experts ? __ldcg(row + e) : minus_inf;
             key[i] = e < n_experts ? route_key(l) : 0u;
             max_logit = fmaxf(max_logit, l);
         }
@@ -175,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
     } else {
         float max_logit = minus_inf;
         for (u32 e = lane; e < n_experts; e += 32) {
-            route_logits[e] = row[e];
-            max_logit = fmaxf(max_logit, row[e]);
+            route_logits[e] = __ldcg(row + e);
+            max_logit = fmaxf(max_logit, route_logits[e]);
         }
         max_logit = warp_max(max_logit);
         float total = 0.0f;
@@ -225,8 +223,151 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
         if (expert_scale) {
             w *= expert_scale[chosen[j]];
         }
-        ids[(u64)t * n_used + j] = (float)chosen[j];
-        weights[(u64)t * n_used + j] = w;
+        ids[j] = (float)chosen[j];
+        weights[j] = w;
+    }
+}
+
+// The router of one token per 32-thread block (route_token). Grid (tokens).
+extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
+    const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
+    wait_for_inputs();
+    extern __shared__ float route_logits[];
+    const u64 t = blockIdx.x;
+    route_token(logits + t * n_experts, expert_scale, ids + t * n_used, weights + t * n_used, n_experts, n_used, renormalize,
+                route_logits);
+}
+
+// A mixture of experts' norm and router in one launch, for a few tokens: h = x * (1 / rms(x)) *
+// norm_w (rms_norm_{warp,block}_f32's values, bit for bit), also stored as the experts' int8
+// input where xq is given (quantize_chunk); the router's logits, (x * router_norm_w) . row times
+// 1 / rms(x) (router_norm_w: norm_w itself, or the router's own weight) plus bias; then the
+// last block of a token to finish routes it (route_token) and resets its ticket. A block takes
+// ROUTER_ROWS router rows of one token and a share of its h chunks. Grid (ceil(n_experts /
+// ROUTER_ROWS), tokens), NORM_BLOCK threads; cols a multiple of 16, router rows 16-byte aligned.
+// Every block of a token recomputes its sum of squares: x is one row, read from L2.
+#define ROUTER_ROWS 2
+#define ROUTER_AHEAD 4
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK) moe_norm_route_f32(
+    const float* x, const float* norm_w, const float* router_norm_w, float eps, const float* router, u32 router_stride,
+    const float* bias, const float* expert_scale, float* h, float* logits, float* ids, float* weights, u32* tickets,
+    i8* xq, float2* xds, u32 x_chunks, u32 cols, u32 n_experts, u32 n_used, u32 renormalize) {
+    // The router rows and the norm weight are no step's output: the first ROUTER_AHEAD float4s
+    // of each thread's columns are loaded before the wait, during the kernel before this one.
+    const u32 row0 = blockIdx.x * ROUTER_ROWS;
+    const u32 cols4 = cols / 4;
+    float4 ahead_w[ROUTER_AHEAD];
+    float4 ahead_m[ROUTER_AHEAD][ROUTER_ROWS];
+#pragma unroll
+    for (int k = 0; k < ROUTER_AHEAD; ++k) {
+        const u32 i = threadIdx.x + k * NORM_BLOCK;
+        ahead_w[k] = i < cols4 ? reinterpret_cast<const float4*>(router_norm_w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r) {
+            ahead_m[k][r] = i < cols4 && row0 + r < n_experts ? reinterpret_cast<const float4*>(router + (u64)(row0 + r) * router_stride)[i]
+                                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    wait_for_inputs();
+    const u32 t = blockIdx.y;
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const float* xr = x + (u64)t * cols;
+    // Router rows times x * router_norm_w over each thread's float4 columns (the first ones
+    // loaded ahead); 1 / rms scales the block's sums, so this pass need not wait for it.
+    float dot[ROUTER_ROWS];
+#pragma unroll
+    for (int r = 0; r < ROUTER_ROWS; ++r) {
+        dot[r] = 0.0f;
+    }
+    auto add_columns = [&](u32 i, float4 w, const float4 (&m)[ROUTER_ROWS]) {
+        const float4 a = reinterpret_cast<const float4*>(xr)[i];
+        const float4 r4 = make_float4(a.x * w.x, a.y * w.y, a.z * w.z, a.w * w.w);
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r) {
+            dot[r] += r4.x * m[r].x + r4.y * m[r].y + r4.z * m[r].z + r4.w * m[r].w;
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < ROUTER_AHEAD; ++k) {
+        const u32 i = threadIdx.x + k * NORM_BLOCK;
+        if (i < cols4) {
+            add_columns(i, ahead_w[k], ahead_m[k]);
+        }
+    }
+    for (u32 i = threadIdx.x + ROUTER_AHEAD * NORM_BLOCK; i < cols4; i += NORM_BLOCK) {
+        float4 m[ROUTER_ROWS];
+#pragma unroll
+        for (int r = 0; r < ROUTER_ROWS; ++r) {
+            m[r] = row0 + r < n_experts ? reinterpret_cast<const float4*>(router + (u64)(row0 + r) * router_stride)[i]
+                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        add_columns(i, reinterpret_cast<const float4*>(router_norm_w)[i], m);
+    }
+    const float sum_sq = cols <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(xr, cols, lane) : block_row_sum_sq(xr, cols);
+    const float scale = rms_scale(sum_sq, cols, eps);
+
+    // This block's share of h (and of its int8 codes): chunk c of 16 values goes to block c %
+    // gridDim.x.
+    const u32 chunks = cols / CHUNK_VALUES;
+    for (u32 c = blockIdx.x + threadIdx.x * gridDim.x; c < chunks; c += NORM_BLOCK * gridDim.x) {
+        float v[CHUNK_VALUES];
+        const float4* x4 = reinterpret_cast<const float4*>(xr + c * CHUNK_VALUES);
+        const float4* w4 = reinterpret_cast<const float4*>(norm_w + c * CHUNK_VALUES);
+        float4* h4 = reinterpret_cast<float4*>(h + (u64)t * cols + c * CHUNK_VALUES);
+#pragma unroll
+        for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
+            const float4 a = x4[i];
+            const float4 w = w4[i];
+            const float4 r = make_float4(rms_normed(a.x, scale, w.x), rms_normed(a.y, scale, w.y), rms_normed(a.z, scale, w.z),
+                                         rms_normed(a.w, scale, w.w));
+            h4[i] = r;
+            v[4 * i] = r.x;
+            v[4 * i + 1] = r.y;
+            v[4 * i + 2] = r.z;
+            v[4 * i + 3] = r.w;
+        }
+        if (xq != nullptr) {
+            quantize_chunk(v, xq, xds, (u64)t * x_chunks + c);
+        }
+    }
+
+    __shared__ float partial[NORM_BLOCK / 32][ROUTER_ROWS];
+    __shared__ u32 last;
+#pragma unroll
+    for (int r = 0; r < ROUTER_ROWS; ++r) {
+        const float total = warp_sum(dot[r]);
+        if (lane == 0) {
+            partial[warp][r] = total;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROUTER_ROWS && row0 + threadIdx.x < n_experts) {
+        float total = 0.0f;
+        for (u32 w = 0; w < NORM_BLOCK / 32; ++w) {
+            total += partial[w][threadIdx.x];
+        }
+        const u32 e = row0 + threadIdx.x;
+        logits[(u64)t * n_experts + e] = bias != nullptr ? total * scale + bias[e] : total * scale;
+    }
+    // Every block's logits and codes are written before its ticket is taken; the block taking
+    // the last ticket sees them all.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tickets + t, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) {
+        return;
+    }
+    __threadfence();
+    if (warp == 0) {
+        route_token(logits + (u64)t * n_experts, expert_scale, ids + (u64)t * n_used, weights + (u64)t * n_used, n_experts,
+                    n_used, renormalize, nullptr);
+        if (lane == 0) {
+            tickets[t] = 0;
+        }
     }
 }
 

@@ -7,10 +7,11 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{BackendError, DeltaNetParams, Result, RouterParams, StateSlots};
+use kiln_core::backend::{compose_moe_norm_route, BackendError, DeltaNetParams, Result, RouterArgs, RouterParams, StateSlots};
 use kiln_core::shapes;
 
 use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
+use crate::matvec::{NormRouteCall, RouteOutputs};
 use crate::{CudaBackend, CudaStep};
 
 /// `arch_ops.cu`'s CONV_MAX_KERNEL, ROUTE_MAX_USED and 32 * ROUTE_REGS; `delta_net.cu`'s largest head.
@@ -223,6 +224,45 @@ impl CudaBackend {
         }
         .map(drop)
         .map_err(launch_error("moe_route_f32"))
+    }
+
+    /// The experts' norm and the router in one launch where it applies (matvec/router.rs),
+    /// else composed of the plain ops.
+    pub(crate) fn launch_moe_norm_route(
+        &self,
+        x: View,
+        norm: (View, f32),
+        router: RouterArgs<Self>,
+        mut h: ViewMut,
+        mut logits: ViewMut,
+        [mut ids, mut weights]: [ViewMut; 2],
+    ) -> Result<()> {
+        let (n, _) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        if let Some(router_norm) = &router.norm {
+            shapes::rms_norm(x.shape(), router_norm.shape(), h.shape())?;
+        }
+        shapes::matmul("moe_norm_route", (router.weight.rows, router.weight.cols), h.shape(), logits.shape())?;
+        if let Some(bias) = &router.bias {
+            shapes::rows_and_vector("moe_norm_route", logits.shape(), bias.shape())?;
+        }
+        let (_, _, n_used) = shapes::moe_route(logits.shape(), router.expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        let call = NormRouteCall {
+            x: x.buf(),
+            norm: norm.0.buf(),
+            router_norm: router.norm.as_ref().map(|t| t.buf()),
+            eps: norm.1,
+            router: router.weight,
+            bias: router.bias.as_ref().map(|t| t.buf()),
+            expert_scale: router.expert_scale.as_ref().map(|t| t.buf()),
+            renormalize: router.params.renormalize,
+            n,
+            n_used,
+        };
+        let out = RouteOutputs { h: h.buf_mut(), logits: logits.buf_mut(), ids: ids.buf_mut(), weights: weights.buf_mut() };
+        if self.experts.norm_route(self.device(), call, out).map_err(backend_error)? {
+            return Ok(());
+        }
+        compose_moe_norm_route(self, x, norm, router, h, logits, [ids, weights])
     }
 
     pub(crate) fn launch_moe_add_bias(&self, mut x: ViewMut, bias: View, ids: View) -> Result<()> {

@@ -12,7 +12,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
     AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams,
-    RouterParams, StateSlots, WeightSource,
+    RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -91,7 +91,7 @@ pub struct CudaBackend {
     kernels: Kernels,
     pub(crate) store_kernels: Mutex<HashMap<(KvType, KvType), StoreKernels>>,
     attention: PagedAttention,
-    experts: ExpertProducts,
+    pub(crate) experts: ExpertProducts,
     graphs: StepGraphRunner,
     /// Device-side times of sampled steps, once `time_steps` was called.
     step_clock: Mutex<Option<StepClock>>,
@@ -528,6 +528,10 @@ impl Backend for CudaBackend {
 
     fn moe_route(&self, logits: View, expert_scale: Option<View>, ids: ViewMut, weights: ViewMut, p: &RouterParams) -> Result<()> {
         self.launch_moe_route(logits, expert_scale, ids, weights, p)
+    }
+
+    fn moe_norm_route(&self, x: View, norm: (View, f32), router: RouterArgs<Self>, h: ViewMut, logits: ViewMut, routes: [ViewMut; 2]) -> Result<()> {
+        self.launch_moe_norm_route(x, norm, router, h, logits, routes)
     }
 
     fn moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {

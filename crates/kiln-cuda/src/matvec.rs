@@ -39,6 +39,7 @@ mod matmat_stacked;
 mod matvec_shape;
 mod normed;
 mod repack;
+mod router;
 mod stacked;
 
 use std::collections::HashMap;
@@ -63,6 +64,7 @@ pub use matvec_shape::matvec_shape;
 use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 pub use normed::{matmul_add_normed, normed_input};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
+pub use router::{NormRouteCall, RouteOutputs};
 pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.

@@ -6,7 +6,8 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterParams, StateSlots};
+use cudarc::driver::CudaSlice;
+use kiln_core::backend::{compose_moe_norm_route, AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterArgs, RouterParams, StateSlots};
 use kiln_core::plan::{KvType, LogitRows, SeqStep};
 use kiln_core::Shape;
 use kiln_cuda::{DeltaNetSpans, RegistryConfig};
@@ -186,6 +187,127 @@ fn router_bias_and_combine_match_cpu() {
         gpu.moe_combine(view(&gx, slots), view(&gw, chosen), view_mut(&mut got, [n, dim])).expect("gpu");
         // The GPU contracts each weight-value product into its sum (fma).
         assert_close(&format!("moe_combine {n}x{n_used}x{dim}"), &download(gpu, &got, n * dim), &want, 1e-6);
+    }
+}
+
+/// The fused norm and router (one launch for up to 8 tokens of a router with a bias) against
+/// the same ops composed on the GPU and on the CPU, with and without the router's own norm and
+/// expert scales; then the expert SwiGLU on the int8 input the fused launch wrote against the
+/// one on its own quantization of the composed `h` (bit for bit), and on another input.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn fused_norm_router_matches_the_composed_ops() {
+    let mut rng = rng("arch_norm_router");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    let eps = 1e-6;
+    // Rows of at most 512 take the warp reduction of the norm, longer ones the block's; routers
+    // without a bias, 9 tokens and 257 experts are past the fused launch (composed either way);
+    // 2880 columns leave a partial 512-value tile of the int8 input (gpt-oss).
+    for (n, n_experts, cols, n_used, own_norm, with_bias, with_scale) in [
+        (1, 128, 2048, 8, false, true, false),
+        (3, 8, 64, 2, true, true, true),
+        (8, 32, 2880, 4, false, true, false),
+        (2, 256, 512, 8, true, true, true),
+        (5, 60, 528, 6, false, false, true),
+        (1, 128, 2048, 8, false, false, false),
+        (9, 16, 256, 2, false, true, false),
+        (1, 257, 256, 3, false, false, false),
+    ] {
+        let what = format!("{n} tokens, {n_experts} experts of {cols}, top {n_used}, own norm {own_norm}, bias {with_bias}, scale {with_scale}");
+        let x = random(&mut rng, n * cols, 2.0);
+        let (norm, router_norm) = (random(&mut rng, cols, 1.5), random(&mut rng, cols, 1.5));
+        let (bias, scale) = (random(&mut rng, n_experts, 1.0), random(&mut rng, n_experts, 2.0));
+        let source = weight_source("router", GgmlType::F32, n_experts, cols, &random(&mut rng, n_experts * cols, 0.2));
+        let (cw, gw) = (cpu.upload_weight(source.clone()).expect("cpu"), gpu.upload_weight(source).expect("gpu"));
+        let (gx, gnorm, grouter_norm, gbias, gscale) =
+            (upload(gpu, &x), upload(gpu, &norm), upload(gpu, &router_norm), upload(gpu, &bias), upload(gpu, &scale));
+        let (rows, logit_rows, chosen) = ([n, cols], [n, n_experts], [n, n_used]);
+        for renormalize in [false, true] {
+            let params = RouterParams { renormalize };
+            let cpu_router = RouterArgs {
+                weight: &cw,
+                norm: own_norm.then(|| view(&router_norm, [cols])),
+                bias: with_bias.then(|| view(&bias, [n_experts])),
+                expert_scale: with_scale.then(|| view(&scale, [n_experts])),
+                params,
+            };
+            let gpu_router = || RouterArgs {
+                weight: &gw,
+                norm: own_norm.then(|| view(&grouter_norm, [cols])),
+                bias: with_bias.then(|| view(&gbias, [n_experts])),
+                expert_scale: with_scale.then(|| view(&gscale, [n_experts])),
+                params,
+            };
+            let (mut h, mut logits, mut ids, mut w) = (vec![0f32; n * cols], vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used]);
+            let routes = [view_mut(&mut ids, chosen), view_mut(&mut w, chosen)];
+            cpu.moe_norm_route(view(&x, rows), (view(&norm, [cols]), eps), cpu_router, view_mut(&mut h, rows), view_mut(&mut logits, logit_rows), routes)
+                .expect("cpu");
+            let outputs = || (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts), poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
+            let (mut ch, mut cl, mut cids, mut cw8) = outputs();
+            let routes = [view_mut(&mut cids, chosen), view_mut(&mut cw8, chosen)];
+            let composed_h = view_mut(&mut ch, rows);
+            compose_moe_norm_route(gpu, view(&gx, rows), (view(&gnorm, [cols]), eps), gpu_router(), composed_h, view_mut(&mut cl, logit_rows), routes)
+                .expect("composed");
+            let (mut fh, mut fl, mut fids, mut fw) = outputs();
+            let routes = [view_mut(&mut fids, chosen), view_mut(&mut fw, chosen)];
+            gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), gpu_router(), view_mut(&mut fh, rows), view_mut(&mut fl, logit_rows), routes)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let what = format!("{what}, renormalize {renormalize}");
+            // h: the same reduction and product order as the norm kernels.
+            assert_bitwise(&format!("{what}: h"), &download(gpu, &fh, n * cols), &download(gpu, &ch, n * cols));
+            assert_close(&format!("{what}: h against the CPU"), &download(gpu, &fh, n * cols), &h, 1e-6);
+            // The logits sum the same products in another order than the float mat-vec; past 8
+            // tokens (composed) the router product runs on tensor cores in f16.
+            let got_logits = download(gpu, &fl, n * n_experts);
+            let (fused, got_ids) = (with_bias && n <= 8 && n_experts <= 256, download(gpu, &fids, n * n_used));
+            assert_close(&format!("{what}: logits"), &got_logits, &download(gpu, &cl, n * n_experts), 1e-5);
+            assert_close(&format!("{what}: logits against the CPU"), &got_logits, &logits, if fused { 1e-5 } else { 1e-3 });
+            // Continuous random logits: no near ties, so the same experts in the same order.
+            assert_bitwise(&format!("{what}: ids"), &got_ids, &download(gpu, &cids, n * n_used));
+            if fused {
+                assert_bitwise(&format!("{what}: ids against the CPU"), &got_ids, &ids);
+                assert_close(&format!("{what}: weights"), &download(gpu, &fw, n * n_used), &w, 1e-5);
+            }
+
+            // The expert SwiGLU (Q4_K experts: rows of whole 256-value blocks) on the fused
+            // launch's int8 input, or (composed) on its own quantization, against the composed h.
+            if cols % 256 != 0 {
+                continue;
+            }
+            let ff = 48;
+            let experts = |rng: &mut ChaCha8Rng, name: &str| -> Vec<_> {
+                (0..n_experts)
+                    .map(|e| gpu.upload_weight(weight_source(&format!("{name} {e}"), GgmlType::Q4_K, ff, cols, &random(rng, ff * cols, 1.0))))
+                    .collect()
+            };
+            let (gate, up): (Vec<_>, Vec<_>) = (
+                experts(&mut rng, "gate").into_iter().map(|w| w.expect("gate")).collect(),
+                experts(&mut rng, "up").into_iter().map(|w| w.expect("up")).collect(),
+            );
+            let slots = [n, n_used, ff];
+            let swiglu = |x: &CudaSlice<f32>, ids: &CudaSlice<f32>| {
+                let (mut s1, mut s2, mut out) = (poisoned(gpu, n * n_used * ff), poisoned(gpu, n * n_used * ff), poisoned(gpu, n * n_used * ff));
+                let scratch = [view_mut(&mut s1, slots), view_mut(&mut s2, slots)];
+                gpu.moe_gate_up_swiglu([&gate, &up], view(x, rows), view(ids, chosen), scratch, view_mut(&mut out, slots)).expect("swiglu");
+                download(gpu, &out, n * n_used * ff)
+            };
+            // Right after a fused launch: the SwiGLU of its h (which then skips its quantization),
+            // or of another input (quantized anew).
+            let other = upload(gpu, &random(&mut rng, n * cols, 1.0));
+            let want_other = swiglu(&other, &cids);
+            for on_other in [false, true] {
+                let routes = [view_mut(&mut fids, chosen), view_mut(&mut fw, chosen)];
+                gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), gpu_router(), view_mut(&mut fh, rows), view_mut(&mut fl, logit_rows), routes)
+                    .expect("fused again");
+                if on_other {
+                    assert_bitwise(&format!("{what}: expert SwiGLU on another input"), &swiglu(&other, &cids), &want_other);
+                } else {
+                    let after_fused = swiglu(&fh, &fids);
+                    assert_bitwise(&format!("{what}: expert SwiGLU after the fused router"), &after_fused, &swiglu(&ch, &cids));
+                }
+            }
+        }
     }
 }
 

@@ -4,8 +4,8 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterParams, Tensor,
-    TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterArgs, RouterParams,
+    Tensor, TensorMut,
 };
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
@@ -547,20 +547,15 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
 fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
-    if let Some(router_norm) = &m.router_norm {
-        b.rms_norm(a.x.rows(n, e)?, router_norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-        b.matmul(&m.router, a.h.rows(n, e)?, a.router.rows_mut(n, n_expert)?)?;
-        b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-    } else {
-        b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-        b.matmul(&m.router, a.h.rows(n, e)?, a.router.rows_mut(n, n_expert)?)?;
-    }
-    if let Some(bias) = &m.router_bias {
-        b.add_bias(a.router.rows_mut(n, n_expert)?, bias.whole())?;
-    }
-    let scale = m.expert_scale.as_ref().map(|s| s.whole());
-    let router = RouterParams { renormalize: mc.renormalize };
-    b.moe_route(a.router.rows(n, n_expert)?, scale, a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?, &router)?;
+    let router = RouterArgs {
+        weight: &m.router,
+        norm: m.router_norm.as_ref().map(|w| w.whole()),
+        bias: m.router_bias.as_ref().map(|b| b.whole()),
+        expert_scale: m.expert_scale.as_ref().map(|s| s.whole()),
+        params: RouterParams { renormalize: mc.renormalize },
+    };
+    let routes = [a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?];
+    b.moe_norm_route(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), router, a.h.rows_mut(n, e)?, a.router.rows_mut(n, n_expert)?, routes)?;
     let (h, ids, slots) = (a.h.rows(n, e)?, a.expert_ids.rows(n, k)?, [n, k, ff]);
     match (&m.expert_bias, c.activation) {
         (None, Activation::Silu) => {

@@ -44,6 +44,21 @@ pub struct ExpertProducts {
     /// The grouped product's buffers, grown like the inputs (predecessors kept).
     grouping: Mutex<Option<Grouping>>,
     retired_groupings: Mutex<Vec<Grouping>>,
+    /// The fused router's per-token tickets (router.rs), made on its first uncaptured call.
+    pub(super) route_tickets: Mutex<Option<CudaSlice<u32>>>,
+    /// The quantized input the last fused router wrote, until the next router call.
+    pub(super) prefilled: Mutex<Option<Prefill>>,
+}
+
+/// A quantized input written beside its f32 source by the fused router: the source's device
+/// address, its tokens and row length, and the buffer's fill count right after, so that a
+/// product of that source skips the quantization while no other fill came between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Prefill {
+    pub(super) x: u64,
+    pub(super) n: usize,
+    pub(super) cols: usize,
+    pub(super) fills: u64,
 }
 
 /// How a grouped product multiplies its groups: the mat-vec over groups of [`GROUP`] slots
@@ -141,7 +156,7 @@ impl ExpertProducts {
         let quantized = match &inputs {
             Some(inputs) => {
                 let buffer = &inputs[&first.cols];
-                buffer.fill(device, x, in_rows)?;
+                self.fill_unless_prefilled(device, buffer, x, in_rows)?;
                 Some(buffer)
             }
             None => None,
@@ -219,7 +234,7 @@ impl ExpertProducts {
         let (gate_table, up_table) = (self.table(device, gate, capturing)?, self.table(device, up, capturing)?);
         let inputs = self.quantized_input(device, first.cols, n, capturing)?;
         let q = &inputs[&first.cols];
-        q.fill(device, x, n)?;
+        self.fill_unless_prefilled(device, q, x, n)?;
         let shape = default_shape(1);
         let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
         let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu);
@@ -252,7 +267,16 @@ impl ExpertProducts {
         Ok(Some(()))
     }
 
-    fn quantized_input(
+    /// Quantizes `n` rows of `x` into `q`, unless the fused router wrote exactly those.
+    fn fill_unless_prefilled(&self, device: &CudaDevice, q: &QuantizedActivations, x: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
+        let written = Prefill { x: super::device_address(device, x), n, cols: q.cols(), fills: q.fills() };
+        if *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) == Some(written) {
+            return Ok(());
+        }
+        q.fill(device, x, n)
+    }
+
+    pub(super) fn quantized_input(
         &self,
         device: &CudaDevice,
         cols: usize,
