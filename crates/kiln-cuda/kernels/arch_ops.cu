@@ -244,7 +244,8 @@ extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
 // 1 / rms(x) (router_norm_w: norm_w itself, or the router's own weight) plus bias; then the
 // last block of a token to finish routes it (route_token) and resets its ticket. A block takes
 // ROUTER_ROWS router rows of one token and a share of its h chunks. Grid (ceil(n_experts /
-// ROUTER_ROWS), tokens), NORM_BLOCK threads; cols a multiple of 16, router rows 16-byte aligned.
+// ROUTER_ROWS), tokens), NORM_BLOCK threads; cols a multiple of 16, router rows 16-byte aligned,
+// at most 32 * ROUTE_REGS experts (the routing gets no shared memory for more; the host checks).
 // Every block of a token recomputes its sum of squares: x is one row, read from L2.
 #define ROUTER_ROWS 2
 #define ROUTER_AHEAD 4
