@@ -687,7 +687,8 @@ impl Backend for CudaBackend {
     fn moe_gate_up_swiglu(&self, w: [&[GpuWeight]; 2], x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
         let first = w[0].first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
         let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), ExpertInput::PerToken)?;
-        if self.experts.matmul_swiglu(&self.device, w[0], w[1], x.buf(), ids.buf(), out.buf_mut(), n, n_used).map_err(backend_error)?.is_some() {
+        let call = matvec::ExpertCall { experts: w[0], x: x.buf(), ids: ids.buf(), n, n_used, input: ExpertInput::PerToken };
+        if self.experts.matmul_swiglu(&self.device, call, w[1], out.buf_mut()).map_err(backend_error)?.is_some() {
             return Ok(());
         }
         let [mut gate, mut up] = scratch;

@@ -386,6 +386,70 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
     }
 }
 
+/// The one-token expert products (plain, both input layouts, and the fused SwiGLU) in every
+/// launch shape the tuner may pick, against the CPU: rows that leave partial blocks for every
+/// shape, rows of two tiles and one, a grouped (1-bit) format among them.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn expert_products_match_cpu_in_every_launch_shape() {
+    let mut rng = rng("arch_expert_shapes");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu) = (&pair.cpu, &pair.gpu);
+    let products = kiln_cuda::matvec::ExpertProducts::default();
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q8_0, GgmlType::Q1_0, GgmlType::IQ4_XS] {
+        for (n_experts, rows, cols, n, n_used) in [(6, 72, 768, 1, 4), (8, 300, 512, 2, 3), (4, 33, 1024, 1, 1), (5, 256, 256, 3, 2)] {
+            let upload_set = |rng: &mut ChaCha8Rng, name: &str| {
+                let sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("{name} {e}"), ty, rows, cols, &random(rng, rows * cols, 1.0))).collect();
+                let cw: Vec<_> = sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
+                let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
+                (cw, gw)
+            };
+            let ((cw, gw), (cu, gu)) = (upload_set(&mut rng, "gate"), upload_set(&mut rng, "up"));
+            let ids = random_ids(&mut rng, n, n_used, n_experts);
+            let gids = upload(gpu, &ids);
+            let (chosen, slots, len) = ([n, n_used], [n, n_used, rows], n * n_used * rows);
+            // (layout, its input on the GPU, the CPU's products)
+            let mut inputs = Vec::new();
+            for input in [ExpertInput::PerToken, ExpertInput::PerSlot] {
+                let in_rows = if input == ExpertInput::PerSlot { n * n_used } else { n };
+                let x_shape: Shape = if input == ExpertInput::PerSlot { [n, n_used, cols].into() } else { [n, cols].into() };
+                let x = random(&mut rng, in_rows * cols, 1.0);
+                let mut expected = vec![0f32; len];
+                cpu.moe_matmul(&cw, view(&x, x_shape), view(&ids, chosen), view_mut(&mut expected, slots), input).expect("cpu");
+                inputs.push((input, upload(gpu, &x), expected));
+            }
+            let x = random(&mut rng, n * cols, 1.0);
+            let mut want_swiglu = vec![0f32; len];
+            let (mut c1, mut c2) = (vec![0f32; len], vec![0f32; len]);
+            let scratch = [view_mut(&mut c1, slots), view_mut(&mut c2, slots)];
+            cpu.moe_gate_up_swiglu([&cw, &cu], view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want_swiglu, slots)).expect("cpu");
+            let gx = upload(gpu, &x);
+            let mut tried = 0;
+            for shape in (0..kiln_cuda::matvec::MATVEC_SHAPE_COUNT).filter(|&s| kiln_cuda::matvec::matvec_shape_fits(s, &gw[0], 1)) {
+                tried += 1;
+                let what = format!("{ty} experts {n_experts}x{rows}x{cols}, {n} tokens x {n_used}, shape {shape}");
+                for (input, gx, want) in &inputs {
+                    let mut got = poisoned(gpu, len);
+                    let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: gx, ids: &gids, n, n_used, input: *input };
+                    products.matmul_with_shape(gpu.device(), call, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    // int8 activations: about 0.5% relative L2 (the mat-vec's tolerance).
+                    assert_close(&format!("{what}, {input:?}"), &download(gpu, &got, len), want, 1e-2);
+                }
+                let mut got = poisoned(gpu, len);
+                let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: &gx, ids: &gids, n, n_used, input: ExpertInput::PerToken };
+                let fused = products.matmul_swiglu_with_shape(gpu.device(), call, &gu, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(fused.is_some(), "{what}: the SwiGLU of quantized experts is one launch");
+                assert_close(&format!("{what}, SwiGLU"), &download(gpu, &got, len), &want_swiglu, 2e-2);
+            }
+            assert!(tried >= 10, "{ty}: only {tried} launch shapes tried");
+            // A shape the format cannot take is refused, not run.
+            let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: &inputs[0].1, ids: &gids, n, n_used, input: ExpertInput::PerToken };
+            let mut got = poisoned(gpu, len);
+            assert!(products.matmul_with_shape(gpu.device(), call, &mut got, kiln_cuda::matvec::MATVEC_SHAPE_COUNT).is_err(), "{ty}: a shape past the list");
+        }
+    }
+}
+
 /// Every way of the grouped expert product (the mat-vec over groups of 8 slots and each
 /// tensor-core tile over groups of its token count) against the CPU: groups cut at awkward
 /// counts, experts nobody chose, rows and columns off the tile sizes, both input layouts.

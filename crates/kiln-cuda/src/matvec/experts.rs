@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::ExpertInput;
 
 use super::matmat::{fastest, gpu_key, group_tiles, is_capturing, launch_groups};
-use super::matvec_shape::{default_shape, MatvecKind, MATVEC_SHAPES};
+use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS};
 use crate::{CudaDevice, CudaError};
 
@@ -128,6 +128,20 @@ impl ExpertProducts {
     /// input rows than before) must not be inside a graph capture; the engine runs every
     /// step shape once uncaptured first.
     pub fn matmul(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        self.matmul_shaped(device, call, out, None)
+    }
+
+    /// [`ExpertProducts::matmul`] of 1 to [`MAX_MATVEC_TOKENS`] tokens in launch shape `shape`
+    /// (< `MATVEC_SHAPE_COUNT`, a one-token shape of the experts' format) whatever measurement
+    /// would pick, for tests and benchmarks.
+    pub fn matmul_with_shape(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
+        if call.n > MAX_MATVEC_TOKENS {
+            return Err(invalid(OP, format!("a launch shape for {} tokens (the grouped product takes more than {MAX_MATVEC_TOKENS})", call.n)));
+        }
+        self.matmul_shaped(device, call, out, Some(shape))
+    }
+
+    fn matmul_shaped(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>, forced: Option<usize>) -> Result<(), CudaError> {
         let ExpertCall { experts, x, ids, n, n_used, input } = call;
         let first = call.check(out)?;
         let slots = n * n_used;
@@ -147,9 +161,6 @@ impl ExpertProducts {
         if n > MAX_MATVEC_TOKENS && !float && experts.len() <= GROUP_MAX_EXPERTS && max_groups <= MAX_SLOTS_PER_LAUNCH {
             return self.matmul_grouped(device, &GroupedCall { call, table, capturing }, out);
         }
-        let shape = default_shape(1);
-        let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
-        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts);
         let (n_experts, n_used32, per_slot) = (to_u32(OP, "experts", experts.len())?, to_u32(OP, "n_used", n_used)?, u32::from(input == ExpertInput::PerSlot));
         let (out_rows, cols) = (to_u32(OP, "rows", first.rows)?, to_u32(OP, "cols", first.cols)?);
         let inputs = if float { None } else { Some(self.quantized_input(device, first.cols, in_rows, capturing)?) };
@@ -161,29 +172,40 @@ impl ExpertProducts {
             }
             None => None,
         };
-        for slot0 in (0..slots).step_by(MAX_SLOTS_PER_LAUNCH) {
-            let count = (slots - slot0).min(MAX_SLOTS_PER_LAUNCH);
-            let cfg = LaunchConfig {
-                grid_dim: (out_rows.div_ceil(rows_per_block), count as u32, 1),
-                block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let slot0_32 = to_u32(OP, "slot", slot0)?;
-            let mut target = out.slice_mut(slot0 * first.rows..(slot0 + count) * first.rows);
-            let mut launch = device.stream().launch_builder(function);
-            launch.arg(&table).arg(ids).arg(&n_experts).arg(&n_used32).arg(&per_slot).arg(&slot0_32);
-            match quantized {
-                Some(q) => launch.arg(&q.codes).arg(&q.scales),
-                None => launch.arg(x).arg(&cols),
-            };
-            launch.arg(&mut target).arg(&out_rows);
-            // SAFETY: argument lists match matvec_experts_* (matvec_{legacy,kquant,float}.cu);
-            // the table holds one descriptor per expert (each covering rows x cols), the kernel
-            // checks every id against n_experts, the input holds in_rows rows of cols values
-            // (checked or quantized above) and the output `count` slots of `rows` values.
-            unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the expert product of {}", first.name)))?;
-        }
-        Ok(())
+        let mut run = |shape: usize| -> Result<(), CudaError> {
+            let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
+            let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts);
+            for slot0 in (0..slots).step_by(MAX_SLOTS_PER_LAUNCH) {
+                let count = (slots - slot0).min(MAX_SLOTS_PER_LAUNCH);
+                let cfg = LaunchConfig {
+                    grid_dim: (out_rows.div_ceil(rows_per_block), count as u32, 1),
+                    block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let slot0_32 = to_u32(OP, "slot", slot0)?;
+                let mut target = out.slice_mut(slot0 * first.rows..(slot0 + count) * first.rows);
+                let mut launch = device.stream().launch_builder(function);
+                launch.arg(&table).arg(ids).arg(&n_experts).arg(&n_used32).arg(&per_slot).arg(&slot0_32);
+                match quantized {
+                    Some(q) => launch.arg(&q.codes).arg(&q.scales),
+                    None => launch.arg(x).arg(&cols),
+                };
+                launch.arg(&mut target).arg(&out_rows);
+                // SAFETY: argument lists match matvec_experts_* (matvec_{legacy,kquant,float}.cu);
+                // the table holds one descriptor per expert (each covering rows x cols), the kernel
+                // checks every id against n_experts, the input holds in_rows rows of cols values
+                // (checked or quantized above) and the output `count` slots of `rows` values.
+                unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the expert product of {}", first.name)))?;
+            }
+            Ok(())
+        };
+        // Float experts keep one row a warp; the measured shapes are the quantized loop's.
+        let shape = match forced {
+            _ if float => default_shape(1),
+            Some(shape) => one_token_shape(first, shape)?,
+            None => choose_shape(device, TuneKey::experts(device, first, MatvecKind::Experts, slots), first, |_| 0.0, &mut run)?,
+        };
+        run(shape)
     }
 
     /// [`ExpertProducts::matmul`] over groups of slots, forced to way `way` (below
@@ -202,22 +224,40 @@ impl ExpertProducts {
     }
 
     /// `out[s] = silu(x_t . gate[ids[s]]) * (x_t . up[ids[s]])` for the `n * n_used` slots of
-    /// `n` tokens (t = s / n_used), gate and up experts of one quantized type and shape, in one
-    /// launch from one quantized input; `None` when the fused product does not apply (float
-    /// experts, more than [`MAX_MATVEC_TOKENS`] tokens, mismatched sets), for the caller to
-    /// compose it from [`ExpertProducts::matmul`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_swiglu(
+    /// `n` tokens (t = s / n_used), `call.experts` the gate experts and `up` the up ones, of one
+    /// quantized type and shape, in one launch from one quantized input (`call.input` must be
+    /// per token); `None` when the fused product does not apply (float experts, more than
+    /// [`MAX_MATVEC_TOKENS`] tokens, mismatched sets), for the caller to compose it from
+    /// [`ExpertProducts::matmul`].
+    pub fn matmul_swiglu(&self, device: &CudaDevice, call: ExpertCall, up: &[GpuWeight], out: &mut CudaSlice<f32>) -> Result<Option<()>, CudaError> {
+        self.swiglu_shaped(device, call, up, out, None)
+    }
+
+    /// [`ExpertProducts::matmul_swiglu`] in launch shape `shape` (as
+    /// [`ExpertProducts::matmul_with_shape`]), for tests and benchmarks.
+    pub fn matmul_swiglu_with_shape(
         &self,
         device: &CudaDevice,
-        gate: &[GpuWeight],
+        call: ExpertCall,
         up: &[GpuWeight],
-        x: &CudaSlice<f32>,
-        ids: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
-        n: usize,
-        n_used: usize,
+        shape: usize,
     ) -> Result<Option<()>, CudaError> {
+        self.swiglu_shaped(device, call, up, out, Some(shape))
+    }
+
+    fn swiglu_shaped(
+        &self,
+        device: &CudaDevice,
+        call: ExpertCall,
+        up: &[GpuWeight],
+        out: &mut CudaSlice<f32>,
+        forced: Option<usize>,
+    ) -> Result<Option<()>, CudaError> {
+        let ExpertCall { experts: gate, x, ids, n, n_used, input } = call;
+        if input != ExpertInput::PerToken {
+            return Err(invalid(OP, "the expert SwiGLU takes one input row per token"));
+        }
         let Some(first) = gate.first() else { return Ok(None) };
         let same = |w: &GpuWeight| (w.ty, w.rows, w.cols) == (first.ty, first.rows, first.cols) && matches!(w.storage, Storage::Quant { .. });
         if n > MAX_MATVEC_TOKENS || gate.len() != up.len() || !gate.iter().chain(up).all(same) {
@@ -235,35 +275,43 @@ impl ExpertProducts {
         let inputs = self.quantized_input(device, first.cols, n, capturing)?;
         let q = &inputs[&first.cols];
         self.fill_unless_prefilled(device, q, x, n)?;
-        let shape = default_shape(1);
-        let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
-        let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu);
         let (n_experts, n_used32, rows32, slot0) = (to_u32(OP, "experts", gate.len())?, to_u32(OP, "n_used", n_used)?, to_u32(OP, "rows", first.rows)?, 0u32);
-        let cfg = LaunchConfig {
-            grid_dim: (rows32.div_ceil(rows_per_block), to_u32(OP, "slots", slots)?, 1),
-            block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
-            shared_mem_bytes: 0,
+        let slots32 = to_u32(OP, "slots", slots)?;
+        let mut run = |shape: usize| -> Result<(), CudaError> {
+            let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
+            let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu);
+            let cfg = LaunchConfig {
+                grid_dim: (rows32.div_ceil(rows_per_block), slots32, 1),
+                block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matvec_experts_swiglu_* (matvec_{legacy,kquant}.cu): both tables hold one
+            // descriptor per expert of one shape, the kernel checks every id, the quantized input
+            // holds n rows of cols and out slots rows of `rows` (checked above; slots <= 64).
+            unsafe {
+                device
+                    .stream()
+                    .launch_builder(function)
+                    .arg(&gate_table)
+                    .arg(&up_table)
+                    .arg(ids)
+                    .arg(&n_experts)
+                    .arg(&n_used32)
+                    .arg(&slot0)
+                    .arg(&q.codes)
+                    .arg(&q.scales)
+                    .arg(&mut *out)
+                    .arg(&rows32)
+                    .launch(cfg)
+            }
+            .map_err(CudaError::driver(format!("launching the expert SwiGLU product of {}", first.name)))?;
+            Ok(())
         };
-        // SAFETY: matvec_experts_swiglu_* (matvec_{legacy,kquant}.cu): both tables hold one
-        // descriptor per expert of one shape, the kernel checks every id, the quantized input
-        // holds n rows of cols and out slots rows of `rows` (checked above; slots <= 64).
-        unsafe {
-            device
-                .stream()
-                .launch_builder(function)
-                .arg(&gate_table)
-                .arg(&up_table)
-                .arg(ids)
-                .arg(&n_experts)
-                .arg(&n_used32)
-                .arg(&slot0)
-                .arg(&q.codes)
-                .arg(&q.scales)
-                .arg(out)
-                .arg(&rows32)
-                .launch(cfg)
-        }
-        .map_err(CudaError::driver(format!("launching the expert SwiGLU product of {}", first.name)))?;
+        let shape = match forced {
+            Some(shape) => one_token_shape(first, shape)?,
+            None => choose_shape(device, TuneKey::experts(device, first, MatvecKind::ExpertsSwiGlu, slots), first, |_| 0.0, &mut run)?,
+        };
+        run(shape)?;
         Ok(Some(()))
     }
 
@@ -470,6 +518,15 @@ impl ExpertProducts {
         let address = super::device_address(device, &table);
         tables.insert(bytes, table);
         Ok(address)
+    }
+}
+
+/// `shape` if it is a one-token launch shape of `w`'s format (an expert product's kernels are
+/// the one-token module's), else an error naming it.
+fn one_token_shape(w: &GpuWeight, shape: usize) -> Result<usize, CudaError> {
+    match MATVEC_SHAPES.get(shape) {
+        Some(s) if s.fits(1, w.is_grouped()) => Ok(shape),
+        _ => Err(invalid(OP, format!("launch shape {shape} is not a one-token shape of {}", w.ty))),
     }
 }
 

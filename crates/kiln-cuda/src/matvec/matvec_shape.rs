@@ -165,11 +165,18 @@ pub(super) struct TuneKey {
     ntok: usize,
     /// Whether the launch also stores the next product's input where its shape allows.
     storing: bool,
+    /// Slots of an expert product (one input row each, so `ntok` is 1); 0 for the others.
+    slots: usize,
 }
 
 impl TuneKey {
     pub(super) fn new(device: &CudaDevice, w: &GpuWeight, ntok: usize, kind: MatvecKind) -> TuneKey {
-        TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), kind, ntok, storing: false }
+        TuneKey { device: gpu_key(device), rows: w.rows, cols: w.cols, ty: w.ty.id(), kind, ntok, storing: false, slots: 0 }
+    }
+
+    /// The key of an expert product of `slots` (token, expert) pairs over experts shaped as `w`.
+    pub(super) fn experts(device: &CudaDevice, w: &GpuWeight, kind: MatvecKind, slots: usize) -> TuneKey {
+        TuneKey { slots, ..TuneKey::new(device, w, 1, kind) }
     }
 
     /// The key of a launch that does (or does not) store the next product's input.
