@@ -134,7 +134,9 @@ pub struct RouterArgs<'a, B: Backend + ?Sized> {
 }
 
 /// [`Backend::moe_norm_route`] composed of the plain ops: the router's norm (where it has its
-/// own), its product and bias, the experts' norm, then the routing.
+/// own), its product and bias, the experts' norm (`experts_norm(x, norm, h)`: the plain RMSNorm,
+/// or a backend's that also prepares the experts' input), then the routing.
+#[allow(clippy::too_many_arguments)]
 pub fn compose_moe_norm_route<B: Backend + ?Sized>(
     b: &B,
     x: Tensor<B::Buffer>,
@@ -143,13 +145,14 @@ pub fn compose_moe_norm_route<B: Backend + ?Sized>(
     mut h: TensorMut<B::Buffer>,
     mut logits: TensorMut<B::Buffer>,
     [ids, weights]: [TensorMut<B::Buffer>; 2],
+    experts_norm: impl FnOnce(Tensor<B::Buffer>, (Tensor<B::Buffer>, f32), TensorMut<B::Buffer>) -> Result<()>,
 ) -> Result<()> {
     if let Some(router_norm) = router.norm {
         b.rms_norm(x, router_norm, h.reborrow(), norm.1)?;
         b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
-        b.rms_norm(x, norm.0, h, norm.1)?;
+        experts_norm(x, norm, h)?;
     } else {
-        b.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        experts_norm(x, norm, h.reborrow())?;
         b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
     }
     if let Some(bias) = router.bias {
@@ -617,7 +620,7 @@ pub trait Backend: Send + Sync + 'static {
         logits: TensorMut<Self::Buffer>,
         routes: [TensorMut<Self::Buffer>; 2],
     ) -> Result<()> {
-        compose_moe_norm_route(self, x, norm, router, h, logits, routes)
+        compose_moe_norm_route(self, x, norm, router, h, logits, routes, |x, norm, h| self.rms_norm(x, norm.0, h, norm.1))
     }
 
     /// `residual[t] += sum_j weights[t][j] * y[t][j]` ([`Backend::moe_combine`] added to the

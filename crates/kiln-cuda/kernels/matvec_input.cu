@@ -37,10 +37,11 @@ extern "C" __global__ void quantize_activations_q8(const float* __restrict__ x, 
 // RMSNorm fused into the quantization above: per token row of `cols` values,
 // quantize_chunk(x / sqrt(mean(x^2) + eps) * weight), with the normalized values bit-identical
 // to norm.cu's (same reduction as rms_norm_warp_f32 for rows up to WARP_NORM_MAX_DIM, as
-// rms_norm_block_f32 beyond). Grid: one NORM_BLOCK block per token.
-extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
-    rms_norm_quantize_q8(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles, float eps,
-                         i8* __restrict__ xq, float2* __restrict__ xds) {
+// rms_norm_block_f32 beyond); KEEP also stores them in h [n][cols] (a mixture of experts' input,
+// which its router reads in f32). Grid: one NORM_BLOCK block per token.
+template <bool KEEP>
+__device__ __forceinline__ void norm_quantize_row(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles,
+                                                  float eps, i8* __restrict__ xq, float2* __restrict__ xds, float* __restrict__ h) {
     wait_for_inputs();
     const u64 token = blockIdx.x;
     const float* xr = x + token * cols;
@@ -59,7 +60,26 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
             for (int i = 0; i < CHUNK_VALUES; ++i) {
                 v[i] = rms_normed(v[i], scale, w[i]);
             }
+            if constexpr (KEEP) {
+                float4* out = reinterpret_cast<float4*>(h + token * cols + first);
+#pragma unroll
+                for (int i = 0; i < CHUNK_VALUES / 4; ++i) {
+                    out[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+                }
+            }
         }
         quantize_chunk(v, xq, xds, token * chunks_per_token + chunk);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
+    rms_norm_quantize_q8(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles, float eps,
+                         i8* __restrict__ xq, float2* __restrict__ xds) {
+    norm_quantize_row<false>(x, weight, cols, tiles, eps, xq, xds, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
+    rms_norm_quantize_keep_q8(const float* __restrict__ x, const float* __restrict__ weight, u32 cols, u32 tiles, float eps,
+                              i8* __restrict__ xq, float2* __restrict__ xds, float* __restrict__ h) {
+    norm_quantize_row<true>(x, weight, cols, tiles, eps, xq, xds, h);
 }

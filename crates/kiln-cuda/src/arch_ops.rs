@@ -262,7 +262,14 @@ impl CudaBackend {
         if self.experts.norm_route(self.device(), call, out).map_err(backend_error)? {
             return Ok(());
         }
-        compose_moe_norm_route(self, x, norm, router, h, logits, [ids, weights])
+        // Composed, the experts' norm writing their int8 input too (one launch fewer).
+        let experts_norm = |x: View, norm: (View, f32), mut h: ViewMut| -> Result<()> {
+            if self.experts.norm_input(self.device(), x.buf(), norm.0.buf(), norm.1, h.buf_mut(), n).map_err(backend_error)? {
+                return Ok(());
+            }
+            kiln_core::Backend::rms_norm(self, x, norm.0, h, norm.1)
+        };
+        compose_moe_norm_route(self, x, norm, router, h, logits, [ids, weights], experts_norm)
     }
 
     pub(crate) fn launch_moe_add_bias(&self, mut x: ViewMut, bias: View, ids: View) -> Result<()> {

@@ -9,6 +9,7 @@ use common::rng;
 use cudarc::driver::CudaSlice;
 use kiln_core::backend::{compose_moe_norm_route, AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterArgs, RouterParams, StateSlots};
 use kiln_core::plan::{KvType, LogitRows, SeqStep};
+use kiln_core::tensor::{Tensor, TensorMut};
 use kiln_core::Shape;
 use kiln_cuda::{DeltaNetSpans, RegistryConfig};
 use kiln_quant::GgmlType;
@@ -190,10 +191,11 @@ fn router_bias_and_combine_match_cpu() {
     }
 }
 
-/// The fused norm and router (one launch for up to 8 tokens of a router with a bias) against
-/// the same ops composed on the GPU and on the CPU, with and without the router's own norm and
-/// expert scales; then the expert SwiGLU on the int8 input the fused launch wrote against the
-/// one on its own quantization of the composed `h` (bit for bit), and on another input.
+/// The fused norm and router (one launch for up to 8 tokens of a router with a bias; without a
+/// bias, the experts' norm writing their int8 input) against the same ops composed on the GPU
+/// and on the CPU, with and without the router's own norm and expert scales; then the expert
+/// SwiGLU on the int8 input the router call wrote against the one on its own quantization of
+/// the composed `h` (bit for bit), and on another input.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn fused_norm_router_matches_the_composed_ops() {
@@ -247,8 +249,18 @@ fn fused_norm_router_matches_the_composed_ops() {
             let (mut ch, mut cl, mut cids, mut cw8) = outputs();
             let routes = [view_mut(&mut cids, chosen), view_mut(&mut cw8, chosen)];
             let composed_h = view_mut(&mut ch, rows);
-            compose_moe_norm_route(gpu, view(&gx, rows), (view(&gnorm, [cols]), eps), gpu_router(), composed_h, view_mut(&mut cl, logit_rows), routes)
-                .expect("composed");
+            let plain_norm = |x: Tensor<CudaSlice<f32>>, norm: (Tensor<CudaSlice<f32>>, f32), h: TensorMut<CudaSlice<f32>>| gpu.rms_norm(x, norm.0, h, norm.1);
+            compose_moe_norm_route(
+                gpu,
+                view(&gx, rows),
+                (view(&gnorm, [cols]), eps),
+                gpu_router(),
+                composed_h,
+                view_mut(&mut cl, logit_rows),
+                routes,
+                plain_norm,
+            )
+            .expect("composed");
             let (mut fh, mut fl, mut fids, mut fw) = outputs();
             let routes = [view_mut(&mut fids, chosen), view_mut(&mut fw, chosen)];
             gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), gpu_router(), view_mut(&mut fh, rows), view_mut(&mut fl, logit_rows), routes)

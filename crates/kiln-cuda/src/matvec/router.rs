@@ -9,6 +9,7 @@ use std::sync::PoisonError;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::activations::rms_norm_quantize_keep;
 use super::experts::Prefill;
 use super::matmat::is_capturing;
 use super::repack::FloatKind;
@@ -127,6 +128,30 @@ impl ExpertProducts {
             q.mark_filled(n);
             *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) = Some(Prefill { x: device_address(device, h), n, cols, fills: q.fills() });
         }
+        Ok(true)
+    }
+
+    /// The experts' norm of `n` tokens of `x` into `h` and, in the same launch, their int8
+    /// input, which the expert products that follow then skip quantizing; false, with nothing
+    /// launched, where the input buffer cannot take it (more than 8 tokens, rows not whole
+    /// 16-value chunks, a buffer too small inside a graph capture): the caller norms then.
+    pub fn norm_input(
+        &self,
+        device: &CudaDevice,
+        x: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        h: &mut CudaSlice<f32>,
+        n: usize,
+    ) -> Result<bool, CudaError> {
+        let cols = norm.len();
+        if n == 0 || n > MAX_MATVEC_TOKENS || cols % CHUNK_VALUES != 0 {
+            return Ok(false);
+        }
+        let Ok(inputs) = self.quantized_input(device, cols, n, is_capturing(device)) else { return Ok(false) };
+        let q = &inputs[&cols];
+        rms_norm_quantize_keep(device, x, norm, eps, n, q, h)?;
+        *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) = Some(Prefill { x: device_address(device, h), n, cols, fills: q.fills() });
         Ok(true)
     }
 }
