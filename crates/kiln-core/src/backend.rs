@@ -122,6 +122,26 @@ pub struct RouterParams {
     pub renormalize: bool,
 }
 
+/// The gate activation of a gated FFN: `out = act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// SwiGLU.
+    Silu,
+    /// GeGLU with tanh-approximated GELU.
+    GeluTanh,
+    /// gpt-oss's clamped SwiGLU (see [`Backend::swiglu_oai`]).
+    SwiGluOai { alpha: f32, limit: f32 },
+}
+
+/// A mixture of experts' gate and up experts for [`Backend::moe_gate_up`]: both sets, their
+/// per-expert biases (`[n_experts, n_ff]` each, gpt-oss) and the activation joining them.
+pub struct GatedExperts<'a, B: Backend + ?Sized> {
+    pub gate: &'a [B::Weight],
+    pub up: &'a [B::Weight],
+    pub bias: Option<[Tensor<'a, B::Buffer>; 2]>,
+    pub act: Activation,
+}
+
 /// A mixture of experts' router for [`Backend::moe_norm_route`]: its weight `[n_experts, cols]`,
 /// its own RMSNorm weight where it has one (Gemma 4; else the experts' norm serves it too), its
 /// bias `[n_experts]`, the per-expert output scales `[n_experts]` and the routing rule.
@@ -494,21 +514,49 @@ pub trait Backend: Send + Sync + 'static {
         self.swiglu(gate.as_ref(), up.as_ref(), out)
     }
 
-    /// The SwiGLU activation of a mixture of experts' gate and up products (`w` = [gate, up]) for
-    /// every slot: `out[t][j] = silu(x[t]·gate[ids[t][j]]) * (x[t]·up[ids[t][j]])`
-    /// (`[n, n_used, n_ff]`), using `scratch` (of `out`'s shape) for the two products.
-    fn moe_gate_up_swiglu(
+    /// `out = act(gate) * up` for `act` (the matching elementwise op).
+    fn gated(&self, act: Activation, gate: Tensor<Self::Buffer>, up: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>) -> Result<()> {
+        match act {
+            Activation::Silu => self.swiglu(gate, up, out),
+            Activation::GeluTanh => self.geglu(gate, up, out),
+            Activation::SwiGluOai { alpha, limit } => self.swiglu_oai(gate, up, out, alpha, limit),
+        }
+    }
+
+    /// A mixture of experts' gated products for every slot: `out[t][j] = act(x[t]·gate[e] +
+    /// gate_bias[e]) * (x[t]·up[e] + up_bias[e])` with `e = ids[t][j]` (`[n, n_used, n_ff]`),
+    /// using `scratch` (of `out`'s shape) for the two products.
+    fn moe_gate_up(
         &self,
-        w: [&[Self::Weight]; 2],
+        experts: GatedExperts<Self>,
         x: Tensor<Self::Buffer>,
         ids: Tensor<Self::Buffer>,
         scratch: [TensorMut<Self::Buffer>; 2],
         out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
         let [mut gate, mut up] = scratch;
-        self.moe_matmul(w[0], x, ids, gate.reborrow(), ExpertInput::PerToken)?;
-        self.moe_matmul(w[1], x, ids, up.reborrow(), ExpertInput::PerToken)?;
-        self.swiglu(gate.as_ref(), up.as_ref(), out)
+        self.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
+        self.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
+        if let Some([gate_bias, up_bias]) = experts.bias {
+            self.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
+            self.moe_add_bias(up.reborrow(), up_bias, ids)?;
+        }
+        self.gated(experts.act, gate.as_ref(), up.as_ref(), out)
+    }
+
+    /// [`Backend::moe_matmul`] plus each slot's expert bias (`bias`: `[n_experts, rows]`), as
+    /// [`Backend::moe_add_bias`] adds it.
+    fn moe_matmul_bias(
+        &self,
+        experts: &[Self::Weight],
+        bias: Tensor<Self::Buffer>,
+        x: Tensor<Self::Buffer>,
+        ids: Tensor<Self::Buffer>,
+        mut out: TensorMut<Self::Buffer>,
+        input: ExpertInput,
+    ) -> Result<()> {
+        self.moe_matmul(experts, x, ids, out.reborrow(), input)?;
+        self.moe_add_bias(out, bias, ids)
     }
 
     /// [`Backend::rms_norm`] of `x` with `norm` = (weight, eps) into `h`, then the product of the

@@ -16,22 +16,17 @@ __device__ __forceinline__ float sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));
 }
 
-// GELU with the tanh approximation, times up.
 extern "C" __global__ void geglu_f32(float* out, const float* gate, const float* up, u64 n) {
     wait_for_inputs();
-    const float sqrt_2_over_pi = 0.7978846f;
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
-        const float x = gate[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x))) * up[i];
+        out[i] = gelu_tanh_times(gate[i], up[i]);
     }
 }
 
-// gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit).
 extern "C" __global__ void swiglu_oai_f32(float* out, const float* gate, const float* up, float alpha, float limit, u64 n) {
     wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
-        const float g = fminf(gate[i], limit);
-        out[i] = (fminf(fmaxf(up[i], -limit), limit) + 1.0f) * g / (1.0f + expf(-alpha * g));
+        out[i] = swiglu_oai_times(gate[i], up[i], alpha, limit);
     }
 }
 

@@ -76,6 +76,39 @@ __device__ __forceinline__ void start_dependents() {
 #endif
 }
 
+// ---- Gate activations of gated FFNs (host: kiln_core::Activation): act(gate) * up ----
+
+#define GATE_SILU 0
+#define GATE_GELU_TANH 1
+#define GATE_SWIGLU_OAI 2
+
+__device__ __forceinline__ float silu(float g) {
+    return g / (1.0f + expf(-g));
+}
+
+// GELU with the tanh approximation, times up.
+__device__ __forceinline__ float gelu_tanh_times(float g, float up) {
+    const float sqrt_2_over_pi = 0.7978846f;
+    return 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g))) * up;
+}
+
+// gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit).
+__device__ __forceinline__ float swiglu_oai_times(float gate, float up, float alpha, float limit) {
+    const float g = fminf(gate, limit);
+    return (fminf(fmaxf(up, -limit), limit) + 1.0f) * g / (1.0f + expf(-alpha * g));
+}
+
+__device__ __forceinline__ float gated(u32 act, float gate, float up, float alpha, float limit) {
+    switch (act) {
+        case GATE_GELU_TANH:
+            return gelu_tanh_times(gate, up);
+        case GATE_SWIGLU_OAI:
+            return swiglu_oai_times(gate, up, alpha, limit);
+        default:
+            return silu(gate) * up;
+    }
+}
+
 // ---- Indexing ----
 
 // 64-bit so that tensors with more than 2^32 elements index correctly.

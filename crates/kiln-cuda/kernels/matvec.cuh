@@ -84,17 +84,25 @@ __device__ __forceinline__ float warp_sum_many(float (&v)[V]) {
     return total;
 }
 
-__device__ __forceinline__ float silu(float g) {
-    return g / (1.0f + expf(-g));
-}
-
 #include "matvec_next.cuh"
 
+// What finish_rows does beyond scaling each row's dot product: a mixture of experts' per-row
+// biases, added before the activation (null: none; both or neither for a pair), and a pair's
+// gate activation (GATE_* in common.cuh). The zero value: no bias, SwiGLU.
+struct RowEpilogue {
+    const float* bias;     // [rows], added to the first weight's (the gate's) dots
+    const float* up_bias;  // [rows], added to the up weight's dots
+    u32 act;
+    float alpha;  // GATE_SWIGLU_OAI's
+    float limit;
+    u32 pad_;
+};
+
 // Reduces acc[w * RPW + r][t] (weight w, row row0 + r, token t) over the warp and writes
-// out[t][row]: the value itself (+= it when `accumulate`), or silu(gate) * up when NW == 2.
+// out[t][row]: the value itself (+= it when `accumulate`), or act(gate) * up when NW == 2.
 template <int NW, int RPW>
 __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 row0, u32 rows, float* out,
-                                            u32 accumulate, const float (&scale)[NTOK]) {
+                                            u32 accumulate, const float (&scale)[NTOK], const RowEpilogue& ep = RowEpilogue{}) {
     constexpr int HALF = pow2_at_least(RPW * NTOK);
     constexpr int V = NW * HALF;
     static_assert(V <= 32, "too many values per warp");
@@ -139,6 +147,12 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
         token_scale = (lane % HALF) % NTOK == (u32)t ? scale[t] : token_scale;
     }
     total *= token_scale;
+    if (ep.bias != nullptr) {
+        // Lane l holds value l % V: weight (l % V) / HALF, row (l % HALF) / NTOK.
+        const u32 value = lane % V;
+        const float* bias = NW == 2 && value >= (u32)HALF ? ep.up_bias : ep.bias;
+        total += bias[min(row0 + (value % HALF) / NTOK, rows - 1)];
+    }
     // With two weights, lane l < HALF holds the gate value and lane l + HALF the matching up.
     const float up = NW == 2 ? __shfl_xor_sync(0xffffffffu, total, HALF) : 0.0f;
     if (writer && lane < RPW * NTOK) {
@@ -147,7 +161,7 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
         if (row < rows) {
             float* slot = out + (u64)token * rows + row;
             if (NW == 2) {
-                *slot = silu(total) * up;
+                *slot = gated(ep.act, total, up, ep.alpha, ep.limit);
             } else {
                 *slot = accumulate ? *slot + total : total;
             }
@@ -252,7 +266,7 @@ __device__ __forceinline__ float pair_dot(const Chunk (&c)[2], const uint4& x0, 
 template <class F, int NW>
 __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __restrict__ xq,
                                              const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
-                                             u32 block) {
+                                             u32 block, const RowEpilogue& ep) {
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
     const u32 lane = threadIdx.x & 31;
@@ -297,7 +311,7 @@ __device__ __forceinline__ void matvec_quant(const Planes (&w)[NW], const i8* __
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale, ep);
 }
 
 // Loads the chunk pairs of steps s0 .. s0 + MV_BATCH - 1 of every row: lane l takes pair
@@ -324,7 +338,7 @@ __device__ __forceinline__ void fetch_pairs(typename ChunkPair<F>::Raw (&raw)[MV
 template <class F, int NW>
 __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* __restrict__ xq,
                                               const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
-                                              u32 block) {
+                                              u32 block, const RowEpilogue& ep) {
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
     const u32 lane = threadIdx.x & 31;
@@ -378,7 +392,7 @@ __device__ __forceinline__ void matvec_paired(const Planes (&w)[NW], const i8* _
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale, ep);
 }
 
 // dp4a of unsigned weight bytes (the masked fields of a code group reach 0xc0) with signed
@@ -413,7 +427,7 @@ __device__ __forceinline__ void fetch_groups(typename F::Raw (&raw)[MV_BATCH][NW
 template <class F, int NW>
 __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* __restrict__ xq,
                                                const float2* __restrict__ xds, const InputNorm& xn, float* out, u32 rows, u32 accumulate,
-                                               u32 block) {
+                                               u32 block, const RowEpilogue& ep) {
     typedef typename F::Group G;
     constexpr int RPW = NW == 2 ? SWIGLU_ROWS_PER_WARP : ROWS_PER_WARP;
     constexpr int R = NW * RPW;
@@ -488,7 +502,7 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
             }
         }
     }
-    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale);
+    finish_rows<NW, RPW>(rows_of.acc, row0, rows, out, accumulate, scale, ep);
 }
 
 // Entry-point bodies, so each format's kernels are one line each. The grouped formats
@@ -497,13 +511,14 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
 // twice the sectors it uses; one chunk a lane streams 2% faster (docs/performance.md).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq, const float2* xds, const InputNorm& xn,
-                                            float* out, u32 rows, u32 accumulate, u32 block) {
+                                            float* out, u32 rows, u32 accumulate, u32 block,
+                                            const RowEpilogue& ep = RowEpilogue{}) {
     if constexpr (IsGrouped<F>::value) {
-        matvec_grouped<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
+        matvec_grouped<F, NW>(w, xq, xds, xn, out, rows, accumulate, block, ep);
     } else if constexpr (ChunkPair<F>::WIDE && F::CODE_BYTES < 16) {
-        matvec_paired<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
+        matvec_paired<F, NW>(w, xq, xds, xn, out, rows, accumulate, block, ep);
     } else {
-        matvec_quant<F, NW>(w, xq, xds, xn, out, rows, accumulate, block);
+        matvec_quant<F, NW>(w, xq, xds, xn, out, rows, accumulate, block, ep);
     }
 }
 
@@ -552,12 +567,13 @@ __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
 // Expert-indexed mat-vec (mixture of experts): slot s = slot0 + blockIdx.y of the step's
 // tokens x chosen experts multiplies its input row (token s / n_used, or row s itself when
 // per_slot) by expert ids[s] of `table` (one Planes per expert, all of one format and shape)
-// into out[s - slot0][rows], so a token reads only its chosen experts' weights. The ids come
-// from the router kernel before this one. Built with NTOK = 1.
+// into out[s - slot0][rows], plus row r of `bias` ([n_experts][rows], null: none) for its
+// expert, so a token reads only its chosen experts' weights. The ids come from the router kernel
+// before this one. Built with NTOK = 1.
 #define MV_EXPERTS_PARAMS                                                                                           \
     const Planes *table, const float *ids, u32 n_experts, u32 n_used, u32 per_slot, u32 slot0, const i8 *xq,          \
-        const float2 *xds, float *out, u32 rows
-#define MV_EXPERTS_ARGS table, ids, n_experts, n_used, per_slot, slot0, xq, xds, out, rows
+        const float2 *xds, float *out, u32 rows, const float *bias
+#define MV_EXPERTS_ARGS table, ids, n_experts, n_used, per_slot, slot0, xq, xds, out, rows, bias
 
 // The expert of slot `slot`, or n_experts when ids holds no valid id there (the output is then NaN).
 __device__ __forceinline__ u32 slot_expert(const float* ids, u32 slot, u32 n_experts) {
@@ -593,18 +609,23 @@ __device__ __forceinline__ void matvec_experts(MV_EXPERTS_PARAMS) {
     const Planes weights[1] = {table[e]};
     const u64 row = per_slot ? slot : slot / n_used;
     const u32 tiles = weights[0].tiles;
-    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x);
+    RowEpilogue ep{};
+    ep.bias = bias != nullptr ? bias + (u64)e * rows : nullptr;
+    matvec_rows<F, 1>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x, ep);
 }
 
 // matvec_experts of a gate and an up expert set on one input row per token (PerToken), out =
-// silu(x.Wg) * (x.Wu) per slot: one launch and one quantized input for both products.
-#define MV_EXPERTS_SWIGLU_PARAMS                                                                                    \
+// act(x.Wg + gate_bias) * (x.Wu + up_bias) per slot (the biases [n_experts][rows], both or
+// neither; `act` a GATE_* of common.cuh): one launch and one quantized input for both products.
+#define MV_EXPERTS_GATED_PARAMS                                                                                    \
     const Planes *gate_table, const Planes *up_table, const float *ids, u32 n_experts, u32 n_used, u32 slot0,        \
-        const i8 *xq, const float2 *xds, float *out, u32 rows
-#define MV_EXPERTS_SWIGLU_ARGS gate_table, up_table, ids, n_experts, n_used, slot0, xq, xds, out, rows
+        const i8 *xq, const float2 *xds, float *out, u32 rows, const float *gate_bias, const float *up_bias, u32 act,   \
+        float alpha, float limit
+#define MV_EXPERTS_GATED_ARGS \
+    gate_table, up_table, ids, n_experts, n_used, slot0, xq, xds, out, rows, gate_bias, up_bias, act, alpha, limit
 
 template <class F>
-__device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) {
+__device__ __forceinline__ void matvec_experts_gated(MV_EXPERTS_GATED_PARAMS) {
     if (NTOK != 1) {
         return;  // one input row per slot: the host launches the NTOK = 1 module's kernel only
     }
@@ -616,7 +637,9 @@ __device__ __forceinline__ void matvec_experts_swiglu(MV_EXPERTS_SWIGLU_PARAMS) 
     const Planes weights[2] = {gate_table[e], up_table[e]};
     const u64 row = slot / n_used;
     const u32 tiles = weights[0].tiles;
-    matvec_rows<F, 2>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x);
+    const bool biased = gate_bias != nullptr && up_bias != nullptr;
+    const RowEpilogue ep{biased ? gate_bias + (u64)e * rows : nullptr, biased ? up_bias + (u64)e * rows : nullptr, act, alpha, limit, 0};
+    matvec_rows<F, 2>(weights, xq + row * tiles * TILE_VALUES, xds + row * tiles * 32, InputNorm{}, out, rows, 0, blockIdx.x, ep);
 }
 
 // Expert-indexed mat-vec over groups of slots (a prompt's experts): the slots were sorted by

@@ -37,8 +37,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_k(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q2_k(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ2_K>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q2_k(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ2_K>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q2_k(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ2_K>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2_k(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ2_K>(MV_EXPERT_GROUPS_ARGS);
@@ -58,8 +58,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q3_k(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q3_k(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ3_K>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q3_k(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ3_K>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q3_k(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ3_K>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q3_k(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ3_K>(MV_EXPERT_GROUPS_ARGS);
@@ -79,8 +79,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_k(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_k(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ4_K>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q4_k(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ4_K>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q4_k(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ4_K>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4_k(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ4_K>(MV_EXPERT_GROUPS_ARGS);
@@ -100,8 +100,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_k(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_k(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ5_K>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q5_k(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ5_K>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q5_k(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ5_K>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5_k(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ5_K>(MV_EXPERT_GROUPS_ARGS);
@@ -121,8 +121,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q6_k(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q6_k(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ6_K>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q6_k(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ6_K>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q6_k(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ6_K>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q6_k(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ6_K>(MV_EXPERT_GROUPS_ARGS);
@@ -142,8 +142,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_xs(M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq4_xs(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ4_XS>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq4_xs(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ4_XS>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq4_xs(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ4_XS>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq4_xs(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ4_XS>(MV_EXPERT_GROUPS_ARGS);
@@ -163,8 +163,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_tq2_0(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_tq2_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtTQ2_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_tq2_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtTQ2_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_tq2_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtTQ2_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_tq2_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtTQ2_0>(MV_EXPERT_GROUPS_ARGS);
@@ -184,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xxs(
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_xxs(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ2_XXS>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq2_xxs(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ2_XXS>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq2_xxs(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ2_XXS>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq2_xxs(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ2_XXS>(MV_EXPERT_GROUPS_ARGS);
@@ -205,8 +205,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xs(M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_xs(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ2_XS>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq2_xs(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ2_XS>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq2_xs(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ2_XS>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq2_xs(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ2_XS>(MV_EXPERT_GROUPS_ARGS);
@@ -226,8 +226,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_s(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq2_s(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ2_S>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq2_s(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ2_S>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq2_s(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ2_S>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq2_s(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ2_S>(MV_EXPERT_GROUPS_ARGS);
@@ -247,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_xxs(
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq3_xxs(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ3_XXS>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq3_xxs(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ3_XXS>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq3_xxs(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ3_XXS>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq3_xxs(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ3_XXS>(MV_EXPERT_GROUPS_ARGS);
@@ -268,8 +268,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_s(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq3_s(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ3_S>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq3_s(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ3_S>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq3_s(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ3_S>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq3_s(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ3_S>(MV_EXPERT_GROUPS_ARGS);
@@ -289,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_s(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq1_s(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ1_S>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq1_s(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ1_S>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq1_s(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ1_S>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq1_s(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ1_S>(MV_EXPERT_GROUPS_ARGS);
@@ -310,8 +310,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_m(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq1_m(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ1_M>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq1_m(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ1_M>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq1_m(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ1_M>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq1_m(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ1_M>(MV_EXPERT_GROUPS_ARGS);

@@ -38,8 +38,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q8_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ8_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q8_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ8_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q8_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ8_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q8_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ8_0>(MV_EXPERT_GROUPS_ARGS);
@@ -59,8 +59,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ4_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q4_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ4_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q4_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ4_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ4_0>(MV_EXPERT_GROUPS_ARGS);
@@ -80,8 +80,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q4_1(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ4_1>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q4_1(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ4_1>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q4_1(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ4_1>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4_1(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ4_1>(MV_EXPERT_GROUPS_ARGS);
@@ -101,8 +101,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ5_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q5_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ5_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q5_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ5_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ5_0>(MV_EXPERT_GROUPS_ARGS);
@@ -122,8 +122,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q5_1(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ5_1>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q5_1(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ5_1>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q5_1(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ5_1>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5_1(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ5_1>(MV_EXPERT_GROUPS_ARGS);
@@ -143,8 +143,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(M
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_iq4_nl(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtIQ4_NL>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_iq4_nl(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtIQ4_NL>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_iq4_nl(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtIQ4_NL>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq4_nl(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtIQ4_NL>(MV_EXPERT_GROUPS_ARGS);
@@ -164,8 +164,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q1_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ1_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q1_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ1_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q1_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ1_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q1_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ1_0>(MV_EXPERT_GROUPS_ARGS);
@@ -185,8 +185,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_q2_0(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtQ2_0>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_q2_0(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtQ2_0>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_q2_0(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtQ2_0>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2_0(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtQ2_0>(MV_EXPERT_GROUPS_ARGS);
@@ -206,8 +206,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_mxfp4(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtMXFP4>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_mxfp4(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtMXFP4>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_mxfp4(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtMXFP4>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_mxfp4(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtMXFP4>(MV_EXPERT_GROUPS_ARGS);
@@ -227,8 +227,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_nvfp4(MV_EXPERTS_PARAMS) {
     matvec_experts<FmtNVFP4>(MV_EXPERTS_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_swiglu_nvfp4(MV_EXPERTS_SWIGLU_PARAMS) {
-    matvec_experts_swiglu<FmtNVFP4>(MV_EXPERTS_SWIGLU_ARGS);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_experts_gated_nvfp4(MV_EXPERTS_GATED_PARAMS) {
+    matvec_experts_gated<FmtNVFP4>(MV_EXPERTS_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_nvfp4(MV_EXPERT_GROUPS_PARAMS) {
     matvec_expert_groups<FmtNVFP4>(MV_EXPERT_GROUPS_ARGS);

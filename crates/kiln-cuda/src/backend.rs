@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams,
-    RouterArgs, RouterParams, StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, Result,
+    RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -684,17 +684,39 @@ impl Backend for CudaBackend {
         matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error)
     }
 
-    fn moe_gate_up_swiglu(&self, w: [&[GpuWeight]; 2], x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
-        let first = w[0].first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+    fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+        let first = experts.gate.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
         let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), ExpertInput::PerToken)?;
-        let call = matvec::ExpertCall { experts: w[0], x: x.buf(), ids: ids.buf(), n, n_used, input: ExpertInput::PerToken };
-        if self.experts.matmul_swiglu(&self.device, call, w[1], out.buf_mut()).map_err(backend_error)?.is_some() {
+        if let Some(bias) = &experts.bias {
+            for b in bias {
+                shapes::moe_add_bias(out.shape(), b.shape(), ids.shape())?;
+            }
+        }
+        let call = matvec::ExpertCall { experts: experts.gate, x: x.buf(), ids: ids.buf(), n, n_used, input: ExpertInput::PerToken };
+        let gated = matvec::GatedCall { up: experts.up, bias: experts.bias.as_ref().map(|[g, u]| [g.buf(), u.buf()]), act: experts.act };
+        if self.experts.matmul_gated(&self.device, call, gated, out.buf_mut()).map_err(backend_error)?.is_some() {
             return Ok(());
         }
         let [mut gate, mut up] = scratch;
-        self.moe_matmul(w[0], x, ids, gate.reborrow(), ExpertInput::PerToken)?;
-        self.moe_matmul(w[1], x, ids, up.reborrow(), ExpertInput::PerToken)?;
-        self.swiglu(gate.as_ref(), up.as_ref(), out)
+        self.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
+        self.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
+        if let Some([gate_bias, up_bias]) = experts.bias {
+            self.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
+            self.moe_add_bias(up.reborrow(), up_bias, ids)?;
+        }
+        self.gated(experts.act, gate.as_ref(), up.as_ref(), out)
+    }
+
+    fn moe_matmul_bias(&self, experts: &[GpuWeight], bias: View, x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
+        let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
+        shapes::moe_add_bias(out.shape(), bias.shape(), ids.shape())?;
+        let call = matvec::ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
+        if self.experts.matmul_bias(&self.device, call, bias.buf(), out.buf_mut()).map_err(backend_error)? {
+            return Ok(());
+        }
+        self.moe_matmul(experts, x, ids, out.reborrow(), input)?;
+        self.moe_add_bias(out, bias, ids)
     }
 
     fn norm_matmuls<const N: usize>(

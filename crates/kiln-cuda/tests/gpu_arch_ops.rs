@@ -7,7 +7,9 @@ mod common;
 use common::rng;
 
 use cudarc::driver::CudaSlice;
-use kiln_core::backend::{compose_moe_norm_route, AttentionParams, Backend, DeltaNetParams, ExpertInput, RouterArgs, RouterParams, StateSlots};
+use kiln_core::backend::{
+    compose_moe_norm_route, Activation, AttentionParams, Backend, DeltaNetParams, ExpertInput, GatedExperts, RouterArgs, RouterParams, StateSlots,
+};
 use kiln_core::plan::{KvType, LogitRows, SeqStep};
 use kiln_core::tensor::{Tensor, TensorMut};
 use kiln_core::Shape;
@@ -301,7 +303,8 @@ fn fused_norm_router_matches_the_composed_ops() {
             let swiglu = |x: &CudaSlice<f32>, ids: &CudaSlice<f32>| {
                 let (mut s1, mut s2, mut out) = (poisoned(gpu, n * n_used * ff), poisoned(gpu, n * n_used * ff), poisoned(gpu, n * n_used * ff));
                 let scratch = [view_mut(&mut s1, slots), view_mut(&mut s2, slots)];
-                gpu.moe_gate_up_swiglu([&gate, &up], view(x, rows), view(ids, chosen), scratch, view_mut(&mut out, slots)).expect("swiglu");
+                let experts = GatedExperts { gate: &gate, up: &up, bias: None, act: Activation::Silu };
+                gpu.moe_gate_up(experts, view(x, rows), view(ids, chosen), scratch, view_mut(&mut out, slots)).expect("swiglu");
                 download(gpu, &out, n * n_used * ff)
             };
             // Right after a fused launch: the SwiGLU of its h (which then skips its quantization),
@@ -367,23 +370,53 @@ fn expert_products_match_cpu_and_each_experts_own_product() {
                     assert_close(&format!("{what}: slot {slot} alone"), &got[slot * rows..(slot + 1) * rows], &download(gpu, &one, rows), alone_tolerance);
                 }
             }
-            // The fused gate/up SwiGLU (one launch for up to 8 tokens, else composed).
+            // The gated gate/up products (one launch for up to 8 tokens, else composed), with and
+            // without per-expert biases, each activation; the down product with its bias.
             let up_sources: Vec<_> = (0..n_experts).map(|e| weight_source(&format!("up {e}"), ty, rows, cols, &random(&mut rng, rows * cols, 1.0))).collect();
             let cu: Vec<_> = up_sources.iter().map(|s| cpu.upload_weight(s.clone()).expect("cpu")).collect();
             let gu: Vec<_> = up_sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu")).collect();
             let x = random(&mut rng, n * cols, 1.0);
             let len = n * n_used * rows;
-            let mut want = vec![0f32; len];
             let (chosen, slots) = ([n, n_used], [n, n_used, rows]);
-            let (mut c1, mut c2) = (vec![0f32; len], vec![0f32; len]);
-            let scratch = [view_mut(&mut c1, slots), view_mut(&mut c2, slots)];
-            cpu.moe_gate_up_swiglu([&cw, &cu], view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want, slots)).expect("cpu");
+            let biases = [random(&mut rng, n_experts * rows, 1.0), random(&mut rng, n_experts * rows, 1.0)];
+            let gpu_biases = [upload(gpu, &biases[0]), upload(gpu, &biases[1])];
+            let gx = upload(gpu, &x);
+            for (act, biased) in
+                [(Activation::Silu, false), (Activation::GeluTanh, false), (Activation::SwiGluOai { alpha: 1.702, limit: 7.0 }, true), (Activation::Silu, true)]
+            {
+                let bias_shape = [n_experts, rows];
+                let mut want = vec![0f32; len];
+                let (mut c1, mut c2) = (vec![0f32; len], vec![0f32; len]);
+                let scratch = [view_mut(&mut c1, slots), view_mut(&mut c2, slots)];
+                let bias = biased.then(|| [view(&biases[0], bias_shape), view(&biases[1], bias_shape)]);
+                cpu.moe_gate_up(GatedExperts { gate: &cw, up: &cu, bias, act }, view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want, slots))
+                    .expect("cpu");
+                let mut got = poisoned(gpu, len);
+                let (mut s1, mut s2) = (poisoned(gpu, len), poisoned(gpu, len));
+                let scratch = [view_mut(&mut s1, slots), view_mut(&mut s2, slots)];
+                let bias = biased.then(|| [view(&gpu_biases[0], bias_shape), view(&gpu_biases[1], bias_shape)]);
+                gpu.moe_gate_up(GatedExperts { gate: &gw, up: &gu, bias, act }, view(&gx, [n, cols]), view(&gids, chosen), scratch, view_mut(&mut got, slots))
+                    .expect("gpu");
+                let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 2e-2 };
+                let what = format!("{ty} expert {act:?} (bias {biased}) {n_experts}x{rows}x{cols}, {n} tokens x {n_used}");
+                assert_close(&what, &download(gpu, &got, len), &want, tolerance);
+            }
+            let mut want = vec![0f32; len];
+            let bias_shape = [n_experts, rows];
+            cpu.moe_matmul_bias(&cw, view(&biases[0], bias_shape), view(&x, [n, cols]), view(&ids, chosen), view_mut(&mut want, slots), ExpertInput::PerToken)
+                .expect("cpu");
             let mut got = poisoned(gpu, len);
-            let (mut s1, mut s2, gx) = (poisoned(gpu, len), poisoned(gpu, len), upload(gpu, &x));
-            let scratch = [view_mut(&mut s1, slots), view_mut(&mut s2, slots)];
-            gpu.moe_gate_up_swiglu([&gw, &gu], view(&gx, [n, cols]), view(&gids, chosen), scratch, view_mut(&mut got, slots)).expect("gpu");
-            let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 2e-2 };
-            assert_close(&format!("{ty} expert SwiGLU {n_experts}x{rows}x{cols}, {n} tokens x {n_used}"), &download(gpu, &got, len), &want, tolerance);
+            gpu.moe_matmul_bias(
+                &gw,
+                view(&gpu_biases[0], bias_shape),
+                view(&gx, [n, cols]),
+                view(&gids, chosen),
+                view_mut(&mut got, slots),
+                ExpertInput::PerToken,
+            )
+            .expect("gpu");
+            let tolerance = if matches!(ty, GgmlType::F32 | GgmlType::F16) { 1e-5 } else { 1e-2 };
+            assert_close(&format!("{ty} experts with bias {n_experts}x{rows}x{cols}, {n} tokens x {n_used}"), &download(gpu, &got, len), &want, tolerance);
 
             // An id that names no expert gives NaN rows, never another expert's product.
             let mut bad = ids.clone();
@@ -430,12 +463,27 @@ fn expert_products_match_cpu_in_every_launch_shape() {
                 cpu.moe_matmul(&cw, view(&x, x_shape), view(&ids, chosen), view_mut(&mut expected, slots), input).expect("cpu");
                 inputs.push((input, upload(gpu, &x), expected));
             }
+            // The gated product as gpt-oss takes it: biases, clamped SwiGLU.
             let x = random(&mut rng, n * cols, 1.0);
-            let mut want_swiglu = vec![0f32; len];
+            let biases = [random(&mut rng, n_experts * rows, 1.0), random(&mut rng, n_experts * rows, 1.0)];
+            let act = Activation::SwiGluOai { alpha: 1.702, limit: 7.0 };
+            let mut want_gated = vec![0f32; len];
             let (mut c1, mut c2) = (vec![0f32; len], vec![0f32; len]);
             let scratch = [view_mut(&mut c1, slots), view_mut(&mut c2, slots)];
-            cpu.moe_gate_up_swiglu([&cw, &cu], view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want_swiglu, slots)).expect("cpu");
-            let gx = upload(gpu, &x);
+            let bias = Some([view(&biases[0], [n_experts, rows]), view(&biases[1], [n_experts, rows])]);
+            cpu.moe_gate_up(GatedExperts { gate: &cw, up: &cu, bias, act }, view(&x, [n, cols]), view(&ids, chosen), scratch, view_mut(&mut want_gated, slots))
+                .expect("cpu");
+            let mut want_biased = vec![0f32; len];
+            cpu.moe_matmul_bias(
+                &cw,
+                view(&biases[0], [n_experts, rows]),
+                view(&x, [n, cols]),
+                view(&ids, chosen),
+                view_mut(&mut want_biased, slots),
+                ExpertInput::PerToken,
+            )
+            .expect("cpu");
+            let (gx, gpu_biases) = (upload(gpu, &x), [upload(gpu, &biases[0]), upload(gpu, &biases[1])]);
             let mut tried = 0;
             for shape in (0..kiln_cuda::matvec::MATVEC_SHAPE_COUNT).filter(|&s| kiln_cuda::matvec::matvec_shape_fits(s, &gw[0], 1)) {
                 tried += 1;
@@ -443,21 +491,28 @@ fn expert_products_match_cpu_in_every_launch_shape() {
                 for (input, gx, want) in &inputs {
                     let mut got = poisoned(gpu, len);
                     let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: gx, ids: &gids, n, n_used, input: *input };
-                    products.matmul_with_shape(gpu.device(), call, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    products.matmul_with_shape(gpu.device(), call, None, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
                     // int8 activations: about 0.5% relative L2 (the mat-vec's tolerance).
                     assert_close(&format!("{what}, {input:?}"), &download(gpu, &got, len), want, 1e-2);
                 }
-                let mut got = poisoned(gpu, len);
                 let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: &gx, ids: &gids, n, n_used, input: ExpertInput::PerToken };
-                let fused = products.matmul_swiglu_with_shape(gpu.device(), call, &gu, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
-                assert!(fused.is_some(), "{what}: the SwiGLU of quantized experts is one launch");
-                assert_close(&format!("{what}, SwiGLU"), &download(gpu, &got, len), &want_swiglu, 2e-2);
+                let mut got = poisoned(gpu, len);
+                products.matmul_with_shape(gpu.device(), call, Some(&gpu_biases[0]), &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_close(&format!("{what}, with bias"), &download(gpu, &got, len), &want_biased, 1e-2);
+                let mut got = poisoned(gpu, len);
+                let gated = kiln_cuda::matvec::GatedCall { up: &gu, bias: Some([&gpu_biases[0], &gpu_biases[1]]), act };
+                let fused = products.matmul_gated_with_shape(gpu.device(), call, gated, &mut got, shape).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(fused.is_some(), "{what}: the gated product of quantized experts is one launch");
+                assert_close(&format!("{what}, gated"), &download(gpu, &got, len), &want_gated, 2e-2);
             }
             assert!(tried >= 10, "{ty}: only {tried} launch shapes tried");
             // A shape the format cannot take is refused, not run.
             let call = kiln_cuda::matvec::ExpertCall { experts: &gw, x: &inputs[0].1, ids: &gids, n, n_used, input: ExpertInput::PerToken };
             let mut got = poisoned(gpu, len);
-            assert!(products.matmul_with_shape(gpu.device(), call, &mut got, kiln_cuda::matvec::MATVEC_SHAPE_COUNT).is_err(), "{ty}: a shape past the list");
+            assert!(
+                products.matmul_with_shape(gpu.device(), call, None, &mut got, kiln_cuda::matvec::MATVEC_SHAPE_COUNT).is_err(),
+                "{ty}: a shape past the list"
+            );
         }
     }
 }

@@ -4,8 +4,8 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, NormChain, QkNorm, Qkv, RopeParams, RouterArgs, RouterParams,
-    Tensor, TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, RopeParams, RouterArgs,
+    RouterParams, TensorMut,
 };
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
@@ -537,7 +537,7 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
         act => {
             let projections = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
             b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], projections, None)?;
-            gated_activation(b, act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
+            b.gated(act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
         }
     }
 }
@@ -557,38 +557,21 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
     let routes = [a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?];
     b.moe_norm_route(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), router, a.h.rows_mut(n, e)?, a.router.rows_mut(n, n_expert)?, routes)?;
     let (h, ids, slots) = (a.h.rows(n, e)?, a.expert_ids.rows(n, k)?, [n, k, ff]);
-    match (&m.expert_bias, c.activation) {
-        (None, Activation::Silu) => {
-            let scratch = [a.gate.view_mut(slots)?, a.up.view_mut(slots)?];
-            b.moe_gate_up_swiglu([&m.gate, &m.up], h, ids, scratch, a.act.view_mut(slots)?)?
-        }
-        (bias, act) => {
-            b.moe_matmul(&m.gate, h, ids, a.gate.view_mut(slots)?, ExpertInput::PerToken)?;
-            b.moe_matmul(&m.up, h, ids, a.up.view_mut(slots)?, ExpertInput::PerToken)?;
-            if let Some([gate, up, _]) = bias {
-                b.moe_add_bias(a.gate.view_mut(slots)?, gate.rows(n_expert, ff)?, ids)?;
-                b.moe_add_bias(a.up.view_mut(slots)?, up.rows(n_expert, ff)?, ids)?;
-            }
-            gated_activation(b, act, a.gate.view(slots)?, a.up.view(slots)?, a.act.view_mut(slots)?)?;
-        }
-    }
-    b.moe_matmul(&m.down, a.act.view(slots)?, ids, a.expert_out.view_mut([n, k, e])?, ExpertInput::PerSlot)?;
-    if let Some([_, _, down]) = &m.expert_bias {
-        b.moe_add_bias(a.expert_out.view_mut([n, k, e])?, down.rows(n_expert, e)?, ids)?;
+    let (bias, down_bias) = match &m.expert_bias {
+        Some([gate, up, down]) => (Some([gate.rows(n_expert, ff)?, up.rows(n_expert, ff)?]), Some(down.rows(n_expert, e)?)),
+        None => (None, None),
+    };
+    let experts = GatedExperts { gate: &m.gate, up: &m.up, bias, act: c.activation };
+    b.moe_gate_up(experts, h, ids, [a.gate.view_mut(slots)?, a.up.view_mut(slots)?], a.act.view_mut(slots)?)?;
+    let (act, down_out) = (a.act.view(slots)?, a.expert_out.view_mut([n, k, e])?);
+    match down_bias {
+        Some(bias) => b.moe_matmul_bias(&m.down, bias, act, ids, down_out, ExpertInput::PerSlot)?,
+        None => b.moe_matmul(&m.down, act, ids, down_out, ExpertInput::PerSlot)?,
     }
     let (y, weights) = (a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?);
     match out {
         Out::AddToResidual => b.moe_combine_add(y, weights, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
         Out::Scratch => b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?),
-    }
-}
-
-/// `out = act(gate) * up`.
-fn gated_activation<B: Backend>(b: &B, act: Activation, gate: Tensor<B::Buffer>, up: Tensor<B::Buffer>, out: TensorMut<B::Buffer>) -> Result<()> {
-    match act {
-        Activation::Silu => b.swiglu(gate, up, out),
-        Activation::GeluTanh => b.geglu(gate, up, out),
-        Activation::SwiGluOai { alpha, limit } => b.swiglu_oai(gate, up, out, alpha, limit),
     }
 }
 

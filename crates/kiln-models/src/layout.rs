@@ -6,16 +6,7 @@ use kiln_gguf::GgufFile;
 use crate::config::{Arch, RopeScaling};
 use crate::error::{ModelError, Result};
 
-/// The gate activation of a gated FFN.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
-    /// SwiGLU.
-    Silu,
-    /// GeGLU with tanh-approximated GELU.
-    GeluTanh,
-    /// gpt-oss's clamped SwiGLU (see [`kiln_core::Backend::swiglu_oai`]).
-    SwiGluOai { alpha: f32, limit: f32 },
-}
+pub use kiln_core::Activation;
 
 /// One rotary table: layers that share base, rotated dims and scaling share it.
 #[derive(Clone, Debug, PartialEq)]

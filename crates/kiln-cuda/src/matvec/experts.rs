@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use kiln_core::ExpertInput;
+use kiln_core::{Activation, ExpertInput};
 
 use super::matmat::{fastest, gpu_key, group_tiles, is_capturing, launch_groups};
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
@@ -128,20 +128,53 @@ impl ExpertProducts {
     /// input rows than before) must not be inside a graph capture; the engine runs every
     /// step shape once uncaptured first.
     pub fn matmul(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>) -> Result<(), CudaError> {
-        self.matmul_shaped(device, call, out, None)
+        self.matmul_shaped(device, call, out, None, None)
     }
 
-    /// [`ExpertProducts::matmul`] of 1 to [`MAX_MATVEC_TOKENS`] tokens in launch shape `shape`
-    /// (< `MATVEC_SHAPE_COUNT`, a one-token shape of the experts' format) whatever measurement
-    /// would pick, for tests and benchmarks.
-    pub fn matmul_with_shape(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>, shape: usize) -> Result<(), CudaError> {
+    /// [`ExpertProducts::matmul`] plus row r of `bias` (`[n_experts][rows]`) for each slot's
+    /// expert, in the same launch; false, with nothing launched, where that launch does not
+    /// apply (float experts, more than [`MAX_MATVEC_TOKENS`] tokens): the caller composes it.
+    pub fn matmul_bias(&self, device: &CudaDevice, call: ExpertCall, bias: &CudaSlice<f32>, out: &mut CudaSlice<f32>) -> Result<bool, CudaError> {
+        let first = call.check(out)?;
+        if call.n > MAX_MATVEC_TOKENS || !matches!(first.storage, Storage::Quant { .. }) {
+            return Ok(false);
+        }
+        check_len(OP, "bias", bias.len(), call.experts.len() * first.rows)?;
+        self.matmul_shaped(device, call, out, None, Some(super::device_address(device, bias)))?;
+        Ok(true)
+    }
+
+    /// [`ExpertProducts::matmul`] (with `bias` as [`ExpertProducts::matmul_bias`] adds it) of 1
+    /// to [`MAX_MATVEC_TOKENS`] tokens in launch shape `shape` (< `MATVEC_SHAPE_COUNT`, a
+    /// one-token shape of the experts' format) whatever measurement would pick, for tests and
+    /// benchmarks.
+    pub fn matmul_with_shape(
+        &self,
+        device: &CudaDevice,
+        call: ExpertCall,
+        bias: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<f32>,
+        shape: usize,
+    ) -> Result<(), CudaError> {
+        let first = call.check(out)?;
         if call.n > MAX_MATVEC_TOKENS {
             return Err(invalid(OP, format!("a launch shape for {} tokens (the grouped product takes more than {MAX_MATVEC_TOKENS})", call.n)));
         }
-        self.matmul_shaped(device, call, out, Some(shape))
+        if let Some(bias) = bias {
+            check_len(OP, "bias", bias.len(), call.experts.len() * first.rows)?;
+        }
+        self.matmul_shaped(device, call, out, Some(shape), bias.map(|b| super::device_address(device, b)))
     }
 
-    fn matmul_shaped(&self, device: &CudaDevice, call: ExpertCall, out: &mut CudaSlice<f32>, forced: Option<usize>) -> Result<(), CudaError> {
+    /// `bias`: the device address of a quantized product's per-expert bias rows.
+    fn matmul_shaped(
+        &self,
+        device: &CudaDevice,
+        call: ExpertCall,
+        out: &mut CudaSlice<f32>,
+        forced: Option<usize>,
+        bias: Option<u64>,
+    ) -> Result<(), CudaError> {
         let ExpertCall { experts, x, ids, n, n_used, input } = call;
         let first = call.check(out)?;
         let slots = n * n_used;
@@ -172,6 +205,7 @@ impl ExpertProducts {
             }
             None => None,
         };
+        let bias_address = bias.unwrap_or(0);
         let mut run = |shape: usize| -> Result<(), CudaError> {
             let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::Experts, shape })?;
             let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Experts);
@@ -191,10 +225,14 @@ impl ExpertProducts {
                     None => launch.arg(x).arg(&cols),
                 };
                 launch.arg(&mut target).arg(&out_rows);
+                if quantized.is_some() {
+                    launch.arg(&bias_address);
+                }
                 // SAFETY: argument lists match matvec_experts_* (matvec_{legacy,kquant,float}.cu);
                 // the table holds one descriptor per expert (each covering rows x cols), the kernel
                 // checks every id against n_experts, the input holds in_rows rows of cols values
-                // (checked or quantized above) and the output `count` slots of `rows` values.
+                // (checked or quantized above), the output `count` slots of `rows` values and the
+                // bias, where given, rows values per expert (matmul_bias checked it).
                 unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the expert product of {}", first.name)))?;
             }
             Ok(())
@@ -223,46 +261,60 @@ impl ExpertProducts {
         self.grouped_with(device, &GroupedCall { call, table, capturing: false }, way, out)
     }
 
-    /// `out[s] = silu(x_t . gate[ids[s]]) * (x_t . up[ids[s]])` for the `n * n_used` slots of
-    /// `n` tokens (t = s / n_used), `call.experts` the gate experts and `up` the up ones, of one
-    /// quantized type and shape, in one launch from one quantized input (`call.input` must be
-    /// per token); `None` when the fused product does not apply (float experts, more than
-    /// [`MAX_MATVEC_TOKENS`] tokens, mismatched sets), for the caller to compose it from
-    /// [`ExpertProducts::matmul`].
-    pub fn matmul_swiglu(&self, device: &CudaDevice, call: ExpertCall, up: &[GpuWeight], out: &mut CudaSlice<f32>) -> Result<Option<()>, CudaError> {
-        self.swiglu_shaped(device, call, up, out, None)
+    /// `out[s] = act(x_t . gate[e] + gate_bias[e]) * (x_t . up[e] + up_bias[e])`, e = ids[s],
+    /// for the `n * n_used` slots of `n` tokens (t = s / n_used), `call.experts` the gate
+    /// experts and `gated` the up ones, their biases and the activation; all of one quantized
+    /// type and shape, in one launch from one quantized input (`call.input` must be per token).
+    /// `None` when the fused product does not apply (float experts, more than
+    /// [`MAX_MATVEC_TOKENS`] tokens, mismatched sets), for the caller to compose it.
+    pub fn matmul_gated(&self, device: &CudaDevice, call: ExpertCall, gated: GatedCall, out: &mut CudaSlice<f32>) -> Result<Option<()>, CudaError> {
+        self.gated_shaped(device, call, gated, out, None)
     }
 
-    /// [`ExpertProducts::matmul_swiglu`] in launch shape `shape` (as
+    /// [`ExpertProducts::matmul_gated`] in launch shape `shape` (as
     /// [`ExpertProducts::matmul_with_shape`]), for tests and benchmarks.
-    pub fn matmul_swiglu_with_shape(
+    pub fn matmul_gated_with_shape(
         &self,
         device: &CudaDevice,
         call: ExpertCall,
-        up: &[GpuWeight],
+        gated: GatedCall,
         out: &mut CudaSlice<f32>,
         shape: usize,
     ) -> Result<Option<()>, CudaError> {
-        self.swiglu_shaped(device, call, up, out, Some(shape))
+        self.gated_shaped(device, call, gated, out, Some(shape))
     }
 
-    fn swiglu_shaped(
+    fn gated_shaped(
         &self,
         device: &CudaDevice,
         call: ExpertCall,
-        up: &[GpuWeight],
+        gated: GatedCall,
         out: &mut CudaSlice<f32>,
         forced: Option<usize>,
     ) -> Result<Option<()>, CudaError> {
-        let ExpertCall { experts: gate, x, ids, n, n_used, input } = call;
+        let (ExpertCall { experts: gate, x, ids, n, n_used, input }, up) = (call, gated.up);
         if input != ExpertInput::PerToken {
-            return Err(invalid(OP, "the expert SwiGLU takes one input row per token"));
+            return Err(invalid(OP, "the gated expert product takes one input row per token"));
         }
         let Some(first) = gate.first() else { return Ok(None) };
         let same = |w: &GpuWeight| (w.ty, w.rows, w.cols) == (first.ty, first.rows, first.cols) && matches!(w.storage, Storage::Quant { .. });
         if n > MAX_MATVEC_TOKENS || gate.len() != up.len() || !gate.iter().chain(up).all(same) {
             return Ok(None);
         }
+        let biases = match gated.bias {
+            Some(pair) => {
+                for bias in pair {
+                    check_len(OP, "bias", bias.len(), gate.len() * first.rows)?;
+                }
+                pair.map(|bias| super::device_address(device, bias))
+            }
+            None => [0, 0],
+        };
+        let (act, alpha, limit) = match gated.act {
+            Activation::Silu => (GATE_SILU, 0.0f32, 0.0f32),
+            Activation::GeluTanh => (GATE_GELU_TANH, 0.0, 0.0),
+            Activation::SwiGluOai { alpha, limit } => (GATE_SWIGLU_OAI, alpha, limit),
+        };
         let slots = n * n_used;
         check_len(OP, "ids", ids.len(), slots)?;
         check_len(OP, "x", x.len(), n * first.cols)?;
@@ -278,16 +330,17 @@ impl ExpertProducts {
         let (n_experts, n_used32, rows32, slot0) = (to_u32(OP, "experts", gate.len())?, to_u32(OP, "n_used", n_used)?, to_u32(OP, "rows", first.rows)?, 0u32);
         let slots32 = to_u32(OP, "slots", slots)?;
         let mut run = |shape: usize| -> Result<(), CudaError> {
-            let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsSwiGlu, shape })?;
-            let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsSwiGlu);
+            let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: 1, kind: MatvecKind::ExpertsGated, shape })?;
+            let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::ExpertsGated);
             let cfg = LaunchConfig {
                 grid_dim: (rows32.div_ceil(rows_per_block), slots32, 1),
                 block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: matvec_experts_swiglu_* (matvec_{legacy,kquant}.cu): both tables hold one
+            // SAFETY: matvec_experts_gated_* (matvec_{legacy,kquant}.cu): both tables hold one
             // descriptor per expert of one shape, the kernel checks every id, the quantized input
-            // holds n rows of cols and out slots rows of `rows` (checked above; slots <= 64).
+            // holds n rows of cols, out slots rows of `rows` and each bias, where given, rows
+            // values per expert (checked above; slots <= 64).
             unsafe {
                 device
                     .stream()
@@ -302,6 +355,11 @@ impl ExpertProducts {
                     .arg(&q.scales)
                     .arg(&mut *out)
                     .arg(&rows32)
+                    .arg(&biases[0])
+                    .arg(&biases[1])
+                    .arg(&act)
+                    .arg(&alpha)
+                    .arg(&limit)
                     .launch(cfg)
             }
             .map_err(CudaError::driver(format!("launching the expert SwiGLU product of {}", first.name)))?;
@@ -309,7 +367,7 @@ impl ExpertProducts {
         };
         let shape = match forced {
             Some(shape) => one_token_shape(first, shape)?,
-            None => choose_shape(device, TuneKey::experts(device, first, MatvecKind::ExpertsSwiGlu, slots), first, |_| 0.0, &mut run)?,
+            None => choose_shape(device, TuneKey::experts(device, first, MatvecKind::ExpertsGated, slots), first, |_| 0.0, &mut run)?,
         };
         run(shape)?;
         Ok(Some(()))
@@ -567,6 +625,20 @@ impl<'a> ExpertCall<'a> {
         check_len(OP, "out", out.len(), slots * first.rows)?;
         Ok(first)
     }
+}
+
+/// The kernels' codes of the gate activations (common.cuh's GATE_*).
+const GATE_SILU: u32 = 0;
+const GATE_GELU_TANH: u32 = 1;
+const GATE_SWIGLU_OAI: u32 = 2;
+
+/// The second half of a gated expert product ([`ExpertProducts::matmul_gated`]): the up experts,
+/// the per-expert biases of gate and up (`[n_experts][rows]` each) and the activation.
+#[derive(Clone, Copy)]
+pub struct GatedCall<'a> {
+    pub up: &'a [GpuWeight],
+    pub bias: Option<[&'a CudaSlice<f32>; 2]>,
+    pub act: Activation,
 }
 
 /// The operands of one grouped product: the call, its experts' device table, and whether the

@@ -95,8 +95,8 @@ pub(super) enum MatvecKind {
     Experts,
     /// Groups of up to NTOK slots of one expert on their gathered rows (`matvec_expert_groups`).
     ExpertGroups,
-    /// `Experts` of a gate and an up set with the SwiGLU epilogue (`matvec_experts_swiglu`).
-    ExpertsSwiGlu,
+    /// `Experts` of a gate and an up set with the SwiGLU epilogue (`matvec_experts_gated`).
+    ExpertsGated,
 }
 
 impl MatvecKind {
@@ -114,7 +114,7 @@ impl MatvecKind {
             MatvecKind::Stacked => "stacked_",
             MatvecKind::Experts => "experts_",
             MatvecKind::ExpertGroups => "expert_groups_",
-            MatvecKind::ExpertsSwiGlu => "experts_swiglu_",
+            MatvecKind::ExpertsGated => "experts_gated_",
         }
     }
 }
@@ -148,7 +148,7 @@ impl MatvecShape {
     /// Rows a warp computes; the fused SwiGLU reads two weights, so half as many.
     pub(super) fn rows(self, kind: MatvecKind) -> u32 {
         match kind {
-            MatvecKind::SwiGlu | MatvecKind::ExpertsSwiGlu => (self.rows_per_warp / 2).max(1),
+            MatvecKind::SwiGlu | MatvecKind::ExpertsGated => (self.rows_per_warp / 2).max(1),
             MatvecKind::Plain | MatvecKind::Stacked | MatvecKind::Experts | MatvecKind::ExpertGroups => self.rows_per_warp,
         }
     }

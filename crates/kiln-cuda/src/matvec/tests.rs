@@ -77,7 +77,7 @@ fn every_format_finds_its_kernels() {
             for shape in 0..MATVEC_SHAPES.len() {
                 // Only quantized weights stack (stacked.rs); float ones take f32 activations.
                 let kinds: &[MatvecKind] = if matches!(storage, Storage::Quant { .. }) {
-                    &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked, MatvecKind::Experts, MatvecKind::ExpertGroups, MatvecKind::ExpertsSwiGlu]
+                    &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Stacked, MatvecKind::Experts, MatvecKind::ExpertGroups, MatvecKind::ExpertsGated]
                 } else {
                     &[MatvecKind::Plain, MatvecKind::SwiGlu, MatvecKind::Experts]
                 };
