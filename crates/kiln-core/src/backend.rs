@@ -153,6 +153,25 @@ pub struct RouterArgs<'a, B: Backend + ?Sized> {
     pub params: RouterParams,
 }
 
+/// [`Backend::moe_gate_up`] composed of the plain ops: both expert products, their biases, the
+/// activation.
+pub fn compose_moe_gate_up<B: Backend + ?Sized>(
+    b: &B,
+    experts: GatedExperts<B>,
+    x: Tensor<B::Buffer>,
+    ids: Tensor<B::Buffer>,
+    [mut gate, mut up]: [TensorMut<B::Buffer>; 2],
+    out: TensorMut<B::Buffer>,
+) -> Result<()> {
+    b.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
+    b.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
+    if let Some([gate_bias, up_bias]) = experts.bias {
+        b.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
+        b.moe_add_bias(up.reborrow(), up_bias, ids)?;
+    }
+    b.gated(experts.act, gate.as_ref(), up.as_ref(), out)
+}
+
 /// [`Backend::moe_norm_route`] composed of the plain ops: the router's norm (where it has its
 /// own), its product and bias, the experts' norm (`experts_norm(x, norm, h)`: the plain RMSNorm,
 /// or a backend's that also prepares the experts' input), then the routing.
@@ -534,14 +553,7 @@ pub trait Backend: Send + Sync + 'static {
         scratch: [TensorMut<Self::Buffer>; 2],
         out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
-        let [mut gate, mut up] = scratch;
-        self.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
-        self.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
-        if let Some([gate_bias, up_bias]) = experts.bias {
-            self.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
-            self.moe_add_bias(up.reborrow(), up_bias, ids)?;
-        }
-        self.gated(experts.act, gate.as_ref(), up.as_ref(), out)
+        compose_moe_gate_up(self, experts, x, ids, scratch, out)
     }
 
     /// [`Backend::moe_matmul`] plus each slot's expert bias (`bias`: `[n_experts, rows]`), as

@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, Result,
-    RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    compose_moe_gate_up, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm,
+    Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -697,14 +697,7 @@ impl Backend for CudaBackend {
         if self.experts.matmul_gated(&self.device, call, gated, out.buf_mut()).map_err(backend_error)?.is_some() {
             return Ok(());
         }
-        let [mut gate, mut up] = scratch;
-        self.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
-        self.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
-        if let Some([gate_bias, up_bias]) = experts.bias {
-            self.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
-            self.moe_add_bias(up.reborrow(), up_bias, ids)?;
-        }
-        self.gated(experts.act, gate.as_ref(), up.as_ref(), out)
+        compose_moe_gate_up(self, experts, x, ids, scratch, out)
     }
 
     fn moe_matmul_bias(&self, experts: &[GpuWeight], bias: View, x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {

@@ -206,39 +206,6 @@ pub fn quantize_activations(device: &CudaDevice, x: &CudaSlice<f32>, n: usize, o
     out.fill(device, x, n)
 }
 
-/// [`rms_norm_quantize`] that also stores the normalized rows in `h` [n][cols], bit-identical to
-/// the backend's `rms_norm` (a mixture of experts' input: its router reads it in f32, its
-/// experts in int8).
-pub(super) fn rms_norm_quantize_keep(
-    device: &CudaDevice,
-    x: &CudaSlice<f32>,
-    weight: &CudaSlice<f32>,
-    eps: f32,
-    n: usize,
-    out: &QuantizedActivations,
-    h: &mut CudaSlice<f32>,
-) -> Result<(), CudaError> {
-    const OP: &str = "rms_norm_quantize_keep";
-    let function = out.prepare(device, OP, &out.norm_quantize_keep, "rms_norm_quantize_keep_q8", x, n)?;
-    check_len(OP, "norm weight", weight.len(), out.cols)?;
-    check_len(OP, "h", h.len(), n * out.cols)?;
-    if n > 0 {
-        let tiles = tiles_of(out.cols);
-        let (cols, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "tiles", tiles)?);
-        let cfg = LaunchConfig { grid_dim: (to_u32(OP, "n", n)?, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument list matches rms_norm_quantize_keep_q8; x and h hold n * cols values
-        // and weight cols (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
-        // tiles * 32 pairs.
-        unsafe {
-            device.stream().launch_builder(function).arg(x).arg(weight).arg(&cols).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales).arg(h).launch(cfg)
-        }
-        .map(drop)
-        .map_err(CudaError::driver("launching rms_norm_quantize_keep_q8"))?;
-    }
-    out.mark_filled(n);
-    Ok(())
-}
-
 /// RMSNorm of the first `n` tokens of `x` [n][cols] (`x / sqrt(mean(x²) + eps) * weight`),
 /// quantized into `out` in the same launch. The normalized values are bit-identical to the
 /// backend's `rms_norm` (the kernels share their reduction code), so this equals `rms_norm`
@@ -252,19 +219,40 @@ pub fn rms_norm_quantize(
     n: usize,
     out: &QuantizedActivations,
 ) -> Result<(), CudaError> {
+    norm_quantize(device, x, (weight, eps), n, out, None)
+}
+
+/// [`rms_norm_quantize`]; with `keep` it also stores the normalized rows there [n][cols],
+/// bit-identical to the backend's `rms_norm` (a mixture of experts' input: its router reads it
+/// in f32, its experts in int8).
+pub(super) fn norm_quantize(
+    device: &CudaDevice,
+    x: &CudaSlice<f32>,
+    (weight, eps): (&CudaSlice<f32>, f32),
+    n: usize,
+    out: &QuantizedActivations,
+    keep: Option<&mut CudaSlice<f32>>,
+) -> Result<(), CudaError> {
     const OP: &str = "rms_norm_quantize";
-    let function = out.prepare(device, OP, &out.norm_quantize, "rms_norm_quantize_q8", x, n)?;
+    let (slot, kernel) = if keep.is_some() { (&out.norm_quantize_keep, "rms_norm_quantize_keep_q8") } else { (&out.norm_quantize, "rms_norm_quantize_q8") };
+    let function = out.prepare(device, OP, slot, kernel, x, n)?;
     check_len(OP, "norm weight", weight.len(), out.cols)?;
+    if let Some(h) = &keep {
+        check_len(OP, "h", h.len(), n * out.cols)?;
+    }
     if n > 0 {
         let tiles = tiles_of(out.cols);
         let (cols, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "tiles", tiles)?);
         let cfg = LaunchConfig { grid_dim: (to_u32(OP, "n", n)?, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: argument list matches rms_norm_quantize_q8; x holds n * cols values and weight
-        // cols (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
-        // tiles * 32 pairs.
-        unsafe { device.stream().launch_builder(function).arg(x).arg(weight).arg(&cols).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales).launch(cfg) }
-            .map(drop)
-            .map_err(CudaError::driver("launching rms_norm_quantize_q8"))?;
+        let mut launch = device.stream().launch_builder(function);
+        launch.arg(x).arg(weight).arg(&cols).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales);
+        if let Some(h) = keep {
+            launch.arg(h);
+        }
+        // SAFETY: argument list matches the kernel (h last for the keeping one); x (and h) hold
+        // n * cols values and weight cols (checked), the buffers n <= max_tokens tokens of
+        // tiles * 512 codes and tiles * 32 pairs.
+        unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver(format!("launching {kernel}")))?;
     }
     out.mark_filled(n);
     Ok(())

@@ -9,7 +9,7 @@ use std::sync::PoisonError;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::activations::rms_norm_quantize_keep;
+use super::activations::norm_quantize;
 use super::experts::Prefill;
 use super::matmat::is_capturing;
 use super::repack::FloatKind;
@@ -150,7 +150,7 @@ impl ExpertProducts {
         }
         let Ok(inputs) = self.quantized_input(device, cols, n, is_capturing(device)) else { return Ok(false) };
         let q = &inputs[&cols];
-        rms_norm_quantize_keep(device, x, norm, eps, n, q, h)?;
+        norm_quantize(device, x, (norm, eps), n, q, Some(h))?;
         *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) = Some(Prefill { x: device_address(device, h), n, cols, fills: q.fills() });
         Ok(true)
     }
