@@ -7,11 +7,13 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{compose_moe_norm_route, BackendError, DeltaNetParams, Result, RouterArgs, RouterParams, StateSlots};
+use kiln_core::backend::{
+    compose_moe_gate_up, compose_moe_norm_route, BackendError, DeltaNetParams, ExpertInput, GatedExperts, Result, RouterArgs, RouterParams, StateSlots,
+};
 use kiln_core::shapes;
 
 use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
-use crate::matvec::{NormRouteCall, RouteOutputs};
+use crate::matvec::{ExpertCall, GatedCall, GpuWeight, NormRouteCall, RouteOutputs};
 use crate::{CudaBackend, CudaStep};
 
 /// `arch_ops.cu`'s CONV_MAX_KERNEL, ROUTE_MAX_USED and 32 * ROUTE_REGS; `delta_net.cu`'s largest head.
@@ -224,6 +226,41 @@ impl CudaBackend {
         }
         .map(drop)
         .map_err(launch_error("moe_route_f32"))
+    }
+
+    pub(crate) fn launch_moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
+        let (n, n_used) = expert_product_shape(experts, &x, &ids, &out, input)?;
+        let call = ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
+        self.experts.matmul(self.device(), call, out.buf_mut()).map_err(backend_error)
+    }
+
+    /// The gated expert product in one launch where it applies (matvec/experts.rs), else
+    /// composed of the plain ops.
+    pub(crate) fn launch_moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+        let (n, n_used) = expert_product_shape(experts.gate, &x, &ids, &out, ExpertInput::PerToken)?;
+        if let Some(bias) = &experts.bias {
+            for b in bias {
+                shapes::moe_add_bias(out.shape(), b.shape(), ids.shape())?;
+            }
+        }
+        let call = ExpertCall { experts: experts.gate, x: x.buf(), ids: ids.buf(), n, n_used, input: ExpertInput::PerToken };
+        let gated = GatedCall { up: experts.up, bias: experts.bias.as_ref().map(|[g, u]| [g.buf(), u.buf()]), act: experts.act };
+        if self.experts.matmul_gated(self.device(), call, gated, out.buf_mut()).map_err(backend_error)?.is_some() {
+            return Ok(());
+        }
+        compose_moe_gate_up(self, experts, x, ids, scratch, out)
+    }
+
+    /// The expert product with its bias in one launch where it applies, else the two ops.
+    pub(crate) fn launch_moe_matmul_bias(&self, experts: &[GpuWeight], bias: View, x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
+        let (n, n_used) = expert_product_shape(experts, &x, &ids, &out, input)?;
+        shapes::moe_add_bias(out.shape(), bias.shape(), ids.shape())?;
+        let call = ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
+        if self.experts.matmul_bias(self.device(), call, bias.buf(), out.buf_mut()).map_err(backend_error)? {
+            return Ok(());
+        }
+        self.launch_moe_matmul(experts, x, ids, out.reborrow(), input)?;
+        self.launch_moe_add_bias(out, bias, ids)
     }
 
     /// The experts' norm and the router in one launch where it applies (matvec/router.rs),
@@ -448,4 +485,11 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// (tokens, experts a token) of an expert product's operands, checked against the experts'
+/// shape.
+fn expert_product_shape(experts: &[GpuWeight], x: &View, ids: &View, out: &ViewMut, input: ExpertInput) -> Result<(usize, usize)> {
+    let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
+    shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)
 }

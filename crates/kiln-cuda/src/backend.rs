@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    compose_moe_gate_up, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm,
-    Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, Result,
+    RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -20,7 +20,7 @@ use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
 
 use crate::graph::StepProfile;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ActivationTarget, ExpertCall, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
+use crate::matvec::{self, ActivationTarget, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
@@ -534,11 +534,8 @@ impl Backend for CudaBackend {
         self.launch_moe_norm_route(x, norm, router, h, logits, routes)
     }
 
-    fn moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
-        let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
-        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
-        let call = ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
-        self.experts.matmul(&self.device, call, out.buf_mut()).map_err(backend_error)
+    fn moe_matmul(&self, experts: &[GpuWeight], x: View, ids: View, out: ViewMut, input: ExpertInput) -> Result<()> {
+        self.launch_moe_matmul(experts, x, ids, out, input)
     }
 
     fn moe_add_bias(&self, x: ViewMut, bias: View, ids: View) -> Result<()> {
@@ -684,32 +681,12 @@ impl Backend for CudaBackend {
         matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error)
     }
 
-    fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
-        let first = experts.gate.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
-        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), ExpertInput::PerToken)?;
-        if let Some(bias) = &experts.bias {
-            for b in bias {
-                shapes::moe_add_bias(out.shape(), b.shape(), ids.shape())?;
-            }
-        }
-        let call = matvec::ExpertCall { experts: experts.gate, x: x.buf(), ids: ids.buf(), n, n_used, input: ExpertInput::PerToken };
-        let gated = matvec::GatedCall { up: experts.up, bias: experts.bias.as_ref().map(|[g, u]| [g.buf(), u.buf()]), act: experts.act };
-        if self.experts.matmul_gated(&self.device, call, gated, out.buf_mut()).map_err(backend_error)?.is_some() {
-            return Ok(());
-        }
-        compose_moe_gate_up(self, experts, x, ids, scratch, out)
+    fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], out: ViewMut) -> Result<()> {
+        self.launch_moe_gate_up(experts, x, ids, scratch, out)
     }
 
-    fn moe_matmul_bias(&self, experts: &[GpuWeight], bias: View, x: View, ids: View, mut out: ViewMut, input: ExpertInput) -> Result<()> {
-        let first = experts.first().ok_or_else(|| BackendError::Device("expert product over no experts".into()))?;
-        let (n, n_used) = shapes::moe_matmul((first.rows, first.cols), x.shape(), ids.shape(), out.shape(), input)?;
-        shapes::moe_add_bias(out.shape(), bias.shape(), ids.shape())?;
-        let call = matvec::ExpertCall { experts, x: x.buf(), ids: ids.buf(), n, n_used, input };
-        if self.experts.matmul_bias(&self.device, call, bias.buf(), out.buf_mut()).map_err(backend_error)? {
-            return Ok(());
-        }
-        self.moe_matmul(experts, x, ids, out.reborrow(), input)?;
-        self.moe_add_bias(out, bias, ids)
+    fn moe_matmul_bias(&self, experts: &[GpuWeight], bias: View, x: View, ids: View, out: ViewMut, input: ExpertInput) -> Result<()> {
+        self.launch_moe_matmul_bias(experts, bias, x, ids, out, input)
     }
 
     fn norm_matmuls<const N: usize>(
