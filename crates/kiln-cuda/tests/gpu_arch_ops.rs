@@ -513,6 +513,17 @@ fn expert_products_match_cpu_in_every_launch_shape() {
                 products.matmul_with_shape(gpu.device(), call, None, &mut got, kiln_cuda::matvec::MATVEC_SHAPE_COUNT).is_err(),
                 "{ty}: a shape past the list"
             );
+            // Float experts take neither a launch shape nor a fused bias: refused, not ignored.
+            if ty == GgmlType::Q8_0 {
+                let float: Vec<_> = (0..n_experts)
+                    .map(|e| {
+                        gpu.upload_weight(weight_source(&format!("f16 {e}"), GgmlType::F16, rows, cols, &random(&mut rng, rows * cols, 1.0))).expect("gpu")
+                    })
+                    .collect();
+                let call = kiln_cuda::matvec::ExpertCall { experts: &float, x: &gx, ids: &gids, n, n_used, input: ExpertInput::PerToken };
+                let mut got = poisoned(gpu, len);
+                assert!(products.matmul_with_shape(gpu.device(), call, Some(&gpu_biases[0]), &mut got, 0).is_err(), "{ty}: a shape for float experts");
+            }
         }
     }
 }

@@ -160,6 +160,9 @@ impl ExpertProducts {
         if call.n > MAX_MATVEC_TOKENS {
             return Err(invalid(OP, format!("a launch shape for {} tokens (the grouped product takes more than {MAX_MATVEC_TOKENS})", call.n)));
         }
+        if !matches!(first.storage, Storage::Quant { .. }) {
+            return Err(invalid(OP, format!("a launch shape or bias for {} experts (float experts take one row a warp and no bias)", first.ty)));
+        }
         if let Some(bias) = bias {
             check_len(OP, "bias", bias.len(), call.experts.len() * first.rows)?;
         }
@@ -237,7 +240,8 @@ impl ExpertProducts {
             }
             Ok(())
         };
-        // Float experts keep one row a warp; the measured shapes are the quantized loop's.
+        // Float experts keep one row a warp (their callers force no shape and pass no bias); the
+        // measured shapes are the quantized loop's.
         let shape = match forced {
             _ if float => default_shape(1),
             Some(shape) => one_token_shape(first, shape)?,
@@ -362,7 +366,7 @@ impl ExpertProducts {
                     .arg(&limit)
                     .launch(cfg)
             }
-            .map_err(CudaError::driver(format!("launching the expert SwiGLU product of {}", first.name)))?;
+            .map_err(CudaError::driver(format!("launching the gated expert product of {}", first.name)))?;
             Ok(())
         };
         let shape = match forced {
