@@ -259,6 +259,32 @@ pub struct QkNorm<'a, T> {
     pub scratch: [TensorMut<'a, T>; 2],
 }
 
+/// A projection: its weight and, where the model has one, its bias (a value per output row),
+/// `x·Wᵀ + bias`. A backend may add the bias inside the product.
+pub struct Linear<'a, B: Backend + ?Sized> {
+    pub weight: &'a B::Weight,
+    pub bias: Option<Tensor<'a, B::Buffer>>,
+}
+
+impl<'a, B: Backend + ?Sized> Linear<'a, B> {
+    pub fn new(weight: &'a B::Weight, bias: Option<Tensor<'a, B::Buffer>>) -> Self {
+        Linear { weight, bias }
+    }
+
+    /// A projection without a bias.
+    pub fn plain(weight: &'a B::Weight) -> Self {
+        Linear { weight, bias: None }
+    }
+}
+
+impl<B: Backend + ?Sized> Clone for Linear<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend + ?Sized> Copy for Linear<'_, B> {}
+
 /// The operands of one attention call besides its output: queries `[n, n_heads * head_dim]`,
 /// the layer's cache, its sink logits (gpt-oss: `[n_heads]`), the step and the geometry.
 /// With `prologue`, the queries are as projected and the call takes the attention prologue
@@ -576,19 +602,23 @@ pub trait Backend: Send + Sync + 'static {
     /// projections; a gate and up): one input for several products, which a backend that
     /// converts its input per product converts once. `h` receives the normed rows (or, in a
     /// backend that normalizes straight into its product input, is left unspecified).
-    /// `prepared`: that input as the previous residual add left it ([`NormChain`]).
+    /// `prepared`: that input as the previous residual add left it ([`NormChain`]). Each
+    /// product adds its bias, where it has one.
     fn norm_matmuls<const N: usize>(
         &self,
         x: Tensor<Self::Buffer>,
         norm: (Tensor<Self::Buffer>, f32),
         mut h: TensorMut<Self::Buffer>,
-        w: [&Self::Weight; N],
+        w: [Linear<'_, Self>; N],
         out: [TensorMut<Self::Buffer>; N],
         _prepared: Option<Self::NormedInput>,
     ) -> Result<()> {
         self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-        for (w, out) in w.into_iter().zip(out) {
-            self.matmul(w, h.as_ref(), out)?;
+        for (w, mut out) in w.into_iter().zip(out) {
+            self.matmul(w.weight, h.as_ref(), out.reborrow())?;
+            if let Some(bias) = w.bias {
+                self.add_bias(out, bias)?;
+            }
         }
         Ok(())
     }
@@ -697,7 +727,8 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// The attention of `args` into `out` ([`Backend::attention`], or [`Backend::attention_sinks`]
-    /// with sinks), then `residual += out·woᵀ` with `tmp` as scratch, as [`Backend::matmul_add`].
+    /// with sinks), then `residual += out·woᵀ (+ wo's bias)` with `tmp` as scratch, as
+    /// [`Backend::linear_add`].
     /// A backend may hand the attention's output to the product in the product's own input
     /// format (the CUDA one: int8, written by the attention kernel itself), and prepare `next`
     /// ([`NormChain`]) in the product, returning what it prepared.
@@ -705,7 +736,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         args: AttentionArgs<'_, Self>,
         mut out: TensorMut<Self::Buffer>,
-        wo: &Self::Weight,
+        wo: Linear<'_, Self>,
         residual: TensorMut<Self::Buffer>,
         tmp: TensorMut<Self::Buffer>,
         _next: Option<(Tensor<Self::Buffer>, f32)>,
@@ -718,8 +749,18 @@ pub trait Backend: Send + Sync + 'static {
             Some(sinks) => self.attention_sinks(q, cache, sinks, out.reborrow(), step, params)?,
             None => self.attention(q, cache, out.reborrow(), step, params)?,
         }
-        self.matmul_add(wo, out.as_ref(), residual, tmp)?;
+        self.linear_add(wo, out.as_ref(), residual, tmp)?;
         Ok(None)
+    }
+
+    /// `residual += x·Wᵀ + bias` ([`Backend::matmul_add`] where `w` has no bias).
+    fn linear_add(&self, w: Linear<'_, Self>, x: Tensor<Self::Buffer>, residual: TensorMut<Self::Buffer>, mut tmp: TensorMut<Self::Buffer>) -> Result<()> {
+        let Some(bias) = w.bias else {
+            return self.matmul_add(w.weight, x, residual, tmp);
+        };
+        self.matmul(w.weight, x, tmp.reborrow())?;
+        self.add_bias(tmp.reborrow(), bias)?;
+        self.add(residual, tmp.as_ref())
     }
 
     /// `residual += x·Wᵀ`, using `tmp` (of `residual`'s shape) as scratch.

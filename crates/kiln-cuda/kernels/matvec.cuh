@@ -86,9 +86,9 @@ __device__ __forceinline__ float warp_sum_many(float (&v)[V]) {
 
 #include "matvec_next.cuh"
 
-// What finish_rows does beyond scaling each row's dot product: a mixture of experts' per-row
-// biases, added before the activation (null: none; both or neither for a pair), and a pair's
-// gate activation (GATE_* in common.cuh). The zero value: no bias, SwiGLU.
+// What finish_rows does beyond scaling each row's dot product: per-row biases (a projection's,
+// a mixture of experts'), added before the activation (null: none; both or neither for a pair),
+// and a pair's gate activation (GATE_* in common.cuh). The zero value: no bias, SwiGLU.
 struct RowEpilogue {
     const float* bias;     // [rows], added to the first weight's (the gate's) dots
     const float* up_bias;  // [rows], added to the up weight's dots
@@ -522,11 +522,14 @@ __device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq,
     }
 }
 
+// out (+)= x.W + bias (bias null: none).
 template <class F>
 __device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const float2* xds, const InputNorm& xn,
-                                           float* out, u32 rows, u32 accumulate, const NextNorm& next) {
+                                           float* out, u32 rows, u32 accumulate, const float* bias, const NextNorm& next) {
     const Planes weights[1] = {w};
-    matvec_rows<F, 1>(weights, xq, xds, xn, out, rows, accumulate, blockIdx.x);
+    RowEpilogue ep{};
+    ep.bias = bias;
+    matvec_rows<F, 1>(weights, xq, xds, xn, out, rows, accumulate, blockIdx.x, ep);
     if (next.xq != nullptr) {
         norm_block_rows(out, rows, next);
     }
@@ -544,11 +547,11 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
 
 // Up to three weights of one format on one input (attention's q, k and v) in one launch: the
 // first blocks compute a's rows, the next b's, the rest c's (rows_c = 0 for two), which saves
-// the fixed cost of the launches it replaces.
+// the fixed cost of the launches it replaces. Each adds its bias (null: none).
 #define MV_STACKED_PARAMS                                                                                         \
     Planes a, Planes b, Planes c, const i8 *xq, const float2 *xds, InputNorm xn, float *out_a, float *out_b, float *out_c, \
-        u32 rows_a, u32 rows_b, u32 rows_c
-#define MV_STACKED_ARGS a, b, c, xq, xds, xn, out_a, out_b, out_c, rows_a, rows_b, rows_c
+        u32 rows_a, u32 rows_b, u32 rows_c, const float *bias_a, const float *bias_b, const float *bias_c
+#define MV_STACKED_ARGS a, b, c, xq, xds, xn, out_a, out_b, out_c, rows_a, rows_b, rows_c, bias_a, bias_b, bias_c
 
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
@@ -561,7 +564,9 @@ __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     u32 block = blockIdx.x;
     const u32 k = stacked_weight(block, (rows_a + PER_BLOCK - 1) / PER_BLOCK, (rows_b + PER_BLOCK - 1) / PER_BLOCK);
     const Planes weights[1] = {k == 0 ? a : k == 1 ? b : c};
-    matvec_rows<F, 1>(weights, xq, xds, xn, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block);
+    RowEpilogue ep{};
+    ep.bias = k == 0 ? bias_a : k == 1 ? bias_b : bias_c;
+    matvec_rows<F, 1>(weights, xq, xds, xn, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block, ep);
 }
 
 // Expert-indexed mat-vec (mixture of experts): slot s = slot0 + blockIdx.y of the step's

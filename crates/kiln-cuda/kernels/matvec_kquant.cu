@@ -25,8 +25,8 @@
 #define MV_WANTS(ggml_type) (MV_TYPE < 0 || MV_TYPE == (ggml_type))
 
 #if MV_WANTS(10)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ2_K>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ2_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ2_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -46,8 +46,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 #endif
 
 #if MV_WANTS(11)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ3_K>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ3_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ3_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -67,8 +67,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q3
 #endif
 
 #if MV_WANTS(12)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ4_K>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ4_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ4_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -88,8 +88,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(13)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ5_K>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ5_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ5_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -109,8 +109,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(14)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ6_K>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ6_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ6_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -130,8 +130,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q6
 #endif
 
 #if MV_WANTS(23)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ4_XS>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ4_XS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ4_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -151,8 +151,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(35)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtTQ2_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtTQ2_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtTQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -172,8 +172,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_tq
 #endif
 
 #if MV_WANTS(16)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ2_XXS>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ2_XXS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -193,8 +193,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(17)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ2_XS>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ2_XS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ2_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -214,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(22)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ2_S>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ2_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ2_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -235,8 +235,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(18)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ3_XXS>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ3_XXS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -256,8 +256,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(21)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ3_S>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ3_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ3_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -277,8 +277,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(19)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ1_S>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ1_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ1_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -298,8 +298,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(29)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ1_M>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ1_M>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ1_M>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);

@@ -26,8 +26,8 @@
 #define MV_WANTS(ggml_type) (MV_TYPE < 0 || MV_TYPE == (ggml_type))
 
 #if MV_WANTS(8)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ8_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ8_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ8_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -47,8 +47,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q8
 #endif
 
 #if MV_WANTS(2)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ4_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ4_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ4_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -68,8 +68,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(3)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ4_1>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ4_1>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ4_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -89,8 +89,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 #endif
 
 #if MV_WANTS(6)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ5_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ5_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ5_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -110,8 +110,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(7)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ5_1>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ5_1>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ5_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -131,8 +131,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 #endif
 
 #if MV_WANTS(20)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtIQ4_NL>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtIQ4_NL>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtIQ4_NL>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -152,8 +152,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 #endif
 
 #if MV_WANTS(41)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ1_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ1_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ1_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -173,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q1
 #endif
 
 #if MV_WANTS(42)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtQ2_0>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtQ2_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -194,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 #endif
 
 #if MV_WANTS(39)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtMXFP4>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtMXFP4>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtMXFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
@@ -215,8 +215,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_mx
 #endif
 
 #if MV_WANTS(40)
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate, NextNorm next) {
-    matvec_one<FmtNVFP4>(w, xq, xds, xn, out, rows, accumulate, next);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
+    matvec_one<FmtNVFP4>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
     matvec_two<FmtNVFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);

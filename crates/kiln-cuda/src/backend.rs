@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, Result,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, Linear, NormChain, QkNorm, Qkv, Result,
     RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
@@ -259,12 +259,17 @@ impl CudaBackend {
 
     /// Products (`out`, one per weight) of activations already quantized into `qx` (the
     /// weights' input buffer).
-    fn matmuls_quantized<const N: usize>(&self, qx: &QuantizedActivations, w: [&GpuWeight; N], mut out: [ViewMut; N], n: usize) -> Result<()> {
+    fn matmuls_quantized<const N: usize>(&self, qx: &QuantizedActivations, w: [Linear<Self>; N], mut out: [ViewMut; N], n: usize) -> Result<()> {
         for (w, out) in w.iter().zip(&out) {
-            shapes::matmul("matmuls", (w.rows, w.cols), Shape::from([n, w.cols]), out.shape())?;
+            let weight = w.weight;
+            shapes::matmul("matmuls", (weight.rows, weight.cols), Shape::from([n, weight.cols]), out.shape())?;
+            if let Some(bias) = w.bias {
+                expect_shape("matmuls", "bias", bias.shape(), [weight.rows])?;
+            }
         }
         let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
-        matvec::matmul_stacked_quantized(&self.device, &w, qx, &mut outs, n).map_err(backend_error)
+        let biases = w.map(|w| w.bias.map(|b| b.buf()));
+        matvec::matmul_stacked_quantized(&self.device, &w.map(|w| w.weight), &biases, qx, &mut outs, n).map_err(backend_error)
     }
 }
 
@@ -502,14 +507,18 @@ impl Backend for CudaBackend {
         &self,
         args: AttentionArgs<'_, Self>,
         mut out: ViewMut,
-        wo: &GpuWeight,
+        linear: Linear<Self>,
         mut residual: ViewMut,
         tmp: ViewMut,
         next: Option<(View, f32)>,
     ) -> Result<Option<CudaNormedInput>> {
         let n = shapes::attention(args.q.shape(), out.shape(), args.sinks.map(|s| s.shape()), args.params)?;
+        let wo = linear.weight;
         if wo.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS {
             shapes::matmul("attention_matmul_add", (wo.rows, wo.cols), out.shape(), residual.shape())?;
+            if let Some(bias) = linear.bias {
+                expect_shape("attention_matmul_add", "bias", bias.shape(), [wo.rows])?;
+            }
             let shared = matvec::shared_input(&self.device, wo.cols).map_err(backend_error)?;
             let input = lock_input(&shared);
             if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
@@ -518,11 +527,12 @@ impl Backend for CudaBackend {
                 let normed = next.map(|_| matvec::normed_input(&self.device, wo.rows)).transpose().map_err(backend_error)?;
                 let target = normed.as_ref().map(lock_input);
                 let next_norm = next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
-                return matmul_add_then_norm(&self.device, wo, &input, residual.buf_mut(), n, next_norm);
+                let bias = linear.bias.map(|b| b.buf());
+                return matmul_add_then_norm(&self.device, (wo, bias), &input, residual.buf_mut(), n, next_norm);
             }
         }
         self.paged_attention(args, out.reborrow(), None)?;
-        self.matmul_add(wo, out.as_ref(), residual, tmp)?;
+        self.linear_add(linear, out.as_ref(), residual, tmp)?;
         Ok(None)
     }
 
@@ -694,8 +704,8 @@ impl Backend for CudaBackend {
         x: View,
         norm: (View, f32),
         mut h: ViewMut,
-        w: [&GpuWeight; N],
-        out: [ViewMut; N],
+        linears: [Linear<Self>; N],
+        mut out: [ViewMut; N],
         prepared: Option<CudaNormedInput>,
     ) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
@@ -703,21 +713,30 @@ impl Backend for CudaBackend {
             // No product to feed: the plain norm (the stacked helpers take at least one weight).
             return self.rms_norm(x, norm.0, h, norm.1);
         }
+        let w = linears.map(|l| l.weight);
         let shared = quantized_input_for(&self.device, &w, n, dim)?;
         if let (Some(_), Some(prepared)) = (&shared, &prepared) {
             if let Some(qx) = prepared.lock_if_current(&self.device, x.buf(), (norm.0.buf(), norm.1), n) {
-                return self.matmuls_quantized(&qx, w, out, n);
+                return self.matmuls_quantized(&qx, linears, out, n);
             }
         }
         match shared {
             Some(shared) => {
                 let qx = lock_input(&shared);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                self.matmuls_quantized(&qx, w, out, n)
+                self.matmuls_quantized(&qx, linears, out, n)
             }
             None => {
                 let converted = self.norm_for_products(x, norm, h.reborrow(), &w, false)?;
-                self.matmuls_f32(w, h.as_ref(), out, n, converted)
+                let views = out.each_mut().map(|o| o.reborrow());
+                self.matmuls_f32(w, h.as_ref(), views, n, converted)?;
+                // The mat-mat and float products take no bias.
+                for (l, out) in linears.iter().zip(out) {
+                    if let Some(bias) = l.bias {
+                        self.add_bias(out, bias)?;
+                    }
+                }
+                Ok(())
             }
         }
     }

@@ -307,16 +307,35 @@ pub(crate) fn matmul_swiglu_converted(
 }
 
 /// [`matmul`] (or [`matmul_add`] when `accumulate`) from activations already quantized by
-/// [`quantize_activations`]; quantized weights and `n <= 8` only.
+/// [`quantize_activations`], plus `bias` (`w.rows` values) where given, in the same launch;
+/// quantized weights and `n <= 8` only.
 pub fn matmul_quantized(
     device: &CudaDevice,
     w: &GpuWeight,
     x: &QuantizedActivations,
+    bias: Option<&CudaSlice<f32>>,
     out: &mut CudaSlice<f32>,
     n: usize,
     accumulate: bool,
 ) -> Result<(), CudaError> {
-    product(device, "matmul_quantized", w, None, Input::Quantized(x), out, n, accumulate)
+    const OP: &str = "matmul_quantized";
+    if n == 0 {
+        return Ok(());
+    }
+    let call = MatvecCall { op: OP, w, up: None, input: Input::Quantized(x), n, accumulate, bias: bias_address(device, OP, w, bias)?, next: None, norm: None };
+    check_quantized_call(&call, out)?;
+    launch_matvec(device, call, out).map(drop)
+}
+
+/// The device address of a per-row bias of `w`'s product (0: none), its length checked.
+fn bias_address(device: &CudaDevice, op: &'static str, w: &GpuWeight, bias: Option<&CudaSlice<f32>>) -> Result<u64, CudaError> {
+    match bias {
+        Some(bias) => {
+            check_len(op, "bias", bias.len(), w.rows)?;
+            Ok(device_address(device, bias))
+        }
+        None => Ok(0),
+    }
 }
 
 /// [`matmul_swiglu`] from activations already quantized by [`quantize_activations`].
@@ -366,7 +385,7 @@ pub fn matmul_quantized_with_shape(
     accumulate: bool,
     shape: usize,
 ) -> Result<(), CudaError> {
-    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, next: None, norm: None };
+    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, bias: 0, next: None, norm: None };
     launch_checked_shape(device, call, out, shape).map(drop)
 }
 
@@ -388,7 +407,17 @@ pub fn matmul_swiglu_quantized_into(
 ) -> Result<bool, CudaError> {
     const OP: &str = "matmul_swiglu_quantized_into";
     check_next_input(OP, w_gate, x, next, n)?;
-    let call = MatvecCall { op: OP, w: w_gate, up: Some(w_up), input: Input::Quantized(x), n, accumulate: false, next: Some(next.target(device)), norm: None };
+    let call = MatvecCall {
+        op: OP,
+        w: w_gate,
+        up: Some(w_up),
+        input: Input::Quantized(x),
+        n,
+        accumulate: false,
+        bias: 0,
+        next: Some(next.target(device)),
+        norm: None,
+    };
     let stored = launch_storing(device, call, out, shape)?;
     if stored.is_some() {
         next.mark_filled(n);
@@ -518,8 +547,12 @@ fn product(
                     let shared = shared_input(device, w.cols)?;
                     let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
-                    return launch_matvec(device, MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, next: None, norm: None }, out)
-                        .map(drop);
+                    return launch_matvec(
+                        device,
+                        MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, bias: 0, next: None, norm: None },
+                        out,
+                    )
+                    .map(drop);
                 }
                 Storage::Float { .. } => input,
             }
@@ -532,7 +565,7 @@ fn product(
             return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
-    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, next: None, norm: None }, out).map(drop)
+    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, bias: 0, next: None, norm: None }, out).map(drop)
 }
 
 /// Whether `n` tokens of f32 activations times `w` take the mat-mat (tensor cores) rather
@@ -597,6 +630,8 @@ struct MatvecCall<'a> {
     input: Input<'a>,
     n: usize,
     accumulate: bool,
+    /// The device address of a bias added to every row's value (0: none).
+    bias: u64,
     /// The output stored again as the next product's int8 input, where the launch shape allows
     /// ([`next_input_target`]): a SwiGLU's as it is, a residual product's (`norm`) times the
     /// norm weight, its RMS scale deferred to the products that read it.
@@ -679,7 +714,7 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
 
 /// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]); returns its blocks.
 fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<u32, CudaError> {
-    let MatvecCall { op, w, up, input, n, accumulate, next, norm } = call;
+    let MatvecCall { op, w, up, input, n, accumulate, bias, next, norm } = call;
     let swiglu = up.is_some();
     let kind = call.kind();
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
@@ -712,16 +747,18 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
     };
     launch.arg(out).arg(&rows32);
     match (swiglu, &w.storage) {
-        (false, Storage::Quant { .. }) => launch.arg(&accumulate32).arg(&next_norm),
-        (false, Storage::Float { .. }) => launch.arg(&accumulate32),
+        (false, Storage::Quant { .. }) => launch.arg(&accumulate32).arg(&bias).arg(&next_norm),
+        (false, Storage::Float { .. }) if bias == 0 => launch.arg(&accumulate32),
+        (false, Storage::Float { .. }) => return Err(invalid(op, format!("a bias fused into the product of float weights ({})", w.name))),
         (true, Storage::Quant { .. }) => launch.arg(&next_codes).arg(&next_scales),
         (true, Storage::Float { .. }) => &mut launch,
     };
     // SAFETY: argument lists match matvec_* / matvec_swiglu_* of matvec_{legacy,kquant,float}.cu;
     // the weights cover rows x cols (same shape for gate and up, checked), the activations n
     // tokens of cols values (checked or quantized above) with their deferred norm's sums, and
-    // out n * rows values (checked); a next target (or null) holds n tokens of rows values, and
-    // its norm weight rows values and sums a value per token and block (checked by its caller).
+    // out n * rows values (checked), a bias (or null) rows values (checked by its caller); a next
+    // target (or null) holds n tokens of rows values, and its norm weight rows values and sums a
+    // value per token and block (checked by its caller).
     unsafe { launch.launch(cfg) }.map_err(CudaError::driver(format!("launching the {n}-token mat-vec of {}", w.name)))?;
     Ok(blocks)
 }

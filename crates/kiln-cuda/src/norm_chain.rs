@@ -78,23 +78,23 @@ pub(crate) fn chained_norm<T>(next: Option<T>, n: usize) -> Option<T> {
     next.filter(|_| n <= MAX_CHAINED_TOKENS)
 }
 
-/// `residual += x · Wᵀ` from int8 activations and, given `next` (see [`chained_norm`]), the
-/// norm of the new residual prepared in the same launch where its shape allows (returned, for
-/// the next call's products).
+/// `residual += x · Wᵀ (+ bias)` from int8 activations and, given `next` (see
+/// [`chained_norm`]), the norm of the new residual prepared in the same launch where its shape
+/// allows (returned, for the next call's products).
 pub(crate) fn matmul_add_then_norm(
     device: &CudaDevice,
-    w: &GpuWeight,
+    (w, bias): (&GpuWeight, Option<&CudaSlice<f32>>),
     x: &QuantizedActivations,
     residual: &mut CudaSlice<f32>,
     n: usize,
     next: Option<NextNormTarget>,
 ) -> Result<Option<CudaNormedInput>> {
     let Some(NextNormTarget { norm: (weight, eps), input, locked }) = next else {
-        matvec::matmul_quantized(device, w, x, residual, n, true).map_err(backend_error)?;
+        matvec::matmul_quantized(device, w, x, bias, residual, n, true).map_err(backend_error)?;
         return Ok(None);
     };
     let norm = (weight.buf(), eps);
-    if !matvec::matmul_add_normed(device, w, x, residual, n, norm, locked, None).map_err(backend_error)? {
+    if !matvec::matmul_add_normed(device, w, x, bias, residual, n, norm, locked, None).map_err(backend_error)? {
         return Ok(None);
     }
     Ok(Some(CudaNormedInput::new(device, input, locked, residual, norm, n)))
@@ -140,5 +140,5 @@ pub(crate) fn chained_swiglu_ffn(
         (None, None) => None,
     };
     let next_norm = chain_next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
-    matmul_add_then_norm(device, down, &next, x, n, next_norm)
+    matmul_add_then_norm(device, (down, None), &next, x, n, next_norm)
 }

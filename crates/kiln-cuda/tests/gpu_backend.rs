@@ -10,7 +10,7 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionParams, Backend, BackendError, NormChain, Qkv, RopeKind, RopeParams, WeightSource};
+use kiln_core::backend::{AttentionParams, Backend, BackendError, Linear, NormChain, Qkv, RopeKind, RopeParams, WeightSource};
 use kiln_core::plan::{KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, KV_BLOCK_SIZE};
 use kiln_core::sampling::{self, SamplingParams};
 use kiln_cuda::matvec::MAX_MATVEC_TOKENS;
@@ -399,7 +399,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
                     let buffer = QuantizedActivations::new(device, matvec::MAX_MATVEC_TOKENS, dim).expect("buffer");
                     matvec::rms_norm_quantize(device, &gx, &g_norm, eps, n, &buffer).expect("rms_norm_quantize");
                     let mut got = poisoned(gpu, n * q_rows);
-                    matvec::matmul_quantized(device, wq, &buffer, &mut got, n, false).expect("matmul_quantized");
+                    matvec::matmul_quantized(device, wq, &buffer, None, &mut got, n, false).expect("matmul_quantized");
                     assert_close(&what("rms_norm_quantize + matmul_quantized"), &download(gpu, &got, n * q_rows), &want_q, exact);
                     assert!(
                         matches!(
@@ -415,7 +415,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let mut scratch = poisoned(gpu, n * dim);
                 let out = [view_mut(&mut q, q_out), view_mut(&mut k, kv_out), view_mut(&mut v, kv_out)];
                 let norm_eps = (view(&g_norm, [dim]), eps);
-                gpu.norm_matmuls(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, wk, wv], out, None).expect("norm_matmuls");
+                gpu.norm_matmuls(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, wk, wv].map(Linear::plain), out, None).expect("norm_matmuls");
                 // Past the mat-vec range q, k and v go through one stacked mat-mat launch, whose
                 // measured shape (and so its decode rounding and split-K order) may differ from
                 // each product's own: they are checked against the CPU below instead.
@@ -438,10 +438,26 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let (mut cpu_k, mut cpu_v) = (vec![0f32; n * kv_rows], vec![0f32; n * kv_rows]);
                 let out = [view_mut(&mut cpu_q, q_out), view_mut(&mut cpu_k, kv_out), view_mut(&mut cpu_v, kv_out)];
                 let cpu_norm = (view(&norm, [dim]), eps);
-                pair.cpu.norm_matmuls(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[1], &cw[2]], out, None).expect("cpu");
-                assert_close(&what("norm_matmuls q vs cpu"), &download(gpu, &q, n * q_rows), &cpu_q, tolerance);
-                assert_close(&what("norm_matmuls k vs cpu"), &download(gpu, &k, n * kv_rows), &cpu_k, tolerance);
-                assert_close(&what("norm_matmuls v vs cpu"), &download(gpu, &v, n * kv_rows), &cpu_v, tolerance);
+                pair.cpu
+                    .norm_matmuls(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[1], &cw[2]].map(Linear::plain), out, None)
+                    .expect("cpu");
+                let (q, k, v) = (download(gpu, &q, n * q_rows), download(gpu, &k, n * kv_rows), download(gpu, &v, n * kv_rows));
+                assert_close(&what("norm_matmuls q vs cpu"), &q, &cpu_q, tolerance);
+                assert_close(&what("norm_matmuls k vs cpu"), &k, &cpu_k, tolerance);
+                assert_close(&what("norm_matmuls v vs cpu"), &v, &cpu_v, tolerance);
+
+                // Biases on q and v (qwen2, gpt-oss), which the mat-vec adds in its own launch:
+                // the same products plus the bias, up to the rounding of one addition.
+                let (bq, bv) = (random(&mut rng, q_rows, 1.0), random(&mut rng, kv_rows, 1.0));
+                let (gbq, gbv) = (upload(gpu, &bq), upload(gpu, &bv));
+                let (mut q2, mut k2, mut v2) = (poisoned(gpu, n * q_rows), poisoned(gpu, n * kv_rows), poisoned(gpu, n * kv_rows));
+                let out = [view_mut(&mut q2, q_out), view_mut(&mut k2, kv_out), view_mut(&mut v2, kv_out)];
+                let linears = [Linear::new(wq, Some(view(&gbq, [q_rows]))), Linear::plain(wk), Linear::new(wv, Some(view(&gbv, [kv_rows])))];
+                gpu.norm_matmuls(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), linears, out, None).expect("norm_matmuls with biases");
+                let plus = |x: &[f32], bias: &[f32]| x.iter().enumerate().map(|(i, v)| v + bias[i % bias.len()]).collect::<Vec<f32>>();
+                assert_close(&what("norm_matmuls q with bias"), &download(gpu, &q2, n * q_rows), &plus(&q, &bq), exact);
+                assert_close(&what("norm_matmuls k beside biases"), &download(gpu, &k2, n * kv_rows), &k, exact);
+                assert_close(&what("norm_matmuls v with bias"), &download(gpu, &v2, n * kv_rows), &plus(&v, &bv), exact);
 
                 let mut want_ffn = poisoned(gpu, n * q_rows);
                 matvec::matmul_swiglu(device, wq, w_up, &h, &mut want_ffn, n).expect("matmul_swiglu");
@@ -601,7 +617,8 @@ fn ffns_pass_prepared_norms_to_the_products_after_them() {
                     let (mut q, mut k, mut v) = (poisoned(gpu, n * dim), poisoned(gpu, n * dim / 4), poisoned(gpu, n * dim / 4));
                     let out = [view_mut(&mut q, rows), view_mut(&mut k, [n, dim / 4]), view_mut(&mut v, [n, dim / 4])];
                     let norm = (view(&norms[2], [dim]), eps);
-                    gpu.norm_matmuls(view(&gx, rows), norm, view_mut(&mut h, rows), [&qkv[0], &qkv[1], &qkv[2]], out, prepared).expect("norm_matmuls");
+                    gpu.norm_matmuls(view(&gx, rows), norm, view_mut(&mut h, rows), [&qkv[0], &qkv[1], &qkv[2]].map(Linear::plain), out, prepared)
+                        .expect("norm_matmuls");
                     let outputs = [download(gpu, &q, n * dim), download(gpu, &k, n * dim / 4), download(gpu, &v, n * dim / 4)];
                     (download(gpu, &gx, n * dim), outputs, count)
                 };

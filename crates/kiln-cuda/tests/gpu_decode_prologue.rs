@@ -6,7 +6,7 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionArgs, AttentionParams, Backend, DeferredPrologue, QkNorm, Qkv, RopeKind, RopeParams};
+use kiln_core::backend::{AttentionArgs, AttentionParams, Backend, DeferredPrologue, Linear, QkNorm, Qkv, RopeKind, RopeParams};
 use kiln_core::plan::{KvType, KV_BLOCK_SIZE};
 use kiln_quant::GgmlType;
 use rand::seq::SliceRandom;
@@ -44,9 +44,11 @@ fn decode_attention_with_its_prologue_matches_the_separate_cpu_ops() {
         (8, 8, 128, 64, true, RopeKind::Neox),
         (6, 2, 80, 32, false, RopeKind::Normal),
     ];
-    for (n_heads, n_kv_heads, head_dim, n_rot, with_norm, kind) in shapes {
+    for (i, (n_heads, n_kv_heads, head_dim, n_rot, with_norm, kind)) in shapes.into_iter().enumerate() {
         let (q_width, kv_width) = (n_heads * head_dim, n_kv_heads * head_dim);
-        let what = format!("{n_heads}/{n_kv_heads} heads of {head_dim}, rope {n_rot} {kind:?}, norms {with_norm}");
+        // Every other output product has a bias (gpt-oss), added in the product's launch.
+        let wo_bias = (i % 2 == 0).then(|| random(&mut rng, EMBD, 1.0));
+        let what = format!("{n_heads}/{n_kv_heads} heads of {head_dim}, rope {n_rot} {kind:?}, norms {with_norm}, bias {}", wo_bias.is_some());
         let params = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
         let rope = RopeParams { kind };
         let inv_freq: Vec<f32> = (0..n_rot / 2).map(|i| 1e6f32.powf(-2.0 * i as f32 / n_rot as f32)).collect();
@@ -89,7 +91,8 @@ fn decode_attention_with_its_prologue_matches_the_separate_cpu_ops() {
         cpu.attention_prologue(qkv, norms, view(&inv_freq, freqs), &rope, &mut caches.cpu, &pair.cpu_step).expect("cpu prologue");
         let (mut want_out, mut want_x, mut tmp) = (vec![0f32; n * q_width], residual.clone(), vec![0f32; n * EMBD]);
         let args = AttentionArgs { q: view(&cq, [n, q_width]), cache: &caches.cpu, sinks: None, step: &pair.cpu_step, params: &params, prologue: None };
-        cpu.attention_matmul_add(args, view_mut(&mut want_out, [n, q_width]), &wo, view_mut(&mut want_x, x_shape), view_mut(&mut tmp, x_shape), None)
+        let linear = Linear::new(&wo, wo_bias.as_ref().map(|b| view(b, [EMBD])));
+        cpu.attention_matmul_add(args, view_mut(&mut want_out, [n, q_width]), linear, view_mut(&mut want_x, x_shape), view_mut(&mut tmp, x_shape), None)
             .expect("cpu attention");
 
         // GPU: the attention takes the prologue itself, from the projections as they are.
@@ -107,7 +110,9 @@ fn decode_attention_with_its_prologue_matches_the_separate_cpu_ops() {
         let (mut got_out, mut got_x, mut gtmp) = (poisoned(gpu, n * q_width), upload(gpu, &residual), poisoned(gpu, n * EMBD));
         let args =
             AttentionArgs { q: view(&gq, [n, q_width]), cache: &caches.gpu, sinks: None, step: &pair.gpu_step, params: &params, prologue: Some(prologue) };
-        gpu.attention_matmul_add(args, view_mut(&mut got_out, [n, q_width]), &wo, view_mut(&mut got_x, x_shape), view_mut(&mut gtmp, x_shape), None)
+        let gpu_bias = wo_bias.as_ref().map(|b| upload(gpu, b));
+        let linear = Linear::new(&wo, gpu_bias.as_ref().map(|b| view(b, [EMBD])));
+        gpu.attention_matmul_add(args, view_mut(&mut got_out, [n, q_width]), linear, view_mut(&mut got_x, x_shape), view_mut(&mut gtmp, x_shape), None)
             .expect("gpu attention with its prologue");
         assert_close(&format!("{what}: attention"), &download(gpu, &got_out, n * q_width), &want_out, OUT_TOLERANCE);
         assert_close(&format!("{what}: residual"), &download(gpu, &got_x, n * EMBD), &want_x, RESIDUAL_TOLERANCE);
@@ -149,6 +154,7 @@ fn only_tensor_core_decode_steps_defer_the_prologue() {
     let wo = pair.cpu.upload_weight(weight_source("wo", GgmlType::F32, 16, 8 * 64, &vec![0.1f32; 16 * 8 * 64])).expect("cpu weight");
     let (mut out, mut x, mut tmp) = (vec![0f32; 8 * 64], vec![0f32; 16], vec![0f32; 16]);
     let args = AttentionArgs { q: view(&q, [1, 8 * 64]), cache: &f16.cpu, sinks: None, step: &pair.cpu_step, params: &params, prologue: Some(prologue) };
-    let refused = pair.cpu.attention_matmul_add(args, view_mut(&mut out, [1, 8 * 64]), &wo, view_mut(&mut x, [1, 16]), view_mut(&mut tmp, [1, 16]), None);
+    let refused =
+        pair.cpu.attention_matmul_add(args, view_mut(&mut out, [1, 8 * 64]), Linear::plain(&wo), view_mut(&mut x, [1, 16]), view_mut(&mut tmp, [1, 16]), None);
     assert!(refused.is_err(), "the CPU refuses a deferred prologue");
 }

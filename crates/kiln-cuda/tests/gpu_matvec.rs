@@ -325,7 +325,9 @@ fn float_weights_on_one_token_match_the_reference() {
 }
 
 /// Stacked launches give each weight its own product: three weights of one format (q, k, v),
-/// and two of one format then one of another (two launches), for every quantized format.
+/// and two of one format then one of another (two launches), for every quantized format; with
+/// biases on every weight (3 tokens), on the first and last (1 token: a null one between, and
+/// a weight launched alone), or none (8 tokens).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn stacked_products_match_each_weight() {
@@ -345,13 +347,23 @@ fn stacked_products_match_each_weight() {
                     matvec::quantize_activations(device(), &upload_f32(&x), n, &mut q).expect("quantize");
                     let [mut a, mut b, mut c] = rows.map(|r| poisoned(n * r));
                     let weights: Vec<&GpuWeight> = gpu.iter().collect();
-                    if let Err(e) = matvec::matmul_stacked_quantized(device(), &weights, &q, &mut [&mut a, &mut b, &mut c], n) {
+                    let biased = match n {
+                        1 => [true, false, true],
+                        3 => [true; 3],
+                        _ => [false; 3],
+                    };
+                    let biases: Vec<Option<Vec<f32>>> = rows.iter().zip(biased).map(|(&r, b)| b.then(|| random_f32(&mut rng, r))).collect();
+                    let gpu_biases: Vec<_> = biases.iter().map(|b| b.as_ref().map(|b| upload_f32(b))).collect();
+                    let bias_refs: Vec<_> = gpu_biases.iter().map(Option::as_ref).collect();
+                    if let Err(e) = matvec::matmul_stacked_quantized(device(), &weights, &bias_refs, &q, &mut [&mut a, &mut b, &mut c], n) {
                         failures.push(format!("{case}: {e}"));
                         continue;
                     }
-                    for ((out, host), name) in [a, b, c].iter().zip(&hosts).zip(["a", "b", "c"]) {
+                    for (((out, host), name), bias) in [a, b, c].iter().zip(&hosts).zip(["a", "b", "c"]).zip(&biases) {
                         let got = download(out, n * host.rows, &mut failures, &case);
-                        check(&mut failures, &format!("{case} {name}"), &got, &host.products(&x, n).0);
+                        let product = host.products(&x, n).0;
+                        let want = bias.as_ref().map_or(product.clone(), |b| product.with_bias(b));
+                        check(&mut failures, &format!("{case} {name}, bias {}", bias.is_some()), &got, &want);
                     }
                 }
             }
@@ -423,7 +435,7 @@ fn prequantized_activations_serve_several_weights() {
         let case = format!("prequantized {}", host.ty);
         let (mut direct, mut shared_out) = (poisoned(n * rows), poisoned(n * rows));
         matvec::matmul(device(), weight, &x_gpu, &mut direct, n).expect("matmul");
-        matvec::matmul_quantized(device(), weight, &shared, &mut shared_out, n, false).expect("matmul_quantized");
+        matvec::matmul_quantized(device(), weight, &shared, None, &mut shared_out, n, false).expect("matmul_quantized");
         let direct = download(&direct, n * rows, &mut failures, &case);
         let shared_out = download(&shared_out, n * rows, &mut failures, &case);
         if direct.iter().zip(&shared_out).any(|(a, b)| a.to_bits() != b.to_bits()) {
@@ -440,7 +452,7 @@ fn prequantized_activations_serve_several_weights() {
     assert!(matches!(matvec::quantize_activations(device(), &x_gpu, 5, &mut shared), Err(CudaError::InvalidArgument { .. })));
     let float = HostWeight::random(&mut rng, GgmlType::F16, rows, cols).upload("f16");
     let mut out = poisoned(n * rows);
-    assert!(matches!(matvec::matmul_quantized(device(), &float, &shared, &mut out, n, false), Err(CudaError::InvalidArgument { .. })));
+    assert!(matches!(matvec::matmul_quantized(device(), &float, &shared, None, &mut out, n, false), Err(CudaError::InvalidArgument { .. })));
     report("prequantized", failures);
 }
 
@@ -644,7 +656,7 @@ fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
 /// reading `rms_norm_quantize` of the new residual within 1e-3 relative L2 (the codes quantize
 /// `x * weight` instead of `x * weight / rms`: the same but at rounding ties, one step of a
 /// chunk's scale), and elsewhere nothing is claimed stored. Rows of 1,024 and 528 (not whole
-/// tiles: never stored); 1 and 3 tokens.
+/// tiles: never stored); 1 and 3 tokens, the second with a bias.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
@@ -658,7 +670,10 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
             let reader = (rows % 512 == 0).then(|| HostWeight::random(&mut rng, ty, 64, rows).upload("reader"));
             let norm = upload_f32(&random_f32(&mut rng, rows).iter().map(|v| 1.0 + 0.5 * v).collect::<Vec<_>>());
             for n in [1, 3] {
-                let case = format!("{ty} {rows}x{cols} n={n}");
+                // Three tokens with a bias, added in the same launch.
+                let bias = (n == 3).then(|| random_f32(&mut rng, rows));
+                let gpu_bias = bias.as_ref().map(|b| upload_f32(b));
+                let case = format!("{ty} {rows}x{cols} n={n}, bias {}", bias.is_some());
                 let mut x = QuantizedActivations::new(device(), n, cols).expect("activations");
                 matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, n * cols)), n, &mut x).expect("quantize");
                 let residual = random_f32(&mut rng, n * rows);
@@ -668,7 +683,7 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
                     matvec::matmul_quantized_with_shape(device(), &w, None, &x, &mut want, n, true, shape).expect("plain add");
                     let mut got = upload_f32(&residual);
                     let next = QuantizedActivations::new(device(), n, rows).expect("next");
-                    let stored = match matvec::matmul_add_normed(device(), &w, &x, &mut got, n, (&norm, eps), &next, Some(shape)) {
+                    let stored = match matvec::matmul_add_normed(device(), &w, &x, gpu_bias.as_ref(), &mut got, n, (&norm, eps), &next, Some(shape)) {
                         Ok(stored) => stored,
                         Err(e) => {
                             failures.push(format!("{case} shape {shape}: {e}"));
@@ -676,8 +691,19 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
                         }
                     };
                     let (got_x, want_x) = (download(&got, n * rows, &mut failures, &case), download(&want, n * rows, &mut failures, &case));
-                    if got_x.iter().zip(&want_x).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                        failures.push(format!("{case} shape {shape}: the residual differs from the plain accumulating launch's"));
+                    match &bias {
+                        // The bias is added to the product before the residual: a rounding or two apart.
+                        Some(bias) => {
+                            let want_biased: Vec<f32> = want_x.iter().enumerate().map(|(i, v)| v + bias[i % rows]).collect();
+                            if got_x.iter().zip(&want_biased).any(|(a, b)| (a - b).abs() > 1e-5 * b.abs().max(1.0)) {
+                                failures.push(format!("{case} shape {shape}: the residual differs from the plain accumulating launch's plus the bias"));
+                            }
+                            want = upload_f32(&want_biased);
+                        }
+                        None if got_x.iter().zip(&want_x).any(|(a, b)| a.to_bits() != b.to_bits()) => {
+                            failures.push(format!("{case} shape {shape}: the residual differs from the plain accumulating launch's"));
+                        }
+                        None => {}
                     }
                     if stored != next.has_deferred_norm() {
                         failures.push(format!("{case} shape {shape}: stored {stored}, but the input's deferred norm says otherwise"));
@@ -690,8 +716,8 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
                     let separate = QuantizedActivations::new(device(), n, rows).expect("separate");
                     matvec::rms_norm_quantize(device(), &want, &norm, eps, n, &separate).expect("norm");
                     let (mut y, mut y_want) = (poisoned(n * 64), poisoned(n * 64));
-                    matvec::matmul_quantized(device(), reader, &next, &mut y, n, false).expect("reader of the prepared input");
-                    matvec::matmul_quantized(device(), reader, &separate, &mut y_want, n, false).expect("reader of the separate norm");
+                    matvec::matmul_quantized(device(), reader, &next, None, &mut y, n, false).expect("reader of the prepared input");
+                    matvec::matmul_quantized(device(), reader, &separate, None, &mut y_want, n, false).expect("reader of the separate norm");
                     let (y, y_want) = (download(&y, n * 64, &mut failures, &case), download(&y_want, n * 64, &mut failures, &case));
                     let (diff, norm2) = y.iter().zip(&y_want).fold((0f64, 0f64), |(d, w), (a, b)| (d + f64::from(a - b).powi(2), w + f64::from(*b).powi(2)));
                     let rel_l2 = (diff / norm2.max(f64::MIN_POSITIVE)).sqrt();

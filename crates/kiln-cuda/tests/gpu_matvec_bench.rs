@@ -78,7 +78,8 @@ fn matvec_bandwidth_on_8b_shapes() {
                 let mut q = QuantizedActivations::new(device(), 8, cols).expect("activations");
                 matvec::quantize_activations(device(), &x, 8, &mut q).expect("quantize");
                 for n in [1, 4, 8] {
-                    let ms = time_ms(ROUNDS * copies, |i| matvec::matmul_quantized(device(), &weights[i % copies], &q, &mut out, n, false).expect("matvec"));
+                    let ms =
+                        time_ms(ROUNDS * copies, |i| matvec::matmul_quantized(device(), &weights[i % copies], &q, None, &mut out, n, false).expect("matvec"));
                     let (rows_per_warp, batch) = matvec::matvec_shape(device(), &weights[0], n, false);
                     kernel.push(format!("{:6.0} ({:4.1}%, {rows_per_warp}x{batch})", gbps(ms), 100.0 * gbps(ms) / PEAK_GBPS));
                 }

@@ -4,8 +4,8 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, NormChain, QkNorm, Qkv, RopeParams, RouterArgs,
-    RouterParams, TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, Linear, NormChain, QkNorm, Qkv, RopeParams,
+    RouterArgs, RouterParams, TensorMut,
 };
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
@@ -172,22 +172,25 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
                     attention_prologue(p, at, aw, caches, a)?;
                 }
                 let q_width = at.n_head * at.head_dim;
-                match (&aw.wo_bias, p.reduce) {
-                    (None, None) if !at.gated => {
+                let wo_bias = aw.wo_bias.as_ref().map(|b| b.whole());
+                match p.reduce {
+                    None if !at.gated => {
                         let (cache, step) = caches.get(at.cache)?;
                         let params = attention_params(at, p.max_seq_len);
                         let prologue = if defer { Some(deferred_prologue(p, at, aw, [&a.k, &a.v])?) } else { None };
                         let sinks = aw.sinks.as_ref().map(|s| s.whole());
                         let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks, step, params: &params, prologue };
                         let ffn_norm = swiglu_ffn(p, lc, l).map(|_| (l.ffn_norm.whole(), c.rms_eps));
-                        prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
+                        let wo = Linear::new(&aw.wo, wo_bias);
+                        prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
                     }
-                    (bias, _) => {
+                    _ => {
                         attention(p, at, aw, caches, a)?;
                         b.matmul(&aw.wo, a.att.rows(n, q_width)?, a.tmp.rows_mut(n, e)?)?;
+                        // The ranks' partial products are summed before the bias is added once.
                         sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
-                        if let Some(bias) = bias {
-                            b.add_bias(a.tmp.rows_mut(n, e)?, bias.whole())?;
+                        if let Some(bias) = wo_bias {
+                            b.add_bias(a.tmp.rows_mut(n, e)?, bias)?;
                         }
                         b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?)?;
                     }
@@ -220,7 +223,7 @@ fn delta_net<B: Backend>(
     let (conv_dim, heads, v_width) = (d.conv_dim(), d.n_v_heads, d.v_width());
     let params = recurrent::params(d);
     let projections = [s.qkv.rows_mut(n, conv_dim)?, s.z.rows_mut(n, v_width)?, s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?];
-    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta], projections, None)?;
+    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta].map(Linear::plain), projections, None)?;
     b.delta_net_gates(s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?, w.a.whole(), w.dt_bias.whole())?;
     let [conv, ssm] = states.layer(d.state, &params)?;
     b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
@@ -302,10 +305,11 @@ fn norm_add<B: Backend>(p: &Pass<B>, norm: Option<&B::Buffer>, a: &mut Workspace
 }
 
 /// Whether this layer's attention takes its prologue itself (the fused attention of
-/// `pre_norm`, for a layer with its own plain keys and values: no biases, v norm or gate).
+/// `pre_norm`, for a layer with its own plain keys and values: no v norm or gate; biases are
+/// the projections').
 fn defers_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>) -> Result<bool> {
-    let plain = matches!(at.kv, KvSource::Own { v_from_k: false }) && l.wk.is_some() && l.bias.is_none() && l.v_norm.is_none();
-    if !plain || at.gated || l.wo_bias.is_some() || p.reduce.is_some() {
+    let plain = matches!(at.kv, KvSource::Own { v_from_k: false }) && l.wk.is_some() && l.v_norm.is_none();
+    if !plain || at.gated || p.reduce.is_some() {
         return Ok(false);
     }
     let (cache, step) = caches.get(at.cache)?;
@@ -353,7 +357,9 @@ fn attention_projections<B: Backend>(
         (KvSource::Own { v_from_k }, Some(wk)) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
             let qkv = [a.q.rows_mut(n, q_proj)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&l.wq, wk, wv], qkv, prepared)?;
+            let bias = |i: usize| l.bias.as_ref().map(|b| b[i].whole());
+            let linears = [Linear::new(&l.wq, bias(0)), Linear::new(wk, bias(1)), Linear::new(wv, bias(2))];
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, linears, qkv, prepared)?;
         }
         (KvSource::Shared { .. }, None) => {
             b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
@@ -371,9 +377,9 @@ fn attention_projections<B: Backend>(
     Ok(())
 }
 
-/// The attention prologue after the projections: biases, q/k/v norms, rope with the layer's
-/// table and the step's K/V stored in the layer's cache (read through the step of the cache's
-/// pool); the final queries are left in `a.q`.
+/// The attention prologue after the projections (which added the biases): q/k/v norms, rope
+/// with the layer's table and the step's K/V stored in the layer's cache (read through the step
+/// of the cache's pool); the final queries are left in `a.q`.
 fn attention_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &AttentionWeights<B>, caches: &mut LayerCaches<B>, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n) = (p.b, &p.w.config, p.n);
     let (heads, kv_heads, hd) = (at.n_head, at.n_head_kv, at.head_dim);
@@ -382,11 +388,6 @@ fn attention_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &Attenti
     let table = p.w.rope_tables[at.rope].whole();
     let (cache, step) = caches.get(at.cache)?;
     if l.wk.is_some() {
-        if let Some([bq, bk, bv]) = &l.bias {
-            b.add_bias(a.q.rows_mut(n, q_width)?, bq.whole())?;
-            b.add_bias(a.k.rows_mut(n, kv_width)?, bk.whole())?;
-            b.add_bias(a.v.rows_mut(n, kv_width)?, bv.whole())?;
-        }
         let v = match &l.v_norm {
             Some(ones) => {
                 b.rms_norm(a.v.view([n, kv_heads, hd])?, ones.whole(), a.v_normed.view_mut([n, kv_heads, hd])?, c.rms_eps)?;
@@ -536,7 +537,7 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
         }
         act => {
             let projections = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], projections, None)?;
+            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up].map(Linear::plain), projections, None)?;
             b.gated(act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
         }
     }
@@ -590,7 +591,7 @@ fn lm_head<B: Backend>(p: &Pass<B>, a: &mut Workspace<B>, prepared: Option<B::No
         a.rows.rows(rows, e)?
     };
     let norm = (p.w.output_norm.whole(), c.rms_eps);
-    b.norm_matmuls(x, norm, a.h.rows_mut(rows, e)?, [p.w.lm_head()], [a.logits.rows_mut(rows, c.n_vocab)?], prepared)?;
+    b.norm_matmuls(x, norm, a.h.rows_mut(rows, e)?, [Linear::plain(p.w.lm_head())], [a.logits.rows_mut(rows, c.n_vocab)?], prepared)?;
     if let Some(cap) = c.final_softcap {
         b.softcap(a.logits.rows_mut(rows, c.n_vocab)?, cap)?;
     }

@@ -123,6 +123,7 @@ fn launch_choice(
             },
             outs,
             &rows,
+            |_| {},
         )
     }
     .map_err(failed("mat-mat"))?;

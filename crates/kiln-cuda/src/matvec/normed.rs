@@ -12,22 +12,24 @@
 use cudarc::driver::CudaSlice;
 
 use super::{
-    check_len, check_next_input, device_address, input_for_width, invalid, launch_storing, GpuWeight, Input, MatvecCall, NormStore, QuantizedActivations,
-    SharedInput,
+    bias_address, check_len, check_next_input, device_address, input_for_width, invalid, launch_storing, GpuWeight, Input, MatvecCall, NormStore,
+    QuantizedActivations, SharedInput,
 };
 use crate::{CudaDevice, CudaError};
 
 /// `residual += x · Wᵀ` for `n` tokens of int8 activations `x` (the quantized mat-vec) and,
 /// where the launch shape lets each block hold whole 16-row chunks, `next` filled with the
 /// RMSNorm of the new residual with `norm` = (weight, eps) as a deferred norm
-/// ([`QuantizedActivations::has_deferred_norm`]). The shape is the one measured for the
-/// product, or `shape` whatever measurement would pick (tests). Returns whether `next` was
-/// filled; if not, only the sum was done and `next` is as it was.
+/// ([`QuantizedActivations::has_deferred_norm`]); `bias` (`w.rows` values), where given, is
+/// added with the product. The shape is the one measured for the product, or `shape` whatever
+/// measurement would pick (tests). Returns whether `next` was filled; if not, only the sum was
+/// done and `next` is as it was.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_add_normed(
     device: &CudaDevice,
     w: &GpuWeight,
     x: &QuantizedActivations,
+    bias: Option<&CudaSlice<f32>>,
     residual: &mut CudaSlice<f32>,
     n: usize,
     norm: (&CudaSlice<f32>, f32),
@@ -41,7 +43,8 @@ pub fn matmul_add_normed(
     }
     check_len(OP, "norm weight", norm.0.len(), w.rows)?;
     let store = NormStore { weight: device_address(device, norm.0), parts: device_address(device, &next.norm_parts) };
-    let call = MatvecCall { op: OP, w, up: None, input: Input::Quantized(x), n, accumulate: true, next: Some(next.target(device)), norm: Some(store) };
+    let bias = bias_address(device, OP, w, bias)?;
+    let call = MatvecCall { op: OP, w, up: None, input: Input::Quantized(x), n, accumulate: true, bias, next: Some(next.target(device)), norm: Some(store) };
     let blocks = launch_storing(device, call, residual, shape)?;
     if let Some(blocks) = blocks {
         next.mark_filled_normed(n, blocks, norm.1);

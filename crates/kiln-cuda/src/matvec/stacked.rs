@@ -9,7 +9,10 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
-use super::{invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS, MAX_MATVEC_TOKENS};
+use super::{
+    bias_address, invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS,
+    MAX_MATVEC_TOKENS,
+};
 use crate::{CudaDevice, CudaError};
 
 /// The most weights one launch takes (the kernel's parameters a, b, c).
@@ -17,30 +20,43 @@ pub(super) const MAX_STACKED: usize = 3;
 
 const OP: &str = "matmul_stacked_quantized";
 
-/// `outs[i] = x Wi^T` for `n` tokens of activations quantized once (as [`matmul_quantized`]
-/// computes each), with each run of consecutive weights of one quantized format and width in
-/// one launch.
+/// `outs[i] = x Wi^T + bias[i]` for `n` tokens of activations quantized once (as
+/// [`matmul_quantized`] computes each), with each run of consecutive weights of one quantized
+/// format and width in one launch. `biases`: one per weight (None: that product has none).
 pub fn matmul_stacked_quantized(
     device: &CudaDevice,
     weights: &[&GpuWeight],
+    biases: &[Option<&CudaSlice<f32>>],
     x: &QuantizedActivations,
     outs: &mut [&mut CudaSlice<f32>],
     n: usize,
 ) -> Result<(), CudaError> {
-    if weights.len() != outs.len() {
-        return Err(invalid(OP, format!("{} weights but {} outputs", weights.len(), outs.len())));
+    if weights.len() != outs.len() || weights.len() != biases.len() {
+        return Err(invalid(OP, format!("{} weights but {} outputs and {} biases", weights.len(), outs.len(), biases.len())));
     }
     let mut start = 0;
     while start < weights.len() {
         let end = start + stackable_run(&weights[start..]);
         if end - start == 1 {
-            matmul_quantized(device, weights[start], x, outs[start], n, false)?;
+            matmul_quantized(device, weights[start], x, biases[start], outs[start], n, false)?;
         } else {
-            launch_stacked(device, &weights[start..end], x, &mut outs[start..end], n)?;
+            let mut bias = [0u64; MAX_STACKED];
+            for ((address, w), b) in bias.iter_mut().zip(&weights[start..end]).zip(&biases[start..end]) {
+                *address = bias_address(device, OP, w, *b)?;
+            }
+            let run = Stacked { weights: &weights[start..end], bias };
+            launch_stacked(device, run, x, &mut outs[start..end], n)?;
         }
         start = end;
     }
     Ok(())
+}
+
+/// A run of weights for one stacked launch, with the device addresses of their biases (0: none).
+#[derive(Clone, Copy)]
+struct Stacked<'a> {
+    weights: &'a [&'a GpuWeight],
+    bias: [u64; MAX_STACKED],
 }
 
 /// `outs[i] = x Wi^T` for one token of f32 activations in one launch, when every weight is a
@@ -86,6 +102,7 @@ pub fn matmul_stacked_float(
             },
             outs,
             &rows,
+            |_| {},
         )
     }
     .map_err(CudaError::driver(format!("launching the stacked float mat-vec of {}", first.name)))?;
@@ -105,10 +122,11 @@ pub(super) fn stackable(a: &GpuWeight, b: &GpuWeight) -> bool {
     a.ty == b.ty && a.cols == b.cols && matches!((&a.storage, &b.storage), (Storage::Quant { .. }, Storage::Quant { .. }))
 }
 
-fn launch_stacked(device: &CudaDevice, weights: &[&GpuWeight], x: &QuantizedActivations, outs: &mut [&mut CudaSlice<f32>], n: usize) -> Result<(), CudaError> {
+fn launch_stacked(device: &CudaDevice, run: Stacked<'_>, x: &QuantizedActivations, outs: &mut [&mut CudaSlice<f32>], n: usize) -> Result<(), CudaError> {
     if n == 0 {
         return Ok(());
     }
+    let weights = run.weights;
     let first = weights[0];
     let filled = x.filled_tokens.load(Ordering::Relaxed).min(MAX_MATVEC_TOKENS);
     if x.cols != first.cols || n > filled {
@@ -123,19 +141,20 @@ fn launch_stacked(device: &CudaDevice, weights: &[&GpuWeight], x: &QuantizedActi
         }
     }
     let key = TuneKey::stacked(device, weights, n);
-    let shape = choose_shape(device, key, first, |_| 0.0, |shape| launch_shape(device, weights, x, outs, n, shape))?;
-    launch_shape(device, weights, x, outs, n, shape)
+    let shape = choose_shape(device, key, first, |_| 0.0, |shape| launch_shape(device, run, x, outs, n, shape))?;
+    launch_shape(device, run, x, outs, n, shape)
 }
 
 /// One launch with `shape` (index into [`MATVEC_SHAPES`]); 2 or 3 weights, checked by the caller.
 fn launch_shape(
     device: &CudaDevice,
-    weights: &[&GpuWeight],
+    run: Stacked<'_>,
     x: &QuantizedActivations,
     outs: &mut [&mut CudaSlice<f32>],
     n: usize,
     shape: usize,
 ) -> Result<(), CudaError> {
+    let weights = run.weights;
     let first = weights[0];
     let function = first.kernels.get(device, &first.storage, Kernel::Matvec { ntok: n, kind: MatvecKind::Stacked, shape })?;
     let rows_per_block = MATVEC_SHAPES[shape].rows_per_block(MatvecKind::Stacked);
@@ -147,11 +166,12 @@ fn launch_shape(
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (MATVEC_SHAPES[shape].threads(), 1, 1), shared_mem_bytes: 0 };
     let input_norm = x.input_norm_arg(device);
     // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
-    // quantized activations with their deferred norm, then the outputs and rows; the weights
-    // share one quantized format and width (`stackable`), the activations hold n tokens of that
-    // width (checked) and each
-    // output n times its weight's rows (checked).
+    // quantized activations with their deferred norm, then the outputs and rows, then the
+    // biases; the weights share one quantized format and width (`stackable`), the activations
+    // hold n tokens of that width (checked), each output n times its weight's rows and each
+    // bias (or null) its weight's rows (checked).
     unsafe {
+        let bias = &run.bias;
         launch_stacked_kernel(
             device,
             function,
@@ -162,6 +182,9 @@ fn launch_shape(
             },
             outs,
             &rows,
+            |launch| {
+                launch.arg(&bias[0]).arg(&bias[1]).arg(&bias[2]);
+            },
         )
     }
     .map_err(CudaError::driver(format!("launching the {n}-token stacked mat-vec of {}", first.name)))
@@ -169,11 +192,13 @@ fn launch_shape(
 
 /// Launches a stacked kernel with its arguments: three weights (the last repeated when there
 /// are two), the input `push_input` adds, the outputs (a null third when there are two: it has
-/// no rows, so no block reads its weight or writes it) and the three row counts.
+/// no rows, so no block reads its weight or writes it), the three row counts and what
+/// `push_tail` adds.
 ///
 /// # Safety
 /// `function` must take exactly those parameters, and each output must hold what its weight's
 /// rows make for the launch's tokens.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn launch_stacked_kernel<'a>(
     device: &'a CudaDevice,
     function: &'a CudaFunction,
@@ -182,6 +207,7 @@ pub(super) unsafe fn launch_stacked_kernel<'a>(
     push_input: impl FnOnce(&mut LaunchArgs<'a>),
     outs: &'a mut [&mut CudaSlice<f32>],
     rows: &'a [u32; MAX_STACKED],
+    push_tail: impl FnOnce(&mut LaunchArgs<'a>),
 ) -> Result<(), DriverError> {
     let mut launch = device.stream().launch_builder(function);
     for i in 0..MAX_STACKED {
@@ -196,5 +222,6 @@ pub(super) unsafe fn launch_stacked_kernel<'a>(
         launch.arg(&NO_OUTPUT);
     }
     launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
+    push_tail(&mut launch);
     launch.launch(cfg).map(drop)
 }

@@ -271,6 +271,13 @@ impl Expected {
         out
     }
 
+    /// The product plus a bias per row (outputs `[n][rows]`); the bias adds one f32 rounding,
+    /// far under the product's.
+    pub fn with_bias(&self, bias: &[f32]) -> Expected {
+        let values = self.values.iter().enumerate().map(|(i, v)| v + f64::from(bias[i % bias.len()])).collect();
+        Expected { values, scale: self.scale.clone() }
+    }
+
     /// ||got - values|| / ||scale||; infinite when an output is not finite.
     pub fn error(&self, got: &[f32]) -> f64 {
         if !got.iter().all(|v| v.is_finite()) {
