@@ -20,8 +20,8 @@ pub enum DevCommand {
 pub struct RandomModelArgs {
     /// Output GGUF file.
     pub output: PathBuf,
-    /// Model shape: llama3-8b, llama3-70b, qwen3-8b, qwen3-0.6b, qwen3-30b-a3b, gemma4-26b-a4b,
-    /// qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3.
+    /// Model shape: llama3-8b, llama3-70b, qwen3-8b, qwen2.5-7b, qwen3-0.6b, qwen3-30b-a3b,
+    /// gemma4-26b-a4b, qwen3.5-35b-a3b, gpt-oss-20b, tiny-llama, tiny-qwen3, tiny-qwen2.
     #[arg(long)]
     pub shape: String,
     /// File type, as for `kiln quantize`, and the IQ1, IQ2, IQ3_XXS and Q2_K_S mixes, which

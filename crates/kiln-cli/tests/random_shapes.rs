@@ -36,6 +36,8 @@ fn full_size_plans_match_the_published_models() {
         ("gemma4-26b-a4b", 25.2e9, 15.6, 0.05),
         ("qwen3.5-35b-a3b", 35.0e9, 19.7, 0.05),
         ("gpt-oss-20b", 20.9e9, 11.3, 0.05),
+        // Qwen2.5-7B-Instruct's Q4_K_M release: 4.68 GB.
+        ("qwen2.5-7b", 7.62e9, 4.36, 0.02),
     ];
     for (shape, params, gib, tol) in cases {
         let out = dry_run(shape);
@@ -50,6 +52,9 @@ fn full_size_plans_match_the_published_models() {
     assert_eq!(planned_type(&q3, "blk.10.ffn_gate_exps.weight"), "Q4_K");
     assert_eq!(planned_type(&q3, "blk.10.ffn_gate_inp.weight"), "F32");
     assert_eq!(planned_type(&q3, "output.weight"), "Q6_K");
+    let q25 = dry_run("qwen2.5-7b");
+    assert_eq!(planned_type(&q25, "blk.0.attn_q.bias"), "F32", "qwen2's projection biases");
+    assert_eq!(planned_type(&q25, "blk.0.attn_v.weight"), "Q6_K");
     let oss = dry_run("gpt-oss-20b");
     assert_eq!(planned_type(&oss, "blk.3.ffn_up_exps.weight"), "MXFP4");
     assert_eq!(planned_type(&oss, "blk.3.attn_q.weight"), "Q8_0");

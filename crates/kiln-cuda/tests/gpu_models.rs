@@ -200,6 +200,52 @@ fn models_match_the_float64_references() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A qwen2 model (biases on q, k and v, which the mat-vec adds in its own launch and the decode
+/// attention then takes with its prologue) in Q8_0 and Q4_K_M, written by `random-model`: the
+/// GPU against the CPU in f32 on dequantized weights, within the bounds the float64 references
+/// allow each path (batch: f16 mat-mat; one token: int8 activations), and its graph decode
+/// equal to its eager one.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn biased_projections_match_the_cpu() {
+    use kiln_quant::file::{parse_file_type, QuantizeOptions};
+    use kiln_quant::synthetic::{find_shape, RandomModel};
+    let _gpu_use = exclusive_gpu();
+    let (gpu, cpu) = (Arc::new(gpu()), Arc::new(CpuBackend::exact()));
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut rng = rng("biased_projections");
+    let tokens: Vec<u32> = (0..20).map(|_| rng.gen_range(1..500)).collect();
+    let mut failures = Vec::new();
+    for file_type in ["Q8_0", "Q4_K_M"] {
+        let path = dir.path().join(format!("tiny-qwen2-{file_type}.gguf"));
+        let options = QuantizeOptions::new(parse_file_type(file_type).expect("file type"));
+        RandomModel::new(find_shape("tiny-qwen2").expect("shape"), 3).write(&path, &options, &()).expect("writing the model");
+        let (run, cpu_run) = match (run_model(gpu.clone(), &path, &tokens, 12, KvType::F16), run_model(cpu.clone(), &path, &tokens, 1, KvType::F32)) {
+            (Ok(g), Ok(c)) => (g, c),
+            (g, c) => {
+                failures.extend(g.err().into_iter().chain(c.err()));
+                continue;
+            }
+        };
+        let name = format!("tiny-qwen2 {file_type}");
+        let (batch_rel, batch_abs) = errors(&name, &run.batch, &cpu_run.batch);
+        let (step_rel, step_abs) = errors(&name, &run.stepwise, &cpu_run.batch);
+        eprintln!("{name}: batch {batch_rel:.2e} / {batch_abs:.2e}, one token {step_rel:.2e} / {step_abs:.2e}");
+        // The f16 cache adds its own rounding to both paths (2e-3, as in the reference test).
+        if batch_rel > BATCH_REL + 2e-3 || batch_abs > BATCH_ABS {
+            failures.push(format!("{name}: batch logits rel_l2 {batch_rel:.2e}, max_abs {batch_abs:.2e} against the CPU"));
+        }
+        let (step_bound, abs_bound) = one_token_bounds(&name);
+        if step_rel > step_bound || step_abs > abs_bound {
+            failures.push(format!("{name}: one-token logits rel_l2 {step_rel:.2e}, max_abs {step_abs:.2e} against the CPU"));
+        }
+        if run.greedy != run.eager {
+            failures.push(format!("{name}: graph decode {:?} differs from eager decode {:?}", run.greedy, run.eager));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn overlapped_graphs_decode_as_serial_ones() {

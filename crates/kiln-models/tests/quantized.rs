@@ -58,7 +58,7 @@ fn quantized_models_load_and_generate() {
         assert!(err < 0.1, "{name}: logits rel_l2 {err:.4} against the F32 model");
         assert!(tokens.iter().all(|&t| t < 512), "{name}: {tokens:?}");
     }
-    for shape_name in ["tiny-llama", "tiny-qwen3"] {
+    for shape_name in ["tiny-llama", "tiny-qwen3", "tiny-qwen2"] {
         let out = dir.path().join(format!("{shape_name}.gguf"));
         RandomModel::new(find_shape(shape_name).unwrap(), 1).write(&out, &options("Q4_K_M"), &()).unwrap();
         let (logits, tokens) = greedy_tokens(&out, &[504, 10, 20, 30], 8);

@@ -59,6 +59,8 @@ pub struct ModelShape {
     pub tied_embeddings: bool,
     /// Per-head RMSNorm of q and k (qwen3).
     pub qk_norm: bool,
+    /// Biases on the q, k and v projections (qwen2).
+    pub qkv_bias: bool,
     pub tokenizer: TokenizerStyle,
     pub kind: ShapeKind,
 }
@@ -89,6 +91,7 @@ const LLAMA3_8B: ModelShape = ModelShape {
     rms_eps: 1e-5,
     tied_embeddings: false,
     qk_norm: false,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Llama3,
     kind: ShapeKind::Dense,
 };
@@ -109,8 +112,27 @@ const QWEN3_8B: ModelShape = ModelShape {
     rms_eps: 1e-6,
     tied_embeddings: false,
     qk_norm: true,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Qwen2,
     kind: ShapeKind::Dense,
+};
+
+/// Qwen2.5-7B: biases on q, k and v, 7 query heads a KV head.
+const QWEN25_7B: ModelShape = ModelShape {
+    name: "qwen2.5-7b",
+    arch: "qwen2",
+    n_embd: 3584,
+    n_layer: 28,
+    n_head: 28,
+    n_head_kv: 4,
+    n_ff: 18944,
+    n_vocab: 152064,
+    // The control tokens start at 151643, as in Qwen3's vocabulary.
+    n_special: 421,
+    n_ctx: 32768,
+    qk_norm: false,
+    qkv_bias: true,
+    ..QWEN3_8B
 };
 
 /// `base` scaled down to the sizes of shared/testdata's tiny models.
@@ -124,9 +146,11 @@ pub const SHAPES: &[ModelShape] = &[
     // Llama-3-70B: the tensor-parallel benchmark shape (about 42.5 GB in Q4_K_M).
     ModelShape { name: "llama3-70b", n_embd: 8192, n_layer: 80, n_head: 64, n_ff: 28672, ..LLAMA3_8B },
     QWEN3_8B,
+    QWEN25_7B,
     ModelShape { name: "qwen3-0.6b", n_embd: 1024, n_layer: 28, n_head: 16, n_ff: 3072, tied_embeddings: true, ..QWEN3_8B },
     ModelShape { rope_base: 10000.0, ..tiny("tiny-llama", LLAMA3_8B) },
     ModelShape { tied_embeddings: true, ..tiny("tiny-qwen3", QWEN3_8B) },
+    tiny("tiny-qwen2", QWEN25_7B),
     archs::QWEN3_30B_A3B,
     archs::GEMMA4_26B_A4B,
     archs::QWEN35_35B_A3B,
@@ -313,6 +337,11 @@ impl RandomModel {
             }
             add(n("attn_q.weight"), vec![s.n_embd, q_width]);
             add(n("attn_v.weight"), vec![s.n_embd, kv_width]);
+            if s.qkv_bias {
+                for (name, len) in [("attn_q.bias", q_width), ("attn_k.bias", kv_width), ("attn_v.bias", kv_width)] {
+                    add_init(n(name), vec![len], Init::Bias);
+                }
+            }
         }
         add_init("output_norm.weight".into(), vec![s.n_embd], Init::Norm);
         if !s.tied_embeddings {

@@ -71,6 +71,7 @@ pub const QWEN3_30B_A3B: ModelShape = ModelShape {
     rms_eps: 1e-6,
     tied_embeddings: false,
     qk_norm: true,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Qwen2,
     kind: ShapeKind::Moe(Moe { n_expert: 128, n_used: 8, n_ff_exp: 768, n_ff_shexp: 0 }),
 };
@@ -92,6 +93,7 @@ pub const GEMMA4_26B_A4B: ModelShape = ModelShape {
     rms_eps: 1e-6,
     tied_embeddings: true,
     qk_norm: true,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Llama3,
     kind: ShapeKind::Gemma4(Gemma4 {
         moe: Moe { n_expert: 128, n_used: 8, n_ff_exp: 704, n_ff_shexp: 0 },
@@ -122,6 +124,7 @@ pub const QWEN35_35B_A3B: ModelShape = ModelShape {
     rms_eps: 1e-6,
     tied_embeddings: false,
     qk_norm: true,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Qwen2,
     kind: ShapeKind::Qwen35(Qwen35 {
         moe: Moe { n_expert: 256, n_used: 8, n_ff_exp: 512, n_ff_shexp: 512 },
@@ -152,6 +155,7 @@ pub const GPT_OSS_20B: ModelShape = ModelShape {
     rms_eps: 1e-5,
     tied_embeddings: false,
     qk_norm: false,
+    qkv_bias: false,
     tokenizer: TokenizerStyle::Llama3,
     kind: ShapeKind::GptOss(GptOss {
         moe: Moe { n_expert: 32, n_used: 4, n_ff_exp: 2880, n_ff_shexp: 0 },
