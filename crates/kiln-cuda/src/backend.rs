@@ -16,14 +16,15 @@ use kiln_core::backend::{
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
-use kiln_core::tensor::{expect_shape, Shape, Tensor, TensorMut};
+use kiln_core::tensor::{expect_shape, Tensor, TensorMut};
 
 use crate::graph::StepProfile;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ActivationTarget, ExpertProducts, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
+use crate::matvec::{self, ActivationTarget, ExpertProducts, GpuWeight};
 use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
+use crate::shared_products::{lock_input, quantized_input_for, takes_quantized_matvec};
 use crate::step::{CudaStep, StepGraphRunner};
 use crate::step_clock::{StepClock, StepTime};
 use crate::{CudaDevice, CudaError, RegistryConfig};
@@ -103,33 +104,6 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Products of one f32 input (q, k and v, a DeltaNet's input projections): the float
-    /// stacked mat-vec, else one product each, the mat-mat ones sharing one f16 conversion
-    /// (`converted`: the scratch holds it already).
-    fn matmuls_f32<const N: usize>(&self, w: [&GpuWeight; N], x: View, mut out: [ViewMut; N], n: usize, converted: Option<HalfLayout>) -> Result<()> {
-        for (weight, out) in w.iter().zip(&out) {
-            shapes::matmul("matmuls", (weight.rows, weight.cols), x.shape(), out.shape())?;
-        }
-        let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
-        if converted.is_none() && matvec::matmul_stacked_float(&self.device, &w, x.buf(), &mut outs, n).map_err(backend_error)? {
-            return Ok(());
-        }
-        matvec::matmul_shared_input(&self.device, &w, x.buf(), &mut outs, n, converted).map_err(backend_error)
-    }
-
-    /// RMSNorm of `x` into `h` ahead of the products of `h` with `products` (`swiglu`: the
-    /// first with its up weight): on a measured mat-mat shape the norm also writes `h` in f16
-    /// for them, and the layout it wrote is returned; else the plain norm, and None.
-    fn norm_for_products(&self, x: View, norm: (View, f32), mut h: ViewMut, products: &[&GpuWeight], swiglu: bool) -> Result<Option<HalfLayout>> {
-        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
-        let call = NormCall { x: x.buf(), weight: norm.0.buf(), eps: norm.1, h: h.buf_mut(), n, dim };
-        let converted = matvec::rms_norm_half(&self.device, call, products, swiglu).map_err(backend_error)?;
-        if converted.is_none() {
-            self.rms_norm(x, norm.0, h, norm.1)?;
-        }
-        Ok(converted)
-    }
-
     /// Opens GPU `ordinal` with the default kernel cache.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         Self::with_config(ordinal, RegistryConfig::default())
@@ -211,26 +185,6 @@ impl CudaBackend {
     }
 }
 
-/// Whether a product of `n` tokens of `dim` values with `w` takes the quantized mat-vec, whose
-/// input buffer is the device's for `dim` ([`matvec::shared_input`]).
-fn takes_quantized_matvec(w: &GpuWeight, n: usize, dim: usize) -> bool {
-    w.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS && w.cols == dim
-}
-
-/// The device's quantized input for `dim` when `ws` all take the quantized mat-vec with it
-/// (lock it from its fill until its products are enqueued).
-fn quantized_input_for(device: &crate::CudaDevice, ws: &[&GpuWeight], n: usize, dim: usize) -> Result<Option<matvec::SharedInput>> {
-    if ws.iter().all(|w| takes_quantized_matvec(w, n, dim)) {
-        return matvec::shared_input(device, dim).map(Some).map_err(backend_error);
-    }
-    Ok(None)
-}
-
-/// A shared quantized input, locked (a panic elsewhere leaves its buffers as valid as before).
-pub(crate) fn lock_input(input: &matvec::SharedInput) -> std::sync::MutexGuard<'_, matvec::QuantizedActivations> {
-    input.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl CudaBackend {
     /// The attention of `args` into `out`; with a `target`, only where the split kernels can
     /// also store the output there quantized (then they do, and true is returned; else nothing
@@ -255,21 +209,6 @@ impl CudaBackend {
             None => self.attention.attention(&self.device, inputs, out.buf_mut(), counts, &params).map(|()| true),
         }
         .map_err(backend_error)
-    }
-
-    /// Products (`out`, one per weight) of activations already quantized into `qx` (the
-    /// weights' input buffer).
-    fn matmuls_quantized<const N: usize>(&self, qx: &QuantizedActivations, w: [Linear<Self>; N], mut out: [ViewMut; N], n: usize) -> Result<()> {
-        for (w, out) in w.iter().zip(&out) {
-            let weight = w.weight;
-            shapes::matmul("matmuls", (weight.rows, weight.cols), Shape::from([n, weight.cols]), out.shape())?;
-            if let Some(bias) = w.bias {
-                expect_shape("matmuls", "bias", bias.shape(), [weight.rows])?;
-            }
-        }
-        let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
-        let biases = w.map(|w| w.bias.map(|b| b.buf()));
-        matvec::matmul_stacked_quantized(&self.device, &w.map(|w| w.weight), &biases, qx, &mut outs, n).map_err(backend_error)
     }
 }
 
@@ -703,42 +642,12 @@ impl Backend for CudaBackend {
         &self,
         x: View,
         norm: (View, f32),
-        mut h: ViewMut,
+        h: ViewMut,
         linears: [Linear<Self>; N],
-        mut out: [ViewMut; N],
+        out: [ViewMut; N],
         prepared: Option<CudaNormedInput>,
     ) -> Result<()> {
-        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
-        if N == 0 {
-            // No product to feed: the plain norm (the stacked helpers take at least one weight).
-            return self.rms_norm(x, norm.0, h, norm.1);
-        }
-        let w = linears.map(|l| l.weight);
-        let shared = quantized_input_for(&self.device, &w, n, dim)?;
-        if let (Some(_), Some(prepared)) = (&shared, &prepared) {
-            if let Some(qx) = prepared.lock_if_current(&self.device, x.buf(), (norm.0.buf(), norm.1), n) {
-                return self.matmuls_quantized(&qx, linears, out, n);
-            }
-        }
-        match shared {
-            Some(shared) => {
-                let qx = lock_input(&shared);
-                matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                self.matmuls_quantized(&qx, linears, out, n)
-            }
-            None => {
-                let converted = self.norm_for_products(x, norm, h.reborrow(), &w, false)?;
-                let views = out.each_mut().map(|o| o.reborrow());
-                self.matmuls_f32(w, h.as_ref(), views, n, converted)?;
-                // The mat-mat and float products take no bias.
-                for (l, out) in linears.iter().zip(out) {
-                    if let Some(bias) = l.bias {
-                        self.add_bias(out, bias)?;
-                    }
-                }
-                Ok(())
-            }
-        }
+        self.norm_products(x, norm, h, linears, out, prepared)
     }
 
     fn norm_ffn_gate_up(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 2], _scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {

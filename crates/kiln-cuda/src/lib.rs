@@ -42,6 +42,7 @@ mod registry;
 // Used by build.rs (through #[path]); compiled into the library only for its tests.
 #[cfg(test)]
 mod scan;
+mod shared_products;
 mod sources;
 mod step;
 mod step_clock;

@@ -7,8 +7,9 @@ use std::sync::MutexGuard;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use kiln_core::backend::{NormChain, Result};
 
-use crate::backend::{backend_error, lock_input, View};
+use crate::backend::{backend_error, View};
 use crate::matvec::{self, GpuWeight, QuantizedActivations, SharedInput};
+use crate::shared_products::lock_input;
 use crate::{CudaBackend, CudaDevice};
 
 /// What a residual product left in the device's normed input for `cols`-value rows: the norm
