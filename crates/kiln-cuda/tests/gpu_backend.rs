@@ -458,6 +458,11 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 assert_close(&what("norm_matmuls q with bias"), &download(gpu, &q2, n * q_rows), &plus(&q, &bq), exact);
                 assert_close(&what("norm_matmuls k beside biases"), &download(gpu, &k2, n * kv_rows), &k, exact);
                 assert_close(&what("norm_matmuls v with bias"), &download(gpu, &v2, n * kv_rows), &plus(&v, &bv), exact);
+                // A bias shorter than its weight's rows is refused, on either path.
+                let out = [view_mut(&mut q2, q_out), view_mut(&mut k2, kv_out), view_mut(&mut v2, kv_out)];
+                let short = [Linear::new(wq, Some(view(&gbq, [q_rows - 1]))), Linear::plain(wk), Linear::plain(wv)];
+                let refused = gpu.norm_matmuls(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), short, out, None);
+                assert!(refused.is_err(), "{}", what("a short q bias"));
 
                 let mut want_ffn = poisoned(gpu, n * q_rows);
                 matvec::matmul_swiglu(device, wq, w_up, &h, &mut want_ffn, n).expect("matmul_swiglu");
