@@ -726,6 +726,24 @@ pub trait Backend: Send + Sync + 'static {
         self.add(residual, tmp.as_ref())
     }
 
+    /// [`Backend::moe_combine_add`] with a shared expert beside the routed ones:
+    /// `residual[t] += sum_j weights[t][j] * y[t][j] + sigmoid(gate[t]) * shared[t]`, where
+    /// `shared` = (the shared expert's output `[n, dim]`, left unspecified; its gate logit
+    /// `[n, 1]`).
+    fn moe_combine_shared_add(
+        &self,
+        y: Tensor<Self::Buffer>,
+        weights: Tensor<Self::Buffer>,
+        (mut shared, gate): (TensorMut<Self::Buffer>, Tensor<Self::Buffer>),
+        residual: TensorMut<Self::Buffer>,
+        mut tmp: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        self.moe_combine(y, weights, tmp.reborrow())?;
+        self.sigmoid_gate(shared.reborrow(), gate)?;
+        self.add(tmp.reborrow(), shared.as_ref())?;
+        self.add(residual, tmp.as_ref())
+    }
+
     /// The attention of `args` into `out` ([`Backend::attention`], or [`Backend::attention_sinks`]
     /// with sinks), then `residual += out·woᵀ (+ wo's bias)` with `tmp` as scratch, as
     /// [`Backend::linear_add`].

@@ -82,8 +82,10 @@ extern "C" __global__ void moe_add_bias_f32(float* x, const float* bias, const f
 }
 
 // out[t][d] = sum_j weights[t][j] * y[t][j][d] (+= when accumulating) over n = tokens * dim values.
+// With a shared expert (`shared` [tokens][dim], non-null), its output gated by the sigmoid of
+// its logit (`shared_gate` [tokens]) joins the sum.
 extern "C" __global__ void moe_combine_f32(float* out, const float* y, const float* weights, u32 n_used, u32 dim, u64 n,
-                                           u32 accumulate) {
+                                           u32 accumulate, const float* shared, const float* shared_gate) {
     wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u64 t = i / dim;
@@ -91,6 +93,9 @@ extern "C" __global__ void moe_combine_f32(float* out, const float* y, const flo
         float total = 0.0f;
         for (u32 j = 0; j < n_used; ++j) {
             total += weights[t * n_used + j] * y[(t * n_used + j) * dim + d];
+        }
+        if (shared != nullptr) {
+            total += shared[i] / (1.0f + expf(-shared_gate[t]));
         }
         out[i] = accumulate ? out[i] + total : total;
     }

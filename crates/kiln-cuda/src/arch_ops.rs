@@ -11,6 +11,7 @@ use kiln_core::backend::{
     compose_moe_gate_up, compose_moe_norm_route, BackendError, DeltaNetParams, ExpertInput, GatedExperts, Result, RouterArgs, RouterParams, StateSlots,
 };
 use kiln_core::shapes;
+use kiln_core::tensor::expect_shape;
 
 use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
 use crate::matvec::{ExpertCall, GatedCall, GpuWeight, NormRouteCall, RouteOutputs};
@@ -336,15 +337,24 @@ impl CudaBackend {
     }
 
     /// `out = combine(y, weights)`, or `out += ...` when `accumulate`.
-    pub(crate) fn launch_moe_combine(&self, y: View, weights: View, mut out: ViewMut, accumulate: bool) -> Result<()> {
+    /// `out (+)= sum_j weights[t][j] * y[t][j]`, plus `sigmoid(gate[t]) * shared[t]` with a
+    /// shared expert's (output `[n, dim]`, gate logit `[n, 1]`).
+    pub(crate) fn launch_moe_combine(&self, y: View, weights: View, shared: Option<(View, View)>, mut out: ViewMut, accumulate: bool) -> Result<()> {
         let (n, n_used, dim) = shapes::moe_combine(y.shape(), weights.shape(), out.shape())?;
+        if let Some((shared, gate)) = shared {
+            expect_shape("moe_combine", "shared expert", shared.shape(), [n, dim])?;
+            expect_shape("moe_combine", "shared expert's gate", gate.shape(), [n, 1])?;
+        }
         if n * dim == 0 {
             return Ok(());
         }
         let function = self.arch_kernel("moe_combine_f32")?;
         let (k32, dim32, total) = (to_u32("experts used", n_used)?, to_u32("dim", dim)?, (n * dim) as u64);
         let accumulate = u32::from(accumulate);
-        // SAFETY: moe_combine_f32(out, y, weights, n_used, dim, n, accumulate); lengths from the views' shapes.
+        let address = |v: View| v.buf().device_ptr(self.device().stream()).0;
+        let (shared, gate) = shared.map_or((0, 0), |(s, g)| (address(s), address(g)));
+        // SAFETY: moe_combine_f32(out, y, weights, n_used, dim, n, accumulate, shared, shared_gate);
+        // lengths from the views' shapes (the shared expert's checked above, or null).
         unsafe {
             self.device()
                 .stream()
@@ -356,6 +366,8 @@ impl CudaBackend {
                 .arg(&dim32)
                 .arg(&total)
                 .arg(&accumulate)
+                .arg(&shared)
+                .arg(&gate)
                 .launch(self.grid_stride(n * dim))
         }
         .map(drop)

@@ -516,11 +516,15 @@ impl Backend for CudaBackend {
     }
 
     fn moe_combine(&self, y: View, weights: View, out: ViewMut) -> Result<()> {
-        self.launch_moe_combine(y, weights, out, false)
+        self.launch_moe_combine(y, weights, None, out, false)
     }
 
     fn moe_combine_add(&self, y: View, weights: View, residual: ViewMut, _tmp: ViewMut) -> Result<()> {
-        self.launch_moe_combine(y, weights, residual, true)
+        self.launch_moe_combine(y, weights, None, residual, true)
+    }
+
+    fn moe_combine_shared_add(&self, y: View, weights: View, (shared, gate): (ViewMut, View), residual: ViewMut, _tmp: ViewMut) -> Result<()> {
+        self.launch_moe_combine(y, weights, Some((shared.as_ref(), gate)), residual, true)
     }
 
     fn geglu(&self, gate: View, up: View, out: ViewMut) -> Result<()> {

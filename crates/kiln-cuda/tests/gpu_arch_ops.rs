@@ -190,6 +190,24 @@ fn router_bias_and_combine_match_cpu() {
         gpu.moe_combine(view(&gx, slots), view(&gw, chosen), view_mut(&mut got, [n, dim])).expect("gpu");
         // The GPU contracts each weight-value product into its sum (fma).
         assert_close(&format!("moe_combine {n}x{n_used}x{dim}"), &download(gpu, &got, n * dim), &want, 1e-6);
+
+        // With a shared expert (Qwen3.5), added to the residual in the same launch.
+        let (shared, gate, residual) = (random(&mut rng, n * dim, 2.0), random(&mut rng, n, 3.0), random(&mut rng, n * dim, 1.0));
+        let (mut want, mut cpu_shared, mut tmp) = (residual.clone(), shared.clone(), vec![0f32; n * dim]);
+        let cpu_args = (view_mut(&mut cpu_shared, [n, dim]), view(&gate, [n, 1]));
+        cpu.moe_combine_shared_add(view(&x, slots), view(&weights, chosen), cpu_args, view_mut(&mut want, [n, dim]), view_mut(&mut tmp, [n, dim]))
+            .expect("cpu");
+        let (mut gshared, ggate, mut got, mut gtmp) = (upload(gpu, &shared), upload(gpu, &gate), upload(gpu, &residual), poisoned(gpu, n * dim));
+        let gpu_args = (view_mut(&mut gshared, [n, dim]), view(&ggate, [n, 1]));
+        gpu.moe_combine_shared_add(view(&gx, slots), view(&gw, chosen), gpu_args, view_mut(&mut got, [n, dim]), view_mut(&mut gtmp, [n, dim])).expect("gpu");
+        // The sigmoid's expf against Rust's exp: a few ulps more than the plain sum.
+        assert_close(&format!("moe_combine_shared_add {n}x{n_used}x{dim}"), &download(gpu, &got, n * dim), &want, TRANSCENDENTAL);
+        if n > 1 {
+            let short_gate = upload(gpu, &gate[..n - 1]);
+            let short = (view_mut(&mut gshared, [n, dim]), view(&short_gate, [n - 1, 1]));
+            let refused = gpu.moe_combine_shared_add(view(&gx, slots), view(&gw, chosen), short, view_mut(&mut got, [n, dim]), view_mut(&mut gtmp, [n, dim]));
+            assert!(refused.is_err(), "a gate logit short of a token is refused");
+        }
     }
 }
 

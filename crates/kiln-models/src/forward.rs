@@ -492,21 +492,27 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                     b.rms_norm_add(a.tmp.rows(n, e)?, (side.moe_post_norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.ffn_out.rows_mut(n, e)?, 1.0)?;
                     b.copy(a.ffn_out.rows(n, e)?, a.tmp.rows_mut(n, e)?)?;
                 }
-                (None, None) if m.shared.is_none() && out == Out::AddToResidual => {
-                    moe(p, m, mc, &l.ffn_norm, a, Out::AddToResidual)?;
-                    return Ok(());
-                }
                 (None, None) => {
-                    moe(p, m, mc, &l.ffn_norm, a, Out::Scratch)?;
-                    if let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) {
-                        // tmp += sigmoid(norm(x) · gate) * shared(norm(x))
-                        dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
-                        b.matmul(&shared.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
-                        // h: norm(x) as moe() left it (the fused products above may not write it).
-                        b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
-                        b.sigmoid_gate(a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?)?;
-                        b.add(a.tmp.rows_mut(n, e)?, a.ffn_out.rows(n, e)?)?;
-                    }
+                    let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) else {
+                        return moe(p, m, mc, &l.ffn_norm, a, out);
+                    };
+                    routed_experts(p, m, mc, &l.ffn_norm, a)?;
+                    // The shared expert beside them, gated by sigmoid(norm(x) · gate).
+                    dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
+                    b.matmul(&shared.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    // h: norm(x) as routed_experts() left it (the fused products above may not write it).
+                    b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
+                    let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
+                    let shared_out = (a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?);
+                    return match out {
+                        Out::AddToResidual => b.moe_combine_shared_add(y, weights, shared_out, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
+                        Out::Scratch => {
+                            let (mut shared, gate) = shared_out;
+                            b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?)?;
+                            b.sigmoid_gate(shared.reborrow(), gate)?;
+                            b.add(a.tmp.rows_mut(n, e)?, shared.as_ref())
+                        }
+                    };
                 }
                 _ => return Err(BackendError::BadPlan("the dense FFN beside the experts is missing".into())),
             }
@@ -543,9 +549,22 @@ fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, 
     }
 }
 
-/// Mixture of experts of `norm(x)` into `tmp` (or added to `x`): route, each chosen expert's
-/// gated FFN, and the weighted sum of their outputs.
+/// Mixture of experts of `norm(x)` into `tmp` (or added to `x`): [`routed_experts`], then the
+/// weighted sum of their outputs.
 fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>, out: Out) -> Result<()> {
+    let (b, n, e) = (p.b, p.n, p.w.config.n_embd);
+    routed_experts(p, m, mc, norm, a)?;
+    let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
+    match out {
+        Out::AddToResidual => b.moe_combine_add(y, weights, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
+        Out::Scratch => b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?),
+    }
+}
+
+/// The routed experts of `norm(x)`: the route (ids and weights in `a.expert_ids`,
+/// `a.expert_weights`; `norm(x)` in `a.h`) and each chosen expert's gated FFN into
+/// `a.expert_out` (`[n, n_used, n_embd]`).
+fn routed_experts<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
     let router = RouterArgs {
@@ -566,13 +585,8 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
     b.moe_gate_up(experts, h, ids, [a.gate.view_mut(slots)?, a.up.view_mut(slots)?], a.act.view_mut(slots)?)?;
     let (act, down_out) = (a.act.view(slots)?, a.expert_out.view_mut([n, k, e])?);
     match down_bias {
-        Some(bias) => b.moe_matmul_bias(&m.down, bias, act, ids, down_out, ExpertInput::PerSlot)?,
-        None => b.moe_matmul(&m.down, act, ids, down_out, ExpertInput::PerSlot)?,
-    }
-    let (y, weights) = (a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?);
-    match out {
-        Out::AddToResidual => b.moe_combine_add(y, weights, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
-        Out::Scratch => b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?),
+        Some(bias) => b.moe_matmul_bias(&m.down, bias, act, ids, down_out, ExpertInput::PerSlot),
+        None => b.moe_matmul(&m.down, act, ids, down_out, ExpertInput::PerSlot),
     }
 }
 
