@@ -153,6 +153,31 @@ pub struct RouterArgs<'a, B: Backend + ?Sized> {
     pub params: RouterParams,
 }
 
+/// A Gated DeltaNet's output before its projection, `silu(z) * rms_norm(x) · weight`: x
+/// `[n, heads, head_dim]` normed per head, z `[n, heads * head_dim]`, weight `[head_dim]`.
+pub struct GatedNorm<'a, T> {
+    pub x: Tensor<'a, T>,
+    pub z: Tensor<'a, T>,
+    pub weight: Tensor<'a, T>,
+    pub eps: f32,
+}
+
+/// [`Backend::gated_norm_matmul_add`] composed of the plain ops: the norm into `normed`, the
+/// gate into `gated`, the product added to the residual.
+pub fn compose_gated_norm_matmul_add<B: Backend + ?Sized>(
+    b: &B,
+    g: GatedNorm<B::Buffer>,
+    [mut normed, mut gated]: [TensorMut<B::Buffer>; 2],
+    w: &B::Weight,
+    residual: TensorMut<B::Buffer>,
+    tmp: TensorMut<B::Buffer>,
+) -> Result<()> {
+    b.rms_norm(g.x, g.weight, normed.reborrow(), g.eps)?;
+    let [n, heads, head_dim] = normed.shape().dims3("gated_norm_matmul_add", "normed")?;
+    b.swiglu(g.z, normed.as_ref().reshape([n, heads * head_dim])?, gated.reborrow())?;
+    b.matmul_add(w, gated.as_ref(), residual, tmp)
+}
+
 /// [`Backend::moe_gate_up`] composed of the plain ops: both expert products, their biases, the
 /// activation.
 pub fn compose_moe_gate_up<B: Backend + ?Sized>(
@@ -724,6 +749,22 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         self.moe_combine(y, weights, tmp.reborrow())?;
         self.add(residual, tmp.as_ref())
+    }
+
+    /// A Gated DeltaNet's output projection added to the residual:
+    /// `residual += (silu(z) * rms_norm(x) · weight) · Wᵀ` ([`GatedNorm`]), with `scratch` =
+    /// [the normed x `[n, heads, head_dim]`, the gated rows `[n, heads * head_dim]`] and `tmp`
+    /// (of `residual`'s shape), which a backend that feeds the product straight leaves
+    /// unspecified.
+    fn gated_norm_matmul_add(
+        &self,
+        g: GatedNorm<Self::Buffer>,
+        scratch: [TensorMut<Self::Buffer>; 2],
+        w: &Self::Weight,
+        residual: TensorMut<Self::Buffer>,
+        tmp: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        compose_gated_norm_matmul_add(self, g, scratch, w, residual, tmp)
     }
 
     /// [`Backend::moe_combine_add`] with a shared expert beside the routed ones:

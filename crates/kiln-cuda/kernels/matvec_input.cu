@@ -83,3 +83,46 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
                               i8* __restrict__ xq, float2* __restrict__ xds, float* __restrict__ h) {
     norm_quantize_row<true>(x, weight, cols, tiles, eps, xq, xds, h);
 }
+
+// A Gated DeltaNet's gated RMSNorm into the int8 input of its output projection: per token row
+// of `cols` = heads * head_dim values, each head's values normed on their own and gated,
+// quantize_chunk(silu(z) * x / sqrt(mean_head(x^2) + eps) * weight[d]) (weight [head_dim]).
+// A head is `group` = head_dim / 16 chunks (a power of two up to 32, checked by the host), held
+// by consecutive lanes of one warp, which sum its squares by shuffles. Grid: one NORM_BLOCK block
+// per token; padding chunks past `cols` are quantized zeros.
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK)
+    gated_norm_quantize_q8(const float* __restrict__ x, const float* __restrict__ z, const float* __restrict__ weight, u32 cols,
+                           u32 head_dim, u32 tiles, float eps, i8* __restrict__ xq, float2* __restrict__ xds) {
+    wait_for_inputs();
+    const u64 token = blockIdx.x;
+    const u32 group = head_dim / CHUNK_VALUES;
+    const u32 chunks_per_token = tiles * 32;
+    // chunks_per_token is a multiple of 32: every lane of a warp takes each step of the loop.
+    for (u32 chunk = threadIdx.x; chunk < chunks_per_token; chunk += NORM_BLOCK) {
+        const u32 first = chunk * CHUNK_VALUES;
+        const bool live = first < cols;
+        float v[CHUNK_VALUES] = {};
+        float sum_sq = 0.0f;
+        if (live) {
+            load_chunk(x + token * cols + first, v);
+#pragma unroll
+            for (int i = 0; i < CHUNK_VALUES; ++i) {
+                sum_sq += v[i] * v[i];
+            }
+        }
+        for (u32 offset = group / 2; offset > 0; offset /= 2) {
+            sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+        }
+        if (live) {
+            const float scale = rms_scale(sum_sq, head_dim, eps);
+            float g[CHUNK_VALUES], w[CHUNK_VALUES];
+            load_chunk(z + token * cols + first, g);
+            load_chunk(weight + first % head_dim, w);
+#pragma unroll
+            for (int i = 0; i < CHUNK_VALUES; ++i) {
+                v[i] = silu(g[i]) * rms_normed(v[i], scale, w[i]);
+            }
+        }
+        quantize_chunk(v, xq, xds, token * chunks_per_token + chunk);
+    }
+}

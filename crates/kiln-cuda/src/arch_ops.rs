@@ -8,13 +8,15 @@
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    compose_moe_gate_up, compose_moe_norm_route, BackendError, DeltaNetParams, ExpertInput, GatedExperts, Result, RouterArgs, RouterParams, StateSlots,
+    compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route, BackendError, DeltaNetParams, ExpertInput, GatedExperts, GatedNorm, Result,
+    RouterArgs, RouterParams, StateSlots,
 };
 use kiln_core::shapes;
 use kiln_core::tensor::expect_shape;
 
 use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
-use crate::matvec::{ExpertCall, GatedCall, GpuWeight, NormRouteCall, RouteOutputs};
+use crate::matvec::{self, ExpertCall, GatedCall, GpuWeight, NormRouteCall, RouteOutputs};
+use crate::shared_products::{lock_input, takes_quantized_matvec};
 use crate::{CudaBackend, CudaStep};
 
 /// `arch_ops.cu`'s CONV_MAX_KERNEL, ROUTE_MAX_USED and 32 * ROUTE_REGS; `delta_net.cu`'s largest head.
@@ -381,6 +383,34 @@ impl CudaBackend {
             return Err(BackendError::Device(format!("{what}: a state buffer of {} values holds no slot of {per_slot}", state.len())));
         }
         Ok(())
+    }
+
+    /// [`kiln_core::Backend::gated_norm_matmul_add`]: for up to 8 tokens of quantized weights
+    /// the gated norm writes the product's int8 input itself (`gated_norm_quantize_q8`: one
+    /// launch for the norm, the gate and the quantization); else the composed ops.
+    pub(crate) fn launch_gated_norm_matmul_add(
+        &self,
+        g: GatedNorm<CudaSlice<f32>>,
+        scratch: [ViewMut; 2],
+        w: &GpuWeight,
+        mut residual: ViewMut,
+        tmp: ViewMut,
+    ) -> Result<()> {
+        const OP: &str = "gated_norm_matmul_add";
+        let [n, heads, head_dim] = g.x.shape().dims3(OP, "x")?;
+        let width = heads * head_dim;
+        if takes_quantized_matvec(w, n, width) {
+            expect_shape(OP, "z", g.z.shape(), [n, width])?;
+            expect_shape(OP, "norm weight", g.weight.shape(), [head_dim])?;
+            shapes::matmul(OP, (w.rows, w.cols), [n, width].into(), residual.shape())?;
+            let shared = matvec::shared_input(self.device(), width).map_err(backend_error)?;
+            let qx = lock_input(&shared);
+            let fused = matvec::gated_norm_quantize(self.device(), (g.x.buf(), g.z.buf()), (g.weight.buf(), g.eps), head_dim, n, &qx).map_err(backend_error)?;
+            if fused {
+                return matvec::matmul_quantized(self.device(), w, &qx, None, residual.buf_mut(), n, true).map_err(backend_error);
+            }
+        }
+        compose_gated_norm_matmul_add(self, g, scratch, w, residual, tmp)
     }
 
     pub(crate) fn launch_ssm_conv(

@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, Linear, NormChain, QkNorm, Qkv, Result,
-    RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedNorm, Linear, NormChain, QkNorm,
+    Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -521,6 +521,10 @@ impl Backend for CudaBackend {
 
     fn moe_combine_add(&self, y: View, weights: View, residual: ViewMut, _tmp: ViewMut) -> Result<()> {
         self.launch_moe_combine(y, weights, None, residual, true)
+    }
+
+    fn gated_norm_matmul_add(&self, g: GatedNorm<CudaSlice<f32>>, scratch: [ViewMut; 2], w: &GpuWeight, residual: ViewMut, tmp: ViewMut) -> Result<()> {
+        self.launch_gated_norm_matmul_add(g, scratch, w, residual, tmp)
     }
 
     fn moe_combine_shared_add(&self, y: View, weights: View, (shared, gate): (ViewMut, View), residual: ViewMut, _tmp: ViewMut) -> Result<()> {

@@ -52,7 +52,7 @@ use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
 use activations::InputNormArg;
-pub use activations::{quantize_activations, rms_norm_quantize, ActivationTarget, QuantizedActivations};
+pub use activations::{gated_norm_quantize, quantize_activations, rms_norm_quantize, ActivationTarget, QuantizedActivations};
 pub use experts::{grouped_ways, ExpertCall, ExpertProducts, GatedCall};
 pub use kernels::{matvec_module_keys, module_keys, resolve_matmat_kernels};
 use kernels::{Kernel, KernelSlots};

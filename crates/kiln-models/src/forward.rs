@@ -4,8 +4,8 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, Linear, NormChain, QkNorm, Qkv, RopeParams,
-    RouterArgs, RouterParams, TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, GatedNorm, Linear, NormChain, QkNorm, Qkv,
+    RopeParams, RouterArgs, RouterParams, TensorMut,
 };
 
 use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
@@ -199,7 +199,6 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
             (Mixer::DeltaNet(d), MixerWeights::DeltaNet(dw)) => {
                 let states = states.as_deref_mut().ok_or_else(|| BackendError::BadPlan("a DeltaNet layer without recurrent states".into()))?;
                 delta_net(p, d, dw, &l.attn_norm, states, a)?;
-                b.matmul_add(&dw.out, a.att.rows(n, d.v_width())?, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?;
             }
             _ => return Err(BackendError::BadPlan("layer weights do not match the layer's mixer".into())),
         }
@@ -209,8 +208,8 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
     lm_head(p, a, prepared)
 }
 
-/// A Gated DeltaNet of `norm(x)` into `a.att` (before its output projection): q/k/v through the
-/// causal convolution, the delta rule over the sequence's state, the norm gated by `silu(z)`.
+/// A Gated DeltaNet of `norm(x)` added to the residual: q/k/v through the causal convolution,
+/// the delta rule over the sequence's state, the norm gated by `silu(z)`, the output projection.
 fn delta_net<B: Backend>(
     p: &Pass<B>,
     d: &DeltaNetConfig,
@@ -228,8 +227,9 @@ fn delta_net<B: Backend>(
     let [conv, ssm] = states.layer(d.state, &params)?;
     b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
     b.delta_net(s.conv.rows(n, conv_dim)?, [s.g.rows(n, heads)?, s.beta.rows(n, heads)?], ssm, s.out.rows_mut(n, v_width)?, p.step, &params)?;
-    b.rms_norm(s.out.view([n, heads, d.head_dim])?, w.norm.whole(), s.normed.view_mut([n, heads, d.head_dim])?, c.rms_eps)?;
-    b.swiglu(s.z.rows(n, v_width)?, s.normed.rows(n, v_width)?, a.att.rows_mut(n, v_width)?)
+    let gated = GatedNorm { x: s.out.view([n, heads, d.head_dim])?, z: s.z.rows(n, v_width)?, weight: w.norm.whole(), eps: c.rms_eps };
+    let scratch = [s.normed.view_mut([n, heads, d.head_dim])?, a.att.rows_mut(n, v_width)?];
+    b.gated_norm_matmul_add(gated, scratch, &w.out, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)
 }
 
 /// gemma3, gemma4: scaled embeddings, every block's output normed before its residual add;

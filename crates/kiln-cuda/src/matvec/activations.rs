@@ -46,6 +46,7 @@ pub struct QuantizedActivations {
     pub(super) quantize: OnceLock<CudaFunction>,
     pub(super) norm_quantize: OnceLock<CudaFunction>,
     pub(super) norm_quantize_keep: OnceLock<CudaFunction>,
+    pub(super) gated_norm_quantize: OnceLock<CudaFunction>,
 }
 
 impl QuantizedActivations {
@@ -72,6 +73,7 @@ impl QuantizedActivations {
             quantize: OnceLock::new(),
             norm_quantize: OnceLock::new(),
             norm_quantize_keep: OnceLock::new(),
+            gated_norm_quantize: OnceLock::new(),
         })
     }
 
@@ -256,4 +258,40 @@ pub(super) fn norm_quantize(
     }
     out.mark_filled(n);
     Ok(())
+}
+
+/// A Gated DeltaNet's gated RMSNorm of the first `n` tokens of `x` [n][cols] (heads of
+/// `head_dim` values, each normed alone with `weight` [head_dim], then times silu(z), z of x's
+/// shape), quantized into `out` (`cols` wide) in the same launch. Ok(false), launching nothing,
+/// where a head is not a power-of-two count of 16-value chunks up to 32 (or does not divide
+/// the row): the kernel's lanes reduce a head by shuffles.
+pub fn gated_norm_quantize(
+    device: &CudaDevice,
+    (x, z): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (weight, eps): (&CudaSlice<f32>, f32),
+    head_dim: usize,
+    n: usize,
+    out: &QuantizedActivations,
+) -> Result<bool, CudaError> {
+    const OP: &str = "gated_norm_quantize";
+    let group = head_dim / CHUNK_VALUES;
+    if head_dim % CHUNK_VALUES != 0 || !group.is_power_of_two() || group > 32 || out.cols % head_dim != 0 {
+        return Ok(false);
+    }
+    let function = out.prepare(device, OP, &out.gated_norm_quantize, "gated_norm_quantize_q8", x, n)?;
+    check_len(OP, "z", z.len(), n * out.cols)?;
+    check_len(OP, "norm weight", weight.len(), head_dim)?;
+    if n > 0 {
+        let tiles = tiles_of(out.cols);
+        let (cols, head_dim32, tiles32) = (to_u32(OP, "cols", out.cols)?, to_u32(OP, "head_dim", head_dim)?, to_u32(OP, "tiles", tiles)?);
+        let cfg = LaunchConfig { grid_dim: (to_u32(OP, "n", n)?, 1, 1), block_dim: (NORM_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = device.stream().launch_builder(function);
+        launch.arg(x).arg(z).arg(weight).arg(&cols).arg(&head_dim32).arg(&tiles32).arg(&eps).arg(&out.codes).arg(&out.scales);
+        // SAFETY: argument list matches gated_norm_quantize_q8; x and z hold n * cols values,
+        // weight head_dim (checked), the buffers n <= max_tokens tokens of tiles * 512 codes and
+        // tiles * 32 pairs; a head is a power of two of chunks up to 32 that divides the row.
+        unsafe { launch.launch(cfg) }.map(drop).map_err(CudaError::driver("launching gated_norm_quantize_q8"))?;
+    }
+    out.mark_filled(n);
+    Ok(true)
 }
