@@ -484,13 +484,15 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
         (FfnWeights::Moe(m), FfnConfig::Moe(mc)) => {
             match (&m.beside, mc.dense_ff) {
                 (Some(side), Some(n_ff)) => {
-                    // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x)))
+                    // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x))), each
+                    // block's output in ffn_out before its norm.
                     dense_activation(p, &side.ffn, &l.ffn_norm, n_ff, a)?;
-                    b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.tmp.rows_mut(n, e)?)?;
-                    b.rms_norm(a.tmp.rows(n, e)?, side.post_norm.whole(), a.ffn_out.rows_mut(n, e)?, c.rms_eps)?;
-                    moe(p, m, mc, &side.moe_norm, a, Out::Scratch)?;
-                    b.rms_norm_add(a.tmp.rows(n, e)?, (side.moe_post_norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.ffn_out.rows_mut(n, e)?, 1.0)?;
-                    b.copy(a.ffn_out.rows(n, e)?, a.tmp.rows_mut(n, e)?)?;
+                    b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    b.rms_norm(a.ffn_out.rows(n, e)?, side.post_norm.whole(), a.tmp.rows_mut(n, e)?, c.rms_eps)?;
+                    routed_experts(p, m, mc, &side.moe_norm, a)?;
+                    let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
+                    b.moe_combine(y, weights, a.ffn_out.rows_mut(n, e)?)?;
+                    b.rms_norm_add(a.ffn_out.rows(n, e)?, (side.moe_post_norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, 1.0)?;
                 }
                 (None, None) => {
                     let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) else {
