@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use kiln_quant::GgmlType;
 
+pub use crate::compose::{compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::tensor::{DeviceBuffer, Shape, Tensor, TensorMut};
 
@@ -160,69 +161,6 @@ pub struct GatedNorm<'a, T> {
     pub z: Tensor<'a, T>,
     pub weight: Tensor<'a, T>,
     pub eps: f32,
-}
-
-/// [`Backend::gated_norm_matmul_add`] composed of the plain ops: the norm into `normed`, the
-/// gate into `gated`, the product added to the residual.
-pub fn compose_gated_norm_matmul_add<B: Backend + ?Sized>(
-    b: &B,
-    g: GatedNorm<B::Buffer>,
-    [mut normed, mut gated]: [TensorMut<B::Buffer>; 2],
-    w: &B::Weight,
-    residual: TensorMut<B::Buffer>,
-    tmp: TensorMut<B::Buffer>,
-) -> Result<()> {
-    b.rms_norm(g.x, g.weight, normed.reborrow(), g.eps)?;
-    let [n, heads, head_dim] = normed.shape().dims3("gated_norm_matmul_add", "normed")?;
-    b.swiglu(g.z, normed.as_ref().reshape([n, heads * head_dim])?, gated.reborrow())?;
-    b.matmul_add(w, gated.as_ref(), residual, tmp)
-}
-
-/// [`Backend::moe_gate_up`] composed of the plain ops: both expert products, their biases, the
-/// activation.
-pub fn compose_moe_gate_up<B: Backend + ?Sized>(
-    b: &B,
-    experts: GatedExperts<B>,
-    x: Tensor<B::Buffer>,
-    ids: Tensor<B::Buffer>,
-    [mut gate, mut up]: [TensorMut<B::Buffer>; 2],
-    out: TensorMut<B::Buffer>,
-) -> Result<()> {
-    b.moe_matmul(experts.gate, x, ids, gate.reborrow(), ExpertInput::PerToken)?;
-    b.moe_matmul(experts.up, x, ids, up.reborrow(), ExpertInput::PerToken)?;
-    if let Some([gate_bias, up_bias]) = experts.bias {
-        b.moe_add_bias(gate.reborrow(), gate_bias, ids)?;
-        b.moe_add_bias(up.reborrow(), up_bias, ids)?;
-    }
-    b.gated(experts.act, gate.as_ref(), up.as_ref(), out)
-}
-
-/// [`Backend::moe_norm_route`] composed of the plain ops: the router's norm (where it has its
-/// own), its product and bias, the experts' norm (`experts_norm(x, norm, h)`: the plain RMSNorm,
-/// or a backend's that also prepares the experts' input), then the routing.
-#[allow(clippy::too_many_arguments)]
-pub fn compose_moe_norm_route<B: Backend + ?Sized>(
-    b: &B,
-    x: Tensor<B::Buffer>,
-    norm: (Tensor<B::Buffer>, f32),
-    router: RouterArgs<B>,
-    mut h: TensorMut<B::Buffer>,
-    mut logits: TensorMut<B::Buffer>,
-    [ids, weights]: [TensorMut<B::Buffer>; 2],
-    experts_norm: impl FnOnce(Tensor<B::Buffer>, (Tensor<B::Buffer>, f32), TensorMut<B::Buffer>) -> Result<()>,
-) -> Result<()> {
-    if let Some(router_norm) = router.norm {
-        b.rms_norm(x, router_norm, h.reborrow(), norm.1)?;
-        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
-        experts_norm(x, norm, h)?;
-    } else {
-        experts_norm(x, norm, h.reborrow())?;
-        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
-    }
-    if let Some(bias) = router.bias {
-        b.add_bias(logits.reborrow(), bias)?;
-    }
-    b.moe_route(logits.as_ref(), router.expert_scale, ids, weights, &router.params)
 }
 
 /// Shapes of a Gated DeltaNet layer (Qwen3.5) for its recurrent ops, which check their views
@@ -661,6 +599,27 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
         self.ffn_gate_up(w, h.as_ref(), scratch, out)
+    }
+
+    /// The dense SwiGLU FFN into `out`: `out = down(silu(gate(h)) * up(h))` with
+    /// `h = rms_norm(x)` (a mixture of experts' shared expert); [`Backend::norm_ffn_gate_up`]
+    /// into `act`, then the product of `w = [gate, up, down]`'s down. A backend may hand the
+    /// activation to the down product its own way, as in [`Backend::norm_swiglu_ffn_add`]
+    /// (`h`, `scratch` and `act` then hold unspecified values).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_swiglu_ffn(
+        &self,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        h: TensorMut<Self::Buffer>,
+        w: [&Self::Weight; 3],
+        scratch: [TensorMut<Self::Buffer>; 2],
+        mut act: TensorMut<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        let [gate, up, down] = w;
+        self.norm_ffn_gate_up(x, norm, h, [gate, up], scratch, act.reborrow())?;
+        self.matmul(down, act.as_ref(), out)
     }
 
     /// The dense SwiGLU FFN added to the residual: `x += down(silu(gate(h)) * up(h))` with

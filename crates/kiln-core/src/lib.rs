@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod collective;
+mod compose;
 pub mod cpu;
 mod cpu_attention;
 mod cpu_attention_tiled;

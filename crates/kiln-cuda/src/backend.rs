@@ -21,10 +21,10 @@ use kiln_core::tensor::{expect_shape, Tensor, TensorMut};
 use crate::graph::StepProfile;
 use crate::kv::{kv_type_code, CudaKvCache};
 use crate::matvec::{self, ActivationTarget, ExpertProducts, GpuWeight};
-use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
+use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, swiglu_ffn_into, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
-use crate::shared_products::{lock_input, quantized_input_for, takes_quantized_matvec};
+use crate::shared_products::{lock_input, quantized_input_for, FfnShapes};
 use crate::step::{CudaStep, StepGraphRunner};
 use crate::step_clock::{StepClock, StepTime};
 use crate::{CudaDevice, CudaError, RegistryConfig};
@@ -675,6 +675,25 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn norm_swiglu_ffn(
+        &self,
+        x: View,
+        norm: (View, f32),
+        h: ViewMut,
+        w: [&GpuWeight; 3],
+        scratch: [ViewMut; 2],
+        mut act: ViewMut,
+        mut out: ViewMut,
+    ) -> Result<()> {
+        let [gate, up, down] = w;
+        let shapes = FfnShapes { x: x.shape(), norm: norm.0.shape(), h: h.shape(), act: act.shape(), out: out.shape() };
+        if let Some((shared, n, dim)) = self.fused_swiglu_input("norm_swiglu_ffn", w, shapes)? {
+            return swiglu_ffn_into(&self.device, w, (x.buf(), norm), (act.buf_mut(), out.buf_mut()), (n, dim), &shared);
+        }
+        self.norm_ffn_gate_up(x, norm, h, [gate, up], scratch, act.reborrow())?;
+        self.matmul(down, act.as_ref(), out)
+    }
+
     fn norm_swiglu_ffn_add(
         &self,
         mut x: ViewMut,
@@ -687,12 +706,8 @@ impl Backend for CudaBackend {
         chain: NormChain<Self>,
     ) -> Result<Option<CudaNormedInput>> {
         let [gate, up, down] = w;
-        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
-        // The down product's input buffer is another than gate/up's (both are locked at once).
-        let fused = down.cols == gate.rows && down.cols != dim && takes_quantized_matvec(down, n, down.cols);
-        if let (true, Some(shared)) = (fused, quantized_input_for(&self.device, &[gate, up], n, dim)?) {
-            shapes::matmul("norm_swiglu_ffn_add", (gate.rows, gate.cols), x.shape(), act.shape())?;
-            shapes::matmul("norm_swiglu_ffn_add", (down.rows, down.cols), act.shape(), x.shape())?;
+        let shapes = FfnShapes { x: x.shape(), norm: norm.0.shape(), h: h.shape(), act: act.shape(), out: x.shape() };
+        if let Some((shared, n, dim)) = self.fused_swiglu_input("norm_swiglu_ffn_add", w, shapes)? {
             return chained_swiglu_ffn(&self.device, w, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain);
         }
         self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;

@@ -117,23 +117,13 @@ pub(crate) fn chained_swiglu_ffn(
     let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
     let chain_next = chained_norm(chain.next, n);
     let normed = chain_next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
-    // All stay locked until their products are enqueued: the shared inputs narrower first, the
-    // normed one last, so two models with swapped widths cannot each hold one and wait.
-    let (qx, next) = if dim < down.cols {
-        let qx = lock_input(shared);
-        (qx, lock_input(&next_shared))
-    } else {
-        let next = lock_input(&next_shared);
-        (lock_input(shared), next)
-    };
+    // All stay locked until their products are enqueued (the normed one last).
+    let (qx, next) = lock_pair(shared, &next_shared, dim < down.cols);
     let prepared = chain.prepared.as_ref().and_then(|p| p.lock_if_current(device, x, (norm.0.buf(), norm.1), n));
     if prepared.is_none() {
         matvec::rms_norm_quantize(device, x, norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
     }
-    let gate_input = prepared.as_deref().unwrap_or(&qx);
-    if !matvec::matmul_swiglu_quantized_into(device, gate, up, gate_input, act, n, &next, None).map_err(backend_error)? {
-        next.fill(device, act, n).map_err(backend_error)?;
-    }
+    swiglu_storing_down_input(device, [gate, up], prepared.as_deref().unwrap_or(&qx), act, n, &next)?;
     // The next norm goes where gate/up's prepared input was (read by then).
     let target = match (prepared, &normed) {
         (Some(target), _) => Some(target),
@@ -142,4 +132,50 @@ pub(crate) fn chained_swiglu_ffn(
     };
     let next_norm = chain_next.zip(normed.as_ref()).zip(target.as_deref()).map(|((norm, input), locked)| NextNormTarget { norm, input, locked });
     matmul_add_then_norm(device, (down, None), &next, x, n, next_norm)
+}
+
+/// The quantized SwiGLU FFN of `n` tokens of `dim` values into `out` (a mixture of experts'
+/// shared expert): its norm into `shared` (the device's input for `dim`), gate/up storing the
+/// down product's input where its launch shape can, the down product.
+pub(crate) fn swiglu_ffn_into(
+    device: &CudaDevice,
+    [gate, up, down]: [&GpuWeight; 3],
+    (x, norm): (&CudaSlice<f32>, (View, f32)),
+    (act, out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    (n, dim): (usize, usize),
+    shared: &SharedInput,
+) -> Result<()> {
+    let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
+    let (qx, next) = lock_pair(shared, &next_shared, dim < down.cols);
+    matvec::rms_norm_quantize(device, x, norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
+    swiglu_storing_down_input(device, [gate, up], &qx, act, n, &next)?;
+    matvec::matmul_quantized(device, down, &next, None, out, n, false).map_err(backend_error)
+}
+
+/// Locks two shared inputs, the narrower first (`first_narrower`: `a`'s), so that two models
+/// with swapped widths cannot each hold one and wait for the other.
+fn lock_pair<'a>(a: &'a SharedInput, b: &'a SharedInput, first_narrower: bool) -> (MutexGuard<'a, QuantizedActivations>, MutexGuard<'a, QuantizedActivations>) {
+    if first_narrower {
+        let a = lock_input(a);
+        (a, lock_input(b))
+    } else {
+        let b = lock_input(b);
+        (lock_input(a), b)
+    }
+}
+
+/// Gate/up SwiGLU of `x` into `act`, which the launch also stores as the down product's input
+/// `next` where its shape can (else a quantization launch of its own does).
+fn swiglu_storing_down_input(
+    device: &CudaDevice,
+    [gate, up]: [&GpuWeight; 2],
+    x: &QuantizedActivations,
+    act: &mut CudaSlice<f32>,
+    n: usize,
+    next: &QuantizedActivations,
+) -> Result<()> {
+    if !matvec::matmul_swiglu_quantized_into(device, gate, up, x, act, n, next, None).map_err(backend_error)? {
+        next.fill(device, act, n).map_err(backend_error)?;
+    }
+    Ok(())
 }

@@ -109,6 +109,32 @@ impl CudaBackend {
     }
 }
 
+/// The shapes a SwiGLU FFN call checks: its input, norm weight, normed rows, activation and
+/// output.
+pub(crate) struct FfnShapes {
+    pub(crate) x: Shape,
+    pub(crate) norm: Shape,
+    pub(crate) h: Shape,
+    pub(crate) act: Shape,
+    pub(crate) out: Shape,
+}
+
+impl CudaBackend {
+    /// The device's int8 input for `w` = [gate, up, down]'s SwiGLU FFN, with its (tokens, width),
+    /// where all three take the quantized mat-vec and gate/up can store down's input in another
+    /// buffer than their own (both stay locked at once); None where not. Shapes checked.
+    pub(crate) fn fused_swiglu_input(&self, op: &str, [gate, up, down]: [&GpuWeight; 3], s: FfnShapes) -> Result<Option<(matvec::SharedInput, usize, usize)>> {
+        let (n, dim) = shapes::rms_norm(s.x, s.norm, s.h)?;
+        let fused = down.cols == gate.rows && down.cols != dim && takes_quantized_matvec(down, n, down.cols);
+        let shared = if fused { quantized_input_for(self.device(), &[gate, up], n, dim)? } else { None };
+        if shared.is_some() {
+            shapes::matmul(op, (gate.rows, gate.cols), s.x, s.act)?;
+            shapes::matmul(op, (down.rows, down.cols), s.act, s.out)?;
+        }
+        Ok(shared.map(|shared| (shared, n, dim)))
+    }
+}
+
 /// Whether a product of `n` tokens of `dim` values with `w` takes the quantized mat-vec, whose
 /// input buffer is the device's for `dim` ([`matvec::shared_input`]).
 pub(crate) fn takes_quantized_matvec(w: &GpuWeight, n: usize, dim: usize) -> bool {

@@ -495,7 +495,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
 /// a tie: 1e-4 relative L2 on the residual (one code step moves one value by 1/127 of its
 /// chunk's largest). Against the CPU within the int8 activations' error (two products: 2e-2).
 /// An FFN width of whole tiles (1,024) and one without (1,040: never stored); 1, 3 and 12
-/// tokens.
+/// tokens. The same for the FFN into an output of its own (`norm_swiglu_ffn`).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
@@ -563,6 +563,29 @@ fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
                     .expect("cpu");
                 let tolerance = if n <= MAX_MATVEC_TOKENS { 2e-2 } else { 2.0 * MATMAT_TOLERANCE };
                 assert_close(&format!("{what} vs cpu"), &got, &cpu_x, tolerance);
+
+                // The same FFN into an output of its own (`norm_swiglu_ffn`, a shared expert).
+                let into = |fused: bool| {
+                    let gx = upload(gpu, &x);
+                    let (mut h, mut act, mut out) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
+                    let (mut s1, mut s2) = (poisoned(gpu, n * ff), poisoned(gpu, n * ff));
+                    let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
+                    let norm_eps = (view(&g_norm, [dim]), eps);
+                    if fused {
+                        let w = [&gw[0], &gw[1], &gw[2]];
+                        gpu.norm_swiglu_ffn(view(&gx, rows), norm_eps, view_mut(&mut h, rows), w, scratch, view_mut(&mut act, wide), view_mut(&mut out, rows))
+                            .expect("norm_swiglu_ffn");
+                    } else {
+                        gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut h, rows), [&gw[0], &gw[1]], scratch, view_mut(&mut act, wide))
+                            .expect("gate/up");
+                        gpu.matmul(&gw[2], view(&act, wide), view_mut(&mut out, rows)).expect("down");
+                    }
+                    download(gpu, &out, n * dim)
+                };
+                let got_into = into(true);
+                assert_close(&format!("{what}, into its own output: against the ops one by one"), &got_into, &into(false), 1e-4);
+                let cpu_ffn: Vec<f32> = cpu_x.iter().zip(&x).map(|(sum, x)| sum - x).collect();
+                assert_close(&format!("{what}, into its own output, vs cpu"), &got_into, &cpu_ffn, tolerance);
             }
         }
     }

@@ -500,8 +500,15 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                     };
                     routed_experts(p, m, mc, &l.ffn_norm, a)?;
                     // The shared expert beside them, gated by sigmoid(norm(x) · gate).
-                    dense_activation(p, &shared.ffn, &l.ffn_norm, n_ff, a)?;
-                    b.matmul(&shared.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    let ffn = &shared.ffn;
+                    if matches!(c.activation, Activation::Silu) {
+                        let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
+                        let (x, h, act, ffn_out) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?, a.ffn_out.rows_mut(n, e)?);
+                        b.norm_swiglu_ffn(x, norm, h, [&ffn.gate, &ffn.up, &ffn.down], scratch, act, ffn_out)?;
+                    } else {
+                        dense_activation(p, ffn, &l.ffn_norm, n_ff, a)?;
+                        b.matmul(&ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    }
                     // h: norm(x) as routed_experts() left it (the fused products above may not write it).
                     b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
