@@ -143,6 +143,14 @@ pub struct GatedExperts<'a, B: Backend + ?Sized> {
     pub act: Activation,
 }
 
+/// A dense gated FFN for [`Backend::norm_gated_ffn`]: `down(act(h·gateᵀ) * (h·upᵀ))`.
+pub struct GatedFfn<'a, B: Backend + ?Sized> {
+    pub gate: &'a B::Weight,
+    pub up: &'a B::Weight,
+    pub down: &'a B::Weight,
+    pub act: Activation,
+}
+
 /// A mixture of experts' router for [`Backend::moe_norm_route`]: its weight `[n_experts, cols]`,
 /// its own RMSNorm weight where it has one (Gemma 4; else the experts' norm serves it too), its
 /// bias `[n_experts]`, the per-expert output scales `[n_experts]` and the routing rule.
@@ -214,12 +222,14 @@ pub struct Qkv<'a, T> {
 }
 
 /// Per-head RMSNorm of q and k in the attention prologue: the weights (`[head_dim]` each), eps,
-/// and scratch of q's and k's shapes for the normed values.
+/// and scratch of q's and k's shapes for the normed values; where values are normed too
+/// (Gemma 4), their weight with scratch of k's shape.
 pub struct QkNorm<'a, T> {
     pub q: Tensor<'a, T>,
     pub k: Tensor<'a, T>,
     pub eps: f32,
     pub scratch: [TensorMut<'a, T>; 2],
+    pub v: Option<(Tensor<'a, T>, TensorMut<'a, T>)>,
 }
 
 /// A projection: its weight and, where the model has one, its bias (a value per output row),
@@ -513,13 +523,19 @@ pub trait Backend: Send + Sync + 'static {
     // Fusable compounds. Defaults compose the primitive ops; a backend may
     // override them with fused kernels that save launches and memory traffic.
 
-    /// `out = silu(x·Wgᵀ) * (x·Wuᵀ)` for `w` = [gate, up], using `scratch` (of `out`'s shape)
+    /// `out = act(x·Wgᵀ) * (x·Wuᵀ)` for `w` = [gate, up], using `scratch` (of `out`'s shape)
     /// for the two products.
-    fn ffn_gate_up(&self, w: [&Self::Weight; 2], x: Tensor<Self::Buffer>, scratch: [TensorMut<Self::Buffer>; 2], out: TensorMut<Self::Buffer>) -> Result<()> {
+    fn ffn_gate_up(
+        &self,
+        (w, act): ([&Self::Weight; 2], Activation),
+        x: Tensor<Self::Buffer>,
+        scratch: [TensorMut<Self::Buffer>; 2],
+        out: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
         let [mut gate, mut up] = scratch;
         self.matmul(w[0], x, gate.reborrow())?;
         self.matmul(w[1], x, up.reborrow())?;
-        self.swiglu(gate.as_ref(), up.as_ref(), out)
+        self.gated(act, gate.as_ref(), up.as_ref(), out)
     }
 
     /// `out = act(gate) * up` for `act` (the matching elementwise op).
@@ -593,55 +609,53 @@ pub trait Backend: Send + Sync + 'static {
         x: Tensor<Self::Buffer>,
         norm: (Tensor<Self::Buffer>, f32),
         mut h: TensorMut<Self::Buffer>,
-        w: [&Self::Weight; 2],
+        gated: ([&Self::Weight; 2], Activation),
         scratch: [TensorMut<Self::Buffer>; 2],
         out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
         self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-        self.ffn_gate_up(w, h.as_ref(), scratch, out)
+        self.ffn_gate_up(gated, h.as_ref(), scratch, out)
     }
 
-    /// The dense SwiGLU FFN into `out`: `out = down(silu(gate(h)) * up(h))` with
-    /// `h = rms_norm(x)` (a mixture of experts' shared expert); [`Backend::norm_ffn_gate_up`]
-    /// into `act`, then the product of `w = [gate, up, down]`'s down. A backend may hand the
-    /// activation to the down product its own way, as in [`Backend::norm_swiglu_ffn_add`]
+    /// The dense gated FFN into `out`: `out = down(act(gate(h)) * up(h))` with
+    /// `h = rms_norm(x)` (a mixture of experts' shared expert, Gemma's FFNs);
+    /// [`Backend::norm_ffn_gate_up`] into `act`, then the down product. A backend may hand the
+    /// activation to the down product its own way, as in [`Backend::norm_gated_ffn_add`]
     /// (`h`, `scratch` and `act` then hold unspecified values).
     #[allow(clippy::too_many_arguments)]
-    fn norm_swiglu_ffn(
+    fn norm_gated_ffn(
         &self,
         x: Tensor<Self::Buffer>,
         norm: (Tensor<Self::Buffer>, f32),
         h: TensorMut<Self::Buffer>,
-        w: [&Self::Weight; 3],
+        ffn: GatedFfn<Self>,
         scratch: [TensorMut<Self::Buffer>; 2],
         mut act: TensorMut<Self::Buffer>,
         out: TensorMut<Self::Buffer>,
     ) -> Result<()> {
-        let [gate, up, down] = w;
-        self.norm_ffn_gate_up(x, norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul(down, act.as_ref(), out)
+        self.norm_ffn_gate_up(x, norm, h, ([ffn.gate, ffn.up], ffn.act), scratch, act.reborrow())?;
+        self.matmul(ffn.down, act.as_ref(), out)
     }
 
-    /// The dense SwiGLU FFN added to the residual: `x += down(silu(gate(h)) * up(h))` with
+    /// The dense gated FFN added to the residual: `x += down(act(gate(h)) * up(h))` with
     /// `h = rms_norm(x)`; [`Backend::norm_ffn_gate_up`] into `act`, then
-    /// [`Backend::matmul_add`] of `w = [gate, up, down]`. A backend may hand the activation to
-    /// the down product its own way (CUDA: quantized by the SwiGLU launch itself), and take or
+    /// [`Backend::matmul_add`] of the down product. A backend may hand the activation to the
+    /// down product its own way (CUDA: quantized by the gate/up launch itself), and take or
     /// prepare norms along `chain`, returning what it prepared for `chain.next`.
     #[allow(clippy::too_many_arguments)]
-    fn norm_swiglu_ffn_add(
+    fn norm_gated_ffn_add(
         &self,
         x: TensorMut<Self::Buffer>,
         norm: (Tensor<Self::Buffer>, f32),
         h: TensorMut<Self::Buffer>,
-        w: [&Self::Weight; 3],
+        ffn: GatedFfn<Self>,
         scratch: [TensorMut<Self::Buffer>; 2],
         mut act: TensorMut<Self::Buffer>,
         tmp: TensorMut<Self::Buffer>,
         _chain: NormChain<Self>,
     ) -> Result<Option<Self::NormedInput>> {
-        let [gate, up, down] = w;
-        self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul_add(down, act.as_ref(), x, tmp)?;
+        self.norm_ffn_gate_up(x.as_ref(), norm, h, ([ffn.gate, ffn.up], ffn.act), scratch, act.reborrow())?;
+        self.matmul_add(ffn.down, act.as_ref(), x, tmp)?;
         Ok(None)
     }
 
@@ -665,18 +679,29 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
     ) -> Result<()> {
         let Qkv { mut q, k, v } = qkv;
-        let mut k = match qk_norm {
-            Some(QkNorm { q: q_norm, k: k_norm, eps, scratch: [mut q_normed, mut k_normed] }) => {
+        let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
+        let (mut k, v_normed) = match qk_norm {
+            Some(QkNorm { q: q_norm, k: k_norm, eps, scratch: [mut q_normed, mut k_normed], v: v_norm }) => {
                 self.rms_norm(q.as_ref(), q_norm, q_normed.reborrow(), eps)?;
                 self.copy(q_normed.as_ref(), q.reborrow())?;
                 self.rms_norm(k.as_ref(), k_norm, k_normed.reborrow(), eps)?;
-                k_normed
+                let v_normed = match v_norm {
+                    Some((weight, mut v_normed)) => {
+                        self.rms_norm(v.reshape([n, heads, head_dim])?, weight, v_normed.reborrow(), eps)?;
+                        Some(v_normed)
+                    }
+                    None => None,
+                };
+                (k_normed, v_normed)
             }
-            None => k,
+            None => (k, None),
         };
         self.rope(q, inv_freq, step, p)?;
         self.rope(k.reborrow(), inv_freq, step, p)?;
-        let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
+        let v = match &v_normed {
+            Some(v_normed) => v_normed.as_ref().reshape([n, heads * head_dim])?,
+            None => v,
+        };
         self.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
     }
 

@@ -23,8 +23,8 @@ pub mod shapes;
 pub mod tensor;
 
 pub use backend::{
-    Activation, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedNorm, Linear,
-    NormChain, QkNorm, Qkv, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    Activation, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn, GatedNorm,
+    Linear, NormChain, QkNorm, Qkv, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 pub use collective::{AllReduce, GroupHandle, HostAllReduce};
 pub use cpu::{CpuBackend, CpuMatmul, CpuOptions};

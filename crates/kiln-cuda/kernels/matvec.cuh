@@ -535,11 +535,20 @@ __device__ __forceinline__ void matvec_one(const Planes& w, const i8* xq, const 
     }
 }
 
+// A gated pair's output act(x.Wg) * (x.Wu): `act` a GATE_* of common.cuh (alpha and limit
+// GATE_SWIGLU_OAI's), and given next_xq also its int8 quantization.
+#define MV_GATED_PARAMS MV_NEXT_PARAMS, u32 act, float alpha, float limit
+#define MV_GATED_ARGS next_xq, next_xds, act, alpha, limit
+
 template <class F>
 __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up, const i8* xq, const float2* xds,
-                                           const InputNorm& xn, float* out, u32 rows, MV_NEXT_PARAMS) {
+                                           const InputNorm& xn, float* out, u32 rows, MV_GATED_PARAMS) {
     const Planes weights[2] = {gate, up};
-    matvec_rows<F, 2>(weights, xq, xds, xn, out, rows, 0, blockIdx.x);
+    RowEpilogue ep{};
+    ep.act = act;
+    ep.alpha = alpha;
+    ep.limit = limit;
+    matvec_rows<F, 2>(weights, xq, xds, xn, out, rows, 0, blockIdx.x, ep);
     if (next_xq != nullptr) {
         quantize_block_rows(out, rows, next_xq, next_xds);
     }

@@ -1,6 +1,6 @@
 // Mat-vec of the 256-value formats: K-quants, IQ formats, ternary (TQ1_0 repacked to TQ2_0), against
 // int8 activations; see matvec.cuh. matvec_* writes out (or adds to it when `accumulate` is non-zero);
-// matvec_swiglu_* writes silu(x.Wg) * (x.Wu), and given next_xq also its int8 quantization
+// matvec_swiglu_* writes act(x.Wg) * (x.Wu) (SiLU for SwiGLU), and given next_xq also its int8 quantization
 // (matvec.cuh's quantize_block_rows).
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
 // kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
@@ -28,8 +28,8 @@
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ2_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ2_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_k(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ2_K>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_K>(MV_STACKED_ARGS);
@@ -49,8 +49,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q3_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ3_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ3_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q3_k(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ3_K>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q3_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ3_K>(MV_STACKED_ARGS);
@@ -70,8 +70,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q3
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ4_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_k(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ4_K>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_K>(MV_STACKED_ARGS);
@@ -91,8 +91,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ5_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_k(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ5_K>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_K>(MV_STACKED_ARGS);
@@ -112,8 +112,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q6_k(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ6_K>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ6_K>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q6_k(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ6_K>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q6_k(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ6_K>(MV_STACKED_ARGS);
@@ -133,8 +133,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q6
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_xs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ4_XS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ4_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_xs(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ4_XS>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_XS>(MV_STACKED_ARGS);
@@ -154,8 +154,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_tq2_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtTQ2_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtTQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_tq2_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtTQ2_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_tq2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtTQ2_0>(MV_STACKED_ARGS);
@@ -175,8 +175,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_tq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xxs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ2_XXS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xxs(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ2_XXS>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XXS>(MV_STACKED_ARGS);
@@ -196,8 +196,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_xs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ2_XS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_XS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_xs(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ2_XS>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_xs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_XS>(MV_STACKED_ARGS);
@@ -217,8 +217,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq2_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ2_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ2_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq2_s(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ2_S>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq2_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ2_S>(MV_STACKED_ARGS);
@@ -238,8 +238,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_xxs(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ3_XXS>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_xxs(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ3_XXS>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_xxs(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_XXS>(MV_STACKED_ARGS);
@@ -259,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq3_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ3_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ3_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq3_s(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ3_S>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq3_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ3_S>(MV_STACKED_ARGS);
@@ -280,8 +280,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_s(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ1_S>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ1_S>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_s(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ1_S>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_s(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_S>(MV_STACKED_ARGS);
@@ -301,8 +301,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq1_m(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ1_M>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ1_M>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq1_m(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ1_M>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq1_m(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ1_M>(MV_STACKED_ARGS);

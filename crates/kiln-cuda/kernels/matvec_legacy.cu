@@ -1,6 +1,6 @@
 // Mat-vec of the 32- and 64-value block formats (Q1_0: 128) against int8 activations; see
 // matvec.cuh. matvec_* writes out (or adds to it when `accumulate` is non-zero);
-// matvec_swiglu_* writes silu(x.Wg) * (x.Wu), and given next_xq also its int8 quantization
+// matvec_swiglu_* writes act(x.Wg) * (x.Wu) (SiLU for SwiGLU), and given next_xq also its int8 quantization
 // (matvec.cuh's quantize_block_rows).
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=1
 // kiln-test-defines: NTOK=3,ROWS_PER_WARP=2
@@ -29,8 +29,8 @@
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q8_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ8_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ8_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q8_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ8_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q8_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ8_0>(MV_STACKED_ARGS);
@@ -50,8 +50,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q8
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ4_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ4_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_0>(MV_STACKED_ARGS);
@@ -71,8 +71,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q4_1(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ4_1>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ4_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q4_1(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ4_1>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q4_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ4_1>(MV_STACKED_ARGS);
@@ -92,8 +92,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q4
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ5_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ5_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_0>(MV_STACKED_ARGS);
@@ -113,8 +113,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q5_1(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ5_1>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ5_1>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q5_1(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ5_1>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q5_1(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ5_1>(MV_STACKED_ARGS);
@@ -134,8 +134,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q5
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_iq4_nl(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtIQ4_NL>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtIQ4_NL>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_iq4_nl(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtIQ4_NL>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_iq4_nl(MV_STACKED_PARAMS) {
     matvec_stacked<FmtIQ4_NL>(MV_STACKED_ARGS);
@@ -155,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_iq
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q1_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ1_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ1_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q1_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ1_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q1_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ1_0>(MV_STACKED_ARGS);
@@ -176,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q1
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_q2_0(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtQ2_0>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtQ2_0>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_q2_0(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtQ2_0>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_q2_0(MV_STACKED_PARAMS) {
     matvec_stacked<FmtQ2_0>(MV_STACKED_ARGS);
@@ -197,8 +197,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_q2
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_mxfp4(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtMXFP4>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtMXFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_mxfp4(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtMXFP4>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_mxfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtMXFP4>(MV_STACKED_ARGS);
@@ -218,8 +218,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_expert_groups_mx
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_nvfp4(Planes w, MV_ARGS, u32 accumulate, const float* bias, NextNorm next) {
     matvec_one<FmtNVFP4>(w, xq, xds, xn, out, rows, accumulate, bias, next);
 }
-extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS, MV_NEXT_PARAMS) {
-    matvec_two<FmtNVFP4>(gate, up, xq, xds, xn, out, rows, next_xq, next_xds);
+extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_swiglu_nvfp4(Planes gate, Planes up, MV_ARGS, MV_GATED_PARAMS) {
+    matvec_two<FmtNVFP4>(gate, up, xq, xds, xn, out, rows, MV_GATED_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(MV_THREADS) matvec_stacked_nvfp4(MV_STACKED_PARAMS) {
     matvec_stacked<FmtNVFP4>(MV_STACKED_ARGS);

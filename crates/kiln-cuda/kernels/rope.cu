@@ -71,14 +71,14 @@ extern "C" __global__ void kv_store(u8* k_cache, u8* v_cache, const float* k, co
 #define PROLOGUE_MAX_HEAD_DIM 512
 
 // The attention prologue in one launch: optional per-head RMSNorm of q and k (q_norm/k_norm
-// null: none), rotary embedding of both, q written to q_out (which may alias q). With
-// FUSED_STORE, k and v go straight to their cache rows; otherwise the roped keys go to k_out
+// null: none) and with FUSED_STORE of v (v_norm, null: none), rotary embedding of q and k, q
+// written to q_out (which may alias q). With FUSED_STORE, k and v go straight to their cache rows; otherwise the roped keys go to k_out
 // (which may alias k) for kv_store. One warp per head row: the n*n_heads query rows, then
 // n*n_kv_heads key rows, then as many value rows. Grid: ceil(rows / PROLOGUE_WARPS) blocks of
 // PROLOGUE_WARPS warps.
 extern "C" __global__ void __launch_bounds__(PROLOGUE_WARPS * 32) qk_norm_rope_store(
     float* q_out, u8* k_cache, u8* v_cache, float* k_out, const float* q, const float* k, const float* v, const float* q_norm,
-    const float* k_norm, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 head_dim,
+    const float* k_norm, const float* v_norm, const float* inv_freq, const u32* step, u32 n_tokens, u32 n_heads, u32 n_kv_heads, u32 head_dim,
     u32 n_rot, u32 neox, float eps) {
     wait_for_inputs();
     __shared__ float rows_s[PROLOGUE_WARPS][PROLOGUE_MAX_HEAD_DIM];
@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(PROLOGUE_WARPS * 32) qk_norm_rope_s
         token = kv_row / n_kv_heads;
         col0 = (kv_row % n_kv_heads) * head_dim;
         src = (kind == 1 ? k : v) + (u64)kv_row * head_dim;
-        norm = kind == 1 ? k_norm : nullptr;
+        norm = kind == 1 ? k_norm : v_norm;
     }
     float* x = rows_s[warp];
     const u32 pos = step[step[STEP_POS_AT] + token];

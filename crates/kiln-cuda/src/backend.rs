@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedNorm, Linear, NormChain, QkNorm,
-    Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    Activation, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn, GatedNorm,
+    Linear, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -20,8 +20,8 @@ use kiln_core::tensor::{expect_shape, Tensor, TensorMut};
 
 use crate::graph::StepProfile;
 use crate::kv::{kv_type_code, CudaKvCache};
-use crate::matvec::{self, ActivationTarget, ExpertProducts, GpuWeight};
-use crate::norm_chain::{chained_norm, chained_swiglu_ffn, matmul_add_then_norm, swiglu_ffn_into, CudaNormedInput, NextNormTarget};
+use crate::matvec::{self, ActivationTarget, ExpertProducts, GatedPair, GpuWeight};
+use crate::norm_chain::{chained_gated_ffn, chained_norm, gated_ffn_into, matmul_add_then_norm, CudaNormedInput, NextNormTarget};
 use crate::paged_attention::{AttentionInputs, PagedAttention, PagedAttentionParams, PrologueInputs, StepCounts};
 use crate::prologue::StoreKernels;
 use crate::shared_products::{lock_input, quantized_input_for, FfnShapes};
@@ -633,9 +633,14 @@ impl Backend for CudaBackend {
         self.device.synchronize().map_err(backend_error)
     }
 
-    fn ffn_gate_up(&self, w: [&GpuWeight; 2], x: View, _scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+    fn ffn_gate_up(&self, (w, act): ([&GpuWeight; 2], Activation), x: View, [mut gate, mut up]: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
         let n = shapes::matmul("ffn_gate_up", (w[0].rows, w[0].cols), x.shape(), out.shape())?;
-        matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error)
+        if act == Activation::Silu {
+            return matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error);
+        }
+        self.matmul(w[0], x, gate.reborrow())?;
+        self.matmul(w[1], x, up.reborrow())?;
+        self.gated(act, gate.as_ref(), up.as_ref(), out)
     }
 
     fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], out: ViewMut) -> Result<()> {
@@ -658,14 +663,27 @@ impl Backend for CudaBackend {
         self.norm_products(x, norm, h, linears, out, prepared)
     }
 
-    fn norm_ffn_gate_up(&self, x: View, norm: (View, f32), mut h: ViewMut, w: [&GpuWeight; 2], _scratch: [ViewMut; 2], mut out: ViewMut) -> Result<()> {
+    fn norm_ffn_gate_up(
+        &self,
+        x: View,
+        norm: (View, f32),
+        mut h: ViewMut,
+        (w, act): ([&GpuWeight; 2], Activation),
+        scratch: [ViewMut; 2],
+        mut out: ViewMut,
+    ) -> Result<()> {
         let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
         match quantized_input_for(&self.device, &w, n, dim)? {
             Some(shared) => {
                 shapes::matmul("norm_ffn_gate_up", (w[0].rows, w[0].cols), x.shape(), out.shape())?;
                 let qx = lock_input(&shared);
                 matvec::rms_norm_quantize(&self.device, x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-                matvec::matmul_swiglu_quantized(&self.device, w[0], w[1], &qx, out.buf_mut(), n).map_err(backend_error)
+                let pair = GatedPair { gate: w[0], up: w[1], act };
+                matvec::matmul_gated_quantized(&self.device, pair, &qx, out.buf_mut(), n).map_err(backend_error)
+            }
+            None if act != Activation::Silu => {
+                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+                self.ffn_gate_up((w, act), h.as_ref(), scratch, out)
             }
             None => {
                 let converted = self.norm_for_products(x, norm, h.reborrow(), &w[..1], true)?;
@@ -675,43 +693,41 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn norm_swiglu_ffn(
+    fn norm_gated_ffn(
         &self,
         x: View,
         norm: (View, f32),
         h: ViewMut,
-        w: [&GpuWeight; 3],
+        ffn: GatedFfn<Self>,
         scratch: [ViewMut; 2],
         mut act: ViewMut,
         mut out: ViewMut,
     ) -> Result<()> {
-        let [gate, up, down] = w;
         let shapes = FfnShapes { x: x.shape(), norm: norm.0.shape(), h: h.shape(), act: act.shape(), out: out.shape() };
-        if let Some((shared, n, dim)) = self.fused_swiglu_input("norm_swiglu_ffn", w, shapes)? {
-            return swiglu_ffn_into(&self.device, w, (x.buf(), norm), (act.buf_mut(), out.buf_mut()), (n, dim), &shared);
+        if let Some((shared, n, dim)) = self.fused_ffn_input("norm_gated_ffn", &ffn, shapes)? {
+            return gated_ffn_into(&self.device, &ffn, (x.buf(), norm), (act.buf_mut(), out.buf_mut()), (n, dim), &shared);
         }
-        self.norm_ffn_gate_up(x, norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul(down, act.as_ref(), out)
+        self.norm_ffn_gate_up(x, norm, h, ([ffn.gate, ffn.up], ffn.act), scratch, act.reborrow())?;
+        self.matmul(ffn.down, act.as_ref(), out)
     }
 
-    fn norm_swiglu_ffn_add(
+    fn norm_gated_ffn_add(
         &self,
         mut x: ViewMut,
         norm: (View, f32),
         h: ViewMut,
-        w: [&GpuWeight; 3],
+        ffn: GatedFfn<Self>,
         scratch: [ViewMut; 2],
         mut act: ViewMut,
         tmp: ViewMut,
         chain: NormChain<Self>,
     ) -> Result<Option<CudaNormedInput>> {
-        let [gate, up, down] = w;
         let shapes = FfnShapes { x: x.shape(), norm: norm.0.shape(), h: h.shape(), act: act.shape(), out: x.shape() };
-        if let Some((shared, n, dim)) = self.fused_swiglu_input("norm_swiglu_ffn_add", w, shapes)? {
-            return chained_swiglu_ffn(&self.device, w, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain);
+        if let Some((shared, n, dim)) = self.fused_ffn_input("norm_gated_ffn_add", &ffn, shapes)? {
+            return chained_gated_ffn(&self.device, &ffn, (x.buf_mut(), norm), act.buf_mut(), (n, dim), &shared, chain);
         }
-        self.norm_ffn_gate_up(x.as_ref(), norm, h, [gate, up], scratch, act.reborrow())?;
-        self.matmul_add(down, act.as_ref(), x, tmp)?;
+        self.norm_ffn_gate_up(x.as_ref(), norm, h, ([ffn.gate, ffn.up], ffn.act), scratch, act.reborrow())?;
+        self.matmul_add(ffn.down, act.as_ref(), x, tmp)?;
         Ok(None)
     }
 
@@ -724,7 +740,7 @@ impl Backend for CudaBackend {
         cache: &mut CudaKvCache,
         step: &CudaStep,
     ) -> Result<()> {
-        self.qk_norm_rope_store(qkv, qk_norm.map(|n| (n.q, n.k, n.eps)), inv_freq, p, cache, step)
+        self.launch_attention_prologue(qkv, qk_norm, inv_freq, p, cache, step)
     }
 
     fn matmul_add(&self, w: &GpuWeight, x: View, mut residual: ViewMut, _tmp: ViewMut) -> Result<()> {

@@ -57,6 +57,7 @@ pub use graph::{GraphEdges, NodeTime, StepProfile};
 pub use norm_chain::CudaNormedInput;
 pub use nvrtc::{compile_cubin, ensure_nvrtc, nvrtc_version};
 pub use profile::{profile_range, ProfileRange};
+pub use prologue::HeadNorms;
 pub use registry::{KernelRegistry, RegistryConfig};
 pub use sources::{find_kernel, find_source, kernel_headers, kernel_sources, KernelHeader, KernelSource};
 pub use step::CudaStep;

@@ -26,7 +26,7 @@
 //! its fill until the products reading it are enqueued, so threads may share a device). Callers
 //! that multiply one input by several weights can quantize it once with
 //! [`quantize_activations`] (or normalize and quantize it in one launch with
-//! [`rms_norm_quantize`]) and call [`matmul_quantized`] / [`matmul_swiglu_quantized`].
+//! [`rms_norm_quantize`]) and call [`matmul_quantized`] / [`matmul_gated_quantized`].
 
 // `usize::is_multiple_of` needs Rust 1.87; the workspace supports 1.85.
 #![allow(clippy::manual_is_multiple_of)]
@@ -47,7 +47,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
-use kiln_core::WeightSource;
+use kiln_core::{Activation, WeightSource};
 use kiln_quant::GgmlType;
 
 use crate::{CudaDevice, CudaError};
@@ -322,7 +322,7 @@ pub fn matmul_quantized(
     if n == 0 {
         return Ok(());
     }
-    let call = MatvecCall { op: OP, w, up: None, input: Input::Quantized(x), n, accumulate, bias: bias_address(device, OP, w, bias)?, next: None, norm: None };
+    let call = MatvecCall { bias: bias_address(device, OP, w, bias)?, ..MatvecCall::plain(OP, w, x, n, accumulate) };
     check_quantized_call(&call, out)?;
     launch_matvec(device, call, out).map(drop)
 }
@@ -338,16 +338,36 @@ fn bias_address(device: &CudaDevice, op: &'static str, w: &GpuWeight, bias: Opti
     }
 }
 
-/// [`matmul_swiglu`] from activations already quantized by [`quantize_activations`].
-pub fn matmul_swiglu_quantized(
-    device: &CudaDevice,
-    w_gate: &GpuWeight,
-    w_up: &GpuWeight,
-    x: &QuantizedActivations,
-    out: &mut CudaSlice<f32>,
-    n: usize,
-) -> Result<(), CudaError> {
-    product(device, "matmul_swiglu_quantized", w_gate, Some(w_up), Input::Quantized(x), out, n, false)
+/// A gated FFN's two products of one input and the activation joining them:
+/// `act(x . gate) * (x . up)`; gate and up of one type and shape.
+#[derive(Clone, Copy)]
+pub struct GatedPair<'a> {
+    pub gate: &'a GpuWeight,
+    pub up: &'a GpuWeight,
+    pub act: Activation,
+}
+
+impl<'a> GatedPair<'a> {
+    /// SwiGLU's pair: `silu(x . gate) * (x . up)`.
+    pub fn swiglu(gate: &'a GpuWeight, up: &'a GpuWeight) -> GatedPair<'a> {
+        GatedPair { gate, up, act: Activation::Silu }
+    }
+}
+
+/// The kernels' code of a gate activation (common.cuh's GATE_*) with its two parameters.
+pub(crate) fn gate_code(act: Activation) -> (u32, f32, f32) {
+    match act {
+        Activation::Silu => (0, 0.0, 0.0),
+        Activation::GeluTanh => (1, 0.0, 0.0),
+        Activation::SwiGluOai { alpha, limit } => (2, alpha, limit),
+    }
+}
+
+/// [`matmul_swiglu`] with `pair`'s activation, from activations already quantized by
+/// [`quantize_activations`]; quantized weights and `n <= 8` only.
+pub fn matmul_gated_quantized(device: &CudaDevice, pair: GatedPair<'_>, x: &QuantizedActivations, out: &mut CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
+    let call = MatvecCall::gated("matmul_gated_quantized", pair, x, n);
+    launch_storing(device, call, out, None).map(drop)
 }
 
 /// Launch shapes of the quantized mat-vec (see [`matmul_quantized_with_shape`]).
@@ -385,39 +405,27 @@ pub fn matmul_quantized_with_shape(
     accumulate: bool,
     shape: usize,
 ) -> Result<(), CudaError> {
-    let call = MatvecCall { op: "matmul_quantized_with_shape", w, up, input: Input::Quantized(x), n, accumulate, bias: 0, next: None, norm: None };
+    let call = MatvecCall { up, ..MatvecCall::plain("matmul_quantized_with_shape", w, x, n, accumulate) };
     launch_checked_shape(device, call, out, shape).map(drop)
 }
 
-/// [`matmul_swiglu_quantized`] that also stores its output as `next`'s int8 input (the FFN's
+/// [`matmul_gated_quantized`] that also stores its output as `next`'s int8 input (the FFN's
 /// down projection's) in the same launch where the launch shape allows (blocks of whole 16-row
 /// chunks, rows a multiple of 512), sparing that product its
 /// quantization launch. The shape is the one measured for the product, or `shape` whatever
 /// measurement would pick (tests). Returns whether it stored `next`, which then holds `n` tokens.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_swiglu_quantized_into(
+pub fn matmul_gated_quantized_into(
     device: &CudaDevice,
-    w_gate: &GpuWeight,
-    w_up: &GpuWeight,
+    pair: GatedPair<'_>,
     x: &QuantizedActivations,
     out: &mut CudaSlice<f32>,
     n: usize,
     next: &QuantizedActivations,
     shape: Option<usize>,
 ) -> Result<bool, CudaError> {
-    const OP: &str = "matmul_swiglu_quantized_into";
-    check_next_input(OP, w_gate, x, next, n)?;
-    let call = MatvecCall {
-        op: OP,
-        w: w_gate,
-        up: Some(w_up),
-        input: Input::Quantized(x),
-        n,
-        accumulate: false,
-        bias: 0,
-        next: Some(next.target(device)),
-        norm: None,
-    };
+    const OP: &str = "matmul_gated_quantized_into";
+    check_next_input(OP, pair.gate, x, next, n)?;
+    let call = MatvecCall { next: Some(next.target(device)), ..MatvecCall::gated(OP, pair, x, n) };
     let stored = launch_storing(device, call, out, shape)?;
     if stored.is_some() {
         next.mark_filled(n);
@@ -547,12 +555,7 @@ fn product(
                     let shared = shared_input(device, w.cols)?;
                     let buffer = shared.lock().unwrap_or_else(PoisonError::into_inner);
                     buffer.fill(device, x, n)?;
-                    return launch_matvec(
-                        device,
-                        MatvecCall { op, w, up, input: Input::Quantized(&buffer), n, accumulate, bias: 0, next: None, norm: None },
-                        out,
-                    )
-                    .map(drop);
+                    return launch_matvec(device, MatvecCall { up, ..MatvecCall::plain(op, w, &buffer, n, accumulate) }, out).map(drop);
                 }
                 Storage::Float { .. } => input,
             }
@@ -565,7 +568,8 @@ fn product(
             return Err(invalid(op, format!("{} is {}: float weights take f32 activations", w.name, w.ty)));
         }
     };
-    launch_matvec(device, MatvecCall { op, w, up, input: matvec_input, n, accumulate, bias: 0, next: None, norm: None }, out).map(drop)
+    let call = MatvecCall { op, w, up, input: matvec_input, n, accumulate, bias: 0, next: None, norm: None, act: Activation::Silu };
+    launch_matvec(device, call, out).map(drop)
 }
 
 /// Whether `n` tokens of f32 activations times `w` take the mat-mat (tensor cores) rather
@@ -637,6 +641,8 @@ struct MatvecCall<'a> {
     /// norm weight, its RMS scale deferred to the products that read it.
     next: Option<ActivationTarget>,
     norm: Option<NormStore>,
+    /// The gate's activation where `up` is given.
+    act: Activation,
 }
 
 /// The device addresses a residual product needs to store the next product's normed input:
@@ -672,7 +678,17 @@ fn stores_next(call: &MatvecCall<'_>, shape: usize) -> bool {
     fits && stores && matches!(call.w.storage, Storage::Quant { .. })
 }
 
-impl MatvecCall<'_> {
+impl<'a> MatvecCall<'a> {
+    /// The product of one weight on int8 activations: no bias, nothing stored.
+    fn plain(op: &'static str, w: &'a GpuWeight, x: &'a QuantizedActivations, n: usize, accumulate: bool) -> MatvecCall<'a> {
+        MatvecCall { op, w, up: None, input: Input::Quantized(x), n, accumulate, bias: 0, next: None, norm: None, act: Activation::Silu }
+    }
+
+    /// A gated pair's product on int8 activations.
+    fn gated(op: &'static str, pair: GatedPair<'a>, x: &'a QuantizedActivations, n: usize) -> MatvecCall<'a> {
+        MatvecCall { up: Some(pair.up), act: pair.act, ..MatvecCall::plain(op, pair.gate, x, n, false) }
+    }
+
     fn kind(&self) -> MatvecKind {
         if self.up.is_some() {
             MatvecKind::SwiGlu
@@ -714,7 +730,7 @@ fn launch_matvec(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<
 
 /// One mat-vec launch with `shape` (index into [`MATVEC_SHAPES`]); returns its blocks.
 fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut CudaSlice<f32>, shape: usize) -> Result<u32, CudaError> {
-    let MatvecCall { op, w, up, input, n, accumulate, bias, next, norm } = call;
+    let MatvecCall { op, w, up, input, n, accumulate, bias, next, norm, act } = call;
     let swiglu = up.is_some();
     let kind = call.kind();
     let function = w.kernels.get(device, &w.storage, Kernel::Matvec { ntok: n, kind, shape })?;
@@ -736,6 +752,7 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
         (Some(t), Some(norm)) => NextNormArg { weight: norm.weight, codes: t.codes, scales: t.scales, parts: norm.parts },
         _ => NextNormArg::default(),
     };
+    let gate = gate_code(act);
     let mut launch = device.stream().launch_builder(function);
     push_weight(&mut launch, &w.storage);
     if let Some(up) = up {
@@ -750,8 +767,9 @@ fn launch_matvec_shape(device: &CudaDevice, call: MatvecCall<'_>, out: &mut Cuda
         (false, Storage::Quant { .. }) => launch.arg(&accumulate32).arg(&bias).arg(&next_norm),
         (false, Storage::Float { .. }) if bias == 0 => launch.arg(&accumulate32),
         (false, Storage::Float { .. }) => return Err(invalid(op, format!("a bias fused into the product of float weights ({})", w.name))),
-        (true, Storage::Quant { .. }) => launch.arg(&next_codes).arg(&next_scales),
-        (true, Storage::Float { .. }) => &mut launch,
+        (true, Storage::Quant { .. }) => launch.arg(&next_codes).arg(&next_scales).arg(&gate.0).arg(&gate.1).arg(&gate.2),
+        (true, Storage::Float { .. }) if act == Activation::Silu => &mut launch,
+        (true, Storage::Float { .. }) => return Err(invalid(op, format!("the {act:?} gate of float weights ({}) in the product", w.name))),
     };
     // SAFETY: argument lists match matvec_* / matvec_swiglu_* of matvec_{legacy,kquant,float}.cu;
     // the weights cover rows x cols (same shape for gate and up, checked), the activations n

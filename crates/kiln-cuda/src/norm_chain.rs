@@ -5,10 +5,10 @@
 use std::sync::MutexGuard;
 
 use cudarc::driver::{CudaSlice, DevicePtr};
-use kiln_core::backend::{NormChain, Result};
+use kiln_core::backend::{GatedFfn, NormChain, Result};
 
 use crate::backend::{backend_error, View};
-use crate::matvec::{self, GpuWeight, QuantizedActivations, SharedInput};
+use crate::matvec::{self, GatedPair, GpuWeight, QuantizedActivations, SharedInput};
 use crate::shared_products::lock_input;
 use crate::{CudaBackend, CudaDevice};
 
@@ -101,19 +101,20 @@ pub(crate) fn matmul_add_then_norm(
     Ok(Some(CudaNormedInput::new(device, input, locked, residual, norm, n)))
 }
 
-/// The quantized SwiGLU FFN of `n` tokens of `dim` values added to `x`: its norm (`norm`, or
+/// The quantized gated FFN of `n` tokens of `dim` values added to `x`: its norm (`norm`, or
 /// what `chain.prepared` holds of it; else into `shared`, the device's input for `dim`),
 /// gate/up storing the down product's input (where its launch shape cannot, `act` is quantized
 /// in a launch of its own), down preparing `chain.next`. Returns the prepared norm.
-pub(crate) fn chained_swiglu_ffn(
+pub(crate) fn chained_gated_ffn(
     device: &CudaDevice,
-    [gate, up, down]: [&GpuWeight; 3],
+    ffn: &GatedFfn<CudaBackend>,
     (x, norm): (&mut CudaSlice<f32>, (View, f32)),
     act: &mut CudaSlice<f32>,
     (n, dim): (usize, usize),
     shared: &SharedInput,
     chain: NormChain<CudaBackend>,
 ) -> Result<Option<CudaNormedInput>> {
+    let down = ffn.down;
     let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
     let chain_next = chained_norm(chain.next, n);
     let normed = chain_next.map(|_| matvec::normed_input(device, dim)).transpose().map_err(backend_error)?;
@@ -123,7 +124,7 @@ pub(crate) fn chained_swiglu_ffn(
     if prepared.is_none() {
         matvec::rms_norm_quantize(device, x, norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
     }
-    swiglu_storing_down_input(device, [gate, up], prepared.as_deref().unwrap_or(&qx), act, n, &next)?;
+    gate_up_storing_down_input(device, ffn, prepared.as_deref().unwrap_or(&qx), act, n, &next)?;
     // The next norm goes where gate/up's prepared input was (read by then).
     let target = match (prepared, &normed) {
         (Some(target), _) => Some(target),
@@ -134,22 +135,22 @@ pub(crate) fn chained_swiglu_ffn(
     matmul_add_then_norm(device, (down, None), &next, x, n, next_norm)
 }
 
-/// The quantized SwiGLU FFN of `n` tokens of `dim` values into `out` (a mixture of experts'
-/// shared expert): its norm into `shared` (the device's input for `dim`), gate/up storing the
+/// The quantized gated FFN of `n` tokens of `dim` values into `out` (a mixture of experts'
+/// shared expert, Gemma's FFNs): its norm into `shared` (the device's input for `dim`), gate/up storing the
 /// down product's input where its launch shape can, the down product.
-pub(crate) fn swiglu_ffn_into(
+pub(crate) fn gated_ffn_into(
     device: &CudaDevice,
-    [gate, up, down]: [&GpuWeight; 3],
+    ffn: &GatedFfn<CudaBackend>,
     (x, norm): (&CudaSlice<f32>, (View, f32)),
     (act, out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     (n, dim): (usize, usize),
     shared: &SharedInput,
 ) -> Result<()> {
-    let next_shared = matvec::shared_input(device, down.cols).map_err(backend_error)?;
-    let (qx, next) = lock_pair(shared, &next_shared, dim < down.cols);
+    let next_shared = matvec::shared_input(device, ffn.down.cols).map_err(backend_error)?;
+    let (qx, next) = lock_pair(shared, &next_shared, dim < ffn.down.cols);
     matvec::rms_norm_quantize(device, x, norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-    swiglu_storing_down_input(device, [gate, up], &qx, act, n, &next)?;
-    matvec::matmul_quantized(device, down, &next, None, out, n, false).map_err(backend_error)
+    gate_up_storing_down_input(device, ffn, &qx, act, n, &next)?;
+    matvec::matmul_quantized(device, ffn.down, &next, None, out, n, false).map_err(backend_error)
 }
 
 /// Locks two shared inputs, the narrower first (`first_narrower`: `a`'s), so that two models
@@ -164,17 +165,18 @@ fn lock_pair<'a>(a: &'a SharedInput, b: &'a SharedInput, first_narrower: bool) -
     }
 }
 
-/// Gate/up SwiGLU of `x` into `act`, which the launch also stores as the down product's input
-/// `next` where its shape can (else a quantization launch of its own does).
-fn swiglu_storing_down_input(
+/// Gate/up of `x` and their activation into `act`, which the launch also stores as the down
+/// product's input `next` where its shape can (else a quantization launch of its own does).
+fn gate_up_storing_down_input(
     device: &CudaDevice,
-    [gate, up]: [&GpuWeight; 2],
+    ffn: &GatedFfn<CudaBackend>,
     x: &QuantizedActivations,
     act: &mut CudaSlice<f32>,
     n: usize,
     next: &QuantizedActivations,
 ) -> Result<()> {
-    if !matvec::matmul_swiglu_quantized_into(device, gate, up, x, act, n, next, None).map_err(backend_error)? {
+    let pair = GatedPair { gate: ffn.gate, up: ffn.up, act: ffn.act };
+    if !matvec::matmul_gated_quantized_into(device, pair, x, act, n, next, None).map_err(backend_error)? {
         next.fill(device, act, n).map_err(backend_error)?;
     }
     Ok(())

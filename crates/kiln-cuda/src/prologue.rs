@@ -6,7 +6,7 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use kiln_core::backend::{BackendError, Qkv, Result, RopeKind, RopeParams};
+use kiln_core::backend::{Backend, BackendError, QkNorm, Qkv, Result, RopeKind, RopeParams};
 use kiln_core::plan::{KvCacheSpec, KvType};
 use kiln_core::shapes;
 use kiln_core::tensor::expect_shape;
@@ -19,6 +19,15 @@ use crate::{CudaBackend, CudaStep};
 /// `rope.cu`'s PROLOGUE_WARPS and PROLOGUE_MAX_HEAD_DIM.
 const PROLOGUE_WARPS: usize = 4;
 const PROLOGUE_MAX_HEAD_DIM: usize = 512;
+
+/// The per-head RMSNorm weights of the prologue (`[head_dim]` each): q's and k's, and v's where
+/// values are normed too (f16 and f32 caches only), with eps.
+pub struct HeadNorms<'a> {
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: Option<View<'a>>,
+    pub eps: f32,
+}
 
 /// The prologue and store kernels of one (K type, V type) pair of cache element types.
 #[derive(Clone)]
@@ -41,15 +50,16 @@ impl CudaBackend {
     }
 
     /// The attention prologue in one launch instead of five: per-head RMSNorm of q
-    /// (`[n, n_heads, head_dim]`) and k (`[n, n_kv_heads, head_dim]`) when `qk_norm` = (q weight,
-    /// k weight, eps) is given, rotary embedding of both at the tokens'
-    /// positions (q in place), and k, v stored at the tokens' cache rows (for a q8_0 cache, the
-    /// roped keys go back to `k` and a second launch quantizes both into the cache). Computes
-    /// what `rms_norm` (twice), `rope` (twice) and `kv_store` compute.
+    /// (`[n, n_heads, head_dim]`), k (`[n, n_kv_heads, head_dim]`) and, where its weight is
+    /// given, v when `norms` are given, rotary embedding of q and k at the tokens' positions (q
+    /// in place), and k, v stored at the tokens' cache rows (for a q8_0 cache, the roped keys go
+    /// back to `k` and a second launch quantizes both into the cache; such a cache takes no
+    /// value norm). Computes what `rms_norm` (up to three times), `rope` (twice) and `kv_store`
+    /// compute.
     pub fn qk_norm_rope_store(
         &self,
         qkv: Qkv<CudaSlice<f32>>,
-        qk_norm: Option<(View, View, f32)>,
+        norms: Option<HeadNorms>,
         inv_freq: View,
         rope: &RopeParams,
         cache: &mut CudaKvCache,
@@ -69,11 +79,16 @@ impl CudaBackend {
             return Err(BackendError::Device(format!("prologue: cache rows of {} values, keys of {kv_width}", cache.spec.width)));
         }
         step.check_usable(cache)?;
-        if let Some((q_norm, k_norm, _)) = qk_norm {
-            expect_shape("attention_prologue", "q norm", q_norm.shape(), [hd])?;
-            expect_shape("attention_prologue", "k norm", k_norm.shape(), [hd])?;
+        let fused = stores_in_prologue(&cache.spec);
+        if let Some(norms) = &norms {
+            expect_shape("attention_prologue", "q norm", norms.q.shape(), [hd])?;
+            expect_shape("attention_prologue", "k norm", norms.k.shape(), [hd])?;
+            match norms.v {
+                Some(_) if !fused => return Err(BackendError::Device("prologue: a value norm with a q8_0 cache, whose values kv_store writes".into())),
+                Some(v_norm) => expect_shape("attention_prologue", "v norm", v_norm.shape(), [hd])?,
+                None => {}
+            }
         }
-        let fused = cache.spec.k_type != KvType::Q8_0 && cache.spec.v_type != KvType::Q8_0;
         let rows = n * (n_heads + if fused { 2 } else { 1 } * n_kv_heads);
         if rows == 0 {
             return Ok(());
@@ -82,16 +97,15 @@ impl CudaBackend {
         let stream = self.device().stream();
         let (q_ptr, _q_record) = q.buf_mut().device_ptr(stream);
         let (k_ptr, _k_record) = k.buf_mut().device_ptr(stream);
-        let no_norm: u64 = 0;
-        let (q_norm, _q_norm_record) = qk_norm.map_or((no_norm, None), |(w, _, _)| {
-            let (ptr, record) = w.buf().device_ptr(stream);
-            (ptr, Some(record))
+        let weights = norms.as_ref().map_or([None; 3], |n| [Some(n.q.buf()), Some(n.k.buf()), n.v.map(|v| v.buf())]);
+        let [(q_norm, _q_record), (k_norm, _k_record), (v_norm, _v_record)] = weights.map(|w| match w {
+            Some(w) => {
+                let (ptr, record) = w.device_ptr(stream);
+                (ptr, Some(record))
+            }
+            None => (0u64, None),
         });
-        let (k_norm, _k_norm_record) = qk_norm.map_or((no_norm, None), |(_, w, _)| {
-            let (ptr, record) = w.buf().device_ptr(stream);
-            (ptr, Some(record))
-        });
-        let eps = qk_norm.map_or(0.0, |(_, _, eps)| eps);
+        let eps = norms.as_ref().map_or(0.0, |n| n.eps);
         let (k_cache, v_cache) = cache.pointers();
         let ints = [
             to_u32("tokens", n)?,
@@ -118,6 +132,7 @@ impl CudaBackend {
                 .arg(v.buf())
                 .arg(&q_norm)
                 .arg(&k_norm)
+                .arg(&v_norm)
                 .arg(inv_freq.buf())
                 .arg(&step.block)
                 .arg(&ints[0])
@@ -134,6 +149,33 @@ impl CudaBackend {
             self.launch_kv_store(&kernels.kv_store, k_ptr, v.buf(), cache, step, n)?;
         }
         Ok(())
+    }
+
+    /// The attention prologue of [`Backend::attention_prologue`](kiln_core::Backend): a value
+    /// norm runs in the prologue's launch where that stores the values, else in one of its own.
+    pub(crate) fn launch_attention_prologue(
+        &self,
+        qkv: Qkv<CudaSlice<f32>>,
+        qk_norm: Option<QkNorm<CudaSlice<f32>>>,
+        inv_freq: View,
+        rope: &RopeParams,
+        cache: &mut CudaKvCache,
+        step: &CudaStep,
+    ) -> Result<()> {
+        let Some(QkNorm { q: q_norm, k: k_norm, eps, v: v_norm, .. }) = qk_norm else {
+            return self.qk_norm_rope_store(qkv, None, inv_freq, rope, cache, step);
+        };
+        let norms = |v| Some(HeadNorms { q: q_norm, k: k_norm, v, eps });
+        match v_norm {
+            Some((weight, mut normed)) if !stores_in_prologue(&cache.spec) => {
+                let Qkv { q, k, v } = qkv;
+                let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
+                self.rms_norm(v.reshape([n, heads, head_dim])?, weight, normed.reborrow(), eps)?;
+                let qkv = Qkv { q, k, v: normed.as_ref().reshape([n, heads * head_dim])? };
+                self.qk_norm_rope_store(qkv, norms(None), inv_freq, rope, cache, step)
+            }
+            v_norm => self.qk_norm_rope_store(qkv, norms(v_norm.map(|(weight, _)| weight)), inv_freq, rope, cache, step),
+        }
     }
 
     pub(crate) fn launch_kv_store(&self, function: &CudaFunction, k: u64, v: &CudaSlice<f32>, cache: &CudaKvCache, step: &CudaStep, n: usize) -> Result<()> {
@@ -163,4 +205,10 @@ impl CudaBackend {
         .map(drop)
         .map_err(launch_error("kv_store"))
     }
+}
+
+/// Whether the prologue's launch stores keys and values itself (f16 and f32 caches; a q8_0
+/// cache takes a kv_store launch after it).
+fn stores_in_prologue(spec: &KvCacheSpec) -> bool {
+    spec.k_type != KvType::Q8_0 && spec.v_type != KvType::Q8_0
 }

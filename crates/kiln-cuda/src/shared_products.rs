@@ -5,7 +5,7 @@
 use std::sync::PoisonError;
 
 use cudarc::driver::CudaSlice;
-use kiln_core::backend::{Backend, Linear, Result};
+use kiln_core::backend::{Backend, GatedFfn, Linear, Result};
 use kiln_core::shapes;
 use kiln_core::tensor::{expect_shape, Shape};
 
@@ -109,7 +109,7 @@ impl CudaBackend {
     }
 }
 
-/// The shapes a SwiGLU FFN call checks: its input, norm weight, normed rows, activation and
+/// The shapes a gated FFN call checks: its input, norm weight, normed rows, activation and
 /// output.
 pub(crate) struct FfnShapes {
     pub(crate) x: Shape,
@@ -120,10 +120,11 @@ pub(crate) struct FfnShapes {
 }
 
 impl CudaBackend {
-    /// The device's int8 input for `w` = [gate, up, down]'s SwiGLU FFN, with its (tokens, width),
-    /// where all three take the quantized mat-vec and gate/up can store down's input in another
-    /// buffer than their own (both stay locked at once); None where not. Shapes checked.
-    pub(crate) fn fused_swiglu_input(&self, op: &str, [gate, up, down]: [&GpuWeight; 3], s: FfnShapes) -> Result<Option<(matvec::SharedInput, usize, usize)>> {
+    /// The device's int8 input for `ffn`'s gated FFN, with its (tokens, width), where all three
+    /// weights take the quantized mat-vec and gate/up can store down's input in another buffer
+    /// than their own (both stay locked at once); None where not. Shapes checked.
+    pub(crate) fn fused_ffn_input(&self, op: &str, ffn: &GatedFfn<CudaBackend>, s: FfnShapes) -> Result<Option<(matvec::SharedInput, usize, usize)>> {
+        let (gate, up, down) = (ffn.gate, ffn.up, ffn.down);
         let (n, dim) = shapes::rms_norm(s.x, s.norm, s.h)?;
         let fused = down.cols == gate.rows && down.cols != dim && takes_quantized_matvec(down, n, down.cols);
         let shared = if fused { quantized_input_for(self.device(), &[gate, up], n, dim)? } else { None };

@@ -10,7 +10,7 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{AttentionParams, Backend, BackendError, Linear, NormChain, Qkv, RopeKind, RopeParams, WeightSource};
+use kiln_core::backend::{Activation, AttentionParams, Backend, BackendError, GatedFfn, Linear, NormChain, QkNorm, Qkv, RopeKind, RopeParams, WeightSource};
 use kiln_core::plan::{KvCacheSpec, KvType, LogitRows, SampleSpec, SeqStep, KV_BLOCK_SIZE};
 use kiln_core::sampling::{self, SamplingParams};
 use kiln_cuda::matvec::MAX_MATVEC_TOKENS;
@@ -238,7 +238,8 @@ fn prologue_cache_tolerance(ty: KvType) -> f64 {
 fn fused_prologue_matches_the_separate_cpu_ops() {
     let mut rng = rng("prologue");
     let mut pair = Pair::new(8, 0);
-    for (with_norm, kind) in [(false, RopeKind::Normal), (true, RopeKind::Neox), (true, RopeKind::Normal)] {
+    // (q/k norms, the value norm too (Gemma 4), rope)
+    for (with_norm, v_norm, kind) in [(false, false, RopeKind::Normal), (true, false, RopeKind::Neox), (true, true, RopeKind::Normal)] {
         for (n_heads, n_kv_heads, head_dim, n_rot) in [(8, 4, 8, 8), (4, 2, 64, 64), (32, 8, 128, 128), (6, 2, 80, 32), (4, 2, 256, 128)] {
             let kv_width = n_kv_heads * head_dim;
             let (rope, freqs) = (RopeParams { kind }, [n_rot / 2]);
@@ -248,31 +249,44 @@ fn fused_prologue_matches_the_separate_cpu_ops() {
             for ty in KvType::ALL {
                 let mut caches = Caches::new(&pair, kv_width, ty, ty);
                 for (case, (n, pos0)) in [(1, 0), (5, 100), (1, 3000), (2, 4094)].into_iter().enumerate() {
-                    let what = format!("prologue norm={with_norm} {kind:?} {n_heads}/{n_kv_heads}x{head_dim} rot {n_rot}, {ty} cache, {n} at {pos0}");
+                    let what =
+                        format!("prologue norm={with_norm} v_norm={v_norm} {kind:?} {n_heads}/{n_kv_heads}x{head_dim} rot {n_rot}, {ty} cache, {n} at {pos0}");
                     // The earlier positions: the same random rows on both sides.
                     let blocks = table(&mut rng, case % 2 == 1, pos0 + n);
                     caches.fill(&pair, &mut rng, &blocks, pos0 + n);
                     pair.set_chunks(&[Chunk { n, pos0, table: blocks.clone() }]);
                     let (q, k, v) = (random(&mut rng, n * n_heads * head_dim, 2.0), random(&mut rng, n * kv_width, 2.0), random(&mut rng, n * kv_width, 2.0));
-                    let (q_norm, k_norm) = (random(&mut rng, head_dim, 1.0), random(&mut rng, head_dim, 1.0));
+                    let (q_norm, k_norm, v_weight) = (random(&mut rng, head_dim, 1.0), random(&mut rng, head_dim, 1.0), random(&mut rng, head_dim, 1.0));
 
                     let cpu = &pair.cpu;
                     let (q_shape, k_shape, v_shape) = ([n, n_heads, head_dim], [n, n_kv_heads, head_dim], [n, kv_width]);
-                    let (mut want_q, mut want_k) = (q.clone(), k.clone());
+                    let (mut want_q, mut want_k, mut want_v) = (q.clone(), k.clone(), v.clone());
                     if with_norm {
                         cpu.rms_norm(view(&q, q_shape), view(&q_norm, [head_dim]), view_mut(&mut want_q, q_shape), 1e-6).expect("cpu");
                         cpu.rms_norm(view(&k, k_shape), view(&k_norm, [head_dim]), view_mut(&mut want_k, k_shape), 1e-6).expect("cpu");
                     }
+                    if v_norm {
+                        cpu.rms_norm(view(&v, k_shape), view(&v_weight, [head_dim]), view_mut(&mut want_v, k_shape), 1e-6).expect("cpu");
+                    }
                     cpu.rope(view_mut(&mut want_q, q_shape), view(&inv_freq, freqs), &pair.cpu_step, &rope).expect("cpu");
                     cpu.rope(view_mut(&mut want_k, k_shape), view(&inv_freq, freqs), &pair.cpu_step, &rope).expect("cpu");
-                    cpu.kv_store(view(&want_k, v_shape), view(&v, v_shape), &mut caches.cpu, &pair.cpu_step).expect("cpu");
+                    cpu.kv_store(view(&want_k, v_shape), view(&want_v, v_shape), &mut caches.cpu, &pair.cpu_step).expect("cpu");
 
+                    // The backend's prologue: one launch (a q8_0 cache: a kv_store after it, and
+                    // the value norm before it).
                     let gpu = &pair.gpu;
                     let (mut gq, mut gk, gv) = (upload(gpu, &q), upload(gpu, &k), upload(gpu, &v));
-                    let (gqn, gkn) = (upload(gpu, &q_norm), upload(gpu, &k_norm));
-                    let norms = with_norm.then(|| (view(&gqn, [head_dim]), view(&gkn, [head_dim]), 1e-6));
+                    let (gqn, gkn, gvn) = (upload(gpu, &q_norm), upload(gpu, &k_norm), upload(gpu, &v_weight));
+                    let (mut q_scratch, mut k_scratch, mut v_scratch) = (poisoned(gpu, q.len()), poisoned(gpu, k.len()), poisoned(gpu, v.len()));
+                    let norms = with_norm.then(|| QkNorm {
+                        q: view(&gqn, [head_dim]),
+                        k: view(&gkn, [head_dim]),
+                        eps: 1e-6,
+                        scratch: [view_mut(&mut q_scratch, q_shape), view_mut(&mut k_scratch, k_shape)],
+                        v: v_norm.then(|| (view(&gvn, [head_dim]), view_mut(&mut v_scratch, k_shape))),
+                    });
                     let qkv = Qkv { q: view_mut(&mut gq, q_shape), k: view_mut(&mut gk, k_shape), v: view(&gv, v_shape) };
-                    gpu.qk_norm_rope_store(qkv, norms, view(&gpu_freq, freqs), &rope, &mut caches.gpu, &pair.gpu_step).expect("gpu");
+                    gpu.attention_prologue(qkv, norms, view(&gpu_freq, freqs), &rope, &mut caches.gpu, &pair.gpu_step).expect("gpu");
                     // As rms_norm and rope above: a few ulps per value.
                     assert_close(&format!("{what}: q"), &download(gpu, &gq, q.len()), &want_q, 2e-6);
 
@@ -342,15 +356,17 @@ fn embed_and_weight_ops_match_cpu() {
 
             let up_src = random_weight(&mut rng, ty, rows, cols);
             let (cu, gu) = (pair.cpu.upload_weight(up_src.clone()).expect("cpu"), pair.gpu.upload_weight(up_src).expect("gpu"));
-            let mut want = vec![0f32; n * rows];
-            let (mut s1, mut s2) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            let scratch = [view_mut(&mut s1, outs), view_mut(&mut s2, outs)];
-            pair.cpu.ffn_gate_up([&cw, &cu], view(&x, ins), scratch, view_mut(&mut want, outs)).expect("cpu");
-            let mut got = poisoned(&pair.gpu, n * rows);
-            let (mut g1, mut g2) = (poisoned(&pair.gpu, n * rows), poisoned(&pair.gpu, n * rows));
-            let scratch = [view_mut(&mut g1, outs), view_mut(&mut g2, outs)];
-            pair.gpu.ffn_gate_up([&gw, &gu], view(&gx, ins), scratch, view_mut(&mut got, outs)).expect("gpu");
-            assert_close(&what("ffn_gate_up"), &download(&pair.gpu, &got, n * rows), &want, 2.0 * tolerance);
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let mut want = vec![0f32; n * rows];
+                let (mut s1, mut s2) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                let scratch = [view_mut(&mut s1, outs), view_mut(&mut s2, outs)];
+                pair.cpu.ffn_gate_up(([&cw, &cu], act), view(&x, ins), scratch, view_mut(&mut want, outs)).expect("cpu");
+                let mut got = poisoned(&pair.gpu, n * rows);
+                let (mut g1, mut g2) = (poisoned(&pair.gpu, n * rows), poisoned(&pair.gpu, n * rows));
+                let scratch = [view_mut(&mut g1, outs), view_mut(&mut g2, outs)];
+                pair.gpu.ffn_gate_up(([&gw, &gu], act), view(&gx, ins), scratch, view_mut(&mut got, outs)).expect("gpu");
+                assert_close(&what(&format!("ffn_gate_up {act:?}")), &download(&pair.gpu, &got, n * rows), &want, 2.0 * tolerance);
+            }
         }
     }
 }
@@ -470,15 +486,29 @@ fn fused_norm_quantize_matches_norm_then_product() {
                 let mut got = poisoned(gpu, n * q_rows);
                 let (mut gate, mut up) = (poisoned(gpu, n * q_rows), poisoned(gpu, n * q_rows));
                 let gate_up = [view_mut(&mut gate, q_out), view_mut(&mut up, q_out)];
-                gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut scratch, rows), [wq, w_up], gate_up, view_mut(&mut got, q_out))
-                    .expect("norm_ffn_gate_up");
+                gpu.norm_ffn_gate_up(
+                    view(&gx, rows),
+                    norm_eps,
+                    view_mut(&mut scratch, rows),
+                    ([wq, w_up], Activation::Silu),
+                    gate_up,
+                    view_mut(&mut got, q_out),
+                )
+                .expect("norm_ffn_gate_up");
                 let got = download(gpu, &got, n * q_rows);
                 assert_close(&what("norm_ffn_gate_up"), &got, &want_ffn, exact);
                 let mut cpu_out = vec![0f32; n * q_rows];
                 let (mut s1, mut s2) = (vec![0f32; n * q_rows], vec![0f32; n * q_rows]);
                 let gate_up = [view_mut(&mut s1, q_out), view_mut(&mut s2, q_out)];
                 pair.cpu
-                    .norm_ffn_gate_up(view(&x, rows), cpu_norm, view_mut(&mut cpu_h, rows), [&cw[0], &cw[3]], gate_up, view_mut(&mut cpu_out, q_out))
+                    .norm_ffn_gate_up(
+                        view(&x, rows),
+                        cpu_norm,
+                        view_mut(&mut cpu_h, rows),
+                        ([&cw[0], &cw[3]], Activation::Silu),
+                        gate_up,
+                        view_mut(&mut cpu_out, q_out),
+                    )
                     .expect("cpu");
                 // silu(g) * u combines the errors of two products.
                 assert_close(&what("norm_ffn_gate_up vs cpu"), &got, &cpu_out, 2.0 * tolerance);
@@ -495,14 +525,15 @@ fn fused_norm_quantize_matches_norm_then_product() {
 /// a tie: 1e-4 relative L2 on the residual (one code step moves one value by 1/127 of its
 /// chunk's largest). Against the CPU within the int8 activations' error (two products: 2e-2).
 /// An FFN width of whole tiles (1,024) and one without (1,040: never stored); 1, 3 and 12
-/// tokens. The same for the FFN into an output of its own (`norm_swiglu_ffn`).
+/// tokens. The same for the FFN into an output of its own (`norm_gated_ffn`). SwiGLU and
+/// GeGLU (Gemma) alike.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
-fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
+fn fused_gated_ffn_matches_its_ops_one_by_one() {
     let mut rng = rng("swiglu_ffn_add");
     let pair = Pair::new(1, 0);
     let (gpu, dim, eps) = (&pair.gpu, 512, 1e-5);
-    for ty in [GgmlType::Q1_0, GgmlType::Q4_K] {
+    for (ty, act) in [GgmlType::Q1_0, GgmlType::Q4_K].into_iter().flat_map(|ty| [(ty, Activation::Silu), (ty, Activation::GeluTanh)]) {
         for ff in [1024, 1040] {
             if ff % ty.block_size() != 0 {
                 continue;
@@ -511,52 +542,57 @@ fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
             let gw: Vec<_> = sources.iter().map(|s| gpu.upload_weight(s.clone()).expect("gpu weight")).collect();
             let cw: Vec<_> = sources.iter().map(|s| pair.cpu.upload_weight(s.clone()).expect("cpu weight")).collect();
             for n in [1, 3, 12] {
-                let what = format!("{ty} FFN {dim} -> {ff}, {n} tokens");
+                let what = format!("{ty} {act:?} FFN {dim} -> {ff}, {n} tokens");
                 let x = random(&mut rng, n * dim, 3.0);
                 let norm: Vec<f32> = random(&mut rng, dim, 0.5).iter().map(|w| 1.0 + w).collect();
                 let g_norm = upload(gpu, &norm);
                 let (rows, wide) = ([n, dim], [n, ff]);
                 let run = |fused: bool| {
                     let mut gx = upload(gpu, &x);
-                    let (mut h, mut act, mut tmp) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
+                    let (mut h, mut activated, mut tmp) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
                     let (mut s1, mut s2) = (poisoned(gpu, n * ff), poisoned(gpu, n * ff));
                     let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
                     let norm_eps = (view(&g_norm, [dim]), eps);
                     if fused {
-                        let w = [&gw[0], &gw[1], &gw[2]];
-                        gpu.norm_swiglu_ffn_add(
+                        gpu.norm_gated_ffn_add(
                             view_mut(&mut gx, rows),
                             norm_eps,
                             view_mut(&mut h, rows),
-                            w,
+                            GatedFfn { gate: &gw[0], up: &gw[1], down: &gw[2], act },
                             scratch,
-                            view_mut(&mut act, wide),
+                            view_mut(&mut activated, wide),
                             view_mut(&mut tmp, rows),
                             NormChain::default(),
                         )
-                        .expect("norm_swiglu_ffn_add");
+                        .expect("norm_gated_ffn_add");
                     } else {
-                        gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut h, rows), [&gw[0], &gw[1]], scratch, view_mut(&mut act, wide))
-                            .expect("gate/up");
-                        gpu.matmul_add(&gw[2], view(&act, wide), view_mut(&mut gx, rows), view_mut(&mut tmp, rows)).expect("down");
+                        gpu.norm_ffn_gate_up(
+                            view(&gx, rows),
+                            norm_eps,
+                            view_mut(&mut h, rows),
+                            ([&gw[0], &gw[1]], act),
+                            scratch,
+                            view_mut(&mut activated, wide),
+                        )
+                        .expect("gate/up");
+                        gpu.matmul_add(&gw[2], view(&activated, wide), view_mut(&mut gx, rows), view_mut(&mut tmp, rows)).expect("down");
                     }
                     download(gpu, &gx, n * dim)
                 };
                 let (got, want) = (run(true), run(false));
                 assert_close(&format!("{what}: against the ops one by one"), &got, &want, 1e-4);
                 let mut cpu_x = x.clone();
-                let (mut h, mut act, mut tmp) = (vec![0f32; n * dim], vec![0f32; n * ff], vec![0f32; n * dim]);
+                let (mut h, mut activated, mut tmp) = (vec![0f32; n * dim], vec![0f32; n * ff], vec![0f32; n * dim]);
                 let (mut s1, mut s2) = (vec![0f32; n * ff], vec![0f32; n * ff]);
                 let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
-                let w = [&cw[0], &cw[1], &cw[2]];
                 pair.cpu
-                    .norm_swiglu_ffn_add(
+                    .norm_gated_ffn_add(
                         view_mut(&mut cpu_x, rows),
                         (view(&norm, [dim]), eps),
                         view_mut(&mut h, rows),
-                        w,
+                        GatedFfn { gate: &cw[0], up: &cw[1], down: &cw[2], act },
                         scratch,
-                        view_mut(&mut act, wide),
+                        view_mut(&mut activated, wide),
                         view_mut(&mut tmp, rows),
                         NormChain::default(),
                     )
@@ -564,21 +600,36 @@ fn fused_swiglu_ffn_matches_its_ops_one_by_one() {
                 let tolerance = if n <= MAX_MATVEC_TOKENS { 2e-2 } else { 2.0 * MATMAT_TOLERANCE };
                 assert_close(&format!("{what} vs cpu"), &got, &cpu_x, tolerance);
 
-                // The same FFN into an output of its own (`norm_swiglu_ffn`, a shared expert).
+                // The same FFN into an output of its own (`norm_gated_ffn`, a shared expert).
                 let into = |fused: bool| {
                     let gx = upload(gpu, &x);
-                    let (mut h, mut act, mut out) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
+                    let (mut h, mut activated, mut out) = (poisoned(gpu, n * dim), poisoned(gpu, n * ff), poisoned(gpu, n * dim));
                     let (mut s1, mut s2) = (poisoned(gpu, n * ff), poisoned(gpu, n * ff));
                     let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
                     let norm_eps = (view(&g_norm, [dim]), eps);
                     if fused {
-                        let w = [&gw[0], &gw[1], &gw[2]];
-                        gpu.norm_swiglu_ffn(view(&gx, rows), norm_eps, view_mut(&mut h, rows), w, scratch, view_mut(&mut act, wide), view_mut(&mut out, rows))
-                            .expect("norm_swiglu_ffn");
+                        let ffn = GatedFfn { gate: &gw[0], up: &gw[1], down: &gw[2], act };
+                        gpu.norm_gated_ffn(
+                            view(&gx, rows),
+                            norm_eps,
+                            view_mut(&mut h, rows),
+                            ffn,
+                            scratch,
+                            view_mut(&mut activated, wide),
+                            view_mut(&mut out, rows),
+                        )
+                        .expect("norm_gated_ffn");
                     } else {
-                        gpu.norm_ffn_gate_up(view(&gx, rows), norm_eps, view_mut(&mut h, rows), [&gw[0], &gw[1]], scratch, view_mut(&mut act, wide))
-                            .expect("gate/up");
-                        gpu.matmul(&gw[2], view(&act, wide), view_mut(&mut out, rows)).expect("down");
+                        gpu.norm_ffn_gate_up(
+                            view(&gx, rows),
+                            norm_eps,
+                            view_mut(&mut h, rows),
+                            ([&gw[0], &gw[1]], act),
+                            scratch,
+                            view_mut(&mut activated, wide),
+                        )
+                        .expect("gate/up");
+                        gpu.matmul(&gw[2], view(&activated, wide), view_mut(&mut out, rows)).expect("down");
                     }
                     download(gpu, &out, n * dim)
                 };
@@ -627,19 +678,19 @@ fn ffns_pass_prepared_norms_to_the_products_after_them() {
                         let chain = NormChain { prepared: prepared.take(), next };
                         let scratch = [view_mut(&mut s1, wide), view_mut(&mut s2, wide)];
                         let norm = (view(&norms[i], [dim]), eps);
-                        let w = [&w[0], &w[1], &w[2]];
+                        let ffn = GatedFfn { gate: &w[0], up: &w[1], down: &w[2], act: Activation::Silu };
                         prepared = gpu
-                            .norm_swiglu_ffn_add(
+                            .norm_gated_ffn_add(
                                 view_mut(&mut gx, rows),
                                 norm,
                                 view_mut(&mut h, rows),
-                                w,
+                                ffn,
                                 scratch,
                                 view_mut(&mut act, wide),
                                 view_mut(&mut tmp, rows),
                                 chain,
                             )
-                            .expect("norm_swiglu_ffn_add");
+                            .expect("norm_gated_ffn_add");
                         count += usize::from(prepared.is_some());
                     }
                     let (mut q, mut k, mut v) = (poisoned(gpu, n * dim), poisoned(gpu, n * dim / 4), poisoned(gpu, n * dim / 4));

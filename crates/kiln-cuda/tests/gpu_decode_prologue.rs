@@ -86,6 +86,7 @@ fn decode_attention_with_its_prologue_matches_the_separate_cpu_ops() {
             k: view(&k_norm, [head_dim]),
             eps: 1e-6,
             scratch: [view_mut(&mut q_scratch, q_shape), view_mut(&mut k_scratch, k_shape)],
+            v: None,
         });
         let qkv = Qkv { q: view_mut(&mut cq, q_shape), k: view_mut(&mut ck, k_shape), v: view(&v, v_shape) };
         cpu.attention_prologue(qkv, norms, view(&inv_freq, freqs), &rope, &mut caches.cpu, &pair.cpu_step).expect("cpu prologue");

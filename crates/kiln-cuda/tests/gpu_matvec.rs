@@ -14,7 +14,7 @@ use matvec_support::*;
 use std::sync::Arc;
 
 use kiln_core::WeightSource;
-use kiln_cuda::matvec::{self, GpuWeight, QuantizedActivations};
+use kiln_cuda::matvec::{self, GatedPair, GpuWeight, QuantizedActivations};
 use kiln_cuda::CudaError;
 use kiln_quant::GgmlType;
 use rand::Rng;
@@ -444,7 +444,7 @@ fn prequantized_activations_serve_several_weights() {
         check(&mut failures, &case, &shared_out, &host.products(&x, n).0);
     }
     let mut out = poisoned(n * rows);
-    matvec::matmul_swiglu_quantized(device(), &weights[0], &weights[0], &shared, &mut out, n).expect("swiglu");
+    matvec::matmul_gated_quantized(device(), GatedPair::swiglu(&weights[0], &weights[0]), &shared, &mut out, n).expect("swiglu");
     let got = download(&out, n * rows, &mut failures, "prequantized swiglu");
     let g = hosts[0].products(&x, n).0;
     check(&mut failures, "prequantized swiglu", &got, &Expected::swiglu(&g, &g));
@@ -482,9 +482,15 @@ fn bad_arguments_are_typed_errors() {
     // widths agree), or into a buffer of the wrong width.
     let square = HostWeight::random(&mut rng, GgmlType::Q4_0, 64, 64).upload("square");
     let stored = |result: Result<bool, CudaError>| result.map(drop);
-    invalid(stored(matvec::matmul_swiglu_quantized_into(device(), &square, &square, &q, &mut out, 1, &q, None)), "next input aliasing the input");
+    invalid(
+        stored(matvec::matmul_gated_quantized_into(device(), GatedPair::swiglu(&square, &square), &q, &mut out, 1, &q, None)),
+        "next input aliasing the input",
+    );
     let narrow = QuantizedActivations::new(device(), 1, 32).expect("activations");
-    invalid(stored(matvec::matmul_swiglu_quantized_into(device(), &square, &square, &q, &mut out, 1, &narrow, None)), "next input of the wrong width");
+    invalid(
+        stored(matvec::matmul_gated_quantized_into(device(), GatedPair::swiglu(&square, &square), &q, &mut out, 1, &narrow, None)),
+        "next input of the wrong width",
+    );
     // Q8_K is ggml's activation format, never a weight: no GPU layout.
     let bytes = GgmlType::Q8_K.type_size();
     let unsupported = WeightSource { name: "q8_k".into(), ty: GgmlType::Q8_K, rows: 1, cols: 256, range: 0..bytes, owner: Arc::new(vec![0u8; bytes]) };
@@ -598,7 +604,7 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
 }
 
 /// The SwiGLU mat-vec that also stores its output as the down product's int8 input
-/// (`matmul_swiglu_quantized_into`): for every one-token launch shape, where the shape allows it
+/// (`matmul_gated_quantized_into`): for every one-token launch shape, where the shape allows it
 /// (blocks of whole 16-row chunks, rows filling whole tiles) the stored codes and scales must be
 /// bit for bit what quantizing the output separately gives, and the output itself that of the
 /// plain SwiGLU launch; where it does not, nothing is claimed stored. Rows of 1,024 and 1,536
@@ -625,7 +631,7 @@ fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
                 let mut next = QuantizedActivations::new(device(), 1, rows).expect("next");
                 matvec::quantize_activations(device(), &upload_f32(&random_f32(&mut rng, rows)), 1, &mut next).expect("stale row");
                 let mut got = poisoned(rows);
-                let stored = match matvec::matmul_swiglu_quantized_into(device(), &gate, &up, &x, &mut got, 1, &next, Some(shape)) {
+                let stored = match matvec::matmul_gated_quantized_into(device(), GatedPair::swiglu(&gate, &up), &x, &mut got, 1, &next, Some(shape)) {
                     Ok(stored) => stored,
                     Err(e) => {
                         failures.push(format!("{case} shape {shape}: {e}"));

@@ -4,11 +4,11 @@
 
 use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
-    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, GatedNorm, Linear, NormChain, QkNorm, Qkv,
-    RopeParams, RouterArgs, RouterParams, TensorMut,
+    AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, GatedFfn, GatedNorm, Linear, NormChain, QkNorm,
+    Qkv, RopeParams, RouterArgs, RouterParams, TensorMut,
 };
 
-use crate::config::{Activation, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
+use crate::config::{AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
 use crate::weights::{
     AttentionWeights, DeltaNetWeights, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights,
@@ -180,7 +180,7 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
                         let prologue = if defer { Some(deferred_prologue(p, at, aw, [&a.k, &a.v])?) } else { None };
                         let sinks = aw.sinks.as_ref().map(|s| s.whole());
                         let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks, step, params: &params, prologue };
-                        let ffn_norm = swiglu_ffn(p, lc, l).map(|_| (l.ffn_norm.whole(), c.rms_eps));
+                        let ffn_norm = chained_dense_ffn(p, lc, l).map(|_| (l.ffn_norm.whole(), c.rms_eps));
                         let wo = Linear::new(&aw.wo, wo_bias);
                         prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
                     }
@@ -388,21 +388,19 @@ fn attention_prologue<B: Backend>(p: &Pass<B>, at: &AttentionConfig, l: &Attenti
     let table = p.w.rope_tables[at.rope].whole();
     let (cache, step) = caches.get(at.cache)?;
     if l.wk.is_some() {
-        let v = match &l.v_norm {
-            Some(ones) => {
-                b.rms_norm(a.v.view([n, kv_heads, hd])?, ones.whole(), a.v_normed.view_mut([n, kv_heads, hd])?, c.rms_eps)?;
-                a.v_normed.rows(n, kv_width)?
-            }
-            None => a.v.rows(n, kv_width)?,
-        };
-        let qk_norm = match (&l.q_norm, &l.k_norm) {
-            (Some(qn), Some(kn)) => {
+        let qk_norm = match (&l.q_norm, &l.k_norm, &l.v_norm) {
+            (Some(qn), Some(kn), v_norm) => {
                 let scratch = [a.q_normed.view_mut([n, heads, hd])?, a.k_normed.view_mut([n, kv_heads, hd])?];
-                Some(QkNorm { q: qn.whole(), k: kn.whole(), eps: c.rms_eps, scratch })
+                let v = match v_norm {
+                    Some(w) => Some((w.whole(), a.v_normed.view_mut([n, kv_heads, hd])?)),
+                    None => None,
+                };
+                Some(QkNorm { q: qn.whole(), k: kn.whole(), eps: c.rms_eps, scratch, v })
             }
-            _ => None,
+            (_, _, None) => None,
+            _ => return Err(BackendError::BadPlan("a value norm without query and key norms".into())),
         };
-        let qkv = Qkv { q: a.q.view_mut([n, heads, hd])?, k: a.k.view_mut([n, kv_heads, hd])?, v };
+        let qkv = Qkv { q: a.q.view_mut([n, heads, hd])?, k: a.k.view_mut([n, kv_heads, hd])?, v: a.v.rows(n, kv_width)? };
         b.attention_prologue(qkv, qk_norm, table, &rope, cache, step)?;
     } else {
         if let Some(qn) = &l.q_norm {
@@ -440,24 +438,29 @@ enum Out {
     Scratch,
 }
 
-/// The layer's dense SiLU-gated FFN where it is added straight to the residual (one backend call,
-/// [`Backend::norm_swiglu_ffn_add`]), with its width.
-fn swiglu_ffn<'a, B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &'a LayerWeights<B>) -> Option<(&'a DenseFfn<B>, usize)> {
+/// The layer's dense gated FFN where it is added straight to the residual (one backend call,
+/// [`Backend::norm_gated_ffn_add`]), with its width.
+fn chained_dense_ffn<'a, B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &'a LayerWeights<B>) -> Option<(&'a DenseFfn<B>, usize)> {
     match (&l.ffn, &lc.ffn) {
-        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) if p.reduce.is_none() && matches!(p.w.config.activation, Activation::Silu) => Some((d, *n_ff)),
+        (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) if p.reduce.is_none() => Some((d, *n_ff)),
         _ => None,
     }
 }
 
+/// A dense FFN's weights with the model's gate activation.
+fn gated_ffn<'a, B: Backend>(p: &Pass<B>, d: &'a DenseFfn<B>) -> GatedFfn<'a, B> {
+    GatedFfn { gate: &d.gate, up: &d.up, down: &d.down, act: p.w.config.activation }
+}
+
 /// The layer's feed-forward of `norm(x)`: dense gated FFN or mixture of experts (with Gemma 4's
-/// dense FFN beside it). Along `chain` the dense SwiGLU FFN added to the residual takes the
+/// dense FFN beside it). Along `chain` the dense gated FFN added to the residual takes the
 /// norm the attention prepared and prepares the next layer's; returns what it prepared.
 fn ffn<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>, a: &mut Workspace<B>, out: Out, chain: NormChain<B>) -> Result<Option<B::NormedInput>> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
-    if let (Some((d, n_ff)), Out::AddToResidual) = (swiglu_ffn(p, lc, l), out) {
+    if let (Some((d, n_ff)), Out::AddToResidual) = (chained_dense_ffn(p, lc, l), out) {
         let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
         let (x, h, act, tmp) = (a.x.rows_mut(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?, a.tmp.rows_mut(n, e)?);
-        return b.norm_swiglu_ffn_add(x, (l.ffn_norm.whole(), c.rms_eps), h, [&d.gate, &d.up, &d.down], scratch, act, tmp, chain);
+        return b.norm_gated_ffn_add(x, (l.ffn_norm.whole(), c.rms_eps), h, gated_ffn(p, d), scratch, act, tmp, chain);
     }
     ffn_unchained(p, lc, l, a, out).map(|()| None)
 }
@@ -467,18 +470,13 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     match (&l.ffn, &lc.ffn) {
         (FfnWeights::Dense(d), FfnConfig::Dense { n_ff }) => {
-            dense_activation(p, d, &l.ffn_norm, *n_ff, a)?;
-            let act = a.act.rows(n, *n_ff)?;
-            match (out, p.reduce) {
-                (Out::AddToResidual, None) => b.matmul_add(&d.down, act, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
-                (out, _) => {
-                    b.matmul(&d.down, act, a.tmp.rows_mut(n, e)?)?;
-                    sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
-                    match out {
-                        Out::AddToResidual => b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?),
-                        Out::Scratch => Ok(()),
-                    }
-                }
+            let (scratch, norm) = ([a.gate.rows_mut(n, *n_ff)?, a.up.rows_mut(n, *n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
+            let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, *n_ff)?);
+            b.norm_gated_ffn(x, norm, h, gated_ffn(p, d), scratch, act, a.tmp.rows_mut(n, e)?)?;
+            sum_over_ranks(p, a.tmp.rows_mut(n, e)?)?;
+            match out {
+                Out::AddToResidual => b.add(a.x.rows_mut(n, e)?, a.tmp.rows(n, e)?),
+                Out::Scratch => Ok(()),
             }
         }
         (FfnWeights::Moe(m), FfnConfig::Moe(mc)) => {
@@ -486,8 +484,9 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                 (Some(side), Some(n_ff)) => {
                     // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x))), each
                     // block's output in ffn_out before its norm.
-                    dense_activation(p, &side.ffn, &l.ffn_norm, n_ff, a)?;
-                    b.matmul(&side.ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
+                    let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?);
+                    b.norm_gated_ffn(x, norm, h, gated_ffn(p, &side.ffn), scratch, act, a.ffn_out.rows_mut(n, e)?)?;
                     b.rms_norm(a.ffn_out.rows(n, e)?, side.post_norm.whole(), a.tmp.rows_mut(n, e)?, c.rms_eps)?;
                     routed_experts(p, m, mc, &side.moe_norm, a)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
@@ -500,15 +499,9 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                     };
                     routed_experts(p, m, mc, &l.ffn_norm, a)?;
                     // The shared expert beside them, gated by sigmoid(norm(x) · gate).
-                    let ffn = &shared.ffn;
-                    if matches!(c.activation, Activation::Silu) {
-                        let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
-                        let (x, h, act, ffn_out) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?, a.ffn_out.rows_mut(n, e)?);
-                        b.norm_swiglu_ffn(x, norm, h, [&ffn.gate, &ffn.up, &ffn.down], scratch, act, ffn_out)?;
-                    } else {
-                        dense_activation(p, ffn, &l.ffn_norm, n_ff, a)?;
-                        b.matmul(&ffn.down, a.act.rows(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
-                    }
+                    let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
+                    let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?);
+                    b.norm_gated_ffn(x, norm, h, gated_ffn(p, &shared.ffn), scratch, act, a.ffn_out.rows_mut(n, e)?)?;
                     // h: norm(x) as routed_experts() left it (the fused products above may not write it).
                     b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
@@ -539,22 +532,6 @@ fn sum_over_ranks<B: Backend>(p: &Pass<B>, x: TensorMut<B::Buffer>) -> Result<()
     match p.reduce {
         Some(r) => r.sum(p.b, x),
         None => Ok(()),
-    }
-}
-
-/// `act = act(gate(norm(x))) * up(norm(x))`, ready for the down projection.
-fn dense_activation<B: Backend>(p: &Pass<B>, d: &DenseFfn<B>, norm: &B::Buffer, n_ff: usize, a: &mut Workspace<B>) -> Result<()> {
-    let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
-    match c.activation {
-        Activation::Silu => {
-            let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
-            b.norm_ffn_gate_up(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up], scratch, a.act.rows_mut(n, n_ff)?)
-        }
-        act => {
-            let projections = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&d.gate, &d.up].map(Linear::plain), projections, None)?;
-            b.gated(act, a.gate.rows(n, n_ff)?, a.up.rows(n, n_ff)?, a.act.rows_mut(n, n_ff)?)
-        }
     }
 }
 

@@ -203,7 +203,7 @@ impl QuantizedActivations {
 }
 
 /// Quantizes the first `n` tokens of `x` [n][cols] for [`matmul_quantized`] and
-/// [`matmul_swiglu_quantized`].
+/// [`matmul_gated_quantized`].
 pub fn quantize_activations(device: &CudaDevice, x: &CudaSlice<f32>, n: usize, out: &mut QuantizedActivations) -> Result<(), CudaError> {
     out.fill(device, x, n)
 }

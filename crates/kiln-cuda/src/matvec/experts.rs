@@ -314,11 +314,7 @@ impl ExpertProducts {
             }
             None => [0, 0],
         };
-        let (act, alpha, limit) = match gated.act {
-            Activation::Silu => (GATE_SILU, 0.0f32, 0.0f32),
-            Activation::GeluTanh => (GATE_GELU_TANH, 0.0, 0.0),
-            Activation::SwiGluOai { alpha, limit } => (GATE_SWIGLU_OAI, alpha, limit),
-        };
+        let (act, alpha, limit) = super::gate_code(gated.act);
         let slots = n * n_used;
         check_len(OP, "ids", ids.len(), slots)?;
         check_len(OP, "x", x.len(), n * first.cols)?;
@@ -630,11 +626,6 @@ impl<'a> ExpertCall<'a> {
         Ok(first)
     }
 }
-
-/// The kernels' codes of the gate activations (common.cuh's GATE_*).
-const GATE_SILU: u32 = 0;
-const GATE_GELU_TANH: u32 = 1;
-const GATE_SWIGLU_OAI: u32 = 2;
 
 /// The second half of a gated expert product ([`ExpertProducts::matmul_gated`]): the up experts,
 /// the per-expert biases of gate and up (`[n_experts][rows]` each) and the activation.

@@ -12,7 +12,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::{
-    bias_address, check_len, check_next_input, device_address, input_for_width, invalid, launch_storing, GpuWeight, Input, MatvecCall, NormStore,
+    bias_address, check_len, check_next_input, device_address, input_for_width, invalid, launch_storing, GpuWeight, MatvecCall, NormStore,
     QuantizedActivations, SharedInput,
 };
 use crate::{CudaDevice, CudaError};
@@ -44,7 +44,7 @@ pub fn matmul_add_normed(
     check_len(OP, "norm weight", norm.0.len(), w.rows)?;
     let store = NormStore { weight: device_address(device, norm.0), parts: device_address(device, &next.norm_parts) };
     let bias = bias_address(device, OP, w, bias)?;
-    let call = MatvecCall { op: OP, w, up: None, input: Input::Quantized(x), n, accumulate: true, bias, next: Some(next.target(device)), norm: Some(store) };
+    let call = MatvecCall { bias, next: Some(next.target(device)), norm: Some(store), ..MatvecCall::plain(OP, w, x, n, true) };
     let blocks = launch_storing(device, call, residual, shape)?;
     if let Some(blocks) = blocks {
         next.mark_filled_normed(n, blocks, norm.1);
