@@ -153,13 +153,16 @@ pub struct GatedFfn<'a, B: Backend + ?Sized> {
 
 /// A mixture of experts' router for [`Backend::moe_norm_route`]: its weight `[n_experts, cols]`,
 /// its own RMSNorm weight where it has one (Gemma 4; else the experts' norm serves it too), its
-/// bias `[n_experts]`, the per-expert output scales `[n_experts]` and the routing rule.
+/// bias `[n_experts]`, the per-expert output scales `[n_experts]` and the routing rule; and a
+/// shared expert's gate (Qwen3.5), a product of the experts' normed input computed beside the
+/// router's: its weight `[1, cols]` and where its logits go (`[n, 1]`).
 pub struct RouterArgs<'a, B: Backend + ?Sized> {
     pub weight: &'a B::Weight,
     pub norm: Option<Tensor<'a, B::Buffer>>,
     pub bias: Option<Tensor<'a, B::Buffer>>,
     pub expert_scale: Option<Tensor<'a, B::Buffer>>,
     pub params: RouterParams,
+    pub shared_gate: Option<(&'a B::Weight, TensorMut<'a, B::Buffer>)>,
 }
 
 /// A Gated DeltaNet's output before its projection, `silu(z) * rms_norm(x) · weight`: x
@@ -522,6 +525,22 @@ pub trait Backend: Send + Sync + 'static {
 
     // Fusable compounds. Defaults compose the primitive ops; a backend may
     // override them with fused kernels that save launches and memory traffic.
+
+    /// The router's logits `h·routerᵀ` into `logits` and, where given, a shared expert's gate
+    /// logit `h·gateᵀ` into its `[n, 1]` rows: products of one input.
+    fn router_logits(
+        &self,
+        h: Tensor<Self::Buffer>,
+        router: &Self::Weight,
+        logits: TensorMut<Self::Buffer>,
+        shared_gate: Option<(&Self::Weight, TensorMut<Self::Buffer>)>,
+    ) -> Result<()> {
+        self.matmul(router, h, logits)?;
+        match shared_gate {
+            Some((gate, out)) => self.matmul(gate, h, out),
+            None => Ok(()),
+        }
+    }
 
     /// `out = act(x·Wgᵀ) * (x·Wuᵀ)` for `w` = [gate, up], using `scratch` (of `out`'s shape)
     /// for the two products.

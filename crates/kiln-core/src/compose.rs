@@ -55,11 +55,14 @@ pub fn compose_moe_norm_route<B: Backend + ?Sized>(
 ) -> Result<()> {
     if let Some(router_norm) = router.norm {
         b.rms_norm(x, router_norm, h.reborrow(), norm.1)?;
-        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
-        experts_norm(x, norm, h)?;
+        b.router_logits(h.as_ref(), router.weight, logits.reborrow(), None)?;
+        experts_norm(x, norm, h.reborrow())?;
+        if let Some((gate, out)) = router.shared_gate {
+            b.matmul(gate, h.as_ref(), out)?;
+        }
     } else {
         experts_norm(x, norm, h.reborrow())?;
-        b.matmul(router.weight, h.as_ref(), logits.reborrow())?;
+        b.router_logits(h.as_ref(), router.weight, logits.reborrow(), router.shared_gate)?;
     }
     if let Some(bias) = router.bias {
         b.add_bias(logits.reborrow(), bias)?;

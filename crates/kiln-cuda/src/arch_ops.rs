@@ -286,6 +286,9 @@ impl CudaBackend {
             shapes::rows_and_vector("moe_norm_route", logits.shape(), bias.shape())?;
         }
         let (_, _, n_used) = shapes::moe_route(logits.shape(), router.expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        if let Some((gate, out)) = &router.shared_gate {
+            shapes::matmul("moe_norm_route", (gate.rows, gate.cols), h.shape(), out.shape())?;
+        }
         let call = NormRouteCall {
             x: x.buf(),
             norm: norm.0.buf(),
@@ -300,7 +303,10 @@ impl CudaBackend {
         };
         let out = RouteOutputs { h: h.buf_mut(), logits: logits.buf_mut(), ids: ids.buf_mut(), weights: weights.buf_mut() };
         if self.experts.norm_route(self.device(), call, out).map_err(backend_error)? {
-            return Ok(());
+            return match router.shared_gate {
+                Some((gate, out)) => kiln_core::Backend::matmul(self, gate, h.as_ref(), out),
+                None => Ok(()),
+            };
         }
         // Composed, the experts' norm writing their int8 input too (one launch fewer).
         let experts_norm = |x: View, norm: (View, f32), mut h: ViewMut| -> Result<()> {

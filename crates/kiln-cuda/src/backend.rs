@@ -643,6 +643,16 @@ impl Backend for CudaBackend {
         self.gated(act, gate.as_ref(), up.as_ref(), out)
     }
 
+    fn router_logits(&self, h: View, router: &GpuWeight, logits: ViewMut, shared_gate: Option<(&GpuWeight, ViewMut)>) -> Result<()> {
+        match shared_gate {
+            Some((gate, out)) => {
+                let n = shapes::matmul("router_logits", (router.rows, router.cols), h.shape(), logits.shape())?;
+                self.matmuls_f32([router, gate], h, [logits, out], n, None)
+            }
+            None => self.matmul(router, h, logits),
+        }
+    }
+
     fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], out: ViewMut) -> Result<()> {
         self.launch_moe_gate_up(experts, x, ids, scratch, out)
     }

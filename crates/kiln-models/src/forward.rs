@@ -349,30 +349,31 @@ fn attention_projections<B: Backend>(
     prepared: Option<B::NormedInput>,
 ) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
-    let (heads, hd) = (at.n_head, at.head_dim);
-    let (q_width, kv_width) = (heads * hd, at.kv_width());
-    // A gated attention's query projection also holds its gate.
-    let q_proj = if at.gated { 2 * q_width } else { q_width };
-    match (at.kv, &l.wk) {
-        (KvSource::Own { v_from_k }, Some(wk)) => {
+    let (q_width, kv_width) = (at.n_head * at.head_dim, at.kv_width());
+    let (x, norm) = (a.x.rows(n, e)?, (norm.whole(), c.rms_eps));
+    match (at.kv, &l.wk, &l.q_gate) {
+        (KvSource::Own { v_from_k }, Some(wk), q_gate) => {
             let wv = if v_from_k { wk } else { l.wv.as_ref().ok_or_else(|| BackendError::BadPlan("a layer without its value projection".into()))? };
-            let qkv = [a.q.rows_mut(n, q_proj)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
+            let qkv = [a.q.rows_mut(n, q_width)?, a.k.rows_mut(n, kv_width)?, a.v.rows_mut(n, kv_width)?];
             let bias = |i: usize| l.bias.as_ref().map(|b| b[i].whole());
             let linears = [Linear::new(&l.wq, bias(0)), Linear::new(wk, bias(1)), Linear::new(wv, bias(2))];
-            b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, linears, qkv, prepared)?;
+            match q_gate {
+                Some(gate) => {
+                    let [q, k, v] = qkv;
+                    let linears = [linears[0], Linear::plain(gate), linears[1], linears[2]];
+                    b.norm_matmuls(x, norm, a.h.rows_mut(n, e)?, linears, [q, a.q_gate.rows_mut(n, q_width)?, k, v], prepared)?;
+                }
+                None => b.norm_matmuls(x, norm, a.h.rows_mut(n, e)?, linears, qkv, prepared)?,
+            }
         }
-        (KvSource::Shared { .. }, None) => {
-            b.rms_norm(a.x.rows(n, e)?, norm.whole(), a.h.rows_mut(n, e)?, c.rms_eps)?;
-            b.matmul(&l.wq, a.h.rows(n, e)?, a.q.rows_mut(n, q_proj)?)?;
+        (KvSource::Shared { .. }, None, q_gate) => {
+            b.rms_norm(x, norm.0, a.h.rows_mut(n, e)?, norm.1)?;
+            b.matmul(&l.wq, a.h.rows(n, e)?, a.q.rows_mut(n, q_width)?)?;
+            if let Some(gate) = q_gate {
+                b.matmul(gate, a.h.rows(n, e)?, a.q_gate.rows_mut(n, q_width)?)?;
+            }
         }
         _ => return Err(BackendError::BadPlan("layer weights do not match the layer's KV source".into())),
-    }
-    if at.gated {
-        // Each head's query is followed by its output gate.
-        let rows = n * heads;
-        b.copy_cols(a.q.rows(rows, 2 * hd)?, hd, a.q_gate.rows_mut(rows, hd)?)?;
-        b.copy_cols(a.q.rows(rows, 2 * hd)?, 0, a.q_normed.rows_mut(rows, hd)?)?;
-        b.copy(a.q_normed.rows(n, q_width)?, a.q.rows_mut(n, q_width)?)?;
     }
     Ok(())
 }
@@ -502,8 +503,6 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                     let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
                     let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?);
                     b.norm_gated_ffn(x, norm, h, gated_ffn(p, &shared.ffn), scratch, act, a.ffn_out.rows_mut(n, e)?)?;
-                    // h: norm(x) as routed_experts() left it (the fused products above may not write it).
-                    b.matmul(&shared.gate, a.h.rows(n, e)?, a.shared_gate.rows_mut(n, 1)?)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
                     let shared_out = (a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?);
                     return match out {
@@ -548,17 +547,22 @@ fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buf
 }
 
 /// The routed experts of `norm(x)`: the route (ids and weights in `a.expert_ids`,
-/// `a.expert_weights`; `norm(x)` in `a.h`) and each chosen expert's gated FFN into
+/// `a.expert_weights`, a shared expert's gate logit in `a.shared_gate`; `norm(x)` in `a.h`) and each chosen expert's gated FFN into
 /// `a.expert_out` (`[n, n_used, n_embd]`).
 fn routed_experts<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
     let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
+    let shared_gate = match &m.shared {
+        Some(shared) => Some((&shared.gate, a.shared_gate.rows_mut(n, 1)?)),
+        None => None,
+    };
     let router = RouterArgs {
         weight: &m.router,
         norm: m.router_norm.as_ref().map(|w| w.whole()),
         bias: m.router_bias.as_ref().map(|b| b.whole()),
         expert_scale: m.expert_scale.as_ref().map(|s| s.whole()),
         params: RouterParams { renormalize: mc.renormalize },
+        shared_gate,
     };
     let routes = [a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?];
     b.moe_norm_route(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), router, a.h.rows_mut(n, e)?, a.router.rows_mut(n, n_expert)?, routes)?;

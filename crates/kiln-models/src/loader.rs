@@ -68,6 +68,29 @@ impl<B: Backend> Loader<'_, B> {
         Ok(self.slices(name, cols, rows, None, part)?.pop().expect("one matrix"))
     }
 
+    /// Every other run of `run` rows of a matrix, the first at run `first` (0 or 1), copied out
+    /// of the file: of a gated query projection (each head's query rows, then its gate's), the
+    /// queries or the gates.
+    fn alternate_rows(&self, name: &str, cols: usize, rows: usize, run: usize, first: usize) -> Result<B::Weight> {
+        let t = &self.file.tensors()[self.find(name)?];
+        if t.dims != [cols as u64, rows as u64] || run == 0 || !rows.is_multiple_of(2 * run) {
+            return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
+        }
+        let run_bytes = t.n_bytes as usize / rows * run;
+        let data = self.file.tensor_data(t);
+        let bytes: Vec<u8> = data.chunks(run_bytes).skip(first).step_by(2).flatten().copied().collect();
+        let range = 0..bytes.len();
+        let src = WeightSource {
+            name: format!("{name}[runs of {run} rows from {first}, every other]"),
+            ty: t.ty,
+            rows: rows / 2,
+            cols,
+            owner: Arc::new(bytes),
+            range,
+        };
+        Ok(self.backend.upload_weight(src)?)
+    }
+
     /// Columns `part` of every row of a matrix (a row-parallel slice), copied out of the file;
     /// `part` must start and end on block boundaries of the tensor's format.
     fn cols_part(&self, name: &str, cols: usize, rows: usize, part: Range<usize>) -> Result<B::Weight> {
@@ -237,10 +260,17 @@ impl<B: Backend> Loader<'_, B> {
             KvSource::Own { v_from_k: false } => Some(self.rows_part(&n("attn_v.weight"), c.n_embd, kv_width, kv_part.clone())?),
             _ => None,
         };
-        // A gated query projection (never sharded) also holds the gates.
-        let (wq_rows, wq_part) = if a.gated { (2 * q_width, 0..2 * q_width) } else { (q_width, q_part.clone()) };
+        // A gated query projection (never sharded) also holds the gates: each head's query rows,
+        // then its gate's.
+        let (wq, q_gate) = if a.gated {
+            let split = |first| self.alternate_rows(&n("attn_q.weight"), c.n_embd, 2 * q_width, a.head_dim, first);
+            (split(0)?, Some(split(1)?))
+        } else {
+            (self.rows_part(&n("attn_q.weight"), c.n_embd, q_width, q_part.clone())?, None)
+        };
         Ok(AttentionWeights {
-            wq: self.rows_part(&n("attn_q.weight"), c.n_embd, wq_rows, wq_part)?,
+            wq,
+            q_gate,
             wk: if own_kv { Some(self.rows_part(&n("attn_k.weight"), c.n_embd, kv_width, kv_part)?) } else { None },
             wv,
             wo: self.cols_part(&n("attn_output.weight"), q_width, c.n_embd, q_part)?,

@@ -31,8 +31,11 @@ pub enum MixerWeights<B: Backend> {
 }
 
 pub struct AttentionWeights<B: Backend> {
-    /// Qwen3.5's gated layers: each head's query followed by its output gate.
+    /// The query projection (of Qwen3.5's gated layers: the query rows of each head).
     pub wq: B::Weight,
+    /// Qwen3.5's gated layers: the output gate's rows of each head, split from the query
+    /// projection that holds them after the head's query rows.
+    pub q_gate: Option<B::Weight>,
     /// `None` on a layer that reads another layer's keys and values.
     pub wk: Option<B::Weight>,
     /// `None` where the layer reads another's cache or its values are its keys' projection.
@@ -189,6 +192,7 @@ impl<B: Backend> Weights<B> {
             match &l.mixer {
                 MixerWeights::Attention(a) => {
                     all.extend([&a.wq, &a.wo]);
+                    all.extend(&a.q_gate);
                     all.extend(a.wk.iter().chain(&a.wv));
                 }
                 MixerWeights::DeltaNet(d) => all.extend([&d.qkv, &d.z, &d.alpha, &d.beta, &d.out]),
