@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use kiln_quant::GgmlType;
 
-pub use crate::compose::{compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route};
+pub use crate::compose::{compose_attention_prologue, compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route, compose_norm_matmuls};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::tensor::{DeviceBuffer, Shape, Tensor, TensorMut};
 
@@ -606,19 +606,12 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         x: Tensor<Self::Buffer>,
         norm: (Tensor<Self::Buffer>, f32),
-        mut h: TensorMut<Self::Buffer>,
+        h: TensorMut<Self::Buffer>,
         w: [Linear<'_, Self>; N],
         out: [TensorMut<Self::Buffer>; N],
         _prepared: Option<Self::NormedInput>,
     ) -> Result<()> {
-        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-        for (w, mut out) in w.into_iter().zip(out) {
-            self.matmul(w.weight, h.as_ref(), out.reborrow())?;
-            if let Some(bias) = w.bias {
-                self.add_bias(out, bias)?;
-            }
-        }
-        Ok(())
+        compose_norm_matmuls(self, x, norm, h, w, out)
     }
 
     /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmuls`], then
@@ -697,31 +690,7 @@ pub trait Backend: Send + Sync + 'static {
         cache: &mut Self::KvCache,
         step: &Self::Step,
     ) -> Result<()> {
-        let Qkv { mut q, k, v } = qkv;
-        let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
-        let (mut k, v_normed) = match qk_norm {
-            Some(QkNorm { q: q_norm, k: k_norm, eps, scratch: [mut q_normed, mut k_normed], v: v_norm }) => {
-                self.rms_norm(q.as_ref(), q_norm, q_normed.reborrow(), eps)?;
-                self.copy(q_normed.as_ref(), q.reborrow())?;
-                self.rms_norm(k.as_ref(), k_norm, k_normed.reborrow(), eps)?;
-                let v_normed = match v_norm {
-                    Some((weight, mut v_normed)) => {
-                        self.rms_norm(v.reshape([n, heads, head_dim])?, weight, v_normed.reborrow(), eps)?;
-                        Some(v_normed)
-                    }
-                    None => None,
-                };
-                (k_normed, v_normed)
-            }
-            None => (k, None),
-        };
-        self.rope(q, inv_freq, step, p)?;
-        self.rope(k.reborrow(), inv_freq, step, p)?;
-        let v = match &v_normed {
-            Some(v_normed) => v_normed.as_ref().reshape([n, heads * head_dim])?,
-            None => v,
-        };
-        self.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
+        compose_attention_prologue(self, qkv, qk_norm, (inv_freq, p), cache, step)
     }
 
     /// The experts' input and their routing: `h = rms_norm(x) · norm.0` (`norm` = (weight, eps);

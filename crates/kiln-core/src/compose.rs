@@ -1,8 +1,66 @@
 //! Composite backend ops written once in terms of the plain ones: the trait's defaults, and
 //! what a backend falls back to where its fused form does not apply.
 
-use crate::backend::{Backend, ExpertInput, GatedExperts, GatedNorm, Result, RouterArgs};
+use crate::backend::{Backend, ExpertInput, GatedExperts, GatedNorm, Linear, QkNorm, Qkv, Result, RopeParams, RouterArgs};
 use crate::tensor::{Tensor, TensorMut};
+
+/// [`Backend::norm_matmuls`] composed of the plain ops: the norm into `h`, then each product
+/// of `h` with its bias.
+pub fn compose_norm_matmuls<B: Backend + ?Sized, const N: usize>(
+    b: &B,
+    x: Tensor<B::Buffer>,
+    norm: (Tensor<B::Buffer>, f32),
+    mut h: TensorMut<B::Buffer>,
+    w: [Linear<'_, B>; N],
+    out: [TensorMut<B::Buffer>; N],
+) -> Result<()> {
+    b.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+    for (w, mut out) in w.into_iter().zip(out) {
+        b.matmul(w.weight, h.as_ref(), out.reborrow())?;
+        if let Some(bias) = w.bias {
+            b.add_bias(out, bias)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`Backend::attention_prologue`] composed of the plain ops: the q/k (and v) norms into their
+/// scratch (q copied back), rope of q and k with `rope` = (inv_freq, params), the keys and
+/// values stored.
+pub fn compose_attention_prologue<B: Backend + ?Sized>(
+    b: &B,
+    qkv: Qkv<B::Buffer>,
+    qk_norm: Option<QkNorm<B::Buffer>>,
+    (inv_freq, p): (Tensor<B::Buffer>, &RopeParams),
+    cache: &mut B::KvCache,
+    step: &B::Step,
+) -> Result<()> {
+    let Qkv { mut q, k, v } = qkv;
+    let [n, heads, head_dim] = k.shape().dims3("attention_prologue", "k")?;
+    let (mut k, v_normed) = match qk_norm {
+        Some(QkNorm { q: q_norm, k: k_norm, eps, scratch: [mut q_normed, mut k_normed], v: v_norm }) => {
+            b.rms_norm(q.as_ref(), q_norm, q_normed.reborrow(), eps)?;
+            b.copy(q_normed.as_ref(), q.reborrow())?;
+            b.rms_norm(k.as_ref(), k_norm, k_normed.reborrow(), eps)?;
+            let v_normed = match v_norm {
+                Some((weight, mut v_normed)) => {
+                    b.rms_norm(v.reshape([n, heads, head_dim])?, weight, v_normed.reborrow(), eps)?;
+                    Some(v_normed)
+                }
+                None => None,
+            };
+            (k_normed, v_normed)
+        }
+        None => (k, None),
+    };
+    b.rope(q, inv_freq, step, p)?;
+    b.rope(k.reborrow(), inv_freq, step, p)?;
+    let v = match &v_normed {
+        Some(v_normed) => v_normed.as_ref().reshape([n, heads * head_dim])?,
+        None => v,
+    };
+    b.kv_store(k.as_ref().reshape([n, heads * head_dim])?, v, cache, step)
+}
 
 /// [`Backend::gated_norm_matmul_add`] composed of the plain ops: the norm into `normed`, the
 /// gate into `gated`, the product added to the residual.
