@@ -517,7 +517,7 @@ fn fused_norm_quantize_matches_norm_then_product() {
     }
 }
 
-/// The dense SwiGLU FFN added to the residual in one backend call (`norm_swiglu_ffn_add`),
+/// The dense SwiGLU FFN added to the residual in one backend call (`norm_gated_ffn_add`),
 /// against the same ops called one by one: where the SwiGLU launch also stores the down
 /// product's int8 input, its codes come from its f32 values by the same quantize_chunk. The
 /// storing launch may take another shape than the plain one (the tuner credits it with the
