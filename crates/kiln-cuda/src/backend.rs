@@ -638,8 +638,9 @@ impl Backend for CudaBackend {
         if act == Activation::Silu {
             return matvec::matmul_swiglu(&self.device, w[0], w[1], x.buf(), out.buf_mut(), n).map_err(backend_error);
         }
-        self.matmul(w[0], x, gate.reborrow())?;
-        self.matmul(w[1], x, up.reborrow())?;
+        // Another activation: both products of the one input (one f16 conversion for the
+        // mat-mat), then the activation.
+        self.matmuls_f32(w, x, [gate.reborrow(), up.reborrow()], n, None)?;
         self.gated(act, gate.as_ref(), up.as_ref(), out)
     }
 
@@ -692,8 +693,11 @@ impl Backend for CudaBackend {
                 matvec::matmul_gated_quantized(&self.device, pair, &qx, out.buf_mut(), n).map_err(backend_error)
             }
             None if act != Activation::Silu => {
-                self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
-                self.ffn_gate_up((w, act), h.as_ref(), scratch, out)
+                // The norm writes the mat-mat's f16 input where it can, as for q/k/v.
+                let [mut gate, mut up] = scratch;
+                let converted = self.norm_for_products(x, norm, h.reborrow(), &w, false)?;
+                self.matmuls_f32(w, h.as_ref(), [gate.reborrow(), up.reborrow()], n, converted)?;
+                self.gated(act, gate.as_ref(), up.as_ref(), out)
             }
             None => {
                 let converted = self.norm_for_products(x, norm, h.reborrow(), &w[..1], true)?;

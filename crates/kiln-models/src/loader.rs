@@ -73,8 +73,14 @@ impl<B: Backend> Loader<'_, B> {
     /// queries or the gates.
     fn alternate_rows(&self, name: &str, cols: usize, rows: usize, run: usize, first: usize) -> Result<B::Weight> {
         let t = &self.file.tensors()[self.find(name)?];
-        if t.dims != [cols as u64, rows as u64] || run == 0 || !rows.is_multiple_of(2 * run) {
+        if t.dims != [cols as u64, rows as u64] {
             return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
+        }
+        if run == 0 || !rows.is_multiple_of(2 * run) {
+            return Err(ModelError::BadHparam {
+                key: "head_dim".into(),
+                reason: format!("{name}'s {rows} rows are not pairs of runs of {run} (a head's queries, then its gates)"),
+            });
         }
         let run_bytes = t.n_bytes as usize / rows * run;
         let data = self.file.tensor_data(t);
