@@ -482,6 +482,24 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
         p: &DeltaNetParams,
     ) -> Result<()>;
+    /// [`Backend::delta_net`] with its gates from their projections: [`Backend::delta_net_gates`]
+    /// of `projections` = [g, beta] with `gate_params` = [a_log_neg, dt_bias] in place first (a
+    /// backend that applies them as the rule reads them leaves the projections as they are).
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net_from_projections(
+        &self,
+        x: Tensor<Self::Buffer>,
+        projections: [TensorMut<Self::Buffer>; 2],
+        gate_params: [Tensor<Self::Buffer>; 2],
+        state: StateSlots<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
+        step: &Self::Step,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        let ([mut g, mut beta], [a_log_neg, dt_bias]) = (projections, gate_params);
+        self.delta_net_gates(g.reborrow(), beta.reborrow(), a_log_neg, dt_bias)?;
+        self.delta_net(x, [g.as_ref(), beta.as_ref()], state, out, step, p)
+    }
     /// [`Backend::attention`] with attention sinks (gpt-oss): one extra logit per head,
     /// `sinks[h]` (`[n_heads]`), joins every softmax row (its max and its sum) and has no value.
     fn attention_sinks(

@@ -12,10 +12,6 @@
 #define CONV_MAX_KERNEL 8
 #define CONV_BATCH 8
 
-__device__ __forceinline__ float sigmoid(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
-
 extern "C" __global__ void geglu_f32(float* out, const float* gate, const float* up, u64 n) {
     wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
@@ -60,9 +56,7 @@ extern "C" __global__ void delta_net_gates_f32(float* g, float* beta, const floa
     wait_for_inputs();
     for (u64 i = global_thread_index(); i < n; i += global_thread_count()) {
         const u32 h = i % n_heads;
-        const float z = g[i] + dt_bias[h];
-        const float softplus = z > 20.0f ? z : log1pf(expf(z));
-        g[i] = a_log_neg[h] * softplus;
+        g[i] = delta_net_log_decay(g[i], a_log_neg[h], dt_bias[h]);
         beta[i] = sigmoid(beta[i]);
     }
 }

@@ -98,6 +98,17 @@ __device__ __forceinline__ float swiglu_oai_times(float gate, float up, float al
     return (fminf(fmaxf(up, -limit), limit) + 1.0f) * g / (1.0f + expf(-alpha * g));
 }
 
+__device__ __forceinline__ float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+
+// A Gated DeltaNet head's gates from their projections: the log of the state's decay,
+// a_log_neg * softplus(g + dt_bias), and the write strength sigmoid(beta).
+__device__ __forceinline__ float delta_net_log_decay(float g, float a_log_neg, float dt_bias) {
+    const float z = g + dt_bias;
+    return a_log_neg * (z > 20.0f ? z : log1pf(expf(z)));
+}
+
 __device__ __forceinline__ float gated(u32 act, float gate, float up, float alpha, float limit) {
     switch (act) {
         case GATE_GELU_TANH:

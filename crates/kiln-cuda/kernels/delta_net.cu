@@ -7,8 +7,10 @@
 // One block of D threads per (value head, sequence): thread j keeps column j of the D x D
 // state S[i][j] in registers for the whole span, so a token costs four passes over registers
 // and two barriers. x is the convolved [tokens][(2 n_k + n_v) D] (q heads, k heads, v heads);
-// g and beta are [tokens][n_v]; out is [tokens][n_v D]; the states are [slot][n_v][D][D] and
-// slots[s] (f32) is the slot, one of n_slots, of the step's sequence s.
+// g and beta are [tokens][n_v]: the gates, or with a_log_neg and dt_bias ([n_v], else null) the
+// projections they come from (common.cuh's delta_net_log_decay and sigmoid, applied on
+// reading); out is [tokens][n_v D]; the states are [slot][n_v][D][D] and slots[s] (f32) is the
+// slot, one of n_slots, of the step's sequence s.
 // The chunked form, delta_net_chunked_f32 below, takes the spans of chunked_from tokens or more;
 // this kernel the shorter ones (a decode step's single tokens).
 // kiln-test-defines: DN_HEAD_DIM=64
@@ -24,9 +26,16 @@
 #define D DN_HEAD_DIM
 static_assert(D % 32 == 0 && D <= 128, "DN_HEAD_DIM must be a multiple of 32, at most 128");
 
+// The log decay and write strength of head h's token t.
+__device__ __forceinline__ float2 head_gates(const float* g, const float* beta, const float* a_log_neg, const float* dt_bias, u64 t,
+                                             u32 n_v_heads, u32 h) {
+    const float gt = g[t * n_v_heads + h], bt = beta[t * n_v_heads + h];
+    return a_log_neg == nullptr ? make_float2(gt, bt) : make_float2(delta_net_log_decay(gt, a_log_neg[h], dt_bias[h]), sigmoid(bt));
+}
+
 extern "C" __global__ void __launch_bounds__(D) delta_net_f32(
     float* out, const float* x, const float* g, const float* beta, float* state, const float* slots, u32 n_slots,
-    const u32* step, u32 n_k_heads, u32 n_v_heads, u32 chunked_from) {
+    const u32* step, u32 n_k_heads, u32 n_v_heads, u32 chunked_from, const float* a_log_neg, const float* dt_bias) {
     wait_for_inputs();
     const u32 h = blockIdx.x;
     const u32 s = blockIdx.y;
@@ -68,8 +77,9 @@ extern "C" __global__ void __launch_bounds__(D) delta_net_f32(
         q_s[j] = q * (1.0f / sqrtf(qq + 1e-6f) * q_scale);
         k_s[j] = k * (1.0f / sqrtf(kk + 1e-6f));
         __syncthreads();
-        const float decay = expf(g[(u64)t * n_v_heads + h]);
-        const float b = beta[(u64)t * n_v_heads + h];
+        const float2 gates = head_gates(g, beta, a_log_neg, dt_bias, t, n_v_heads, h);
+        const float decay = expf(gates.x);
+        const float b = gates.y;
         float read = 0.0f;
 #pragma unroll
         for (int i = 0; i < D; ++i) {
@@ -143,7 +153,7 @@ __device__ __forceinline__ u32 kq_at(u32 i) {
 
 extern "C" __global__ void __launch_bounds__(DN_THREADS) delta_net_chunked_f32(
     float* out, const float* x, const float* g, const float* beta, float* state, const float* slots, u32 n_slots,
-    const u32* step, u32 n_k_heads, u32 n_v_heads, u32 chunked_from) {
+    const u32* step, u32 n_k_heads, u32 n_v_heads, u32 chunked_from, const float* a_log_neg, const float* dt_bias) {
     wait_for_inputs();
     extern __shared__ __align__(16) unsigned char dn_shared[];
     DeltaNetChunk& sh = *reinterpret_cast<DeltaNetChunk*>(dn_shared);
@@ -188,8 +198,9 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS) delta_net_chunked_f32(
         // normed keys and queries, warp w taking tokens w, w + DN_WARPS, ...
         if (warp == 0) {
             const bool real = lane < c;
-            const float bt = real ? beta[(u64)(c0 + lane) * n_v_heads + h] : 0.0f;
-            double sum = real ? (double)g[(u64)(c0 + lane) * n_v_heads + h] : 0.0;
+            const float2 gates = real ? head_gates(g, beta, a_log_neg, dt_bias, c0 + lane, n_v_heads, h) : make_float2(0.0f, 0.0f);
+            const float bt = gates.y;
+            double sum = gates.x;
 #pragma unroll
             for (int o = 1; o < 32; o *= 2) {
                 const double up = __shfl_up_sync(0xffffffffu, sum, o);

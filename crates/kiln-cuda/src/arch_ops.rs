@@ -467,10 +467,14 @@ impl CudaBackend {
         .map_err(launch_error("ssm_conv_f32"))
     }
 
+    /// The delta rule (delta_net.cu) of the gates, or with `gate_params` = [a_log_neg, dt_bias]
+    /// of the gates' projections, which the kernels turn into gates as they read them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_delta_net(
         &self,
         x: View,
         gates: [View; 2],
+        gate_params: Option<[View; 2]>,
         state: StateSlots<CudaSlice<f32>>,
         mut out: ViewMut,
         step: &CudaStep,
@@ -489,6 +493,13 @@ impl CudaBackend {
         let StateSlots { state: mut state_view, slots } = state;
         let n = shapes::delta_net(x.shape(), gates.map(|g| g.shape()), state_view.shape(), out.shape(), p)?;
         check_len("delta_net tokens in the step", step.n_tokens, n)?;
+        if let Some(params) = &gate_params {
+            for (t, name) in params.iter().zip(["a_log_neg", "dt_bias"]) {
+                expect_shape("delta_net", name, t.shape(), [nv])?;
+            }
+        }
+        let address = |t: &View| t.buf().device_ptr(self.device().stream()).0;
+        let [a_log_neg, dt_bias] = gate_params.as_ref().map_or([0u64; 2], |params| params.each_ref().map(address));
         let (state, slots, [g, beta]) = (state_view.buf_mut(), slots.buf(), gates.map(|g| g.buf()));
         self.check_slots("delta_net", state, slots, step, p.ssm_state())?;
         if step.n_seqs == 0 || n == 0 {
@@ -509,8 +520,9 @@ impl CudaBackend {
             let grid = (nv32 * to_u32("blocks per head", blocks_per_head)?, seqs, 1);
             let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads as u32, 1, 1), shared_mem_bytes: shared_bytes as u32 };
             // SAFETY: delta_net_f32 / delta_net_chunked_f32(out, x, g, beta, state, slots,
-            // n_slots, step, n_k_heads, n_v_heads, chunked_from) with DN_HEAD_DIM = d, the block
-            // and shared memory each kernel takes; lengths checked above, slots as in ssm_conv.
+            // n_slots, step, n_k_heads, n_v_heads, chunked_from, a_log_neg, dt_bias) with
+            // DN_HEAD_DIM = d, the block and shared memory each kernel takes; lengths checked
+            // above (the gate parameters n_v values or null), slots as in ssm_conv.
             unsafe {
                 self.device()
                     .stream()
@@ -526,6 +538,8 @@ impl CudaBackend {
                     .arg(&nk32)
                     .arg(&nv32)
                     .arg(&chunked_from)
+                    .arg(&a_log_neg)
+                    .arg(&dt_bias)
                     .launch(cfg)
             }
             .map(drop)

@@ -507,8 +507,21 @@ impl Backend for CudaBackend {
         self.launch_ssm_conv(x, weight, state, out, step, p)
     }
 
+    fn delta_net_from_projections(
+        &self,
+        x: View,
+        projections: [ViewMut; 2],
+        gate_params: [View; 2],
+        state: StateSlots<CudaSlice<f32>>,
+        out: ViewMut,
+        step: &CudaStep,
+        p: &DeltaNetParams,
+    ) -> Result<()> {
+        self.launch_delta_net(x, projections.each_ref().map(|g| g.as_ref()), Some(gate_params), state, out, step, p)
+    }
+
     fn delta_net(&self, x: View, gates: [View; 2], state: StateSlots<CudaSlice<f32>>, out: ViewMut, step: &CudaStep, p: &DeltaNetParams) -> Result<()> {
-        self.launch_delta_net(x, gates, state, out, step, p)
+        self.launch_delta_net(x, gates, None, state, out, step, p)
     }
 
     fn attention_sinks(&self, q: View, cache: &CudaKvCache, sinks: View, out: ViewMut, step: &CudaStep, p: &AttentionParams) -> Result<()> {

@@ -757,6 +757,41 @@ fn delta_net_convolution_and_both_forms_match_cpu() {
                 // An unused slot's state is left alone.
                 let slot1 = p.ssm_state()..2 * p.ssm_state();
                 assert_bitwise(&format!("{what}: untouched slot"), &got_ssm[slot1.clone()], &ssm_state[slot1]);
+
+                // The same rule from the gates' projections, which the kernels turn into gates as
+                // they read them: bit for bit the gates' launch then the rule, and the CPU's.
+                let (g_raw, beta_raw) = (random(&mut rng, n * nv, 2.0), random(&mut rng, n * nv, 2.0));
+                let a_log_neg: Vec<f32> = random(&mut rng, nv, 1.0).iter().map(|v| -(v.abs() + 0.1)).collect();
+                let dt_bias = random(&mut rng, nv, 1.0);
+                let (ga, gd) = (upload(&pair.gpu, &a_log_neg), upload(&pair.gpu, &dt_bias));
+                let run = |from_projections: bool| {
+                    let (mut gg, mut gb) = (upload(&pair.gpu, &g_raw), upload(&pair.gpu, &beta_raw));
+                    let (mut out, mut ssm) = (poisoned(&pair.gpu, n * nv * head_dim), upload(&pair.gpu, &ssm_state));
+                    let state = StateSlots { state: view_mut(&mut ssm, ssm_states), slots: view(&gslots, slot_shape) };
+                    let (x, params, out_view) = (view(&gconv, rows), [view(&ga, [nv]), view(&gd, [nv])], view_mut(&mut out, outs));
+                    if from_projections {
+                        let projections = [view_mut(&mut gg, heads), view_mut(&mut gb, heads)];
+                        pair.gpu.delta_net_from_projections(x, projections, params, state, out_view, &pair.gpu_step, &p).expect("gpu");
+                    } else {
+                        let [a, d] = params;
+                        pair.gpu.delta_net_gates(view_mut(&mut gg, heads), view_mut(&mut gb, heads), a, d).expect("gpu gates");
+                        pair.gpu.delta_net(x, [view(&gg, heads), view(&gb, heads)], state, out_view, &pair.gpu_step, &p).expect("gpu");
+                    }
+                    (download(&pair.gpu, &out, n * nv * head_dim), download(&pair.gpu, &ssm, ssm_state.len()))
+                };
+                let ((fused_out, fused_ssm), (steps_out, steps_ssm)) = (run(true), run(false));
+                assert_bitwise(&format!("{what}: from projections, outputs"), &fused_out, &steps_out);
+                assert_bitwise(&format!("{what}: from projections, states"), &fused_ssm, &steps_ssm);
+                let (mut cpu_g, mut cpu_beta, mut cpu_out, mut cpu_ssm) = (g_raw.clone(), beta_raw.clone(), vec![0f32; n * nv * head_dim], ssm_state.clone());
+                let state = StateSlots { state: view_mut(&mut cpu_ssm, ssm_states), slots: view(&slots, slot_shape) };
+                let projections = [view_mut(&mut cpu_g, heads), view_mut(&mut cpu_beta, heads)];
+                let params = [view(&a_log_neg, [nv]), view(&dt_bias, [nv])];
+                pair.cpu
+                    .delta_net_from_projections(view(&want_conv, rows), projections, params, state, view_mut(&mut cpu_out, outs), &pair.cpu_step, &p)
+                    .expect("cpu");
+                // The gates' transcendental functions on both sides, then the rule as above.
+                assert_close(&format!("{what}: from projections, outputs against the CPU"), &fused_out, &cpu_out, 1e-5);
+                assert_close(&format!("{what}: from projections, states against the CPU"), &fused_ssm, &cpu_ssm, 1e-5);
                 results.push((what, got_out, got_ssm));
             }
         }

@@ -223,10 +223,10 @@ fn delta_net<B: Backend>(
     let params = recurrent::params(d);
     let projections = [s.qkv.rows_mut(n, conv_dim)?, s.z.rows_mut(n, v_width)?, s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?];
     b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta].map(Linear::plain), projections, None)?;
-    b.delta_net_gates(s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?, w.a.whole(), w.dt_bias.whole())?;
     let [conv, ssm] = states.layer(d.state, &params)?;
     b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
-    b.delta_net(s.conv.rows(n, conv_dim)?, [s.g.rows(n, heads)?, s.beta.rows(n, heads)?], ssm, s.out.rows_mut(n, v_width)?, p.step, &params)?;
+    let (gates, gate_params) = ([s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?], [w.a.whole(), w.dt_bias.whole()]);
+    b.delta_net_from_projections(s.conv.rows(n, conv_dim)?, gates, gate_params, ssm, s.out.rows_mut(n, v_width)?, p.step, &params)?;
     let gated = GatedNorm { x: s.out.view([n, heads, d.head_dim])?, z: s.z.rows(n, v_width)?, weight: w.norm.whole(), eps: c.rms_eps };
     let scratch = [s.normed.view_mut([n, heads, d.head_dim])?, a.att.rows_mut(n, v_width)?];
     b.gated_norm_matmul_add(gated, scratch, &w.out, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)
