@@ -184,7 +184,12 @@ fn pre_norm<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, mut states: Op
                         let wo = Linear::new(&aw.wo, wo_bias);
                         prepared = b.attention_matmul_add(args, a.att.rows_mut(n, q_width)?, wo, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, ffn_norm)?;
                     }
-                    _ => {
+                    None => {
+                        // A gated attention's output: its product added to the residual in the product.
+                        attention(p, at, aw, caches, a)?;
+                        b.linear_add(Linear::new(&aw.wo, wo_bias), a.att.rows(n, q_width)?, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?)?;
+                    }
+                    Some(_) => {
                         attention(p, at, aw, caches, a)?;
                         b.matmul(&aw.wo, a.att.rows(n, q_width)?, a.tmp.rows_mut(n, e)?)?;
                         // The ranks' partial products are summed before the bias is added once.
