@@ -89,8 +89,8 @@ __device__ __forceinline__ void norm_block_rows(const float* out, u32 rows, cons
 // The SwiGLU's rows of this block stored again as the next product's int8 input (the down
 // projection's; quantize_chunk's layout, chunks_per_token = rows / 16). The host passes
 // next_xq only for launch shapes whose block holds whole 16-row chunks and none of whose warps
-// return early (rows a multiple of 512 and of the block's rows), so each chunk's amax is found
-// inside the block, behind one barrier, from the values just written.
+// return early (rows a multiple of the block's rows, and of 512 for several tokens), so each
+// chunk's amax is found inside the block, behind one barrier, from the values just written.
 __device__ __forceinline__ void quantize_block_rows(const float* out, u32 rows, i8* next_xq, float2* next_xds) {
     constexpr u32 BLOCK_ROWS = MV_GROUPS * SWIGLU_ROWS_PER_WARP;
     if constexpr (BLOCK_ROWS % CHUNK_VALUES == 0) {

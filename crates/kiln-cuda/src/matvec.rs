@@ -411,7 +411,7 @@ pub fn matmul_quantized_with_shape(
 
 /// [`matmul_gated_quantized`] that also stores its output as `next`'s int8 input (the FFN's
 /// down projection's) in the same launch where the launch shape allows (blocks of whole 16-row
-/// chunks, rows a multiple of 512), sparing that product its
+/// chunks, rows a multiple of 512 or one token), sparing that product its
 /// quantization launch. The shape is the one measured for the product, or `shape` whatever
 /// measurement would pick (tests). Returns whether it stored `next`, which then holds `n` tokens.
 pub fn matmul_gated_quantized_into(
@@ -665,7 +665,7 @@ fn check_quantized_input(op: &'static str, x: &QuantizedActivations, w: &GpuWeig
 /// `call.next` where a quantized SwiGLU or residual (`call.norm`) launch of `shape` can store its
 /// output as the next product's input too (matvec.cuh's quantize_block_rows, norm_block_rows):
 /// its blocks hold whole 16-row chunks, none of their warps returns early, and the rows fill
-/// whole tiles (no padding chunks).
+/// whole tiles (no padding chunks) or, for a gated pair, the launch has one token.
 fn next_input_target(call: &MatvecCall<'_>, shape: usize) -> Option<ActivationTarget> {
     call.next.filter(|_| stores_next(call, shape))
 }
@@ -673,7 +673,11 @@ fn next_input_target(call: &MatvecCall<'_>, shape: usize) -> Option<ActivationTa
 fn stores_next(call: &MatvecCall<'_>, shape: usize) -> bool {
     let rows = call.w.rows;
     let block_rows = MATVEC_SHAPES[shape].rows_per_block(call.kind()) as usize;
-    let fits = block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && rows % TILE_VALUES == 0;
+    // Past whole tiles a gated pair's one token still stores: the padding chunks after its
+    // rows keep the zeros every quantization writes there (tokens after the first would sit
+    // at another stride).
+    let whole_tiles = rows % TILE_VALUES == 0 || (call.n == 1 && call.up.is_some());
+    let fits = block_rows % CHUNK_VALUES == 0 && rows % block_rows == 0 && whole_tiles;
     let stores = call.up.is_some() || (call.norm.is_some() && call.accumulate);
     fits && stores && matches!(call.w.storage, Storage::Quant { .. })
 }

@@ -605,17 +605,19 @@ fn matmat_matches_the_cpu_reference_for_every_format_and_tile() {
 
 /// The SwiGLU mat-vec that also stores its output as the down product's int8 input
 /// (`matmul_gated_quantized_into`): for every one-token launch shape, where the shape allows it
-/// (blocks of whole 16-row chunks, rows filling whole tiles) the stored codes and scales must be
-/// bit for bit what quantizing the output separately gives, and the output itself that of the
-/// plain SwiGLU launch; where it does not, nothing is claimed stored. Rows of 1,024 and 1,536
-/// (the 16-row shapes' blocks of 32 rows fit both) and 528 (not whole tiles: never stored).
+/// (blocks of whole 16-row chunks dividing the rows) the stored codes and scales must be bit for
+/// bit what quantizing the output separately gives, and the output itself that of the plain
+/// SwiGLU launch; where it does not, nothing is claimed stored. Rows of 1,024 and 1,536 (the
+/// 16-row shapes' blocks of 32 rows fit both), 2,112 and 528 (not whole tiles: their padding
+/// chunks keep the quantization's zeros; the down products past them are checked end to end by
+/// gpu_archs, whose Gemma 4 FFNs are 128 and 256 wide).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
     let mut rng = rng("swiglu_next_input");
     let mut failures = Vec::new();
     for ty in [GgmlType::Q1_0, GgmlType::TQ2_0, GgmlType::Q2_0, GgmlType::Q4_K, GgmlType::Q8_0] {
-        for (rows, cols) in [(1024, 512), (1536, 1024), (528, 512)] {
+        for (rows, cols) in [(1024, 512), (1536, 1024), (528, 512), (2112, 512)] {
             let case = format!("{ty} {rows}x{cols}");
             let gate = HostWeight::random(&mut rng, ty, rows, cols).upload("gate");
             let up = HostWeight::random(&mut rng, ty, rows, cols).upload("up");
@@ -649,7 +651,9 @@ fn swiglu_stores_the_next_input_where_its_launch_shape_allows() {
                     }
                 }
             }
-            check_stored_by(&mut failures, &case, rows, &stored_by);
+            // One token stores past whole tiles too: 2,112 rows (Gemma-4-26B-A4B's FFN) fill
+            // blocks of up to 64 rows, 528 only blocks of 16.
+            check_stored_by(&mut failures, &case, (rows % 64 == 0, true), &stored_by);
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
@@ -731,7 +735,7 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
                         failures.push(format!("{case} shape {shape}: the reader of the prepared input is {rel_l2:.2e} (relative L2) from the separate norm's"));
                     }
                 }
-                check_stored_by(&mut failures, &case, rows, &stored_by);
+                check_stored_by(&mut failures, &case, (rows % 512 == 0, rows % 512 == 0), &stored_by);
             }
         }
     }
@@ -739,10 +743,11 @@ fn residual_products_prepare_the_next_norm_where_their_shape_allows() {
 }
 
 /// Rows filling whole tiles must have been stored by some launch shape, others by none.
-fn check_stored_by(failures: &mut Vec<String>, case: &str, rows: usize, stored_by: &[usize]) {
-    match (rows.is_multiple_of(512), stored_by.is_empty()) {
-        (true, true) => failures.push(format!("{case}: no launch shape stored the next input")),
-        (false, false) => failures.push(format!("{case}: shapes {stored_by:?} stored rows that do not fill whole tiles")),
+/// Which launch shapes stored the next input: `must`, at least one; `may`, any at all.
+fn check_stored_by(failures: &mut Vec<String>, case: &str, (must, may): (bool, bool), stored_by: &[usize]) {
+    match (must, may, stored_by.is_empty()) {
+        (true, _, true) => failures.push(format!("{case}: no launch shape stored the next input")),
+        (_, false, false) => failures.push(format!("{case}: shapes {stored_by:?} stored rows that do not fill whole tiles")),
         _ => eprintln!("{case}: stored by shapes {stored_by:?}"),
     }
 }
