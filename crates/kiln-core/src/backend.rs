@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use kiln_quant::GgmlType;
 
-pub use crate::compose::{compose_attention_prologue, compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route, compose_norm_matmuls};
+pub use crate::compose::{
+    compose_attention, compose_attention_prologue, compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route, compose_norm_matmuls,
+};
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::tensor::{DeviceBuffer, Shape, Tensor, TensorMut};
 
@@ -790,16 +792,23 @@ pub trait Backend: Send + Sync + 'static {
         tmp: TensorMut<Self::Buffer>,
         _next: Option<(Tensor<Self::Buffer>, f32)>,
     ) -> Result<Option<Self::NormedInput>> {
-        let AttentionArgs { q, cache, sinks, step, params, prologue } = args;
-        if prologue.is_some() {
-            return Err(BackendError::Unsupported { backend: self.name(), what: "an attention prologue left to the attention".into() });
-        }
-        match sinks {
-            Some(sinks) => self.attention_sinks(q, cache, sinks, out.reborrow(), step, params)?,
-            None => self.attention(q, cache, out.reborrow(), step, params)?,
-        }
+        compose_attention(self, args, out.reborrow())?;
         self.linear_add(wo, out.as_ref(), residual, tmp)?;
         Ok(None)
+    }
+
+    /// The attention of `args` into `out`, then `proj = out·woᵀ` (Gemma, whose blocks norm the
+    /// projection before the residual add). A backend may hand the attention's output to the
+    /// product in the product's own input format, as in [`Backend::attention_matmul_add`].
+    fn attention_matmul(
+        &self,
+        args: AttentionArgs<'_, Self>,
+        mut out: TensorMut<Self::Buffer>,
+        wo: &Self::Weight,
+        proj: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        compose_attention(self, args, out.reborrow())?;
+        self.matmul(wo, out.as_ref(), proj)
     }
 
     /// `residual += x·Wᵀ + bias` ([`Backend::matmul_add`] where `w` has no bias).

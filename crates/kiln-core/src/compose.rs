@@ -1,7 +1,7 @@
 //! Composite backend ops written once in terms of the plain ones: the trait's defaults, and
 //! what a backend falls back to where its fused form does not apply.
 
-use crate::backend::{Backend, ExpertInput, GatedExperts, GatedNorm, Linear, QkNorm, Qkv, Result, RopeParams, RouterArgs};
+use crate::backend::{AttentionArgs, Backend, BackendError, ExpertInput, GatedExperts, GatedNorm, Linear, QkNorm, Qkv, Result, RopeParams, RouterArgs};
 use crate::tensor::{Tensor, TensorMut};
 
 /// [`Backend::norm_matmuls`] composed of the plain ops: the norm into `h`, then each product
@@ -22,6 +22,19 @@ pub fn compose_norm_matmuls<B: Backend + ?Sized, const N: usize>(
         }
     }
     Ok(())
+}
+
+/// The attention of `args` into `out`: [`Backend::attention`], or [`Backend::attention_sinks`]
+/// with sinks; a prologue left to the attention is refused.
+pub fn compose_attention<B: Backend + ?Sized>(b: &B, args: AttentionArgs<'_, B>, out: TensorMut<B::Buffer>) -> Result<()> {
+    let AttentionArgs { q, cache, sinks, step, params, prologue } = args;
+    if prologue.is_some() {
+        return Err(BackendError::Unsupported { backend: b.name(), what: "an attention prologue left to the attention".into() });
+    }
+    match sinks {
+        Some(sinks) => b.attention_sinks(q, cache, sinks, out, step, params),
+        None => b.attention(q, cache, out, step, params),
+    }
 }
 
 /// [`Backend::attention_prologue`] composed of the plain ops: the q/k (and v) norms into their

@@ -475,6 +475,21 @@ impl Backend for CudaBackend {
         Ok(None)
     }
 
+    fn attention_matmul(&self, args: AttentionArgs<'_, Self>, mut out: ViewMut, wo: &GpuWeight, mut proj: ViewMut) -> Result<()> {
+        let n = shapes::attention(args.q.shape(), out.shape(), args.sinks.map(|s| s.shape()), args.params)?;
+        if wo.is_quantized() && n <= matvec::MAX_MATVEC_TOKENS {
+            shapes::matmul("attention_matmul", (wo.rows, wo.cols), out.shape(), proj.shape())?;
+            let shared = matvec::shared_input(&self.device, wo.cols).map_err(backend_error)?;
+            let input = lock_input(&shared);
+            if self.paged_attention(args, out.reborrow(), Some(input.target(&self.device)))? {
+                input.mark_filled(n);
+                return matvec::matmul_quantized(&self.device, wo, &input, None, proj.buf_mut(), n, false).map_err(backend_error);
+            }
+        }
+        self.paged_attention(args, out.reborrow(), None)?;
+        self.matmul(wo, out.as_ref(), proj)
+    }
+
     fn moe_route(&self, logits: View, expert_scale: Option<View>, ids: ViewMut, weights: ViewMut, p: &RouterParams) -> Result<()> {
         self.launch_moe_route(logits, expert_scale, ids, weights, p)
     }

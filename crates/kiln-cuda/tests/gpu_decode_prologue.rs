@@ -1,7 +1,7 @@
 //! The attention prologue taken by the decode attention kernel (`AttentionArgs::prologue`,
 //! `paged_attention_split_mma_prologue`) against the CPU's separate prologue, attention and
-//! output product, on fresh random inputs. Needs an NVIDIA GPU: run scripts/gpu-tests.sh on the
-//! device.
+//! output product, and the attention handing its output to its product (`attention_matmul`),
+//! on fresh random inputs. Needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device.
 
 mod common;
 use common::rng;
@@ -158,4 +158,71 @@ fn only_tensor_core_decode_steps_defer_the_prologue() {
     let refused =
         pair.cpu.attention_matmul_add(args, view_mut(&mut out, [1, 8 * 64]), Linear::plain(&wo), view_mut(&mut x, [1, 16]), view_mut(&mut tmp, [1, 16]), None);
     assert!(refused.is_err(), "the CPU refuses a deferred prologue");
+}
+
+/// The attention with its output product into an output of its own (`attention_matmul`, Gemma's
+/// blocks): where the decode kernel stores its output as the product's int8 input, the product
+/// must equal, bit for bit, the same product quantizing the attention's output itself (one
+/// quantize_chunk of the same values) wherever the two attentions agree bit for bit; both
+/// against the CPU (the product's int8 activations:
+/// `RESIDUAL_TOLERANCE` without a residual to dilute them, so twice it). Heads of 256 and 512
+/// (Gemma 4, on CUDA cores) and 128 (tensor cores), f16 and q8_0 caches, decode steps of four
+/// sequences and a prefill step of twelve tokens.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn attention_with_its_product_matches_the_separate_ops() {
+    let mut rng = rng("attention_matmul");
+    let mut pair = Pair::new(12, 0);
+    for (n_heads, n_kv_heads, head_dim) in [(16, 8, 256), (16, 2, 512), (8, 2, 128)] {
+        let q_width = n_heads * head_dim;
+        let params = AttentionParams { n_heads, n_kv_heads, head_dim, max_seq_len: CACHE_ROWS, scale: 1.0, window: None };
+        let wo_source = weight_source("wo", GgmlType::Q4_K, EMBD, q_width, &random(&mut rng, EMBD * q_width, 0.05));
+        let (cpu_wo, gpu_wo) = (pair.cpu.upload_weight(wo_source.clone()).expect("cpu weight"), pair.gpu.upload_weight(wo_source).expect("gpu weight"));
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let mut caches = Caches::new(&pair, n_kv_heads * head_dim, ty, ty);
+            let mut blocks: Vec<u32> = (0..CACHE_BLOCKS as u32).collect();
+            blocks.shuffle(&mut rng);
+            let steps: [&[(usize, usize)]; 2] = [&[(0, 1), (40, 1), (700, 1), (3000, 1)], &[(100, 12)]];
+            for step in steps {
+                let mut chunks = Vec::new();
+                for &(pos0, n) in step {
+                    let table: Vec<u32> = blocks[..(pos0 + n).div_ceil(KV_BLOCK_SIZE)].to_vec();
+                    blocks.rotate_left(table.len());
+                    caches.fill(&pair, &mut rng, &table, pos0 + n);
+                    chunks.push(Chunk { n, pos0, table });
+                }
+                pair.set_chunks(&chunks);
+                let n: usize = step.iter().map(|&(_, n)| n).sum();
+                let what = format!("{n_heads}/{n_kv_heads} heads of {head_dim}, {ty} cache, {n} tokens");
+                let q = random(&mut rng, n * q_width, 3.0);
+                let (q_shape, x_shape) = ([n, q_width], [n, EMBD]);
+                let (mut cpu_out, mut want) = (vec![0f32; n * q_width], vec![0f32; n * EMBD]);
+                let args = AttentionArgs { q: view(&q, q_shape), cache: &caches.cpu, sinks: None, step: &pair.cpu_step, params: &params, prologue: None };
+                pair.cpu.attention_matmul(args, view_mut(&mut cpu_out, q_shape), &cpu_wo, view_mut(&mut want, x_shape)).expect("cpu");
+                let gq = upload(&pair.gpu, &q);
+                let run = |fused: bool| {
+                    let (mut out, mut proj) = (poisoned(&pair.gpu, n * q_width), poisoned(&pair.gpu, n * EMBD));
+                    let args = AttentionArgs { q: view(&gq, q_shape), cache: &caches.gpu, sinks: None, step: &pair.gpu_step, params: &params, prologue: None };
+                    if fused {
+                        pair.gpu.attention_matmul(args, view_mut(&mut out, q_shape), &gpu_wo, view_mut(&mut proj, x_shape)).expect("gpu");
+                    } else {
+                        pair.gpu.attention(args.q, args.cache, view_mut(&mut out, q_shape), args.step, args.params).expect("gpu attention");
+                        pair.gpu.matmul(&gpu_wo, view(&out, q_shape), view_mut(&mut proj, x_shape)).expect("gpu product");
+                    }
+                    (download(&pair.gpu, &out, n * q_width), download(&pair.gpu, &proj, n * EMBD))
+                };
+                let ((out, got), (separate_out, separate)) = (run(true), run(false));
+                // The storing kernel may take another split than the plain one: the same
+                // attention up to summation order, and then codes that can round one step apart.
+                assert_close(&format!("{what}: attention against the attention alone"), &out, &separate_out, 1e-6);
+                if out.iter().zip(&separate_out).all(|(a, b)| a.to_bits() == b.to_bits()) {
+                    assert_bitwise(&format!("{what}: product against the separate product"), &got, &separate);
+                } else {
+                    assert_close(&format!("{what}: product against the separate product"), &got, &separate, 2e-3);
+                }
+                assert_close(&format!("{what}: attention against the CPU"), &out, &cpu_out, OUT_TOLERANCE);
+                assert_close(&format!("{what}: product against the CPU"), &got, &want, 2.0 * RESIDUAL_TOLERANCE);
+            }
+        }
+    }
 }

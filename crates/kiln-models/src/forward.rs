@@ -254,8 +254,10 @@ fn gemma<B: Backend>(p: &Pass<B>, caches: &mut LayerCaches<B>, a: &mut Workspace
         };
         attention_projections(p, at, aw, &l.attn_norm, a, None)?;
         attention_prologue(p, at, aw, caches, a)?;
-        attention(p, at, aw, caches, a)?;
-        b.matmul(&aw.wo, a.att.rows(n, at.n_head * at.head_dim)?, a.tmp.rows_mut(n, e)?)?;
+        let (cache, step) = caches.get(at.cache)?;
+        let (params, q_width) = (attention_params(at, p.max_seq_len), at.n_head * at.head_dim);
+        let args = AttentionArgs { q: a.q.rows(n, q_width)?, cache, sinks: aw.sinks.as_ref().map(|s| s.whole()), step, params: &params, prologue: None };
+        b.attention_matmul(args, a.att.rows_mut(n, q_width)?, &aw.wo, a.tmp.rows_mut(n, e)?)?;
         norm_add(p, l.post_attn_norm.as_ref(), a, 1.0)?;
         ffn_unchained(p, lc, l, a, Out::Scratch)?;
         // The layer's output scale comes last: after the per-layer block where there is one.
