@@ -17,6 +17,7 @@ mod cpu_simd;
 mod cpu_simd_neon;
 #[cfg(target_arch = "x86_64")]
 mod cpu_simd_x86;
+mod op_args;
 pub mod plan;
 pub mod sampling;
 pub mod shapes;
