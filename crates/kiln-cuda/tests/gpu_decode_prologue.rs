@@ -165,7 +165,8 @@ fn only_tensor_core_decode_steps_defer_the_prologue() {
 /// must equal, bit for bit, the same product quantizing the attention's output itself (one
 /// quantize_chunk of the same values) wherever the two attentions agree bit for bit; both
 /// against the CPU (the product's int8 activations:
-/// `RESIDUAL_TOLERANCE` without a residual to dilute them, so twice it). Heads of 256 and 512
+/// `RESIDUAL_TOLERANCE` without a residual to dilute them, so twice it; the attention alone
+/// within the split or flash kernel's tolerance, the prefill's f16 rounding). Heads of 256 and 512
 /// (Gemma 4, on CUDA cores) and 128 (tensor cores), f16 and q8_0 caches, decode steps of four
 /// sequences and a prefill step of twelve tokens.
 #[test]
@@ -220,7 +221,7 @@ fn attention_with_its_product_matches_the_separate_ops() {
                 } else {
                     assert_close(&format!("{what}: product against the separate product"), &got, &separate, 2e-3);
                 }
-                assert_close(&format!("{what}: attention against the CPU"), &out, &cpu_out, OUT_TOLERANCE);
+                assert_close(&format!("{what}: attention against the CPU"), &out, &cpu_out, attention_tolerance(&pair.plan));
                 assert_close(&format!("{what}: product against the CPU"), &got, &want, 2.0 * RESIDUAL_TOLERANCE);
             }
         }
