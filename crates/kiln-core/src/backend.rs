@@ -419,6 +419,22 @@ pub trait Backend: Send + Sync + 'static {
         self.ffn_gate_up(gated, h.as_ref(), scratch, out)
     }
 
+    /// The dense gated FFN of an input normed already: `out = down(act(gate(h)) * up(h))`
+    /// (a mixture of experts' shared expert, whose input the routed experts' norm wrote; a
+    /// backend may reuse what that norm prepared for them). `act` holds the activation or
+    /// unspecified values, as in [`Backend::norm_gated_ffn`].
+    fn gated_ffn(
+        &self,
+        h: Tensor<Self::Buffer>,
+        ffn: GatedFfn<Self>,
+        scratch: [TensorMut<Self::Buffer>; 2],
+        mut act: TensorMut<Self::Buffer>,
+        out: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        self.ffn_gate_up(([ffn.gate, ffn.up], ffn.act), h, scratch, act.reborrow())?;
+        self.matmul(ffn.down, act.as_ref(), out)
+    }
+
     /// The dense gated FFN into `out`: `out = down(act(gate(h)) * up(h))` with
     /// `h = rms_norm(x)` (a mixture of experts' shared expert, Gemma's FFNs);
     /// [`Backend::norm_ffn_gate_up`] into `act`, then the down product. A backend may hand the

@@ -735,6 +735,14 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn gated_ffn(&self, h: View, ffn: GatedFfn<Self>, scratch: [ViewMut; 2], mut act: ViewMut, mut out: ViewMut) -> Result<()> {
+        if self.gated_ffn_of_experts_input(h, &ffn, &mut act, &mut out)? {
+            return Ok(());
+        }
+        self.ffn_gate_up(([ffn.gate, ffn.up], ffn.act), h, scratch, act.reborrow())?;
+        self.matmul(ffn.down, act.as_ref(), out)
+    }
+
     fn norm_gated_ffn(
         &self,
         x: View,

@@ -153,6 +153,21 @@ pub(crate) fn gated_ffn_into(
     matvec::matmul_quantized(device, ffn.down, &next, None, out, n, false).map_err(backend_error)
 }
 
+/// [`gated_ffn_into`] of an input quantized already (`qx`, `n` tokens: the routed experts'
+/// normed input, for their shared expert).
+pub(crate) fn gated_ffn_of_quantized(
+    device: &CudaDevice,
+    ffn: &GatedFfn<CudaBackend>,
+    qx: &QuantizedActivations,
+    (act, out): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    n: usize,
+) -> Result<()> {
+    let next_shared = matvec::shared_input(device, ffn.down.cols).map_err(backend_error)?;
+    let next = lock_input(&next_shared);
+    gate_up_storing_down_input(device, ffn, qx, act, n, &next)?;
+    matvec::matmul_quantized(device, ffn.down, &next, None, out, n, false).map_err(backend_error)
+}
+
 /// Locks two shared inputs, the narrower first (`first_narrower`: `a`'s), so that two models
 /// with swapped widths cannot each hold one and wait for the other.
 fn lock_pair<'a>(a: &'a SharedInput, b: &'a SharedInput, first_narrower: bool) -> (MutexGuard<'a, QuantizedActivations>, MutexGuard<'a, QuantizedActivations>) {

@@ -11,7 +11,7 @@ use kiln_core::tensor::{expect_shape, Shape};
 
 use crate::backend::{backend_error, View, ViewMut};
 use crate::matvec::{self, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
-use crate::norm_chain::CudaNormedInput;
+use crate::norm_chain::{gated_ffn_of_quantized, CudaNormedInput};
 use crate::CudaBackend;
 
 impl CudaBackend {
@@ -133,6 +133,23 @@ impl CudaBackend {
             shapes::matmul(op, (down.rows, down.cols), s.act, s.out)?;
         }
         Ok(shared.map(|shared| (shared, n, dim)))
+    }
+
+    /// [`Backend::gated_ffn`] on the int8 input the routed experts' norm wrote beside `h` (a
+    /// shared expert's products), where all three weights take the quantized mat-vec and that
+    /// input is still there; false, with nothing launched, otherwise. Shapes checked.
+    pub(crate) fn gated_ffn_of_experts_input(&self, h: View, ffn: &GatedFfn<CudaBackend>, act: &mut ViewMut, out: &mut ViewMut) -> Result<bool> {
+        let (gate, up, down) = (ffn.gate, ffn.up, ffn.down);
+        let n = shapes::matmul("gated_ffn", (gate.rows, gate.cols), h.shape(), act.shape())?;
+        shapes::matmul("gated_ffn", (up.rows, up.cols), h.shape(), act.shape())?;
+        shapes::matmul("gated_ffn", (down.rows, down.cols), act.shape(), out.shape())?;
+        let dim = gate.cols;
+        if ![gate, up].iter().all(|w| takes_quantized_matvec(w, n, dim)) || !takes_quantized_matvec(down, n, down.cols) {
+            return Ok(false);
+        }
+        let Some(inputs) = self.experts.prefilled_input(self.device(), h.buf(), n, dim) else { return Ok(false) };
+        gated_ffn_of_quantized(self.device(), ffn, &inputs[&dim], (act.buf_mut(), out.buf_mut()), n)?;
+        Ok(true)
     }
 }
 

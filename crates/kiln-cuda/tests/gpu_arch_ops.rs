@@ -346,58 +346,6 @@ fn fused_norm_router_matches_the_composed_ops() {
     }
 }
 
-/// A shared expert's gate logit computed beside the router's logits (Qwen3.5: one stacked float
-/// launch for one token), against the CPU: one token of Qwen3.5-35B-A3B's router (256 experts
-/// of 2,048), three tokens (two products), and a router with a bias (gpt-oss-like: the fused
-/// norm-router launch, the gate after it). Float products of the same values in another order:
-/// 1e-5 relative L2.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
-fn shared_gate_is_computed_beside_the_router() {
-    let mut rng = rng("arch_shared_gate");
-    let pair = Pair::new(1, 0);
-    let (cpu, gpu, eps) = (&pair.cpu, &pair.gpu, 1e-6);
-    for (n, n_experts, cols, n_used, with_bias) in [(1, 256, 2048, 8, false), (3, 8, 96, 2, false), (1, 32, 2880, 4, true)] {
-        let what = format!("{n} tokens, {n_experts} experts of {cols}, bias {with_bias}");
-        let (x, norm, bias) = (random(&mut rng, n * cols, 2.0), random(&mut rng, cols, 1.5), random(&mut rng, n_experts, 1.0));
-        let router_source = weight_source("router", GgmlType::F32, n_experts, cols, &random(&mut rng, n_experts * cols, 0.2));
-        let gate_source = weight_source("shared gate", GgmlType::F32, 1, cols, &random(&mut rng, cols, 0.2));
-        let (rows, logit_rows, chosen, gate_rows) = ([n, cols], [n, n_experts], [n, n_used], [n, 1]);
-        let (cr, cg) = (cpu.upload_weight(router_source.clone()).expect("cpu"), cpu.upload_weight(gate_source.clone()).expect("cpu"));
-        let (mut h, mut logits, mut ids, mut w, mut gate) =
-            (vec![0f32; n * cols], vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used], vec![0f32; n]);
-        let router = RouterArgs {
-            weight: &cr,
-            norm: None,
-            bias: with_bias.then(|| view(&bias, [n_experts])),
-            expert_scale: None,
-            params: RouterParams { renormalize: true },
-            shared_gate: Some((&cg, view_mut(&mut gate, gate_rows))),
-        };
-        let routes = [view_mut(&mut ids, chosen), view_mut(&mut w, chosen)];
-        cpu.moe_norm_route(view(&x, rows), (view(&norm, [cols]), eps), router, view_mut(&mut h, rows), view_mut(&mut logits, logit_rows), routes).expect("cpu");
-
-        let (gr, gg) = (gpu.upload_weight(router_source).expect("gpu"), gpu.upload_weight(gate_source).expect("gpu"));
-        let (gx, gnorm, gbias) = (upload(gpu, &x), upload(gpu, &norm), upload(gpu, &bias));
-        let (mut gh, mut glogits, mut gids, mut gw, mut ggate) =
-            (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts), poisoned(gpu, n * n_used), poisoned(gpu, n * n_used), poisoned(gpu, n));
-        let router = RouterArgs {
-            weight: &gr,
-            norm: None,
-            bias: with_bias.then(|| view(&gbias, [n_experts])),
-            expert_scale: None,
-            params: RouterParams { renormalize: true },
-            shared_gate: Some((&gg, view_mut(&mut ggate, gate_rows))),
-        };
-        let routes = [view_mut(&mut gids, chosen), view_mut(&mut gw, chosen)];
-        gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), router, view_mut(&mut gh, rows), view_mut(&mut glogits, logit_rows), routes)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_close(&format!("{what}: shared gate"), &download(gpu, &ggate, n), &gate, 1e-5);
-        assert_close(&format!("{what}: logits"), &download(gpu, &glogits, n * n_experts), &logits, 1e-5);
-        assert_bitwise(&format!("{what}: ids"), &download(gpu, &gids, n * n_used), &ids);
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn expert_products_match_cpu_and_each_experts_own_product() {

@@ -506,10 +506,10 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                         return moe(p, m, mc, &l.ffn_norm, a, out);
                     };
                     routed_experts(p, m, mc, &l.ffn_norm, a)?;
-                    // The shared expert beside them, gated by sigmoid(norm(x) · gate).
-                    let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
-                    let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?);
-                    b.norm_gated_ffn(x, norm, h, gated_ffn(p, &shared.ffn), scratch, act, a.ffn_out.rows_mut(n, e)?)?;
+                    // The shared expert beside them on their normed input, gated by
+                    // sigmoid(norm(x) · gate).
+                    let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
+                    b.gated_ffn(a.h.rows(n, e)?, gated_ffn(p, &shared.ffn), scratch, a.act.rows_mut(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
                     let shared_out = (a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?);
                     return match out {

@@ -12,7 +12,7 @@
 //! never describe other weights than the ones it was made for.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::{Activation, ExpertInput};
@@ -375,11 +375,30 @@ impl ExpertProducts {
 
     /// Quantizes `n` rows of `x` into `q`, unless the fused router wrote exactly those.
     fn fill_unless_prefilled(&self, device: &CudaDevice, q: &QuantizedActivations, x: &CudaSlice<f32>, n: usize) -> Result<(), CudaError> {
-        let written = Prefill { x: super::device_address(device, x), n, cols: q.cols(), fills: q.fills() };
-        if *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) == Some(written) {
+        if self.holds_prefilled(device, q, x, n) {
             return Ok(());
         }
         q.fill(device, x, n)
+    }
+
+    fn holds_prefilled(&self, device: &CudaDevice, q: &QuantizedActivations, x: &CudaSlice<f32>, n: usize) -> bool {
+        let written = Prefill { x: super::device_address(device, x), n, cols: q.cols(), fills: q.fills() };
+        *self.prefilled.lock().unwrap_or_else(PoisonError::into_inner) == Some(written)
+    }
+
+    /// The experts' int8 input of `n` rows of `cols` values, locked, where the experts' norm
+    /// wrote it beside `x` and nothing has filled it since (a shared expert's products read
+    /// it too); None otherwise.
+    pub fn prefilled_input(
+        &self,
+        device: &CudaDevice,
+        x: &CudaSlice<f32>,
+        n: usize,
+        cols: usize,
+    ) -> Option<MutexGuard<'_, HashMap<usize, QuantizedActivations>>> {
+        let inputs = self.inputs.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = inputs.get(&cols).is_some_and(|q| self.holds_prefilled(device, q, x, n));
+        held.then_some(inputs)
     }
 
     pub(super) fn quantized_input(
