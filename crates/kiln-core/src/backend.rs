@@ -133,6 +133,21 @@ pub trait Backend: Send + Sync + 'static {
     /// Per row of `x` (any rank; rows of its last dimension): `out = x / sqrt(mean(x²) + eps) *
     /// weight`, with `weight` `[cols]` and `out` of `x`'s shape.
     fn rms_norm(&self, x: Tensor<Self::Buffer>, weight: Tensor<Self::Buffer>, out: TensorMut<Self::Buffer>, eps: f32) -> Result<()>;
+    /// `out = rms_norm(a) · weights[0] + rms_norm(b) · weights[1]` per row, one eps (Gemma 4:
+    /// its dense FFN's and its experts' outputs, each post-normed, summed); `a`, `b` and `out`
+    /// are `[n, dim]`, and `a` is left unspecified (the composed form norms `b` into it).
+    fn rms_norm_sum(
+        &self,
+        a: TensorMut<Self::Buffer>,
+        b: Tensor<Self::Buffer>,
+        weights: [Tensor<Self::Buffer>; 2],
+        eps: f32,
+        mut out: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        self.rms_norm(a.as_ref(), weights[0], out.reborrow(), eps)?;
+        self.rms_norm_add(b, (weights[1], eps), a, out, 1.0)
+    }
+
     /// `x = (x + rms_norm(src) · weight) · scale` with `norm` = (weight, eps) (Gemma's block
     /// outputs normed before the residual add, and its per-layer output scale; 1 for none):
     /// `src`, `scratch` and `x` are `[n, dim]`; `scratch` receives the normed rows (or, in a

@@ -117,3 +117,31 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_add_f32(float*
         xr[i] = normed_add(xr[i], rms_normed(sr[i], norm_scale, weight[i]), scale);
     }
 }
+
+// out = rms_norm(a) * wa + rms_norm(b) * wb per row of `dim` values (Gemma 4: its dense FFN's
+// and its experts' outputs, each post-normed, summed): both rows' squares loaded before either
+// is reduced, each normed value as rms_norm_{warp,block}_f32 rounds it and the sum as add_f32
+// does (bit for bit the norm, then rms_norm_add_f32 with scale 1). `out` must alias neither
+// row. Grid: rows.
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_sum_f32(float* out, const float* a, const float* wa, const float* b,
+                                                                          const float* wb, u32 dim, float eps) {
+    wait_for_inputs();
+    const float* ar = a + (u64)blockIdx.x * dim;
+    const float* br = b + (u64)blockIdx.x * dim;
+    float sum_a, sum_b;
+    if (dim <= WARP_NORM_MAX_DIM) {
+        sum_a = warp_row_sum_sq(ar, dim, threadIdx.x & 31);
+        sum_b = warp_row_sum_sq(br, dim, threadIdx.x & 31);
+    } else {
+        const float part_a = thread_row_sum_sq(ar, dim);
+        const float part_b = thread_row_sum_sq(br, dim);
+        sum_a = block_sum<NORM_BLOCK>(part_a);
+        sum_b = block_sum<NORM_BLOCK>(part_b);
+    }
+    const float scale_a = rms_scale(sum_a, dim, eps);
+    const float scale_b = rms_scale(sum_b, dim, eps);
+    float* row = out + (u64)blockIdx.x * dim;
+    for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
+        row[i] = __fadd_rn(rms_normed(ar[i], scale_a, wa[i]), rms_normed(br[i], scale_b, wb[i]));
+    }
+}

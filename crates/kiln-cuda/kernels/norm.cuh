@@ -21,10 +21,9 @@ __device__ __forceinline__ bool float4_row(const void* p, u32 dim) {
     return (dim & 3) == 0 && (reinterpret_cast<u64>(p) & 15) == 0;
 }
 
-// Sum of squares of a row, thread-strided over a NORM_BLOCK block; every thread gets the total.
-// Each thread issues four loads before it adds any, so one memory latency covers 4096 values.
-// Contains __syncthreads: all threads of the block must call it.
-__device__ __forceinline__ float block_row_sum_sq(const float* xr, u32 dim) {
+// This thread's part of block_row_sum_sq (no barrier: a kernel can load two rows' parts
+// before it reduces either).
+__device__ __forceinline__ float thread_row_sum_sq(const float* xr, u32 dim) {
     float sum_sq = 0.0f;
     if (float4_row(xr, dim)) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -47,7 +46,14 @@ __device__ __forceinline__ float block_row_sum_sq(const float* xr, u32 dim) {
             sum_sq += xr[i] * xr[i];
         }
     }
-    return block_sum<NORM_BLOCK>(sum_sq);
+    return sum_sq;
+}
+
+// Sum of squares of a row, thread-strided over a NORM_BLOCK block; every thread gets the total.
+// Each thread issues four loads before it adds any, so one memory latency covers 4096 values.
+// Contains __syncthreads: all threads of the block must call it.
+__device__ __forceinline__ float block_row_sum_sq(const float* xr, u32 dim) {
+    return block_sum<NORM_BLOCK>(thread_row_sum_sq(xr, dim));
 }
 
 __device__ __forceinline__ float rms_scale(float sum_sq, u32 dim, float eps) {

@@ -14,7 +14,7 @@ use kiln_core::backend::{
 use kiln_core::shapes;
 use kiln_core::tensor::expect_shape;
 
-use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut};
+use crate::backend::{backend_error, check_len, launch_error, to_u32, View, ViewMut, BLOCK};
 use crate::matvec::{self, ExpertCall, GatedCall, GpuWeight, NormRouteCall, RouteOutputs};
 use crate::shared_products::{lock_input, takes_quantized_matvec};
 use crate::{CudaBackend, CudaStep};
@@ -112,6 +112,28 @@ impl CudaBackend {
         unsafe { self.device().stream().launch_builder(&function).arg(&ptr).arg(&ptr).arg(&s).arg(&total).launch(self.grid_stride(len)) }
             .map(drop)
             .map_err(launch_error("scale_f32"))
+    }
+
+    /// [`Backend::rms_norm_sum`] in one launch, `a` only read.
+    pub(crate) fn launch_rms_norm_sum(&self, a: View, b: View, weights: [View; 2], eps: f32, mut out: ViewMut) -> Result<()> {
+        let (rows, dim) = shapes::rms_norm(a.shape(), weights[0].shape(), out.shape())?;
+        shapes::rms_norm(b.shape(), weights[1].shape(), out.shape())?;
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let dim32 = to_u32("dim", dim)?;
+        let cfg = LaunchConfig { grid_dim: (to_u32("rows", rows)?, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let function = self.device().registry().function("norm", "rms_norm_sum_f32", &[]).map_err(backend_error)?;
+        // SAFETY: matches norm.cu's rms_norm_sum_f32 (NORM_BLOCK = BLOCK threads); a, b and out
+        // hold rows * dim values, the weights dim (the shapes above); out is borrowed mutably,
+        // so it is neither row.
+        unsafe {
+            let mut launch = self.device().stream().launch_builder(&function);
+            launch.arg(out.buf_mut()).arg(a.buf()).arg(weights[0].buf()).arg(b.buf()).arg(weights[1].buf()).arg(&dim32).arg(&eps);
+            launch.launch(cfg)
+        }
+        .map(drop)
+        .map_err(launch_error("rms_norm_sum"))
     }
 
     pub(crate) fn launch_softcap(&self, mut x: ViewMut, cap: f32) -> Result<()> {

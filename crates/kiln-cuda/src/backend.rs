@@ -34,7 +34,7 @@ pub(crate) type View<'a> = Tensor<'a, CudaSlice<f32>>;
 pub(crate) type ViewMut<'a> = TensorMut<'a, CudaSlice<f32>>;
 
 /// Threads per block of the grid-stride kernels.
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 /// Rows of at most this many values are normalized by one warp, longer ones by a block
 /// (`WARP_NORM_MAX_DIM`, kernels/norm.cuh).
 pub(crate) const WARP_NORM_MAX_DIM: usize = 512;
@@ -314,6 +314,10 @@ impl Backend for CudaBackend {
         unsafe { self.device.stream().launch_builder(function).arg(out).arg(x).arg(weight).arg(&rows32).arg(&dim32).arg(&eps).launch(cfg) }
             .map(drop)
             .map_err(launch_error("rms_norm"))
+    }
+
+    fn rms_norm_sum(&self, a: ViewMut, b: View, weights: [View; 2], eps: f32, out: ViewMut) -> Result<()> {
+        self.launch_rms_norm_sum(a.as_ref(), b, weights, eps, out)
     }
 
     fn rms_norm_add(&self, src: View, norm: (View, f32), scratch: ViewMut, mut x: ViewMut, scale: f32) -> Result<()> {

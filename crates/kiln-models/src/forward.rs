@@ -490,16 +490,17 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
         (FfnWeights::Moe(m), FfnConfig::Moe(mc)) => {
             match (&m.beside, mc.dense_ff) {
                 (Some(side), Some(n_ff)) => {
-                    // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x))), each
-                    // block's output in ffn_out before its norm.
+                    // tmp = post_norm(dense(ffn_norm(x))) + moe_post_norm(moe(moe_norm(x))): the
+                    // dense block's output in ffn_out, the experts' weighted sum in h (free once
+                    // the experts have read it), both normed and summed in one call.
                     let (scratch, norm) = ([a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?], (l.ffn_norm.whole(), c.rms_eps));
                     let (x, h, act) = (a.x.rows(n, e)?, a.h.rows_mut(n, e)?, a.act.rows_mut(n, n_ff)?);
                     b.norm_gated_ffn(x, norm, h, gated_ffn(p, &side.ffn), scratch, act, a.ffn_out.rows_mut(n, e)?)?;
-                    b.rms_norm(a.ffn_out.rows(n, e)?, side.post_norm.whole(), a.tmp.rows_mut(n, e)?, c.rms_eps)?;
                     routed_experts(p, m, mc, &side.moe_norm, a)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
-                    b.moe_combine(y, weights, a.ffn_out.rows_mut(n, e)?)?;
-                    b.rms_norm_add(a.ffn_out.rows(n, e)?, (side.moe_post_norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?, 1.0)?;
+                    b.moe_combine(y, weights, a.h.rows_mut(n, e)?)?;
+                    let post_norms = [side.post_norm.whole(), side.moe_post_norm.whole()];
+                    b.rms_norm_sum(a.ffn_out.rows_mut(n, e)?, a.h.rows(n, e)?, post_norms, c.rms_eps, a.tmp.rows_mut(n, e)?)?;
                 }
                 (None, None) => {
                     let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) else {
