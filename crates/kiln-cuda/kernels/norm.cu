@@ -119,15 +119,44 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_add_f32(float*
 }
 
 // out = rms_norm(a) * wa + rms_norm(b) * wb per row of `dim` values (Gemma 4: its dense FFN's
-// and its experts' outputs, each post-normed, summed): both rows' squares loaded before either
-// is reduced, each normed value as rms_norm_{warp,block}_f32 rounds it and the sum as add_f32
-// does (bit for bit the norm, then rms_norm_add_f32 with scale 1). `out` must alias neither
-// row. Grid: rows.
-extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_sum_f32(float* out, const float* a, const float* wa, const float* b,
-                                                                          const float* wb, u32 dim, float eps) {
-    wait_for_inputs();
+// and its experts' outputs, each post-normed, summed), each normed value as
+// rms_norm_{warp,block}_f32 rounds it and the sum as add_f32 does (bit for bit the norm, then
+// rms_norm_add_f32 with scale 1). A row of float4s that one pass covers (Gemma 4's 2,816) is
+// loaded once, both rows and both weights in flight together (the weights before the wait),
+// and kept in registers for the output. `out` must alias neither row. Grid: rows.
+__device__ __forceinline__ float4 normed_sum4(float4 a, float sa, float4 wa, float4 b, float sb, float4 wb) {
+    return make_float4(__fadd_rn(rms_normed(a.x, sa, wa.x), rms_normed(b.x, sb, wb.x)), __fadd_rn(rms_normed(a.y, sa, wa.y), rms_normed(b.y, sb, wb.y)),
+                       __fadd_rn(rms_normed(a.z, sa, wa.z), rms_normed(b.z, sb, wb.z)), __fadd_rn(rms_normed(a.w, sa, wa.w), rms_normed(b.w, sb, wb.w)));
+}
+
+extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_sum_f32(float* __restrict__ out, const float* __restrict__ a, const float* __restrict__ wa,
+                                                                          const float* __restrict__ b, const float* __restrict__ wb, u32 dim, float eps) {
     const float* ar = a + (u64)blockIdx.x * dim;
     const float* br = b + (u64)blockIdx.x * dim;
+    float* row = out + (u64)blockIdx.x * dim;
+    const u32 n4 = dim / 4;
+    const bool one_pass = dim > WARP_NORM_MAX_DIM && n4 <= NORM_PASS_FLOAT4S * NORM_BLOCK && float4_row(ar, dim) && float4_row(br, dim) &&
+                          float4_row(row, dim) && float4_row(wa, dim) && float4_row(wb, dim);
+    if (one_pass) {
+        float4 w0[NORM_PASS_FLOAT4S], w1[NORM_PASS_FLOAT4S], va[NORM_PASS_FLOAT4S], vb[NORM_PASS_FLOAT4S];
+        load_row_pass(reinterpret_cast<const float4*>(wa), threadIdx.x, n4, w0);
+        load_row_pass(reinterpret_cast<const float4*>(wb), threadIdx.x, n4, w1);
+        wait_for_inputs();
+        load_row_pass(reinterpret_cast<const float4*>(ar), threadIdx.x, n4, va);
+        load_row_pass(reinterpret_cast<const float4*>(br), threadIdx.x, n4, vb);
+        const float sum_a = block_sum<NORM_BLOCK>(add_pass_squares(0.0f, va));
+        const float sum_b = block_sum<NORM_BLOCK>(add_pass_squares(0.0f, vb));
+        const float sa = rms_scale(sum_a, dim, eps), sb = rms_scale(sum_b, dim, eps);
+#pragma unroll
+        for (int k = 0; k < NORM_PASS_FLOAT4S; ++k) {
+            const u32 i = threadIdx.x + k * NORM_BLOCK;
+            if (i < n4) {
+                reinterpret_cast<float4*>(row)[i] = normed_sum4(va[k], sa, w0[k], vb[k], sb, w1[k]);
+            }
+        }
+        return;
+    }
+    wait_for_inputs();
     float sum_a, sum_b;
     if (dim <= WARP_NORM_MAX_DIM) {
         sum_a = warp_row_sum_sq(ar, dim, threadIdx.x & 31);
@@ -138,10 +167,8 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_sum_f32(float*
         sum_a = block_sum<NORM_BLOCK>(part_a);
         sum_b = block_sum<NORM_BLOCK>(part_b);
     }
-    const float scale_a = rms_scale(sum_a, dim, eps);
-    const float scale_b = rms_scale(sum_b, dim, eps);
-    float* row = out + (u64)blockIdx.x * dim;
+    const float sa = rms_scale(sum_a, dim, eps), sb = rms_scale(sum_b, dim, eps);
     for (u32 i = threadIdx.x; i < dim; i += NORM_BLOCK) {
-        row[i] = __fadd_rn(rms_normed(ar[i], scale_a, wa[i]), rms_normed(br[i], scale_b, wb[i]));
+        row[i] = __fadd_rn(rms_normed(ar[i], sa, wa[i]), rms_normed(br[i], sb, wb[i]));
     }
 }

@@ -21,6 +21,27 @@ __device__ __forceinline__ bool float4_row(const void* p, u32 dim) {
     return (dim & 3) == 0 && (reinterpret_cast<u64>(p) & 15) == 0;
 }
 
+// The float4s of a row a thread reads in one pass of thread_row_sum_sq: 4 * NORM_BLOCK of them.
+#define NORM_PASS_FLOAT4S 4
+
+// This thread's float4s of a row's pass starting at float4 `base` (zeros past n4).
+__device__ __forceinline__ void load_row_pass(const float4* x4, u32 base, u32 n4, float4 (&v)[NORM_PASS_FLOAT4S]) {
+#pragma unroll
+    for (int k = 0; k < NORM_PASS_FLOAT4S; ++k) {
+        const u32 i = base + k * NORM_BLOCK;
+        v[k] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+// `sum_sq` plus the squares of a pass, in the order every caller adds them.
+__device__ __forceinline__ float add_pass_squares(float sum_sq, const float4 (&v)[NORM_PASS_FLOAT4S]) {
+#pragma unroll
+    for (int k = 0; k < NORM_PASS_FLOAT4S; ++k) {
+        sum_sq += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    return sum_sq;
+}
+
 // This thread's part of block_row_sum_sq (no barrier: a kernel can load two rows' parts
 // before it reduces either).
 __device__ __forceinline__ float thread_row_sum_sq(const float* xr, u32 dim) {
@@ -28,17 +49,10 @@ __device__ __forceinline__ float thread_row_sum_sq(const float* xr, u32 dim) {
     if (float4_row(xr, dim)) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         const u32 n4 = dim / 4;
-        for (u32 base = threadIdx.x; base < n4; base += 4 * NORM_BLOCK) {
-            float4 v[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const u32 i = base + k * NORM_BLOCK;
-                v[k] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                sum_sq += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-            }
+        for (u32 base = threadIdx.x; base < n4; base += NORM_PASS_FLOAT4S * NORM_BLOCK) {
+            float4 v[NORM_PASS_FLOAT4S];
+            load_row_pass(x4, base, n4, v);
+            sum_sq = add_pass_squares(sum_sq, v);
         }
     } else {
 #pragma unroll 4
