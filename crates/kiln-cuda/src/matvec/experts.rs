@@ -388,7 +388,8 @@ impl ExpertProducts {
 
     /// The experts' int8 input of `n` rows of `cols` values, locked, where the experts' norm
     /// wrote it beside `x` and nothing has filled it since (a shared expert's products read
-    /// it too); None otherwise.
+    /// it too); None otherwise. As for the expert products, the caller must not have written
+    /// `x` since the norm: the check sees the buffer's address and fills, not its values.
     pub fn prefilled_input(
         &self,
         device: &CudaDevice,
