@@ -84,7 +84,10 @@ impl<B: Backend> Loader<'_, B> {
         }
         let run_bytes = t.n_bytes as usize / rows * run;
         let data = self.file.tensor_data(t);
-        let bytes: Vec<u8> = data.chunks(run_bytes).skip(first).step_by(2).flatten().copied().collect();
+        let mut bytes = Vec::with_capacity(data.len() / 2);
+        for chunk in data.chunks(run_bytes).skip(first).step_by(2) {
+            bytes.extend_from_slice(chunk);
+        }
         let range = 0..bytes.len();
         let src = WeightSource {
             name: format!("{name}[runs of {run} rows from {first}, every other]"),
