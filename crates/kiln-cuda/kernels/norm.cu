@@ -34,11 +34,37 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_warp_f32(float
     scale_row(out + (u64)row * dim, xr, weight, dim, warp_row_sum_sq(xr, dim, lane), eps, lane, 32);
 }
 
-// One block per row: for model-width rows. Grid: rows.
+// Whether a row of `dim` values at each of `p` is reduced by the block (not one warp) in one
+// pass of float4s (up to 4,096 values), so a kernel can keep the pass's values in registers.
+template <typename... P>
+__device__ __forceinline__ bool one_pass_row(u32 dim, const P*... p) {
+    return dim > WARP_NORM_MAX_DIM && dim / 4 <= NORM_PASS_FLOAT4S * NORM_BLOCK && (float4_row(p, dim) && ...);
+}
+
+// One block per row: for model-width rows. A row of one pass is read once (its weights before
+// the wait). Grid: rows.
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_block_f32(float* out, const float* x, const float* weight,
                                                                             u32 rows, u32 dim, float eps) {
-    wait_for_inputs();
     const float* xr = x + (u64)blockIdx.x * dim;
+    float* row = out + (u64)blockIdx.x * dim;
+    if (one_pass_row(dim, xr, row, weight)) {
+        const u32 n4 = dim / 4;
+        float4 w[NORM_PASS_FLOAT4S], v[NORM_PASS_FLOAT4S];
+        load_row_pass(reinterpret_cast<const float4*>(weight), threadIdx.x, n4, w);
+        wait_for_inputs();
+        load_row_pass(reinterpret_cast<const float4*>(xr), threadIdx.x, n4, v);
+        const float scale = rms_scale(block_sum<NORM_BLOCK>(add_pass_squares(0.0f, v)), dim, eps);
+#pragma unroll
+        for (int k = 0; k < NORM_PASS_FLOAT4S; ++k) {
+            const u32 i = threadIdx.x + k * NORM_BLOCK;
+            if (i < n4) {
+                reinterpret_cast<float4*>(row)[i] = make_float4(rms_normed(v[k].x, scale, w[k].x), rms_normed(v[k].y, scale, w[k].y),
+                                                                rms_normed(v[k].z, scale, w[k].z), rms_normed(v[k].w, scale, w[k].w));
+            }
+        }
+        return;
+    }
+    wait_for_inputs();
     const float sum_sq = block_row_sum_sq(xr, dim);
     scale_row(out + (u64)blockIdx.x * dim, xr, weight, dim, sum_sq, eps, threadIdx.x, NORM_BLOCK);
 }
@@ -93,13 +119,37 @@ __device__ __forceinline__ float normed_add(float x, float normed, float scale) 
     return __fmul_rn(__fadd_rn(x, normed), scale);
 }
 
+// (x + normed) * scale for four values.
+__device__ __forceinline__ float4 normed_add4(float4 x, float4 v, float norm_scale, float4 w, float scale) {
+    return make_float4(normed_add(x.x, rms_normed(v.x, norm_scale, w.x), scale), normed_add(x.y, rms_normed(v.y, norm_scale, w.y), scale),
+                       normed_add(x.z, rms_normed(v.z, norm_scale, w.z), scale), normed_add(x.w, rms_normed(v.w, norm_scale, w.w), scale));
+}
+
 extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_add_f32(float* x, const float* src, const float* weight, u32 dim, float eps,
                                                                           float scale) {
-    wait_for_inputs();
     const float* sr = src + (u64)blockIdx.x * dim;
+    float* xr = x + (u64)blockIdx.x * dim;
+    if (one_pass_row(dim, sr, xr, weight)) {
+        // The pass's source, residual and weight values in registers, the weight's before the wait.
+        const u32 n4 = dim / 4;
+        float4 w[NORM_PASS_FLOAT4S], v[NORM_PASS_FLOAT4S], r[NORM_PASS_FLOAT4S];
+        load_row_pass(reinterpret_cast<const float4*>(weight), threadIdx.x, n4, w);
+        wait_for_inputs();
+        load_row_pass(reinterpret_cast<const float4*>(sr), threadIdx.x, n4, v);
+        load_row_pass(reinterpret_cast<const float4*>(xr), threadIdx.x, n4, r);
+        const float norm_scale = rms_scale(block_sum<NORM_BLOCK>(add_pass_squares(0.0f, v)), dim, eps);
+#pragma unroll
+        for (int k = 0; k < NORM_PASS_FLOAT4S; ++k) {
+            const u32 i = threadIdx.x + k * NORM_BLOCK;
+            if (i < n4) {
+                reinterpret_cast<float4*>(xr)[i] = normed_add4(r[k], v[k], norm_scale, w[k], scale);
+            }
+        }
+        return;
+    }
+    wait_for_inputs();
     const float sum_sq = dim <= WARP_NORM_MAX_DIM ? warp_row_sum_sq(sr, dim, threadIdx.x & 31) : block_row_sum_sq(sr, dim);
     const float norm_scale = rms_scale(sum_sq, dim, eps);
-    float* xr = x + (u64)blockIdx.x * dim;
     if (float4_row(xr, dim) && float4_row(sr, dim) && float4_row(weight, dim)) {
         for (u32 i = threadIdx.x; i < dim / 4; i += NORM_BLOCK) {
             const float4 v = reinterpret_cast<const float4*>(sr)[i];
@@ -135,9 +185,7 @@ extern "C" __global__ void __launch_bounds__(NORM_BLOCK) rms_norm_sum_f32(float*
     const float* br = b + (u64)blockIdx.x * dim;
     float* row = out + (u64)blockIdx.x * dim;
     const u32 n4 = dim / 4;
-    const bool one_pass = dim > WARP_NORM_MAX_DIM && n4 <= NORM_PASS_FLOAT4S * NORM_BLOCK && float4_row(ar, dim) && float4_row(br, dim) &&
-                          float4_row(row, dim) && float4_row(wa, dim) && float4_row(wb, dim);
-    if (one_pass) {
+    if (one_pass_row(dim, ar, br, row, wa, wb)) {
         float4 w0[NORM_PASS_FLOAT4S], w1[NORM_PASS_FLOAT4S], va[NORM_PASS_FLOAT4S], vb[NORM_PASS_FLOAT4S];
         load_row_pass(reinterpret_cast<const float4*>(wa), threadIdx.x, n4, w0);
         load_row_pass(reinterpret_cast<const float4*>(wb), threadIdx.x, n4, w1);
