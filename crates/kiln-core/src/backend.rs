@@ -347,6 +347,21 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// The router's logits of `rms_norm(x) · norm.0` (a router with a norm of its own: Gemma
+    /// 4) into `logits`; `h` (`[n, cols]`) receives the normed rows, or unspecified values
+    /// where a backend applies the norm inside the product.
+    fn normed_router_logits(
+        &self,
+        x: Tensor<Self::Buffer>,
+        norm: (Tensor<Self::Buffer>, f32),
+        mut h: TensorMut<Self::Buffer>,
+        router: &Self::Weight,
+        logits: TensorMut<Self::Buffer>,
+    ) -> Result<()> {
+        self.rms_norm(x, norm.0, h.reborrow(), norm.1)?;
+        self.router_logits(h.as_ref(), router, logits, None)
+    }
+
     /// `out = act(x·Wgᵀ) * (x·Wuᵀ)` for `w` = [gate, up], using `scratch` (of `out`'s shape)
     /// for the two products.
     fn ffn_gate_up(

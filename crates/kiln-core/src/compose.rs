@@ -125,8 +125,7 @@ pub fn compose_moe_norm_route<B: Backend + ?Sized>(
     experts_norm: impl FnOnce(Tensor<B::Buffer>, (Tensor<B::Buffer>, f32), TensorMut<B::Buffer>) -> Result<()>,
 ) -> Result<()> {
     if let Some(router_norm) = router.norm {
-        b.rms_norm(x, router_norm, h.reborrow(), norm.1)?;
-        b.router_logits(h.as_ref(), router.weight, logits.reborrow(), None)?;
+        b.normed_router_logits(x, (router_norm, norm.1), h.reborrow(), router.weight, logits.reborrow())?;
         experts_norm(x, norm, h.reborrow())?;
         if let Some((gate, out)) = router.shared_gate {
             b.matmul(gate, h.as_ref(), out)?;

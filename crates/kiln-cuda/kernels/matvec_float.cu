@@ -100,9 +100,13 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
 // two rows a step): each f32 activation a thread reads from L1 serves that many f16 rows, so
 // the block reads 4 / FV_ROW_ROWS bytes of activation per 2-byte weight instead of 4.
 #define FV_ROW_ROWS 2
+// With `in_scale` (NW = 1), the product of the RMSNorm of x times in_scale ([cols]; Gemma 4's
+// router): x times in_scale is multiplied as it is loaded, the block sums x^2 from the same
+// loads (it reads every column once), and each row's total is scaled by 1 / rms(x).
 template <class W, int NW, int R = 1>
 __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* __restrict__ x, u32 cols, float* out,
-                                                 u32 rows, u32 accumulate, u32 block) {
+                                                 u32 rows, u32 accumulate, u32 block, const float* __restrict__ in_scale = nullptr,
+                                                 float in_eps = 0.0f) {
     static_assert(NW == 1 || R == 1, "the SwiGLU pair takes one row of each weight");
     constexpr u32 STEP = 8 * FV_ROW_THREADS;
     constexpr int SLOTS = NW * R;  // slot s: row row0 + s % R of weight s / R
@@ -135,6 +139,7 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
     for (int s = 0; s < SLOTS; ++s) {
         acc[s] = 0.0f;
     }
+    float sum_sq = 0.0f;
     const u32 first = 8 * threadIdx.x;
     fetch(first);
     wait_for_inputs();
@@ -149,8 +154,15 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
                 break;
             }
             // cols is a multiple of 4: the second half of the eight is either all in or all out.
-            const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + c));
-            const float4 x1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(x + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 x0 = __ldg(reinterpret_cast<const float4*>(x + c));
+            float4 x1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(x + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (in_scale != nullptr) {
+                const float4 s0 = __ldg(reinterpret_cast<const float4*>(in_scale + c));
+                const float4 s1 = c + 4 < cols ? __ldg(reinterpret_cast<const float4*>(in_scale + c + 4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                sum_sq += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w + x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                x0 = make_float4(x0.x * s0.x, x0.y * s0.y, x0.z * s0.z, x0.w * s0.w);
+                x1 = make_float4(x1.x * s1.x, x1.y * s1.y, x1.z * s1.z, x1.w * s1.w);
+            }
 #pragma unroll
             for (int s = 0; s < SLOTS; ++s) {
                 float v[8];
@@ -168,6 +180,7 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
         }
     }
     __shared__ float partial[SLOTS][FV_ROW_WARPS];
+    __shared__ float partial_sq[FV_ROW_WARPS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
         const float total = warp_sum(acc[s]);
@@ -175,7 +188,22 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
             partial[s][threadIdx.x >> 5] = total;
         }
     }
+    if (in_scale != nullptr) {
+        const float total = warp_sum(sum_sq);
+        if ((threadIdx.x & 31) == 0) {
+            partial_sq[threadIdx.x >> 5] = total;
+        }
+    }
     __syncthreads();
+    float row_scale = 1.0f;
+    if (in_scale != nullptr) {
+        float total = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FV_ROW_WARPS; ++i) {
+            total += partial_sq[i];
+        }
+        row_scale = 1.0f / sqrtf(total / (float)cols + in_eps);
+    }
     // Thread s sums slot s, every slot in the same order.
     auto slot_total = [&](int slot) {
         float total = 0.0f;
@@ -191,7 +219,7 @@ __device__ __forceinline__ void matvec_float_row(const W (&w)[NW], const float* 
         }
     } else if (threadIdx.x < R && row0 + threadIdx.x < rows) {
         const u32 row = row0 + threadIdx.x;
-        const float total = slot_total(threadIdx.x);
+        const float total = slot_total(threadIdx.x) * row_scale;
         out[row] = accumulate ? out[row] + total : total;
     }
 }
@@ -224,24 +252,32 @@ __device__ __forceinline__ void matvec_float_two(const W& gate, const W& up, con
 #define FV_ARGS const float* x, u32 cols, float* out, u32 rows
 
 // One token of up to three weights of one kind and width (attention's q, k and v) in one
-// launch: a block per FV_ROW_ROWS rows of a, then of b, then of c (a missing c has no rows).
+// launch: a block per FV_ROW_ROWS rows of a, then of b, then of c (a missing weight has no
+// rows); with in_scale (non-null), of x's RMSNorm times in_scale (matvec_float_row).
 template <class W>
 __device__ __forceinline__ void matvec_float_stacked(const W& a, const W& b, const W& c, const float* x, u32 cols,
                                                      float* out_a, float* out_b, float* out_c, u32 rows_a, u32 rows_b,
-                                                     u32 rows_c) {
+                                                     u32 rows_c, const float* in_scale, float in_eps) {
     if (NTOK != 1) {
         return;  // the host launches the NTOK = 1 module's kernel only
     }
     u32 block = blockIdx.x;
     const u32 k = stacked_weight(block, (rows_a + FV_ROW_ROWS - 1) / FV_ROW_ROWS, (rows_b + FV_ROW_ROWS - 1) / FV_ROW_ROWS);
     const W weights[1] = {k == 0 ? a : k == 1 ? b : c};
-    matvec_float_row<W, 1, FV_ROW_ROWS>(weights, x, cols, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0,
-                                        block);
+    float* out = k == 0 ? out_a : k == 1 ? out_b : out_c;
+    const u32 rows = k == 0 ? rows_a : k == 1 ? rows_b : rows_c;
+    // Two copies, so the products without the norm keep the loop they had.
+    if (in_scale != nullptr) {
+        matvec_float_row<W, 1, FV_ROW_ROWS>(weights, x, cols, out, rows, 0, block, in_scale, in_eps);
+    } else {
+        matvec_float_row<W, 1, FV_ROW_ROWS>(weights, x, cols, out, rows, 0, block);
+    }
 }
 
-#define FV_STACKED_PARAMS(W) \
-    W a, W b, W c, const float *x, u32 cols, float *out_a, float *out_b, float *out_c, u32 rows_a, u32 rows_b, u32 rows_c
-#define FV_STACKED_ARGS a, b, c, x, cols, out_a, out_b, out_c, rows_a, rows_b, rows_c
+#define FV_STACKED_PARAMS(W)                                                                                         \
+    W a, W b, W c, const float *x, u32 cols, float *out_a, float *out_b, float *out_c, u32 rows_a, u32 rows_b, u32 rows_c, \
+        const float *in_scale, float in_eps
+#define FV_STACKED_ARGS a, b, c, x, cols, out_a, out_b, out_c, rows_a, rows_b, rows_c, in_scale, in_eps
 
 // The expert-indexed product of float experts (see matvec_experts in matvec.cuh).
 template <class W>

@@ -136,6 +136,19 @@ impl CudaBackend {
         .map_err(launch_error("rms_norm_sum"))
     }
 
+    /// [`Backend::normed_router_logits`]: for one token of an f32 router, one launch that
+    /// norms x as it loads it (`h` untouched); else the norm, then the product.
+    pub(crate) fn launch_normed_router_logits(&self, x: View, norm: (View, f32), mut h: ViewMut, router: &GpuWeight, mut logits: ViewMut) -> Result<()> {
+        let (n, _) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
+        shapes::matmul("normed_router_logits", (router.rows, router.cols), x.shape(), logits.shape())?;
+        let input_norm = Some((norm.0.buf(), norm.1));
+        if matvec::matmul_stacked_float(self.device(), &[router], x.buf(), &mut [logits.buf_mut()], n, input_norm).map_err(backend_error)? {
+            return Ok(());
+        }
+        kiln_core::Backend::rms_norm(self, x, norm.0, h.reborrow(), norm.1)?;
+        kiln_core::Backend::router_logits(self, h.as_ref(), router, logits, None)
+    }
+
     pub(crate) fn launch_softcap(&self, mut x: ViewMut, cap: f32) -> Result<()> {
         let len = x.numel();
         if !(cap > 0.0 && cap.is_finite()) {

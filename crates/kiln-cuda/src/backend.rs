@@ -686,6 +686,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn normed_router_logits(&self, x: View, norm: (View, f32), h: ViewMut, router: &GpuWeight, logits: ViewMut) -> Result<()> {
+        self.launch_normed_router_logits(x, norm, h, router, logits)
+    }
+
     fn moe_gate_up(&self, experts: GatedExperts<Self>, x: View, ids: View, scratch: [ViewMut; 2], out: ViewMut) -> Result<()> {
         self.launch_moe_gate_up(experts, x, ids, scratch, out)
     }

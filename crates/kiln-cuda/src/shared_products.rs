@@ -74,7 +74,7 @@ impl CudaBackend {
             shapes::matmul("matmuls", (weight.rows, weight.cols), x.shape(), out.shape())?;
         }
         let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
-        if converted.is_none() && matvec::matmul_stacked_float(self.device(), &w, x.buf(), &mut outs, n).map_err(backend_error)? {
+        if converted.is_none() && matvec::matmul_stacked_float(self.device(), &w, x.buf(), &mut outs, n, None).map_err(backend_error)? {
             return Ok(());
         }
         matvec::matmul_shared_input(self.device(), &w, x.buf(), &mut outs, n, converted).map_err(backend_error)

@@ -308,7 +308,7 @@ fn float_weights_on_one_token_match_the_reference() {
                 let weights: Vec<&GpuWeight> = picked.iter().map(|&i| &gpu[i]).collect();
                 let mut outs: Vec<_> = picked.iter().map(|&i| poisoned(hosts[i].rows)).collect();
                 let stacked = format!("{case} stacked {picked:?}");
-                match matvec::matmul_stacked_float(device(), &weights, &xg, &mut outs.iter_mut().collect::<Vec<_>>(), 1) {
+                match matvec::matmul_stacked_float(device(), &weights, &xg, &mut outs.iter_mut().collect::<Vec<_>>(), 1, None) {
                     Ok(true) => {
                         for (out, &i) in outs.iter().zip(&picked) {
                             let got = download(out, hosts[i].rows, &mut failures, &stacked);

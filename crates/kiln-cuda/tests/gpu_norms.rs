@@ -1,5 +1,6 @@
 //! The CUDA backend's fused norms against their composed steps and the CPU reference on fresh
-//! random inputs: Gemma's post-norms added to the residual and summed, and a Gated DeltaNet's
+//! random inputs: Gemma's post-norms added to the residual and summed, Gemma 4's router norm
+//! inside the router's product, and a Gated DeltaNet's
 //! output projection added to the residual (`gated_norm_matmul_add`: for up to 8 tokens of
 //! quantized weights the gated RMSNorm writes the product's int8 input itself,
 //! `gated_norm_quantize_q8`; else the composed ops run). Needs an NVIDIA GPU: run
@@ -8,7 +9,7 @@
 mod common;
 use common::rng;
 
-use kiln_core::backend::{Backend, GatedNorm};
+use kiln_core::backend::{Backend, GatedNorm, RouterArgs, RouterParams};
 use kiln_quant::GgmlType;
 #[path = "common/backends.rs"]
 mod backends;
@@ -135,5 +136,53 @@ fn norm_sum_matches_its_steps_and_cpu() {
         let (mut want, mut cpu_a) = (vec![0f32; n * dim], a.clone());
         cpu.rms_norm_sum(view_mut(&mut cpu_a, rows), view(&b, rows), [view(&wa, cols), view(&wb, cols)], 1e-6, view_mut(&mut want, rows)).expect("cpu");
         assert_close(&what, &got, &want, 1e-6);
+    }
+}
+
+/// A router's own norm (Gemma 4: `rms_norm(x) · ffn_gate_inp.scale / sqrt(n_embd)`) applied
+/// inside the router's product for one token of an f32 router (the product scales x as it
+/// loads it and each logit by 1 / rms(x), summed from the same loads), else composed: its
+/// logits against the CPU's norm then product (the same sums in another order: 1e-5 relative
+/// L2), and through `moe_norm_route` the chosen experts too. Gemma-4-26B-A4B's 128 x 2,816,
+/// a width the one-token kernel takes in one step (100), one it cannot (30: composed) and
+/// three tokens (composed).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn router_norm_inside_the_product_matches_cpu() {
+    let mut rng = rng("normed_router");
+    let pair = Pair::new(1, 0);
+    let (cpu, gpu, eps) = (&pair.cpu, &pair.gpu, 1e-6);
+    for (n, n_experts, cols) in [(1, 128, 2816), (1, 8, 100), (1, 8, 30), (3, 16, 256)] {
+        let what = format!("{n} tokens, {n_experts} experts of {cols}");
+        let (x, norm, scale) = (random(&mut rng, n * cols, 3.0), random(&mut rng, cols, 1.5), random(&mut rng, cols, 0.1));
+        let router_source = weight_source("router", GgmlType::F32, n_experts, cols, &random(&mut rng, n_experts * cols, 1.0));
+        let (rows, logit_rows) = ([n, cols], [n, n_experts]);
+        let cr = cpu.upload_weight(router_source.clone()).expect("cpu");
+        let (mut h, mut want) = (vec![0f32; n * cols], vec![0f32; n * n_experts]);
+        cpu.normed_router_logits(view(&x, rows), (view(&scale, [cols]), eps), view_mut(&mut h, rows), &cr, view_mut(&mut want, logit_rows)).expect("cpu");
+        let gr = gpu.upload_weight(router_source).expect("gpu");
+        let (gx, gnorm, gscale) = (upload(gpu, &x), upload(gpu, &norm), upload(gpu, &scale));
+        let (mut gh, mut got) = (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts));
+        gpu.normed_router_logits(view(&gx, rows), (view(&gscale, [cols]), eps), view_mut(&mut gh, rows), &gr, view_mut(&mut got, logit_rows))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_close(&format!("{what}: logits"), &download(gpu, &got, n * n_experts), &want, 1e-5);
+
+        let n_used = 4.min(n_experts);
+        let chosen = [n, n_used];
+        let params = RouterParams { renormalize: true };
+        let (mut logits, mut ids, mut weights) = (vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used]);
+        let router = RouterArgs { weight: &cr, norm: Some(view(&scale, [cols])), bias: None, expert_scale: None, params, shared_gate: None };
+        let routes = [view_mut(&mut ids, chosen), view_mut(&mut weights, chosen)];
+        let cpu_norm = (view(&norm, [cols]), eps);
+        cpu.moe_norm_route(view(&x, rows), cpu_norm, router, view_mut(&mut h, rows), view_mut(&mut logits, logit_rows), routes).expect("cpu");
+        let (mut glogits, mut gids, mut gweights) = (poisoned(gpu, n * n_experts), poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
+        let router = RouterArgs { weight: &gr, norm: Some(view(&gscale, [cols])), bias: None, expert_scale: None, params, shared_gate: None };
+        let routes = [view_mut(&mut gids, chosen), view_mut(&mut gweights, chosen)];
+        let gpu_norm = (view(&gnorm, [cols]), eps);
+        gpu.moe_norm_route(view(&gx, rows), gpu_norm, router, view_mut(&mut gh, rows), view_mut(&mut glogits, logit_rows), routes)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_close(&format!("{what}: routed logits"), &download(gpu, &glogits, n * n_experts), &logits, 1e-5);
+        assert_close(&format!("{what}: the experts' normed input"), &download(gpu, &gh, n * cols), &h, 1e-6);
+        assert_bitwise(&format!("{what}: ids"), &download(gpu, &gids, n * n_used), &ids);
     }
 }

@@ -60,23 +60,33 @@ struct Stacked<'a> {
 }
 
 /// `outs[i] = x Wi^T` for one token of f32 activations in one launch, when every weight is a
-/// float of one kind and width; Ok(false), launching nothing, when they are not.
+/// float of one kind and width; Ok(false), launching nothing, when they are not. With
+/// `input_norm` = (scale, eps), of `rms_norm(x) * scale` instead (`scale`: `[cols]`; one weight
+/// will do then), the norm applied as the product loads x.
 pub fn matmul_stacked_float(
     device: &CudaDevice,
     weights: &[&GpuWeight],
     x: &CudaSlice<f32>,
     outs: &mut [&mut CudaSlice<f32>],
     n: usize,
+    input_norm: Option<(&CudaSlice<f32>, f32)>,
 ) -> Result<bool, CudaError> {
     const OP: &str = "matmul_stacked_float";
     let first = weights[0];
     let same = weights.iter().all(|w| w.ty == first.ty && w.cols == first.cols && matches!(w.storage, Storage::Float { .. }));
-    if n != 1 || !same || weights.len() != outs.len() || !(2..=MAX_STACKED).contains(&weights.len()) || first.cols % 4 != 0 {
+    let fewest = if input_norm.is_some() { 1 } else { 2 };
+    if n != 1 || !same || weights.len() != outs.len() || !(fewest..=MAX_STACKED).contains(&weights.len()) || first.cols % 4 != 0 {
         return Ok(false);
     }
     if x.len() < first.cols {
         return Err(invalid(OP, format!("x holds {} values, {} ({}x{}) needs {}", x.len(), first.name, first.rows, first.cols, first.cols)));
     }
+    if let Some((scale, _)) = input_norm {
+        if scale.len() != first.cols {
+            return Err(invalid(OP, format!("the input norm's weight holds {} values, {} has {} columns", scale.len(), first.name, first.cols)));
+        }
+    }
+    let (scale, eps) = input_norm.map_or((0, 0.0f32), |(scale, eps)| (super::device_address(device, scale), eps));
     let mut rows = [0u32; MAX_STACKED];
     for ((r, w), out) in rows.iter_mut().zip(weights).zip(outs.iter()) {
         if out.len() < w.rows {
@@ -89,8 +99,9 @@ pub fn matmul_stacked_float(
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (FV_ROW_WARPS * 32, 1, 1), shared_mem_bytes: 0 };
     let cols = to_u32(OP, "cols", first.cols)?;
     // SAFETY: matvec_stacked_{f32,f16,bf16} (matvec_float.cu) take the weights, then (x, cols),
-    // then the outputs and rows; the weights share one float kind and width, x holds one token
-    // of that width and each output its weight's rows (checked).
+    // then the outputs and rows, then the input norm's weight (or null) and eps; the weights
+    // share one float kind and width, x and the norm weight hold one token of that width and
+    // each output its weight's rows (checked).
     unsafe {
         launch_stacked_kernel(
             device,
@@ -102,7 +113,9 @@ pub fn matmul_stacked_float(
             },
             outs,
             &rows,
-            |_| {},
+            |launch| {
+                launch.arg(&scale).arg(&eps);
+            },
         )
     }
     .map_err(CudaError::driver(format!("launching the stacked float mat-vec of {}", first.name)))?;
@@ -218,7 +231,7 @@ pub(super) unsafe fn launch_stacked_kernel<'a>(
         launch.arg(&mut **out);
     }
     static NO_OUTPUT: u64 = 0;
-    if weights.len() < MAX_STACKED {
+    for _ in weights.len()..MAX_STACKED {
         launch.arg(&NO_OUTPUT);
     }
     launch.arg(&rows[0]).arg(&rows[1]).arg(&rows[2]);
