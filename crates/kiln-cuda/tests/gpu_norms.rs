@@ -145,7 +145,9 @@ fn norm_sum_matches_its_steps_and_cpu() {
 /// logits against the CPU's norm then product (the same sums in another order: 1e-5 relative
 /// L2), and through `moe_norm_route` the chosen experts too. Gemma-4-26B-A4B's 128 x 2,816,
 /// a width the one-token kernel takes in one step (100), one it cannot (30: composed) and
-/// three tokens (composed).
+/// three tokens (composed). The composed product of an f32 router that the float mat-vec does
+/// not take runs on f16 inputs (MATMAT_TOLERANCE), as does the composed route of a width the
+/// fused norm-router does not take (not a multiple of 16; its ids then are not compared).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn router_norm_inside_the_product_matches_cpu() {
@@ -165,7 +167,9 @@ fn router_norm_inside_the_product_matches_cpu() {
         let (mut gh, mut got) = (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts));
         gpu.normed_router_logits(view(&gx, rows), (view(&gscale, [cols]), eps), view_mut(&mut gh, rows), &gr, view_mut(&mut got, logit_rows))
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_close(&format!("{what}: logits"), &download(gpu, &got, n * n_experts), &want, 1e-5);
+        let in_product = n == 1 && cols % 4 == 0;
+        let tolerance = if in_product { 1e-5 } else { MATMAT_TOLERANCE };
+        assert_close(&format!("{what}: logits"), &download(gpu, &got, n * n_experts), &want, tolerance);
 
         let n_used = 4.min(n_experts);
         let chosen = [n, n_used];
@@ -181,8 +185,12 @@ fn router_norm_inside_the_product_matches_cpu() {
         let gpu_norm = (view(&gnorm, [cols]), eps);
         gpu.moe_norm_route(view(&gx, rows), gpu_norm, router, view_mut(&mut gh, rows), view_mut(&mut glogits, logit_rows), routes)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_close(&format!("{what}: routed logits"), &download(gpu, &glogits, n * n_experts), &logits, 1e-5);
+        let fused_route = cols % 16 == 0;
+        let tolerance = if fused_route { 1e-5 } else { MATMAT_TOLERANCE };
+        assert_close(&format!("{what}: routed logits"), &download(gpu, &glogits, n * n_experts), &logits, tolerance);
         assert_close(&format!("{what}: the experts' normed input"), &download(gpu, &gh, n * cols), &h, 1e-6);
-        assert_bitwise(&format!("{what}: ids"), &download(gpu, &gids, n * n_used), &ids);
+        if fused_route {
+            assert_bitwise(&format!("{what}: ids"), &download(gpu, &gids, n * n_used), &ids);
+        }
     }
 }
