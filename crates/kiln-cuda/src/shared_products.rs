@@ -99,7 +99,7 @@ impl CudaBackend {
         check_products(&w, &out, n)?;
         let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
         let biases = w.map(|w| w.bias.map(|b| b.buf()));
-        matvec::matmul_stacked_quantized(self.device(), &w.map(|w| w.weight), &biases, qx, &mut outs, n).map_err(backend_error)
+        matvec::matmul_stacked_quantized(self.device(), &w.map(|w| w.weight), &biases, qx, &mut outs, n, None).map_err(backend_error)
     }
 
     /// [`Backend::delta_net_projections`]: for one token whose q/k/v product stacks with z on
@@ -136,7 +136,7 @@ impl CudaBackend {
         let biases = linears.map(|l| l.bias.map(|b| b.buf()));
         let channels =
             ChannelConvolution { weight: weight.buf(), kernel: p.conv_kernel, state, slots: slots.buf(), step: &step.block, out: convolved.buf_mut() };
-        matvec::matmul_stacked_quantized_convolved(self.device(), &w, &biases, &qx, &mut outs, channels).map_err(backend_error)
+        matvec::matmul_stacked_quantized(self.device(), &w, &biases, &qx, &mut outs, n, Some(channels)).map_err(backend_error)
     }
 }
 

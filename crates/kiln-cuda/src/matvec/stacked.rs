@@ -24,6 +24,8 @@ const OP: &str = "matmul_stacked_quantized";
 /// `outs[i] = x Wi^T + bias[i]` for `n` tokens of activations quantized once (as
 /// [`matmul_quantized`] computes each), with each run of consecutive weights of one quantized
 /// format and width in one launch. `biases`: one per weight (None: that product has none).
+/// With `conv` (one token, weights that [`convolves_in_stacked`]), the first launch also
+/// convolves the first weight's rows as they finish.
 pub fn matmul_stacked_quantized(
     device: &CudaDevice,
     weights: &[&GpuWeight],
@@ -31,76 +33,16 @@ pub fn matmul_stacked_quantized(
     x: &QuantizedActivations,
     outs: &mut [&mut CudaSlice<f32>],
     n: usize,
-) -> Result<(), CudaError> {
-    stacked_runs(device, weights, biases, x, outs, n, ConvEpilogueArg::default())
-}
-
-/// A DeltaNet's causal convolution of the channels a stacked launch's first weight computes
-/// (`ssm_conv_f32`'s operands but its input; kernels/conv.cuh): the taps `[channels][kernel]`,
-/// every slot's state `[n_slots][kernel - 1][channels]`, the slot of the step's one sequence,
-/// the step block and the convolved channels.
-pub struct ChannelConvolution<'a> {
-    pub weight: &'a CudaSlice<f32>,
-    pub kernel: usize,
-    pub state: &'a mut CudaSlice<f32>,
-    pub slots: &'a CudaSlice<f32>,
-    pub step: &'a CudaSlice<u32>,
-    pub out: &'a mut CudaSlice<f32>,
-}
-
-/// Whether [`matmul_stacked_quantized_convolved`] takes one token of `weights` with a
-/// convolution of `kernel` taps: the first weight stacks with the next, and the state keeps
-/// at least one past input.
-pub fn convolves_in_stacked(weights: &[&GpuWeight], kernel: usize) -> bool {
-    stackable_run(weights) > 1 && (2..=CONV_MAX_KERNEL).contains(&kernel)
-}
-
-/// [`matmul_stacked_quantized`] of one token whose first launch also convolves its first
-/// weight's rows as they finish (`conv`), for weights that [`convolves_in_stacked`].
-pub fn matmul_stacked_quantized_convolved(
-    device: &CudaDevice,
-    weights: &[&GpuWeight],
-    biases: &[Option<&CudaSlice<f32>>],
-    x: &QuantizedActivations,
-    outs: &mut [&mut CudaSlice<f32>],
-    conv: ChannelConvolution<'_>,
-) -> Result<(), CudaError> {
-    if !convolves_in_stacked(weights, conv.kernel) {
-        return Err(invalid(OP, format!("a convolution of {} taps after {}, which does not stack with the next weight", conv.kernel, weights[0].name)));
-    }
-    let channels = weights[0].rows;
-    let per_slot = (conv.kernel - 1) * channels;
-    check_len(OP, "convolution taps", conv.weight.len(), channels * conv.kernel)?;
-    check_len(OP, "convolved channels", conv.out.len(), channels)?;
-    check_len(OP, "state slots", conv.slots.len(), 1)?;
-    if conv.state.len() < per_slot {
-        return Err(invalid(OP, format!("the convolution state holds {} values, one slot of {channels} channels needs {per_slot}", conv.state.len())));
-    }
-    let arg = ConvEpilogueArg {
-        out: device_address(device, conv.out),
-        weight: device_address(device, conv.weight),
-        state: device_address(device, conv.state),
-        slots: device_address(device, conv.slots),
-        step: device_address(device, conv.step),
-        n_slots: to_u32(OP, "state slots", conv.state.len() / per_slot)?,
-        kernel: to_u32(OP, "taps", conv.kernel)?,
-    };
-    stacked_runs(device, weights, biases, x, outs, 1, arg)
-}
-
-/// The stacked launches of `weights`, the first also applying `conv` (null outputs: none).
-fn stacked_runs(
-    device: &CudaDevice,
-    weights: &[&GpuWeight],
-    biases: &[Option<&CudaSlice<f32>>],
-    x: &QuantizedActivations,
-    outs: &mut [&mut CudaSlice<f32>],
-    n: usize,
-    mut conv: ConvEpilogueArg,
+    conv: Option<ChannelConvolution<'_>>,
 ) -> Result<(), CudaError> {
     if weights.len() != outs.len() || weights.len() != biases.len() {
         return Err(invalid(OP, format!("{} weights but {} outputs and {} biases", weights.len(), outs.len(), biases.len())));
     }
+    // Only the first launch convolves (null outputs: no convolution).
+    let mut conv = match conv {
+        Some(conv) => convolution_arg(device, weights, n, conv)?,
+        None => ConvEpilogueArg::default(),
+    };
     let mut start = 0;
     while start < weights.len() {
         let end = start + stackable_run(&weights[start..]);
@@ -118,6 +60,51 @@ fn stacked_runs(
         start = end;
     }
     Ok(())
+}
+
+/// A DeltaNet's causal convolution of the channels a stacked launch's first weight computes
+/// (`ssm_conv_f32`'s operands but its input; kernels/conv.cuh): the taps `[channels][kernel]`,
+/// every slot's state `[n_slots][kernel - 1][channels]`, the slot of the step's one sequence,
+/// the step block and the convolved channels.
+pub struct ChannelConvolution<'a> {
+    pub weight: &'a CudaSlice<f32>,
+    pub kernel: usize,
+    pub state: &'a mut CudaSlice<f32>,
+    pub slots: &'a CudaSlice<f32>,
+    pub step: &'a CudaSlice<u32>,
+    pub out: &'a mut CudaSlice<f32>,
+}
+
+/// Whether [`matmul_stacked_quantized`] takes one token of `weights` with a convolution of
+/// `kernel` taps: the first weight stacks with the next, and the state keeps at least one
+/// past input.
+pub fn convolves_in_stacked(weights: &[&GpuWeight], kernel: usize) -> bool {
+    weights.len() > 1 && stackable_run(weights) > 1 && (2..=CONV_MAX_KERNEL).contains(&kernel)
+}
+
+/// The kernel argument of `conv` for `n` tokens of `weights`, its buffers checked.
+fn convolution_arg(device: &CudaDevice, weights: &[&GpuWeight], n: usize, conv: ChannelConvolution<'_>) -> Result<ConvEpilogueArg, CudaError> {
+    if n != 1 || !convolves_in_stacked(weights, conv.kernel) {
+        let first = weights.first().map_or("no weight", |w| w.name.as_str());
+        return Err(invalid(OP, format!("a convolution of {} taps after {first} in {n} tokens (one token, a weight that stacks with the next)", conv.kernel)));
+    }
+    let channels = weights[0].rows;
+    let per_slot = (conv.kernel - 1) * channels;
+    check_len(OP, "convolution taps", conv.weight.len(), channels * conv.kernel)?;
+    check_len(OP, "convolved channels", conv.out.len(), channels)?;
+    check_len(OP, "state slots", conv.slots.len(), 1)?;
+    if conv.state.len() < per_slot {
+        return Err(invalid(OP, format!("the convolution state holds {} values, one slot of {channels} channels needs {per_slot}", conv.state.len())));
+    }
+    Ok(ConvEpilogueArg {
+        out: device_address(device, conv.out),
+        weight: device_address(device, conv.weight),
+        state: device_address(device, conv.state),
+        slots: device_address(device, conv.slots),
+        step: device_address(device, conv.step),
+        n_slots: to_u32(OP, "state slots", conv.state.len() / per_slot)?,
+        kernel: to_u32(OP, "taps", conv.kernel)?,
+    })
 }
 
 /// kernels/conv.cuh's ConvEpilogue: device addresses (out 0: no convolution), the slots the
@@ -157,7 +144,7 @@ pub fn matmul_stacked_float(
     input_norm: Option<(&CudaSlice<f32>, f32)>,
 ) -> Result<bool, CudaError> {
     const OP: &str = "matmul_stacked_float";
-    let first = weights[0];
+    let Some(&first) = weights.first() else { return Ok(false) };
     let same = weights.iter().all(|w| w.ty == first.ty && w.cols == first.cols && matches!(w.storage, Storage::Float { .. }));
     let fewest = if input_norm.is_some() { 1 } else { 2 };
     if n != 1 || !same || weights.len() != outs.len() || !(fewest..=MAX_STACKED).contains(&weights.len()) || first.cols % 4 != 0 {
@@ -268,7 +255,7 @@ fn launch_shape(
     // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
     // quantized activations with their deferred norm, then the outputs and rows, then the
     // biases, then the convolution (kernels/conv.cuh: device addresses, out 0 for none, its
-    // buffers checked by matmul_stacked_quantized_convolved); the weights share one quantized
+    // buffers checked by convolution_arg); the weights share one quantized
     // format and width (`stackable`), the activations hold n tokens of that width (checked),
     // each output n times its weight's rows and each bias (or null) its weight's rows (checked).
     unsafe {
