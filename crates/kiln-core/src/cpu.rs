@@ -480,7 +480,7 @@ impl Backend for CpuBackend {
         mut weights: TensorMut<Vec<f32>>,
         p: &RouterParams,
     ) -> Result<()> {
-        let counts = shapes::moe_route(logits.shape(), expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        let counts = shapes::moe_route(logits.shape(), expert_scale.map(|s| s.shape()), ids.shape(), weights.shape(), p.shared_expert)?;
         cpu_ops::moe_route(logits.data(), expert_scale.map(|s| s.data()), ids.data_mut(), weights.data_mut(), counts, p)
     }
 

@@ -14,7 +14,9 @@ fn expert_id(v: f32, n_experts: usize) -> Result<usize> {
     }
 }
 
-/// `counts` = (tokens, experts, experts chosen per token).
+/// `counts` = (tokens, routed experts, routed experts chosen per token); with a shared expert,
+/// each row of `logits` holds its logit after the routed ones and each row of `ids`/`weights`
+/// its slot after the chosen.
 pub(crate) fn moe_route(
     logits: &[f32],
     expert_scale: Option<&[f32]>,
@@ -29,11 +31,13 @@ pub(crate) fn moe_route(
     if let Some(s) = expert_scale {
         check_len("expert scales", s.len(), e)?;
     }
-    check_len("router logits", logits.len(), n * e)?;
-    check_len("router ids", ids.len().min(weights.len()), n * k)?;
+    let shared = usize::from(p.shared_expert);
+    let (columns, slots) = (e + shared, k + shared);
+    check_len("router logits", logits.len(), n * columns)?;
+    check_len("router ids", ids.len().min(weights.len()), n * slots)?;
     for t in 0..n {
-        let row = &logits[t * e..(t + 1) * e];
-        let (ids, weights) = (&mut ids[t * k..(t + 1) * k], &mut weights[t * k..(t + 1) * k]);
+        let row = &logits[t * columns..t * columns + e];
+        let (ids, weights) = (&mut ids[t * slots..t * slots + k], &mut weights[t * slots..t * slots + k]);
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let total: f32 = row.iter().map(|l| (l - max).exp()).sum();
         for j in 0..k {
@@ -55,6 +59,12 @@ pub(crate) fn moe_route(
             for (w, &id) in weights.iter_mut().zip(ids.iter()) {
                 *w *= scale[id as usize];
             }
+        }
+    }
+    if p.shared_expert {
+        for t in 0..n {
+            ids[t * slots + k] = e as f32;
+            weights[t * slots + k] = 1.0 / (1.0 + (-logits[t * columns + e]).exp());
         }
     }
     Ok(())
@@ -181,7 +191,7 @@ mod tests {
         for (renormalize, scaled) in [(false, false), (true, false), (true, true)] {
             let (mut ids, mut weights) = (vec![0f32; n * k], vec![0f32; n * k]);
             let scale = scaled.then_some(&scales[..]);
-            moe_route(&logits, scale, &mut ids, &mut weights, (n, e, k), &RouterParams { renormalize }).unwrap();
+            moe_route(&logits, scale, &mut ids, &mut weights, (n, e, k), &RouterParams { renormalize, shared_expert: false }).unwrap();
             for t in 0..n {
                 let row: Vec<f64> = logits[t * e..(t + 1) * e].iter().map(|&v| v as f64).collect();
                 let total: f64 = row.iter().map(|l| l.exp()).sum();
@@ -197,13 +207,37 @@ mod tests {
             }
         }
         let mut ids = vec![0f32; 3];
-        assert!(moe_route(&logits, None, &mut ids.clone(), &mut ids, (1, e, e + 1), &RouterParams { renormalize: true }).is_err());
+        assert!(moe_route(&logits, None, &mut ids.clone(), &mut ids, (1, e, e + 1), &RouterParams { renormalize: true, shared_expert: false }).is_err());
+    }
+
+    #[test]
+    fn a_shared_expert_takes_the_slot_after_the_chosen() {
+        let (n, e, k) = (5, 9, 3);
+        let logits: Vec<f32> = values(n * (e + 1), 8).iter().map(|v| v * 4.0).collect();
+        let scales: Vec<f32> = values(e, 9).iter().map(|v| v + 1.5).collect();
+        let (mut ids, mut weights) = (vec![f32::NAN; n * (k + 1)], vec![f32::NAN; n * (k + 1)]);
+        let p = RouterParams { renormalize: true, shared_expert: true };
+        moe_route(&logits, Some(&scales), &mut ids, &mut weights, (n, e, k), &p).unwrap();
+        for t in 0..n {
+            let row = &logits[t * (e + 1)..t * (e + 1) + e];
+            let (mut want_ids, mut want_weights) = (vec![0f32; k], vec![0f32; k]);
+            let routed = RouterParams { shared_expert: false, ..p };
+            moe_route(row, Some(&scales), &mut want_ids, &mut want_weights, (1, e, k), &routed).unwrap();
+            let slots = t * (k + 1)..(t + 1) * (k + 1);
+            assert_eq!(ids[slots.clone()][..k], want_ids[..], "token {t}");
+            assert_eq!(weights[slots.clone()][..k], want_weights[..], "token {t}");
+            let gate = logits[t * (e + 1) + e] as f64;
+            assert_eq!(ids[slots.end - 1], e as f32, "token {t}: the shared expert's id");
+            assert!((weights[slots.end - 1] as f64 - 1.0 / (1.0 + (-gate).exp())).abs() < 1e-6, "token {t}: its weight");
+        }
+        let mut short = vec![0f32; n * k];
+        assert!(moe_route(&logits, None, &mut short.clone(), &mut short, (n, e, k), &p).is_err());
     }
 
     #[test]
     fn ties_choose_the_lower_expert() {
         let (mut ids, mut weights) = (vec![0f32; 2], vec![0f32; 2]);
-        moe_route(&[1.0, 2.0, 2.0, 2.0], None, &mut ids, &mut weights, (1, 4, 2), &RouterParams { renormalize: true }).unwrap();
+        moe_route(&[1.0, 2.0, 2.0, 2.0], None, &mut ids, &mut weights, (1, 4, 2), &RouterParams { renormalize: true, shared_expert: false }).unwrap();
         assert_eq!(ids, [1.0, 2.0]);
         assert_eq!(weights, [0.5, 0.5]);
     }

@@ -42,6 +42,11 @@ pub struct AttentionParams {
 pub struct RouterParams {
     /// Divide the chosen probabilities by their sum (then they equal a softmax over the chosen).
     pub renormalize: bool,
+    /// The logits' last column is a shared expert's gate logit, not a routed expert's: every
+    /// token gets that expert (id `n_experts`, one past the routed ones) as one more slot after
+    /// its `n_used` chosen, weighted by the logit's sigmoid (Qwen3.5's shared expert, run by the
+    /// expert products as one of the experts).
+    pub shared_expert: bool,
 }
 
 /// The gate activation of a gated FFN: `out = act(gate) * up`.

@@ -71,13 +71,19 @@ pub fn attention(q: Shape, out: Shape, sinks: Option<Shape>, p: &AttentionParams
     Ok(n)
 }
 
-/// Logits `[n, n_experts]`, scales `[n_experts]`, ids and weights `[n, n_used]`; returns
-/// (n, n_experts, n_used).
-pub fn moe_route(logits: Shape, scale: Option<Shape>, ids: Shape, weights: Shape) -> Result<(usize, usize, usize)> {
-    let [n, e] = logits.dims2("moe_route", "logits")?;
-    let [_, k] = ids.dims2("moe_route", "ids")?;
-    expect_shape("moe_route", "ids", ids, [n, k])?;
-    expect_shape("moe_route", "weights", weights, [n, k])?;
+/// Logits `[n, n_experts]`, scales `[n_experts]`, ids and weights `[n, n_used]`, with a shared
+/// expert (`shared`, [`crate::RouterParams::shared_expert`]) one more logit and one more slot
+/// than those; returns (n, n_experts, n_used), the routed experts' counts.
+pub fn moe_route(logits: Shape, scale: Option<Shape>, ids: Shape, weights: Shape, shared: bool) -> Result<(usize, usize, usize)> {
+    let [n, columns] = logits.dims2("moe_route", "logits")?;
+    let [_, slots] = ids.dims2("moe_route", "ids")?;
+    expect_shape("moe_route", "ids", ids, [n, slots])?;
+    expect_shape("moe_route", "weights", weights, [n, slots])?;
+    let (e, k) = match shared {
+        true if columns == 0 || slots == 0 => return Err(BackendError::Device("router: a shared expert without its logit or slot".into())),
+        true => (columns - 1, slots - 1),
+        false => (columns, slots),
+    };
     if let Some(s) = scale {
         expect_shape("moe_route", "expert_scale", s, [e])?;
     }

@@ -334,8 +334,15 @@ mod tests {
         assert!(matches!(&err, BackendError::ShapeMismatch { tensor, .. } if tensor == "weight"), "{err}");
         // Router: ids and weights must agree on the experts chosen per token.
         let (mut ids, mut w) = (vec![0f32; 6], vec![0f32; 6]);
-        let err =
-            b.moe_route(x.rows(3, 4).unwrap(), None, ids.rows_mut(3, 2).unwrap(), w.rows_mut(2, 3).unwrap(), &RouterParams { renormalize: true }).unwrap_err();
+        let err = b
+            .moe_route(
+                x.rows(3, 4).unwrap(),
+                None,
+                ids.rows_mut(3, 2).unwrap(),
+                w.rows_mut(2, 3).unwrap(),
+                &RouterParams { renormalize: true, shared_expert: false },
+            )
+            .unwrap_err();
         assert!(matches!(&err, BackendError::ShapeMismatch { op, tensor, .. } if op == "moe_route" && tensor == "weights"), "{err}");
         assert!(matches!(out.view([4, 4]), Err(BackendError::ViewTooLarge { need: 16, len: 12, .. })));
     }

@@ -222,14 +222,23 @@ __device__ __forceinline__ void route_token(const float* row, const float* exper
     }
 }
 
-// The router of one token per 32-thread block (route_token). Grid (tokens).
+// The router of one token per 32-thread block (route_token). Grid (tokens). With
+// shared_expert, each logits row holds a shared expert's gate logit after the n_experts routed
+// ones and each ids/weights row its slot after the n_used chosen: id n_experts, weight
+// sigmoid(logit).
 extern "C" __global__ void __launch_bounds__(32) moe_route_f32(
-    const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize) {
+    const float* logits, const float* expert_scale, float* ids, float* weights, u32 n_experts, u32 n_used, u32 renormalize,
+    u32 shared_expert) {
     wait_for_inputs();
     extern __shared__ float route_logits[];
     const u64 t = blockIdx.x;
-    route_token(logits + t * n_experts, expert_scale, ids + t * n_used, weights + t * n_used, n_experts, n_used, renormalize,
-                route_logits);
+    const u32 columns = n_experts + shared_expert, slots = n_used + shared_expert;
+    const float* row = logits + t * columns;
+    route_token(row, expert_scale, ids + t * slots, weights + t * slots, n_experts, n_used, renormalize, route_logits);
+    if (shared_expert && threadIdx.x == 0) {
+        ids[t * slots + n_used] = (float)n_experts;
+        weights[t * slots + n_used] = sigmoid(__ldcg(row + n_experts));
+    }
 }
 
 // A mixture of experts' norm and router in one launch, for a few tokens: h = x * (1 / rms(x)) *

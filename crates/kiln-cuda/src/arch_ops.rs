@@ -227,7 +227,7 @@ impl CudaBackend {
     }
 
     pub(crate) fn launch_moe_route(&self, logits: View, expert_scale: Option<View>, mut ids: ViewMut, mut weights: ViewMut, p: &RouterParams) -> Result<()> {
-        let (n, e, k) = shapes::moe_route(logits.shape(), expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        let (n, e, k) = shapes::moe_route(logits.shape(), expert_scale.map(|s| s.shape()), ids.shape(), weights.shape(), p.shared_expert)?;
         if k > ROUTE_MAX_USED {
             return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("routing to {k} experts per token (at most {ROUTE_MAX_USED})") });
         }
@@ -240,7 +240,7 @@ impl CudaBackend {
             return Err(BackendError::Unsupported { backend: "CUDA".into(), what: format!("a router over {e} experts") });
         }
         allow_dynamic_shared(&function, shared, "moe_route_f32")?;
-        let (e32, k32, renorm) = (to_u32("experts", e)?, to_u32("experts used", k)?, u32::from(p.renormalize));
+        let (e32, k32, renorm, shared_expert) = (to_u32("experts", e)?, to_u32("experts used", k)?, u32::from(p.renormalize), u32::from(p.shared_expert));
         let no_scale: u64 = 0;
         let (scale_ptr, _record) = expert_scale.map_or((no_scale, None), |s| {
             let (ptr, record) = s.buf().device_ptr(self.device().stream());
@@ -248,7 +248,8 @@ impl CudaBackend {
         });
         let cfg = LaunchConfig { grid_dim: (to_u32("tokens", n)?, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: shared as u32 };
         // SAFETY: moe_route_f32(logits, expert_scale or null, ids, weights, n_experts, n_used,
-        // renormalize); logits hold n rows of e values, ids and weights n rows of k (their shapes).
+        // renormalize, shared_expert); logits hold n rows of e values, ids and weights n rows of
+        // k, each one more with a shared expert (their shapes).
         unsafe {
             self.device()
                 .stream()
@@ -260,6 +261,7 @@ impl CudaBackend {
                 .arg(&e32)
                 .arg(&k32)
                 .arg(&renorm)
+                .arg(&shared_expert)
                 .launch(cfg)
         }
         .map(drop)
@@ -320,7 +322,8 @@ impl CudaBackend {
         if let Some(bias) = &router.bias {
             shapes::rows_and_vector("moe_norm_route", logits.shape(), bias.shape())?;
         }
-        let (_, _, n_used) = shapes::moe_route(logits.shape(), router.expert_scale.map(|s| s.shape()), ids.shape(), weights.shape())?;
+        let (_, _, n_used) =
+            shapes::moe_route(logits.shape(), router.expert_scale.map(|s| s.shape()), ids.shape(), weights.shape(), router.params.shared_expert)?;
         if let Some((gate, out)) = &router.shared_gate {
             shapes::matmul("moe_norm_route", (gate.rows, gate.cols), h.shape(), out.shape())?;
         }
@@ -337,7 +340,8 @@ impl CudaBackend {
             n_used,
         };
         let out = RouteOutputs { h: h.buf_mut(), logits: logits.buf_mut(), ids: ids.buf_mut(), weights: weights.buf_mut() };
-        if self.experts.norm_route(self.device(), call, out).map_err(backend_error)? {
+        // The one-launch router routes no shared expert.
+        if !router.params.shared_expert && self.experts.norm_route(self.device(), call, out).map_err(backend_error)? {
             return match router.shared_gate {
                 Some((gate, out)) => kiln_core::Backend::matmul(self, gate, h.as_ref(), out),
                 None => Ok(()),

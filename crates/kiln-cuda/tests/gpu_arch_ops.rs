@@ -117,24 +117,27 @@ fn router_bias_and_combine_match_cpu() {
     let (cpu, gpu) = (&pair.cpu, &pair.gpu);
     // 256 experts are the most the kernel keeps in registers; 257 and 300 take its shared-memory path.
     for (n, n_experts, n_used) in [(1, 8, 2), (5, 8, 8), (3, 60, 4), (9, 128, 8), (2, 200, 37), (2, 256, 8), (1, 257, 3), (3, 300, 40)] {
-        // Continuous random logits: no ties, so the chosen ids must agree exactly.
-        let logits = random(&mut rng, n * n_experts, 4.0);
+        // Continuous random logits: no ties, so the chosen ids must agree exactly. With a
+        // shared expert, one more logit (its gate) and one more slot a token.
+        let logits = random(&mut rng, n * (n_experts + 1), 4.0);
         let scale = random(&mut rng, n_experts, 2.0);
-        for renormalize in [false, true] {
-            for with_scale in [false, true] {
-                let p = RouterParams { renormalize };
-                let s = with_scale.then(|| view(&scale, [n_experts]));
-                let (mut want_ids, mut want_w) = (vec![0f32; n * n_used], vec![0f32; n * n_used]);
-                let (logits_shape, chosen) = ([n, n_experts], [n, n_used]);
-                cpu.moe_route(view(&logits, logits_shape), s, view_mut(&mut want_ids, chosen), view_mut(&mut want_w, chosen), &p).expect("cpu");
-                let (mut ids, mut w) = (poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
-                let (gs, gl) = (with_scale.then(|| upload(gpu, &scale)), upload(gpu, &logits));
-                let gs = gs.as_ref().map(|s| view(s, [n_experts]));
-                gpu.moe_route(view(&gl, logits_shape), gs, view_mut(&mut ids, chosen), view_mut(&mut w, chosen), &p).expect("gpu");
-                let what = format!("router {n} tokens, top {n_used} of {n_experts}, renormalize {renormalize}, scale {with_scale}");
-                assert_bitwise(&format!("{what}: ids"), &download(gpu, &ids, n * n_used), &want_ids);
-                assert_close(&format!("{what}: weights"), &download(gpu, &w, n * n_used), &want_w, TRANSCENDENTAL);
-            }
+        for (renormalize, with_scale, shared_expert) in
+            [(false, false, false), (false, true, false), (true, false, false), (true, true, false), (true, false, true), (false, true, true)]
+        {
+            let p = RouterParams { renormalize, shared_expert };
+            let (columns, slots) = (n_experts + usize::from(shared_expert), n_used + usize::from(shared_expert));
+            let logits = logits[..n * columns].to_vec();
+            let s = with_scale.then(|| view(&scale, [n_experts]));
+            let (mut want_ids, mut want_w) = (vec![0f32; n * slots], vec![0f32; n * slots]);
+            let (logits_shape, chosen) = ([n, columns], [n, slots]);
+            cpu.moe_route(view(&logits, logits_shape), s, view_mut(&mut want_ids, chosen), view_mut(&mut want_w, chosen), &p).expect("cpu");
+            let (mut ids, mut w) = (poisoned(gpu, n * slots), poisoned(gpu, n * slots));
+            let (gs, gl) = (with_scale.then(|| upload(gpu, &scale)), upload(gpu, &logits));
+            let gs = gs.as_ref().map(|s| view(s, [n_experts]));
+            gpu.moe_route(view(&gl, logits_shape), gs, view_mut(&mut ids, chosen), view_mut(&mut w, chosen), &p).expect("gpu");
+            let what = format!("router {n} tokens, top {n_used} of {n_experts}, renormalize {renormalize}, scale {with_scale}, shared {shared_expert}");
+            assert_bitwise(&format!("{what}: ids"), &download(gpu, &ids, n * slots), &want_ids);
+            assert_close(&format!("{what}: weights"), &download(gpu, &w, n * slots), &want_w, TRANSCENDENTAL);
         }
     }
     for (n, n_used, dim, n_experts) in [(1, 2, 7, 4), (6, 4, 96, 8), (3, 8, 1000, 16)] {
@@ -212,7 +215,7 @@ fn fused_norm_router_matches_the_composed_ops() {
             (upload(gpu, &x), upload(gpu, &norm), upload(gpu, &router_norm), upload(gpu, &bias), upload(gpu, &scale));
         let (rows, logit_rows, chosen) = ([n, cols], [n, n_experts], [n, n_used]);
         for renormalize in [false, true] {
-            let params = RouterParams { renormalize };
+            let params = RouterParams { renormalize, shared_expert: false };
             let cpu_router = RouterArgs {
                 weight: &cw,
                 norm: own_norm.then(|| view(&router_norm, [cols])),

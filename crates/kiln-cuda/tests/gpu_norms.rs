@@ -173,7 +173,7 @@ fn router_norm_inside_the_product_matches_cpu() {
 
         let n_used = 4.min(n_experts);
         let chosen = [n, n_used];
-        let params = RouterParams { renormalize: true };
+        let params = RouterParams { renormalize: true, shared_expert: false };
         let (mut logits, mut ids, mut weights) = (vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used]);
         let router = RouterArgs { weight: &cr, norm: Some(view(&scale, [cols])), bias: None, expert_scale: None, params, shared_gate: None };
         let routes = [view_mut(&mut ids, chosen), view_mut(&mut weights, chosen)];

@@ -38,7 +38,7 @@ fn shared_gate_is_computed_beside_the_router() {
             norm: None,
             bias: with_bias.then(|| view(&bias, [n_experts])),
             expert_scale: None,
-            params: RouterParams { renormalize: true },
+            params: RouterParams { renormalize: true, shared_expert: false },
             shared_gate: Some((&cg, view_mut(&mut gate, gate_rows))),
         };
         let routes = [view_mut(&mut ids, chosen), view_mut(&mut w, chosen)];
@@ -53,7 +53,7 @@ fn shared_gate_is_computed_beside_the_router() {
             norm: None,
             bias: with_bias.then(|| view(&gbias, [n_experts])),
             expert_scale: None,
-            params: RouterParams { renormalize: true },
+            params: RouterParams { renormalize: true, shared_expert: false },
             shared_gate: Some((&gg, view_mut(&mut ggate, gate_rows))),
         };
         let routes = [view_mut(&mut gids, chosen), view_mut(&mut gw, chosen)];
@@ -89,7 +89,14 @@ fn shared_expert_reads_the_experts_normed_input() {
 
         let (cr, cw) = (cpu.upload_weight(router_source.clone()).expect("cpu"), ffn_sources.clone().map(|s| cpu.upload_weight(s).expect("cpu")));
         let (mut h, mut logits, mut ids, mut w) = (vec![0f32; n * cols], vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used]);
-        let router = RouterArgs { weight: &cr, norm: None, bias: None, expert_scale: None, params: RouterParams { renormalize: true }, shared_gate: None };
+        let router = RouterArgs {
+            weight: &cr,
+            norm: None,
+            bias: None,
+            expert_scale: None,
+            params: RouterParams { renormalize: true, shared_expert: false },
+            shared_gate: None,
+        };
         let routes = [view_mut(&mut ids, chosen), view_mut(&mut w, chosen)];
         cpu.moe_norm_route(view(&x, rows), (view(&norm, [cols]), eps), router, view_mut(&mut h, rows), view_mut(&mut logits, logit_rows), routes).expect("cpu");
         let (mut gate, mut up, mut act, mut want) = (vec![0f32; n * n_ff], vec![0f32; n * n_ff], vec![0f32; n * n_ff], vec![0f32; n * cols]);
@@ -101,7 +108,14 @@ fn shared_expert_reads_the_experts_normed_input() {
         let (gx, gnorm) = (upload(gpu, &x), upload(gpu, &norm));
         let (mut gh, mut glogits, mut gids, mut gweights) =
             (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts), poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
-        let router = RouterArgs { weight: &gr, norm: None, bias: None, expert_scale: None, params: RouterParams { renormalize: true }, shared_gate: None };
+        let router = RouterArgs {
+            weight: &gr,
+            norm: None,
+            bias: None,
+            expert_scale: None,
+            params: RouterParams { renormalize: true, shared_expert: false },
+            shared_gate: None,
+        };
         let routes = [view_mut(&mut gids, chosen), view_mut(&mut gweights, chosen)];
         gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), router, view_mut(&mut gh, rows), view_mut(&mut glogits, logit_rows), routes)
             .unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -11,7 +11,7 @@ use kiln_core::{
 use crate::config::{AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::recurrent::{self, RecurrentStates};
 use crate::weights::{
-    AttentionWeights, DeltaNetWeights, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, Weights,
+    AttentionWeights, DeltaNetWeights, DenseFfn, FfnWeights, LayerWeights, MixerWeights, MoeWeights, PerLayerInputs, PerLayerWeights, SharedExpert, Weights,
 };
 use crate::window_kv::LayerCaches;
 
@@ -78,9 +78,11 @@ impl<B: Backend> Workspace<B> {
         // Gate/up/activation hold a dense FFN's `n_ff` or every chosen expert's.
         let ff = most(&|l| match &l.ffn {
             FfnConfig::Dense { n_ff } => *n_ff,
-            FfnConfig::Moe(m) => (m.n_used * m.n_ff).max(m.dense_ff.unwrap_or(0)).max(m.shared_ff.unwrap_or(0)),
+            FfnConfig::Moe(m) => (most_slots(m) * m.n_ff).max(m.dense_ff.unwrap_or(0)).max(m.shared_ff.unwrap_or(0)),
         });
         let moe = |f: &dyn Fn(&MoeConfig) -> usize| most(&|l| if let FfnConfig::Moe(m) = &l.ffn { f(m) } else { 0 });
+        // A shared expert may be routed: one more logit and one more slot a token.
+        let shared = |m: &MoeConfig| usize::from(m.shared_ff.is_some());
         let ple_dim = c.per_layer_embd.unwrap_or(0);
         let ple_width = ple_dim * c.n_layer;
         Ok(Workspace {
@@ -96,10 +98,10 @@ impl<B: Backend> Workspace<B> {
             up: b.alloc(tokens * ff, "ffn up")?,
             act: b.alloc(tokens * ff, "ffn activation")?,
             tmp: b.alloc(tokens * c.n_embd, "residual scratch")?,
-            router: b.alloc(tokens * moe(&|m| m.n_expert), "router logits")?,
-            expert_ids: b.alloc(tokens * moe(&|m| m.n_used), "expert ids")?,
-            expert_weights: b.alloc(tokens * moe(&|m| m.n_used), "expert weights")?,
-            expert_out: b.alloc(tokens * moe(&|m| m.n_used) * c.n_embd, "expert outputs")?,
+            router: b.alloc(tokens * moe(&|m| m.n_expert + shared(m)), "router logits")?,
+            expert_ids: b.alloc(tokens * moe(&most_slots), "expert ids")?,
+            expert_weights: b.alloc(tokens * moe(&most_slots), "expert weights")?,
+            expert_out: b.alloc(tokens * moe(&most_slots) * c.n_embd, "expert outputs")?,
             v_normed: b.alloc(tokens * kv_width, "normed values")?,
             ffn_out: b.alloc(if moe(&|m| m.dense_ff.or(m.shared_ff).unwrap_or(0)) > 0 { tokens * c.n_embd } else { 0 }, "ffn output")?,
             q_gate: b.alloc(tokens * gated, "attention gate")?,
@@ -504,14 +506,14 @@ fn ffn_unchained<B: Backend>(p: &Pass<B>, lc: &LayerConfig, l: &LayerWeights<B>,
                     b.rms_norm_sum(a.ffn_out.rows_mut(n, e)?, a.h.rows(n, e)?, post_norms, c.rms_eps, a.tmp.rows_mut(n, e)?)?;
                 }
                 (None, None) => {
-                    let (Some(shared), Some(n_ff)) = (&m.shared, mc.shared_ff) else {
+                    let (Some(SharedExpert::Apart { ffn: shared, .. }), Some(n_ff)) = (&m.shared, mc.shared_ff) else {
                         return moe(p, m, mc, &l.ffn_norm, a, out);
                     };
                     routed_experts(p, m, mc, &l.ffn_norm, a)?;
                     // The shared expert beside them on their normed input, gated by
                     // sigmoid(norm(x) · gate).
                     let scratch = [a.gate.rows_mut(n, n_ff)?, a.up.rows_mut(n, n_ff)?];
-                    b.gated_ffn(a.h.rows(n, e)?, gated_ffn(p, &shared.ffn), scratch, a.act.rows_mut(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
+                    b.gated_ffn(a.h.rows(n, e)?, gated_ffn(p, shared), scratch, a.act.rows_mut(n, n_ff)?, a.ffn_out.rows_mut(n, e)?)?;
                     let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
                     let shared_out = (a.ffn_out.rows_mut(n, e)?, a.shared_gate.rows(n, 1)?);
                     return match out {
@@ -548,41 +550,61 @@ fn sum_over_ranks<B: Backend>(p: &Pass<B>, x: TensorMut<B::Buffer>) -> Result<()
 fn moe<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>, out: Out) -> Result<()> {
     let (b, n, e) = (p.b, p.n, p.w.config.n_embd);
     routed_experts(p, m, mc, norm, a)?;
-    let (y, weights) = (a.expert_out.view([n, mc.n_used, e])?, a.expert_weights.rows(n, mc.n_used)?);
+    let k = slots(m, mc);
+    let (y, weights) = (a.expert_out.view([n, k, e])?, a.expert_weights.rows(n, k)?);
     match out {
         Out::AddToResidual => b.moe_combine_add(y, weights, a.x.rows_mut(n, e)?, a.tmp.rows_mut(n, e)?),
         Out::Scratch => b.moe_combine(y, weights, a.tmp.rows_mut(n, e)?),
     }
 }
 
+/// Expert slots a token of these weights fills: its `n_used` chosen, and a routed shared
+/// expert's.
+fn slots<B: Backend>(m: &MoeWeights<B>, mc: &MoeConfig) -> usize {
+    mc.n_used + usize::from(matches!(m.shared, Some(SharedExpert::Routed)))
+}
+
+/// The most expert slots a token of a layer of `m` fills (its shared expert may be routed).
+fn most_slots(m: &MoeConfig) -> usize {
+    m.n_used + usize::from(m.shared_ff.is_some())
+}
+
 /// The routed experts of `norm(x)`: the route (ids and weights in `a.expert_ids`,
-/// `a.expert_weights`, a shared expert's gate logit in `a.shared_gate`; `norm(x)` in `a.h`) and each chosen expert's gated FFN into
-/// `a.expert_out` (`[n, n_used, n_embd]`).
+/// `a.expert_weights`, an apart shared expert's gate logit in `a.shared_gate`; `norm(x)` in
+/// `a.h`) and each chosen expert's gated FFN into `a.expert_out` (`[n, slots, n_embd]`).
 fn routed_experts<B: Backend>(p: &Pass<B>, m: &MoeWeights<B>, mc: &MoeConfig, norm: &B::Buffer, a: &mut Workspace<B>) -> Result<()> {
     let (b, c, n, e) = (p.b, &p.w.config, p.n, p.w.config.n_embd);
-    let (n_expert, k, ff) = (mc.n_expert, mc.n_used, mc.n_ff);
+    let routed_shared = matches!(m.shared, Some(SharedExpert::Routed));
+    let (n_expert, k, ff) = (mc.n_expert, slots(m, mc), mc.n_ff);
     let shared_gate = match &m.shared {
-        Some(shared) => Some((&shared.gate, a.shared_gate.rows_mut(n, 1)?)),
-        None => None,
+        Some(SharedExpert::Apart { gate, .. }) => Some((gate, a.shared_gate.rows_mut(n, 1)?)),
+        _ => None,
     };
     let router = RouterArgs {
         weight: &m.router,
         norm: m.router_norm.as_ref().map(|w| w.whole()),
         bias: m.router_bias.as_ref().map(|b| b.whole()),
         expert_scale: m.expert_scale.as_ref().map(|s| s.whole()),
-        params: RouterParams { renormalize: mc.renormalize },
+        params: RouterParams { renormalize: mc.renormalize, shared_expert: routed_shared },
         shared_gate,
     };
     let routes = [a.expert_ids.rows_mut(n, k)?, a.expert_weights.rows_mut(n, k)?];
-    b.moe_norm_route(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), router, a.h.rows_mut(n, e)?, a.router.rows_mut(n, n_expert)?, routes)?;
-    let (h, ids, slots) = (a.h.rows(n, e)?, a.expert_ids.rows(n, k)?, [n, k, ff]);
+    b.moe_norm_route(
+        a.x.rows(n, e)?,
+        (norm.whole(), c.rms_eps),
+        router,
+        a.h.rows_mut(n, e)?,
+        a.router.rows_mut(n, n_expert + usize::from(routed_shared))?,
+        routes,
+    )?;
+    let (h, ids, ff_shape) = (a.h.rows(n, e)?, a.expert_ids.rows(n, k)?, [n, k, ff]);
     let (bias, down_bias) = match &m.expert_bias {
         Some([gate, up, down]) => (Some([gate.rows(n_expert, ff)?, up.rows(n_expert, ff)?]), Some(down.rows(n_expert, e)?)),
         None => (None, None),
     };
     let experts = GatedExperts { gate: &m.gate, up: &m.up, bias, act: c.activation };
-    b.moe_gate_up(experts, h, ids, [a.gate.view_mut(slots)?, a.up.view_mut(slots)?], a.act.view_mut(slots)?)?;
-    let (act, down_out) = (a.act.view(slots)?, a.expert_out.view_mut([n, k, e])?);
+    b.moe_gate_up(experts, h, ids, [a.gate.view_mut(ff_shape)?, a.up.view_mut(ff_shape)?], a.act.view_mut(ff_shape)?)?;
+    let (act, down_out) = (a.act.view(ff_shape)?, a.expert_out.view_mut([n, k, e])?);
     match down_bias {
         Some(bias) => b.moe_matmul_bias(&m.down, bias, act, ids, down_out, ExpertInput::PerSlot),
         None => b.moe_matmul(&m.down, act, ids, down_out, ExpertInput::PerSlot),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kiln_core::{Backend, WeightSource};
 use kiln_gguf::GgufFile;
 
-use crate::config::{Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig};
+use crate::config::{Arch, AttentionConfig, BlockStyle, DeltaNetConfig, FfnConfig, KvSource, LayerConfig, Mixer, ModelConfig, MoeConfig};
 use crate::error::{ModelError, Result};
 use crate::tensor_parallel::{kv_rows, q_rows, Shard};
 use crate::weights::{
@@ -307,6 +307,38 @@ impl<B: Backend> Loader<'_, B> {
         })
     }
 
+    /// Whether layer `l`'s shared expert loads as one more routed expert
+    /// ([`SharedExpert::Routed`]): unsharded, as wide as the routed ones, each matrix in its
+    /// routed counterpart's format (Q4_K_M files: down is Q6_K or Q4_K in both alike), and its
+    /// gate row in the router's.
+    fn shared_expert_routes(&self, l: usize, m: &MoeConfig) -> bool {
+        let ty = |s: &str| self.file.tensor(&format!("blk.{l}.{s}.weight")).map(|t| t.ty);
+        let alike = |shared: &str, routed: &str| ty(shared).is_some() && ty(shared) == ty(routed);
+        self.shard.is_whole()
+            && m.shared_ff == Some(m.n_ff)
+            && alike("ffn_gate_shexp", "ffn_gate_exps")
+            && alike("ffn_up_shexp", "ffn_up_exps")
+            && alike("ffn_down_shexp", "ffn_down_exps")
+            && alike("ffn_gate_inp_shexp", "ffn_gate_inp")
+    }
+
+    /// The `rows` rows of `cols` of matrix `name` followed by vector `extra` (`[cols]`, of the
+    /// same format) as one weight: a router with the shared expert's gate row last.
+    fn rows_joined(&self, name: &str, extra: &str, cols: usize, rows: usize) -> Result<B::Weight> {
+        let (t, e) = (&self.file.tensors()[self.find(name)?], &self.file.tensors()[self.find(extra)?]);
+        if t.dims != [cols as u64, rows as u64] {
+            return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
+        }
+        if e.dims != [cols as u64] {
+            return Err(ModelError::WrongShape { name: extra.into(), expected: vec![cols as u64], found: e.dims.clone() });
+        }
+        let bytes = [self.file.tensor_data(t), self.file.tensor_data(e)].concat();
+        let range = 0..bytes.len();
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(bytes);
+        let src = WeightSource { name: format!("{name} + {extra}"), ty: t.ty, rows: rows + 1, cols, owner, range };
+        Ok(self.backend.upload_weight(src)?)
+    }
+
     fn dense(&self, c: &ModelConfig, l: usize, suffix: &str, n_ff: usize) -> Result<DenseFfn<B>> {
         let n = |s: &str| format!("blk.{l}.{s}{suffix}.weight");
         let part = self.shard.part(n_ff);
@@ -324,7 +356,7 @@ impl<B: Backend> Loader<'_, B> {
             FfnConfig::Moe(m) => m,
         };
         // Gate and up stacked in one tensor (Gemma 4) are its first and second halves.
-        let (gate, up) = if self.has(&n("ffn_gate_up_exps.weight")) {
+        let (mut gate, mut up) = if self.has(&n("ffn_gate_up_exps.weight")) {
             let name = n("ffn_gate_up_exps.weight");
             (
                 self.expert_rows(&name, c.n_embd, 2 * m.n_ff, m.n_expert, 0..m.n_ff)?,
@@ -343,8 +375,20 @@ impl<B: Backend> Loader<'_, B> {
             }),
             None => None,
         };
+        let mut down = self.experts(&n("ffn_down_exps.weight"), m.n_ff, c.n_embd, m.n_expert)?;
+        let routes_shared = self.shared_expert_routes(l, m);
+        let router = match routes_shared {
+            true => self.rows_joined(&n("ffn_gate_inp.weight"), &n("ffn_gate_inp_shexp.weight"), c.n_embd, m.n_expert)?,
+            false => self.matrix(&n("ffn_gate_inp.weight"), c.n_embd, m.n_expert)?,
+        };
         let shared = match m.shared_ff {
-            Some(n_ff) => Some(SharedExpert { ffn: self.dense(c, l, "_shexp", n_ff)?, gate: self.row(&n("ffn_gate_inp_shexp.weight"), c.n_embd)? }),
+            Some(n_ff) if routes_shared => {
+                gate.push(self.matrix(&n("ffn_gate_shexp.weight"), c.n_embd, n_ff)?);
+                up.push(self.matrix(&n("ffn_up_shexp.weight"), c.n_embd, n_ff)?);
+                down.push(self.matrix(&n("ffn_down_shexp.weight"), n_ff, c.n_embd)?);
+                Some(SharedExpert::Routed)
+            }
+            Some(n_ff) => Some(SharedExpert::Apart { ffn: self.dense(c, l, "_shexp", n_ff)?, gate: self.row(&n("ffn_gate_inp_shexp.weight"), c.n_embd)? }),
             None => None,
         };
         let expert_bias = if self.has(&n("ffn_gate_exps.bias")) {
@@ -357,11 +401,11 @@ impl<B: Backend> Loader<'_, B> {
             None
         };
         Ok(FfnWeights::Moe(MoeWeights {
-            router: self.matrix(&n("ffn_gate_inp.weight"), c.n_embd, m.n_expert)?,
+            router,
             router_norm: optional("ffn_gate_inp.scale", c.n_embd, 1.0 / (c.n_embd as f32).sqrt())?,
             gate,
             up,
-            down: self.experts(&n("ffn_down_exps.weight"), m.n_ff, c.n_embd, m.n_expert)?,
+            down,
             expert_scale: optional("ffn_down_exps.scale", m.n_expert, 1.0)?,
             router_bias: optional("ffn_gate_inp.bias", m.n_expert, 1.0)?,
             expert_bias,

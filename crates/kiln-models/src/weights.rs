@@ -119,9 +119,14 @@ pub struct MoeWeights<B: Backend> {
 }
 
 /// Qwen3.5-MoE's shared expert: its FFN's output times `sigmoid(x · gate)`, one gate per token.
-pub struct SharedExpert<B: Backend> {
-    pub ffn: DenseFfn<B>,
-    pub gate: B::Weight,
+pub enum SharedExpert<B: Backend> {
+    /// Its own FFN beside the routed experts, `gate` the row of its gate logit.
+    Apart { ffn: DenseFfn<B>, gate: B::Weight },
+    /// Loaded as one more expert: the last of `gate`, `up` and `down` and the router's last
+    /// row (its gate logit), so the route gives every token that expert as one more slot
+    /// ([`kiln_core::RouterParams::shared_expert`]) and the expert products run it (where its
+    /// matrices share the routed experts' formats and width).
+    Routed,
 }
 
 /// Gemma 4's dense FFN beside the experts, and the norms that keep the two apart: the dense
@@ -203,7 +208,9 @@ impl<B: Backend> Weights<B> {
                 FfnWeights::Moe(m) => {
                     all.push(&m.router);
                     all.extend(m.beside.iter().flat_map(|b| [&b.ffn.gate, &b.ffn.up, &b.ffn.down]));
-                    all.extend(m.shared.iter().flat_map(|s| [&s.ffn.gate, &s.ffn.up, &s.ffn.down, &s.gate]));
+                    if let Some(SharedExpert::Apart { ffn, gate }) = &m.shared {
+                        all.extend([&ffn.gate, &ffn.up, &ffn.down, gate]);
+                    }
                     all.extend(m.gate.iter().chain(&m.up).chain(&m.down));
                 }
             }

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kiln_core::{CpuBackend, KvType, SamplingParams};
-use kiln_gguf::GgufFile;
+use kiln_gguf::{GgmlType, GgufFile, GgufWriter};
 use kiln_models::checks::{compare, run_alone, run_staggered};
-use kiln_models::{EngineOptions, Logits, Model, ModelError, ModelOptions, Weights};
+use kiln_models::{EngineOptions, FfnWeights, Logits, Model, ModelError, ModelOptions, SharedExpert, Weights};
 use serde_json::Value;
 
 const REL_L2: f64 = 1e-5;
@@ -222,4 +222,70 @@ fn hybrid_state_carries_across_chunks_and_truncation() {
     let got = reused.forward(&tokens[20..], Logits::Last).unwrap().to_vec();
     assert_eq!(got, whole, "continued after truncation");
     assert_eq!(reused.cached_tokens(), &tokens[..]);
+}
+
+/// Qwen3.5's shared expert runs as one more routed expert where its matrices share the routed
+/// experts' formats (every layer of tiny-qwen35moe), and as its own FFN beside them where they
+/// do not (here: the same file with each shared down product stored as F32, its dequantized
+/// values, so the model is the same one). Both forms give the same logits to f32 rounding (the
+/// weighted sum adds the shared output in another order) and the same greedy tokens.
+#[test]
+fn a_shared_expert_routed_or_apart_gives_the_same_model() {
+    let path = kiln_testdata::path("archs").join("tiny-qwen35moe-Q8_0.gguf");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let mut writer = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        writer.add_kv(key.clone(), value.clone());
+    }
+    let apart = |name: &str| name.ends_with("ffn_down_shexp.weight");
+    for t in file.tensors() {
+        writer.add_tensor(t.name.clone(), t.dims.clone(), if apart(&t.name) { GgmlType::F32 } else { t.ty }).unwrap();
+    }
+    let bytes = writer
+        .to_bytes(|i, out| {
+            let t = &file.tensors()[i];
+            if !apart(&t.name) {
+                return out.write_all(file.tensor_data(t));
+            }
+            let mut values = vec![0f32; t.n_elements() as usize];
+            kiln_quant::dequantize(t.ty, file.tensor_data(t), &mut values).unwrap();
+            out.write_all(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+        })
+        .unwrap();
+    let apart_file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    let backend = CpuBackend::exact();
+    let shared_forms = |file: &Arc<GgufFile>| -> Vec<bool> {
+        let weights = Weights::load(&backend, file).unwrap();
+        weights
+            .layers
+            .iter()
+            .filter_map(|l| if let FfnWeights::Moe(m) = &l.ffn { Some(matches!(m.shared, Some(SharedExpert::Routed))) } else { None })
+            .collect()
+    };
+    let (routed_forms, apart_forms) = (shared_forms(&file), shared_forms(&apart_file));
+    assert!(!routed_forms.is_empty() && routed_forms.iter().all(|&r| r), "routed in every layer: {routed_forms:?}");
+    assert!(apart_forms.iter().all(|&r| !r), "apart in every layer: {apart_forms:?}");
+
+    let options = ModelOptions { n_ctx: Some(128), n_batch: 64, all_logits: true, k_type: KvType::F32, v_type: KvType::F32, ..Default::default() };
+    let mut routed = Model::load(Arc::new(CpuBackend::exact()), file, &options).unwrap();
+    let mut apart = Model::load(Arc::new(CpuBackend::exact()), apart_file, &options).unwrap();
+    let prompt: Vec<u32> = (0..29).map(|i| (i * 53 % 509 + 1) as u32).collect();
+    let want = apart.forward(&prompt, Logits::All).unwrap().to_vec();
+    let got = routed.forward(&prompt, Logits::All).unwrap().to_vec();
+    let diff2: f64 = got.iter().zip(&want).map(|(g, w)| (*g as f64 - *w as f64).powi(2)).sum();
+    let ref2: f64 = want.iter().map(|w| (*w as f64).powi(2)).sum();
+    let rel = (diff2 / ref2).sqrt();
+    assert!(rel <= REL_L2, "routed vs apart shared expert: rel_l2 {rel:.3e}");
+    let (routed_tokens, apart_tokens) = (greedy_tokens(&mut routed, &prompt, 16), greedy_tokens(&mut apart, &prompt, 16));
+    assert_eq!(routed_tokens, apart_tokens);
+}
+
+fn greedy_tokens(model: &mut Model<CpuBackend>, prompt: &[u32], n: usize) -> Vec<u32> {
+    model.reset();
+    let mut tokens = vec![model.prompt(prompt, &SamplingParams::greedy()).unwrap()];
+    while tokens.len() < n {
+        let last = *tokens.last().unwrap();
+        tokens.push(model.prompt(&[last], &SamplingParams::greedy()).unwrap());
+    }
+    tokens
 }
