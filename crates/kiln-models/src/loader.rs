@@ -309,12 +309,14 @@ impl<B: Backend> Loader<'_, B> {
 
     /// Whether layer `l`'s shared expert loads as one more routed expert
     /// ([`SharedExpert::Routed`]): unsharded, as wide as the routed ones, each matrix in its
-    /// routed counterpart's format (Q4_K_M files: down is Q6_K or Q4_K in both alike), and its
-    /// gate row in the router's.
+    /// routed counterpart's format (Q4_K_M files: down is Q6_K or Q4_K in both alike), its gate
+    /// row in the router's, and no per-expert biases (which would need its row too).
     fn shared_expert_routes(&self, l: usize, m: &MoeConfig) -> bool {
         let ty = |s: &str| self.file.tensor(&format!("blk.{l}.{s}.weight")).map(|t| t.ty);
         let alike = |shared: &str, routed: &str| ty(shared).is_some() && ty(shared) == ty(routed);
+        let biased = ["ffn_gate_inp.bias", "ffn_gate_exps.bias"].iter().any(|b| self.has(&format!("blk.{l}.{b}")));
         self.shard.is_whole()
+            && !biased
             && m.shared_ff == Some(m.n_ff)
             && alike("ffn_gate_shexp", "ffn_gate_exps")
             && alike("ffn_up_shexp", "ffn_up_exps")
