@@ -18,12 +18,11 @@ use std::sync::Arc;
 use kiln_quant::GgmlType;
 
 pub use crate::compose::{
-    compose_attention, compose_attention_prologue, compose_delta_net_projections, compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route,
-    compose_norm_matmuls,
+    compose_attention, compose_attention_prologue, compose_gated_norm_matmul_add, compose_moe_gate_up, compose_moe_norm_route, compose_norm_matmuls,
 };
 pub use crate::op_args::{
-    Activation, AttentionArgs, AttentionParams, Convolution, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn, GatedNorm, Linear,
-    NormChain, QkNorm, Qkv, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots,
+    Activation, AttentionArgs, AttentionParams, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn, GatedNorm, Linear, NormChain, QkNorm,
+    Qkv, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots,
 };
 use crate::plan::{FlatPlan, KvCacheSpec, StepCapacity};
 use crate::tensor::{DeviceBuffer, Shape, Tensor, TensorMut};
@@ -433,22 +432,6 @@ pub trait Backend: Send + Sync + 'static {
         _prepared: Option<Self::NormedInput>,
     ) -> Result<()> {
         compose_norm_matmuls(self, x, norm, h, w, out)
-    }
-
-    /// A Gated DeltaNet's input projections (q/k/v first, then z and the gates' projections) as
-    /// [`Backend::norm_matmuls`] computes them, then [`Backend::ssm_conv`] of the first into
-    /// `conv.out`. A backend may convolve each q/k/v channel as its product finishes, leaving
-    /// `out[0]` unspecified.
-    fn delta_net_projections(
-        &self,
-        x: Tensor<Self::Buffer>,
-        norm: (Tensor<Self::Buffer>, f32),
-        h: TensorMut<Self::Buffer>,
-        w: [Linear<'_, Self>; 4],
-        out: [TensorMut<Self::Buffer>; 4],
-        conv: Convolution<'_, Self>,
-    ) -> Result<()> {
-        compose_delta_net_projections(self, x, norm, h, w, out, conv)
     }
 
     /// [`Backend::rms_norm`] of `x` into `h` as in [`Backend::norm_matmuls`], then

@@ -1,9 +1,7 @@
 //! Composite backend ops written once in terms of the plain ones: the trait's defaults, and
 //! what a backend falls back to where its fused form does not apply.
 
-use crate::backend::{
-    AttentionArgs, Backend, BackendError, Convolution, ExpertInput, GatedExperts, GatedNorm, Linear, QkNorm, Qkv, Result, RopeParams, RouterArgs,
-};
+use crate::backend::{AttentionArgs, Backend, BackendError, ExpertInput, GatedExperts, GatedNorm, Linear, QkNorm, Qkv, Result, RopeParams, RouterArgs};
 use crate::tensor::{Tensor, TensorMut};
 
 /// [`Backend::norm_matmuls`] composed of the plain ops: the norm into `h`, then each product
@@ -24,22 +22,6 @@ pub fn compose_norm_matmuls<B: Backend + ?Sized, const N: usize>(
         }
     }
     Ok(())
-}
-
-/// [`Backend::delta_net_projections`] composed of [`Backend::norm_matmuls`] and
-/// [`Backend::ssm_conv`] of the first output.
-pub fn compose_delta_net_projections<B: Backend + ?Sized>(
-    b: &B,
-    x: Tensor<B::Buffer>,
-    norm: (Tensor<B::Buffer>, f32),
-    h: TensorMut<B::Buffer>,
-    w: [Linear<'_, B>; 4],
-    mut out: [TensorMut<B::Buffer>; 4],
-    conv: Convolution<'_, B>,
-) -> Result<()> {
-    b.norm_matmuls(x, norm, h, w, out.each_mut().map(|o| o.reborrow()), None)?;
-    let Convolution { weight, state, out: convolved, step, params } = conv;
-    b.ssm_conv(out[0].as_ref(), weight, state, convolved, step, params)
 }
 
 /// The attention of `args` into `out`: [`Backend::attention`], or [`Backend::attention_sinks`]

@@ -142,17 +142,6 @@ pub struct StateSlots<'a, T> {
     pub slots: Tensor<'a, T>,
 }
 
-/// A Gated DeltaNet's causal convolution of its q/k/v projection, [`Backend::ssm_conv`]'s
-/// operands but its input: the taps (`[conv_dim, conv_kernel]`), the sequences' states and the
-/// convolved rows (`[n, conv_dim]`).
-pub struct Convolution<'a, B: Backend + ?Sized> {
-    pub weight: Tensor<'a, B::Buffer>,
-    pub state: StateSlots<'a, B::Buffer>,
-    pub out: TensorMut<'a, B::Buffer>,
-    pub step: &'a B::Step,
-    pub params: &'a DeltaNetParams,
-}
-
 /// The attention prologue's operands: queries `[n, n_heads, head_dim]` and keys
 /// `[n, n_kv_heads, head_dim]`, rewritten in place, and values `[n, n_kv_heads * head_dim]`.
 pub struct Qkv<'a, T> {

@@ -6,10 +6,10 @@
 // Elementwise kernels take any 1-D grid (grid-stride).
 // kiln-waits-for-inputs
 #include "activation_q8.cuh"
-#include "conv.cuh"
 #include "norm.cuh"
 #include "plan.cuh"
 
+#define CONV_MAX_KERNEL 8
 #define CONV_BATCH 8
 
 extern "C" __global__ void geglu_f32(float* out, const float* gate, const float* up, u64 n) {
@@ -399,7 +399,11 @@ extern "C" __global__ void ssm_conv_f32(
         float* st = state + (u64)slots[s] * (kernel - 1) * channels;
         float w[CONV_MAX_KERNEL];
         float past[CONV_MAX_KERNEL];
-        conv_load(weight, st, ch, channels, kernel, seq[SEQ_POS0] == 0, w, past);
+#pragma unroll
+        for (u32 j = 0; j < CONV_MAX_KERNEL; ++j) {
+            w[j] = j < kernel ? weight[(u64)ch * kernel + j] : 0.0f;
+            past[j] = j + 1 < kernel && seq[SEQ_POS0] != 0 ? st[(u64)j * channels + ch] : 0.0f;
+        }
         // CONV_BATCH tokens' inputs are loaded before any output is stored (out may alias x as
         // far as the compiler knows), so a prompt's loads overlap instead of one per token.
         const u32 end = first + seq[SEQ_N_TOKENS];
@@ -414,10 +418,32 @@ extern "C" __global__ void ssm_conv_f32(
                 if (t0 + b >= end) {
                     break;
                 }
-                out[(u64)(t0 + b) * channels + ch] = conv_step(w, past, batch[b], kernel);
+                const float v = batch[b];
+                float y = w[kernel - 1] * v;
+#pragma unroll
+                for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                    if (j + 1 < kernel) {
+                        y += w[j] * past[j];
+                    }
+                }
+                out[(u64)(t0 + b) * channels + ch] = y / (1.0f + expf(-y));
+                // Shifted with constant indices only, so `past` stays in registers.
+#pragma unroll
+                for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+                    if (j + 2 < kernel) {
+                        past[j] = past[j + 1];
+                    } else if (j + 2 == kernel) {
+                        past[j] = v;
+                    }
+                }
             }
         }
-        conv_store(st, ch, channels, kernel, past);
+#pragma unroll
+        for (u32 j = 0; j + 1 < CONV_MAX_KERNEL; ++j) {
+            if (j + 1 < kernel) {
+                st[(u64)j * channels + ch] = past[j];
+            }
+        }
     }
 }
 

@@ -12,7 +12,6 @@
 // (their loops: matvec_float.cu).
 #pragma once
 #include "chunk_pair.cuh"
-#include "conv.cuh"
 
 #ifndef NTOK
 #error "matvec kernels need -DNTOK=<tokens, 1..8>"
@@ -97,7 +96,6 @@ struct RowEpilogue {
     float alpha;  // GATE_SWIGLU_OAI's
     float limit;
     u32 pad_;
-    ConvEpilogue conv;  // one token of one weight: the rows convolved as they finish (out null: not)
 };
 
 // Reduces acc[w * RPW + r][t] (weight w, row row0 + r, token t) over the warp and writes
@@ -166,11 +164,6 @@ __device__ __forceinline__ void finish_rows(float (&acc)[NW * RPW][NTOK], u32 ro
                 *slot = gated(ep.act, total, up, ep.alpha, ep.limit);
             } else {
                 *slot = accumulate ? *slot + total : total;
-            }
-            if constexpr (NW == 1 && NTOK == 1) {
-                if (ep.conv.out != nullptr) {
-                    convolve_channel(ep.conv, row, rows, total);
-                }
             }
         }
     }
@@ -563,12 +556,11 @@ __device__ __forceinline__ void matvec_two(const Planes& gate, const Planes& up,
 
 // Up to three weights of one format on one input (attention's q, k and v) in one launch: the
 // first blocks compute a's rows, the next b's, the rest c's (rows_c = 0 for two), which saves
-// the fixed cost of the launches it replaces. Each adds its bias (null: none). For one token,
-// a's rows may be a DeltaNet's q/k/v channels, convolved as they finish (conv.out non-null).
+// the fixed cost of the launches it replaces. Each adds its bias (null: none).
 #define MV_STACKED_PARAMS                                                                                         \
     Planes a, Planes b, Planes c, const i8 *xq, const float2 *xds, InputNorm xn, float *out_a, float *out_b, float *out_c, \
-        u32 rows_a, u32 rows_b, u32 rows_c, const float *bias_a, const float *bias_b, const float *bias_c, ConvEpilogue conv
-#define MV_STACKED_ARGS a, b, c, xq, xds, xn, out_a, out_b, out_c, rows_a, rows_b, rows_c, bias_a, bias_b, bias_c, conv
+        u32 rows_a, u32 rows_b, u32 rows_c, const float *bias_a, const float *bias_b, const float *bias_c
+#define MV_STACKED_ARGS a, b, c, xq, xds, xn, out_a, out_b, out_c, rows_a, rows_b, rows_c, bias_a, bias_b, bias_c
 
 template <class F>
 __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
@@ -583,9 +575,6 @@ __device__ __forceinline__ void matvec_stacked(MV_STACKED_PARAMS) {
     const Planes weights[1] = {k == 0 ? a : k == 1 ? b : c};
     RowEpilogue ep{};
     ep.bias = k == 0 ? bias_a : k == 1 ? bias_b : bias_c;
-    if (k == 0) {
-        ep.conv = conv;
-    }
     matvec_rows<F, 1>(weights, xq, xds, xn, k == 0 ? out_a : k == 1 ? out_b : out_c, k == 0 ? rows_a : k == 1 ? rows_b : rows_c, 0, block, ep);
 }
 

@@ -20,7 +20,7 @@ use crate::shared_products::{lock_input, takes_quantized_matvec};
 use crate::{CudaBackend, CudaStep};
 
 /// `arch_ops.cu`'s CONV_MAX_KERNEL, ROUTE_MAX_USED and 32 * ROUTE_REGS; `delta_net.cu`'s largest head.
-pub(crate) const CONV_MAX_KERNEL: usize = 8;
+const CONV_MAX_KERNEL: usize = 8;
 const ROUTE_MAX_USED: usize = 64;
 const ROUTE_REGISTER_EXPERTS: usize = 256;
 const DELTA_NET_MAX_HEAD_DIM: usize = 128;
@@ -422,7 +422,7 @@ impl CudaBackend {
     }
 
     /// Checks the state slots buffer against the step's sequences.
-    pub(crate) fn check_slots(&self, what: &str, state: &CudaSlice<f32>, slots: &CudaSlice<f32>, step: &CudaStep, per_slot: usize) -> Result<()> {
+    fn check_slots(&self, what: &str, state: &CudaSlice<f32>, slots: &CudaSlice<f32>, step: &CudaStep, per_slot: usize) -> Result<()> {
         check_len(&format!("{what} state slots"), slots.len(), step.n_seqs)?;
         if per_slot == 0 || state.len() < per_slot {
             return Err(BackendError::Device(format!("{what}: a state buffer of {} values holds no slot of {per_slot}", state.len())));

@@ -11,8 +11,8 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_core::backend::{
-    Activation, AttentionArgs, AttentionParams, Backend, BackendError, Convolution, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn,
-    GatedNorm, Linear, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
+    Activation, AttentionArgs, AttentionParams, Backend, BackendError, DeferredPrologue, DeltaNetParams, ExpertInput, GatedExperts, GatedFfn, GatedNorm,
+    Linear, NormChain, QkNorm, Qkv, Result, RopeKind, RopeParams, RouterArgs, RouterParams, StateSlots, WeightSource,
 };
 use kiln_core::plan::{FlatPlan, KvCacheSpec, KvType, StepCapacity};
 use kiln_core::shapes;
@@ -708,10 +708,6 @@ impl Backend for CudaBackend {
         prepared: Option<CudaNormedInput>,
     ) -> Result<()> {
         self.norm_products(x, norm, h, linears, out, prepared)
-    }
-
-    fn delta_net_projections(&self, x: View, norm: (View, f32), h: ViewMut, w: [Linear<Self>; 4], out: [ViewMut; 4], conv: Convolution<Self>) -> Result<()> {
-        self.norm_products_convolved(x, norm, h, w, out, conv)
     }
 
     fn norm_ffn_gate_up(

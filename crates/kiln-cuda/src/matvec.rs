@@ -65,7 +65,7 @@ use matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAP
 pub use normed::{matmul_add_normed, normed_input};
 use repack::{float_stride, pad_float_rows, quant_layout, repack, tiles_of, FloatKind, QuantLayout, CHUNK_VALUES, LANES, TILE_VALUES};
 pub use router::{NormRouteCall, RouteOutputs};
-pub use stacked::{convolves_in_stacked, matmul_stacked_float, matmul_stacked_quantized, ChannelConvolution};
+pub use stacked::{matmul_stacked_float, matmul_stacked_quantized};
 
 /// Most tokens one mat-vec launch handles; larger batches use the mat-mat kernel.
 pub const MAX_MATVEC_TOKENS: usize = 8;

@@ -5,12 +5,12 @@
 use std::sync::PoisonError;
 
 use cudarc::driver::CudaSlice;
-use kiln_core::backend::{compose_delta_net_projections, Backend, Convolution, GatedFfn, Linear, Result, StateSlots};
+use kiln_core::backend::{Backend, GatedFfn, Linear, Result};
 use kiln_core::shapes;
 use kiln_core::tensor::{expect_shape, Shape};
 
-use crate::backend::{backend_error, check_len, View, ViewMut};
-use crate::matvec::{self, ChannelConvolution, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
+use crate::backend::{backend_error, View, ViewMut};
+use crate::matvec::{self, GpuWeight, HalfLayout, NormCall, QuantizedActivations};
 use crate::norm_chain::{gated_ffn_of_quantized, CudaNormedInput};
 use crate::CudaBackend;
 
@@ -96,60 +96,17 @@ impl CudaBackend {
     /// Products (`out`, one per weight) of activations already quantized into `qx` (the
     /// weights' input buffer).
     pub(crate) fn matmuls_quantized<const N: usize>(&self, qx: &QuantizedActivations, w: [Linear<Self>; N], mut out: [ViewMut; N], n: usize) -> Result<()> {
-        check_products(&w, &out, n)?;
+        for (w, out) in w.iter().zip(&out) {
+            let weight = w.weight;
+            shapes::matmul("matmuls", (weight.rows, weight.cols), Shape::from([n, weight.cols]), out.shape())?;
+            if let Some(bias) = w.bias {
+                expect_shape("matmuls", "bias", bias.shape(), [weight.rows])?;
+            }
+        }
         let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
         let biases = w.map(|w| w.bias.map(|b| b.buf()));
-        matvec::matmul_stacked_quantized(self.device(), &w.map(|w| w.weight), &biases, qx, &mut outs, n, None).map_err(backend_error)
+        matvec::matmul_stacked_quantized(self.device(), &w.map(|w| w.weight), &biases, qx, &mut outs, n).map_err(backend_error)
     }
-
-    /// [`Backend::delta_net_projections`]: for one token whose q/k/v product stacks with z on
-    /// the int8 input, that launch convolves each channel as it finishes (no convolution
-    /// launch); otherwise the products, then the convolution.
-    pub(crate) fn norm_products_convolved(
-        &self,
-        x: View,
-        norm: (View, f32),
-        h: ViewMut,
-        linears: [Linear<Self>; 4],
-        mut out: [ViewMut; 4],
-        conv: Convolution<Self>,
-    ) -> Result<()> {
-        let (n, dim) = shapes::rms_norm(x.shape(), norm.0.shape(), h.shape())?;
-        let w = linears.map(|l| l.weight);
-        let p = conv.params;
-        let shared = match n == 1 && matvec::convolves_in_stacked(&w, p.conv_kernel) {
-            true => quantized_input_for(self.device(), &w, n, dim)?,
-            false => None,
-        };
-        let Some(shared) = shared else {
-            return compose_delta_net_projections(self, x, norm, h, linears, out, conv);
-        };
-        let Convolution { weight, state: StateSlots { state: mut state_view, slots }, out: mut convolved, step, .. } = conv;
-        shapes::ssm_conv(out[0].shape(), weight.shape(), state_view.shape(), convolved.shape(), p)?;
-        check_len("delta_net_projections tokens in the step", step.n_tokens, n)?;
-        let state = state_view.buf_mut();
-        self.check_slots("delta_net_projections", state, slots.buf(), step, p.conv_state())?;
-        check_products(&linears, &out, n)?;
-        let qx = lock_input(&shared);
-        matvec::rms_norm_quantize(self.device(), x.buf(), norm.0.buf(), norm.1, n, &qx).map_err(backend_error)?;
-        let mut outs: Vec<&mut CudaSlice<f32>> = out.iter_mut().map(|o| o.buf_mut()).collect();
-        let biases = linears.map(|l| l.bias.map(|b| b.buf()));
-        let channels =
-            ChannelConvolution { weight: weight.buf(), kernel: p.conv_kernel, state, slots: slots.buf(), step: &step.block, out: convolved.buf_mut() };
-        matvec::matmul_stacked_quantized(self.device(), &w, &biases, &qx, &mut outs, n, Some(channels)).map_err(backend_error)
-    }
-}
-
-/// Checks products of `n` tokens with `w` into `out`: shapes, and each bias against its rows.
-fn check_products<const N: usize>(w: &[Linear<CudaBackend>; N], out: &[ViewMut; N], n: usize) -> Result<()> {
-    for (w, out) in w.iter().zip(out) {
-        let weight = w.weight;
-        shapes::matmul("matmuls", (weight.rows, weight.cols), Shape::from([n, weight.cols]), out.shape())?;
-        if let Some(bias) = w.bias {
-            expect_shape("matmuls", "bias", bias.shape(), [weight.rows])?;
-        }
-    }
-    Ok(())
 }
 
 /// The shapes a gated FFN call checks: its input, norm weight, normed rows, activation and

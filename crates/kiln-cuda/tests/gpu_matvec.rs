@@ -355,7 +355,7 @@ fn stacked_products_match_each_weight() {
                     let biases: Vec<Option<Vec<f32>>> = rows.iter().zip(biased).map(|(&r, b)| b.then(|| random_f32(&mut rng, r))).collect();
                     let gpu_biases: Vec<_> = biases.iter().map(|b| b.as_ref().map(|b| upload_f32(b))).collect();
                     let bias_refs: Vec<_> = gpu_biases.iter().map(Option::as_ref).collect();
-                    if let Err(e) = matvec::matmul_stacked_quantized(device(), &weights, &bias_refs, &q, &mut [&mut a, &mut b, &mut c], n, None) {
+                    if let Err(e) = matvec::matmul_stacked_quantized(device(), &weights, &bias_refs, &q, &mut [&mut a, &mut b, &mut c], n) {
                         failures.push(format!("{case}: {e}"));
                         continue;
                     }

@@ -2,7 +2,7 @@
 //! style ([`BlockStyle`]) over shared blocks (attention, dense or mixture-of-experts FFN, LM
 //! head), each layer run with its own settings from [`crate::config::LayerConfig`].
 
-use kiln_core::backend::{AttentionParams, Convolution, Result};
+use kiln_core::backend::{AttentionParams, Result};
 use kiln_core::{
     AllReduce, AttentionArgs, Backend, BackendError, DeferredPrologue, DeviceBuffer, ExpertInput, GatedExperts, GatedFfn, GatedNorm, Linear, NormChain, QkNorm,
     Qkv, RopeParams, RouterArgs, RouterParams, TensorMut,
@@ -229,10 +229,9 @@ fn delta_net<B: Backend>(
     let (conv_dim, heads, v_width) = (d.conv_dim(), d.n_v_heads, d.v_width());
     let params = recurrent::params(d);
     let projections = [s.qkv.rows_mut(n, conv_dim)?, s.z.rows_mut(n, v_width)?, s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?];
+    b.norm_matmuls(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, [&w.qkv, &w.z, &w.alpha, &w.beta].map(Linear::plain), projections, None)?;
     let [conv, ssm] = states.layer(d.state, &params)?;
-    let conv = Convolution { weight: w.conv.rows(conv_dim, d.conv_kernel)?, state: conv, out: s.conv.rows_mut(n, conv_dim)?, step: p.step, params: &params };
-    let linears = [&w.qkv, &w.z, &w.alpha, &w.beta].map(Linear::plain);
-    b.delta_net_projections(a.x.rows(n, e)?, (norm.whole(), c.rms_eps), a.h.rows_mut(n, e)?, linears, projections, conv)?;
+    b.ssm_conv(s.qkv.rows(n, conv_dim)?, w.conv.rows(conv_dim, d.conv_kernel)?, conv, s.conv.rows_mut(n, conv_dim)?, p.step, &params)?;
     let (gates, gate_params) = ([s.g.rows_mut(n, heads)?, s.beta.rows_mut(n, heads)?], [w.a.whole(), w.dt_bias.whole()]);
     b.delta_net_from_projections(s.conv.rows(n, conv_dim)?, gates, gate_params, ssm, s.out.rows_mut(n, v_width)?, p.step, &params)?;
     let gated = GatedNorm { x: s.out.view([n, heads, d.head_dim])?, z: s.z.rows(n, v_width)?, weight: w.norm.whole(), eps: c.rms_eps };

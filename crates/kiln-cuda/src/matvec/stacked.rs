@@ -6,14 +6,13 @@
 
 use std::sync::atomic::Ordering;
 
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DriverError, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use super::{
-    bias_address, check_len, device_address, invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS,
-    FV_ROW_WARPS, MAX_MATVEC_TOKENS,
+    bias_address, invalid, matmul_quantized, push_weight, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, FV_ROW_ROWS, FV_ROW_WARPS,
+    MAX_MATVEC_TOKENS,
 };
-use crate::arch_ops::CONV_MAX_KERNEL;
 use crate::{CudaDevice, CudaError};
 
 /// The most weights one launch takes (the kernel's parameters a, b, c).
@@ -24,8 +23,6 @@ const OP: &str = "matmul_stacked_quantized";
 /// `outs[i] = x Wi^T + bias[i]` for `n` tokens of activations quantized once (as
 /// [`matmul_quantized`] computes each), with each run of consecutive weights of one quantized
 /// format and width in one launch. `biases`: one per weight (None: that product has none).
-/// With `conv` (one token, weights that [`convolves_in_stacked`]), the first launch also
-/// convolves the first weight's rows as they finish.
 pub fn matmul_stacked_quantized(
     device: &CudaDevice,
     weights: &[&GpuWeight],
@@ -33,16 +30,10 @@ pub fn matmul_stacked_quantized(
     x: &QuantizedActivations,
     outs: &mut [&mut CudaSlice<f32>],
     n: usize,
-    conv: Option<ChannelConvolution<'_>>,
 ) -> Result<(), CudaError> {
     if weights.len() != outs.len() || weights.len() != biases.len() {
         return Err(invalid(OP, format!("{} weights but {} outputs and {} biases", weights.len(), outs.len(), biases.len())));
     }
-    // Only the first launch convolves (null outputs: no convolution).
-    let mut conv = match conv {
-        Some(conv) => convolution_arg(device, weights, n, conv)?,
-        None => ConvEpilogueArg::default(),
-    };
     let mut start = 0;
     while start < weights.len() {
         let end = start + stackable_run(&weights[start..]);
@@ -53,82 +44,19 @@ pub fn matmul_stacked_quantized(
             for ((address, w), b) in bias.iter_mut().zip(&weights[start..end]).zip(&biases[start..end]) {
                 *address = bias_address(device, OP, w, *b)?;
             }
-            let run = Stacked { weights: &weights[start..end], bias, conv };
+            let run = Stacked { weights: &weights[start..end], bias };
             launch_stacked(device, run, x, &mut outs[start..end], n)?;
         }
-        conv = ConvEpilogueArg::default();
         start = end;
     }
     Ok(())
 }
-
-/// A DeltaNet's causal convolution of the channels a stacked launch's first weight computes
-/// (`ssm_conv_f32`'s operands but its input; kernels/conv.cuh): the taps `[channels][kernel]`,
-/// every slot's state `[n_slots][kernel - 1][channels]`, the slot of the step's one sequence,
-/// the step block and the convolved channels.
-pub struct ChannelConvolution<'a> {
-    pub weight: &'a CudaSlice<f32>,
-    pub kernel: usize,
-    pub state: &'a mut CudaSlice<f32>,
-    pub slots: &'a CudaSlice<f32>,
-    pub step: &'a CudaSlice<u32>,
-    pub out: &'a mut CudaSlice<f32>,
-}
-
-/// Whether [`matmul_stacked_quantized`] takes one token of `weights` with a convolution of
-/// `kernel` taps: the first weight stacks with the next, and the state keeps at least one
-/// past input.
-pub fn convolves_in_stacked(weights: &[&GpuWeight], kernel: usize) -> bool {
-    weights.len() > 1 && stackable_run(weights) > 1 && (2..=CONV_MAX_KERNEL).contains(&kernel)
-}
-
-/// The kernel argument of `conv` for `n` tokens of `weights`, its buffers checked.
-fn convolution_arg(device: &CudaDevice, weights: &[&GpuWeight], n: usize, conv: ChannelConvolution<'_>) -> Result<ConvEpilogueArg, CudaError> {
-    if n != 1 || !convolves_in_stacked(weights, conv.kernel) {
-        let first = weights.first().map_or("no weight", |w| w.name.as_str());
-        return Err(invalid(OP, format!("a convolution of {} taps after {first} in {n} tokens (one token, a weight that stacks with the next)", conv.kernel)));
-    }
-    let channels = weights[0].rows;
-    let per_slot = (conv.kernel - 1) * channels;
-    check_len(OP, "convolution taps", conv.weight.len(), channels * conv.kernel)?;
-    check_len(OP, "convolved channels", conv.out.len(), channels)?;
-    check_len(OP, "state slots", conv.slots.len(), 1)?;
-    if conv.state.len() < per_slot {
-        return Err(invalid(OP, format!("the convolution state holds {} values, one slot of {channels} channels needs {per_slot}", conv.state.len())));
-    }
-    Ok(ConvEpilogueArg {
-        out: device_address(device, conv.out),
-        weight: device_address(device, conv.weight),
-        state: device_address(device, conv.state),
-        slots: device_address(device, conv.slots),
-        step: device_address(device, conv.step),
-        n_slots: to_u32(OP, "state slots", conv.state.len() / per_slot)?,
-        kernel: to_u32(OP, "taps", conv.kernel)?,
-    })
-}
-
-/// kernels/conv.cuh's ConvEpilogue: device addresses (out 0: no convolution), the slots the
-/// state holds and the taps.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ConvEpilogueArg {
-    out: u64,
-    weight: u64,
-    state: u64,
-    slots: u64,
-    step: u64,
-    n_slots: u32,
-    kernel: u32,
-}
-// SAFETY: plain #[repr(C)] data matching the kernels' struct.
-unsafe impl DeviceRepr for ConvEpilogueArg {}
 
 /// A run of weights for one stacked launch, with the device addresses of their biases (0: none).
 #[derive(Clone, Copy)]
 struct Stacked<'a> {
     weights: &'a [&'a GpuWeight],
     bias: [u64; MAX_STACKED],
-    conv: ConvEpilogueArg,
 }
 
 /// `outs[i] = x Wi^T` for one token of f32 activations in one launch, when every weight is a
@@ -226,9 +154,7 @@ fn launch_stacked(device: &CudaDevice, run: Stacked<'_>, x: &QuantizedActivation
         }
     }
     let key = TuneKey::stacked(device, weights, n);
-    // The shapes are timed without the convolution, which moves its state on each launch.
-    let timed = Stacked { conv: ConvEpilogueArg::default(), ..run };
-    let shape = choose_shape(device, key, first, |_| 0.0, |shape| launch_shape(device, timed, x, outs, n, shape))?;
+    let shape = choose_shape(device, key, first, |_| 0.0, |shape| launch_shape(device, run, x, outs, n, shape))?;
     launch_shape(device, run, x, outs, n, shape)
 }
 
@@ -254,10 +180,9 @@ fn launch_shape(
     let input_norm = x.input_norm_arg(device);
     // SAFETY: matvec_stacked_* (MV_STACKED_PARAMS in matvec.cuh) take the weights, then the
     // quantized activations with their deferred norm, then the outputs and rows, then the
-    // biases, then the convolution (kernels/conv.cuh: device addresses, out 0 for none, its
-    // buffers checked by convolution_arg); the weights share one quantized
-    // format and width (`stackable`), the activations hold n tokens of that width (checked),
-    // each output n times its weight's rows and each bias (or null) its weight's rows (checked).
+    // biases; the weights share one quantized format and width (`stackable`), the activations
+    // hold n tokens of that width (checked), each output n times its weight's rows and each
+    // bias (or null) its weight's rows (checked).
     unsafe {
         let bias = &run.bias;
         launch_stacked_kernel(
@@ -271,7 +196,7 @@ fn launch_shape(
             outs,
             &rows,
             |launch| {
-                launch.arg(&bias[0]).arg(&bias[1]).arg(&bias[2]).arg(&run.conv);
+                launch.arg(&bias[0]).arg(&bias[1]).arg(&bias[2]);
             },
         )
     }
