@@ -324,14 +324,15 @@ impl<B: Backend> Loader<'_, B> {
             && alike("ffn_gate_inp_shexp", "ffn_gate_inp")
     }
 
-    /// The `rows` rows of `cols` of matrix `name` followed by vector `extra` (`[cols]`, of the
-    /// same format) as one weight: a router with the shared expert's gate row last.
+    /// The `rows` rows of `cols` of matrix `name` followed by the row `extra` (`[cols]` or
+    /// `[cols, 1]`, of the same format) as one weight: a router with the shared expert's gate row last.
     fn rows_joined(&self, name: &str, extra: &str, cols: usize, rows: usize) -> Result<B::Weight> {
         let (t, e) = (&self.file.tensors()[self.find(name)?], &self.file.tensors()[self.find(extra)?]);
         if t.dims != [cols as u64, rows as u64] {
             return Err(ModelError::WrongShape { name: name.into(), expected: vec![cols as u64, rows as u64], found: t.dims.clone() });
         }
-        if e.dims != [cols as u64] {
+        // A vector, or a matrix of one row (as `row` takes it).
+        if e.dims != [cols as u64] && e.dims != [cols as u64, 1] {
             return Err(ModelError::WrongShape { name: extra.into(), expected: vec![cols as u64], found: e.dims.clone() });
         }
         let bytes = [self.file.tensor_data(t), self.file.tensor_data(e)].concat();

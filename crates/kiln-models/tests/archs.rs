@@ -233,26 +233,15 @@ fn hybrid_state_carries_across_chunks_and_truncation() {
 fn a_shared_expert_routed_or_apart_gives_the_same_model() {
     let path = kiln_testdata::path("archs").join("tiny-qwen35moe-Q8_0.gguf");
     let file = Arc::new(GgufFile::open(&path).unwrap());
-    let mut writer = GgufWriter::new();
-    for (key, value) in file.metadata() {
-        writer.add_kv(key.clone(), value.clone());
-    }
-    let apart = |name: &str| name.ends_with("ffn_down_shexp.weight");
-    for t in file.tensors() {
-        writer.add_tensor(t.name.clone(), t.dims.clone(), if apart(&t.name) { GgmlType::F32 } else { t.ty }).unwrap();
-    }
-    let bytes = writer
-        .to_bytes(|i, out| {
-            let t = &file.tensors()[i];
-            if !apart(&t.name) {
-                return out.write_all(file.tensor_data(t));
-            }
-            let mut values = vec![0f32; t.n_elements() as usize];
-            kiln_quant::dequantize(t.ty, file.tensor_data(t), &mut values).unwrap();
-            out.write_all(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
-        })
-        .unwrap();
-    let apart_file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    // Each shared down product as F32 of its dequantized values.
+    let apart_file = rewritten(&file, |t, data| {
+        if !t.name.ends_with("ffn_down_shexp.weight") {
+            return None;
+        }
+        let mut values = vec![0f32; t.n_elements() as usize];
+        kiln_quant::dequantize(t.ty, data, &mut values).unwrap();
+        Some((t.dims.clone(), GgmlType::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect()))
+    });
     let backend = CpuBackend::exact();
     let shared_forms = |file: &Arc<GgufFile>| -> Vec<bool> {
         let weights = Weights::load(&backend, file).unwrap();
@@ -288,4 +277,44 @@ fn greedy_tokens(model: &mut Model<CpuBackend>, prompt: &[u32], n: usize) -> Vec
         tokens.push(model.prompt(&[last], &SamplingParams::greedy()).unwrap());
     }
     tokens
+}
+
+/// A routed shared expert's gate row may be a vector or a one-row matrix; a gate row of the
+/// wrong width is refused by name.
+#[test]
+fn a_shared_expert_gate_row_of_another_shape_loads_or_is_refused_by_name() {
+    let file = Arc::new(GgufFile::open(kiln_testdata::path("archs").join("tiny-qwen35moe-Q8_0.gguf")).unwrap());
+    let gate_row = |t: &kiln_gguf::TensorInfo| t.name == "blk.0.ffn_gate_inp_shexp.weight";
+    let as_matrix = rewritten(&file, |t, data| gate_row(t).then(|| (vec![t.dims[0], 1], t.ty, data.to_vec())));
+    let backend = CpuBackend::exact();
+    let weights = Weights::load(&backend, &as_matrix).unwrap();
+    let FfnWeights::Moe(m) = &weights.layers[0].ffn else { panic!("layer 0 is a MoE layer") };
+    assert!(matches!(m.shared, Some(SharedExpert::Routed)));
+    let short = rewritten(&file, |t, data| gate_row(t).then(|| (vec![t.dims[0] / 2], t.ty, data[..data.len() / 2].to_vec())));
+    match Weights::load(&backend, &short) {
+        Err(ModelError::WrongShape { name, .. }) => assert_eq!(name, "blk.0.ffn_gate_inp_shexp.weight"),
+        Err(e) => panic!("expected a wrong shape of the gate row, got {e}"),
+        Ok(_) => panic!("a gate row of half the width loaded"),
+    }
+}
+
+/// `file` written again in memory, each tensor for which `change` gives (dims, type, bytes)
+/// replaced by them.
+fn rewritten(file: &GgufFile, change: impl Fn(&kiln_gguf::TensorInfo, &[u8]) -> Option<(Vec<u64>, GgmlType, Vec<u8>)>) -> Arc<GgufFile> {
+    let mut writer = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        writer.add_kv(key.clone(), value.clone());
+    }
+    let changed: Vec<_> = file.tensors().iter().map(|t| change(t, file.tensor_data(t))).collect();
+    for (t, c) in file.tensors().iter().zip(&changed) {
+        let (dims, ty) = c.as_ref().map_or((t.dims.clone(), t.ty), |(dims, ty, _)| (dims.clone(), *ty));
+        writer.add_tensor(t.name.clone(), dims, ty).unwrap();
+    }
+    let bytes = writer
+        .to_bytes(|i, out| match &changed[i] {
+            Some((_, _, bytes)) => out.write_all(bytes),
+            None => out.write_all(file.tensor_data(&file.tensors()[i])),
+        })
+        .unwrap();
+    Arc::new(GgufFile::from_bytes(bytes).unwrap())
 }
