@@ -14,6 +14,10 @@
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=8,MV_BATCH=2
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=16,MV_BATCH=1,MV_TYPE=41
 // kiln-test-defines: NTOK=1,ROWS_PER_WARP=16,MV_BATCH=1,MV_TYPE=42
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=4,MV_BATCH=1,MV_SPLIT=4,MV_TYPE=41
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=8,MV_BATCH=1,MV_SPLIT=4,MV_WARPS=16,MV_TYPE=41
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=4,MV_BATCH=1,MV_SPLIT=4,MV_TYPE=42
+// kiln-test-defines: NTOK=1,ROWS_PER_WARP=8,MV_BATCH=1,MV_SPLIT=4,MV_WARPS=16,MV_TYPE=42
 // kiln-waits-for-inputs
 #include "matvec.cuh"
 

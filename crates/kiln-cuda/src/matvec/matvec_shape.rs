@@ -25,26 +25,34 @@ pub(super) struct MatvecShape {
     pub(super) split: u32,
     /// Warps of a block (MV_WARPS).
     pub(super) warps: u32,
+    /// A shape only the grouped formats' loop takes (`grouped_only`).
+    grouped: bool,
 }
 
 const fn shape(rows_per_warp: u32, batch: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch, split: 1, warps: MV_WARPS }
+    MatvecShape { rows_per_warp, batch, split: 1, warps: MV_WARPS, grouped: false }
 }
 
 const fn split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch, split, warps: MV_WARPS }
+    MatvecShape { rows_per_warp, batch, split, warps: MV_WARPS, grouped: false }
 }
 
 /// A split shape in a block of 16 warps: each warp works as in `split_shape`, but a block holds
 /// four times the rows, enough whole 16-row chunks to quantize its own output (`stores_next`).
 const fn wide_split_shape(rows_per_warp: u32, batch: u32, split: u32) -> MatvecShape {
-    MatvecShape { rows_per_warp, batch, split, warps: 16 }
+    MatvecShape { rows_per_warp, batch, split, warps: 16, grouped: false }
+}
+
+/// A shape of the grouped formats only: a 1- or 2-bit row is few 16-byte groups a lane (a
+/// 12288-value 1-bit row three lane-steps), so their tall products split one step a warp.
+const fn grouped_shape(rows_per_warp: u32, split: u32, warps: u32) -> MatvecShape {
+    MatvecShape { rows_per_warp, batch: 1, split, warps, grouped: true }
 }
 
 /// Every shape the kernels are built for (`// kiln-test-defines:` lines of matvec_kquant.cu).
 /// The split ones and those of 8 or 16 rows a warp are candidates for one token only, 16 rows
-/// for the grouped formats only (`candidates`).
-pub(super) const MATVEC_SHAPES: [MatvecShape; 13] = [
+/// and the splits of one step a warp for the grouped formats only (`candidates`).
+pub(super) const MATVEC_SHAPES: [MatvecShape; 16] = [
     shape(1, 4),
     shape(1, 8),
     shape(2, 2),
@@ -55,9 +63,12 @@ pub(super) const MATVEC_SHAPES: [MatvecShape; 13] = [
     split_shape(2, 4, 4),
     shape(8, 1),
     shape(8, 2),
-    shape(16, 1),
+    grouped_shape(16, 1, MV_WARPS),
     wide_split_shape(4, 2, 4),
     wide_split_shape(4, 2, 2),
+    grouped_shape(4, 4, MV_WARPS),
+    grouped_shape(4, 4, 16),
+    grouped_shape(8, 4, 16),
 ];
 
 /// The shapes measured for `ntok` tokens of `w`. One token has the fewest loads in flight per
@@ -127,7 +138,7 @@ impl MatvecShape {
 
     /// Shapes only the grouped formats' loop takes: its raw weights are one 16-byte group a row.
     pub(super) fn grouped_only(self) -> bool {
-        self.rows_per_warp > 8
+        self.grouped
     }
 
     /// Whether this shape may run `ntok` tokens of a weight, grouped or not.
@@ -270,7 +281,9 @@ mod tests {
         let sixteen = MATVEC_SHAPES.iter().position(|s| s.rows_per_warp == 16).expect("a 16-row shape");
         assert!(candidate_shapes(1, true).any(|s| s == sixteen));
         assert!(!candidate_shapes(1, false).any(|s| s == sixteen));
-        assert_eq!(candidate_shapes(1, false).count(), MATVEC_SHAPES.len() - 1);
+        let grouped_only = MATVEC_SHAPES.iter().filter(|s| s.grouped_only()).count();
+        assert_eq!(candidate_shapes(1, false).count(), MATVEC_SHAPES.len() - grouped_only);
+        assert!(MATVEC_SHAPES.iter().all(|s| s.grouped_only() || s.rows_per_warp <= 8));
         for ntok in 2..=MAX_MATVEC_TOKENS {
             for grouped in [false, true] {
                 let many: Vec<usize> = candidate_shapes(ntok, grouped).collect();
