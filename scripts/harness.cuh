@@ -34,3 +34,15 @@ static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int per_graph) {
     CK(cudaEventElapsedTime(&ms, a, b));
     return 1000.0f * ms / reps / per_graph;
 }
+
+// Mean microseconds a launch of a graph of `count` launches, launch(i) issuing the i-th.
+template <class Launch>
+static float time_launches(cudaStream_t s, int count, Launch launch) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < count; ++i) launch(i);
+    CK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0ull));
+    return time_graph(e, s, count);
+}

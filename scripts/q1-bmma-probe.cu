@@ -7,105 +7,18 @@
 //     nvcc -O3 -arch=sm_90 -o /tmp/q1b scripts/q1-bmma-probe.cu && /tmp/q1b
 #include "q1-grouped.cuh"
 
-#include <functional>
-
 __device__ __forceinline__ void bmma16(int (&d)[4], u32 a0, u32 a1, u32 b) {
     asm("mma.sync.aligned.m16n8k128.row.col.s32.b1.b1.s32.and.popc {%0,%1,%2,%3},{%4,%5},{%6},{%0,%1,%2,%3};"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(b));
 }
 
-// Weights: per 16-row tile and pair of 128-value groups, lane (g = lane / 4, t = lane % 4) holds
-// uint4 {word t of row g, of row g + 8: group 2 gp; the same of group 2 gp + 1}; scales
-// per tile, pair and g: halves {row g, row g + 8} of group 2 gp, then of 2 gp + 1.
-// Activations: planes[(group * P + p) * 4 + t] (bit i: bit p of value 32 t + i), xg[group] =
-// (scale, sum of the integers / 4).
-template <int P, int TILES, int SPLIT, int AHEAD, bool COMPUTE>
-__global__ void __launch_bounds__(32 * SPLIT) bmma_matvec(const uint4* __restrict__ w, const uint2* __restrict__ sc,
-                                                         const u32* __restrict__ planes, const float2* __restrict__ xg,
-                                                         float* out, int rows, int gps) {
-    constexpr int J = P / 8;
+// Adds each row's partial sums over its quad's four lanes, then over the SPLIT warps sharing
+// the tiles, and writes rows row0 .. row0 + 16 TILES - 1.
+template <int TILES, int SPLIT>
+__device__ __forceinline__ void finish_tiles(float (&acc)[TILES][2], int row0, int rows, float* out) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, t = lane & 3;
-    const int tile0 = blockIdx.x * TILES;
-    int coef[J][2];
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int p = 8 * j + 2 * t + e;
-            coef[j][e] = p == P - 1 ? -(2 << p) : (2 << p);
-        }
-    }
-    float acc[TILES][2];
-#pragma unroll
-    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = 0.0f;
-    u32 sink = 0;
-    for (int gp0 = warp; gp0 < gps; gp0 += SPLIT * AHEAD) {
-        uint4 a[AHEAD][TILES];
-        uint2 s[AHEAD][TILES];
-        u32 b[AHEAD][2][J];
-        float2 x[AHEAD][2];
-#pragma unroll
-        for (int u = 0; u < AHEAD; ++u) {
-            const int gp = min(gp0 + u * SPLIT, gps - 1);
-#pragma unroll
-            for (int i = 0; i < TILES; ++i) {
-                const size_t at = (size_t)(tile0 + i) * gps + gp;
-                a[u][i] = __ldg(w + at * 32 + lane);
-                s[u][i] = __ldg(sc + at * 8 + gid);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                for (int j = 0; j < J; ++j) b[u][h][j] = __ldg(planes + (size_t)(2 * gp + h) * P * 4 + j * 32 + lane);
-                x[u][h] = __ldg(xg + 2 * gp + h);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < AHEAD; ++u) {
-            if (gp0 + u * SPLIT >= gps) break;
-#pragma unroll
-            for (int i = 0; i < TILES; ++i) {
-                if constexpr (!COMPUTE) {
-                    sink ^= a[u][i].x ^ a[u][i].y ^ a[u][i].z ^ a[u][i].w ^ s[u][i].x ^ s[u][i].y;
-                    continue;
-                }
-                const __half2 d0 = *reinterpret_cast<const __half2*>(&s[u][i].x);
-                const __half2 d1 = *reinterpret_cast<const __half2*>(&s[u][i].y);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int c[J][4];
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
-                        bmma16(c[j], h ? a[u][i].z : a[u][i].x, h ? a[u][i].w : a[u][i].y, b[u][h][j]);
-                    }
-                    int v0 = 0, v1 = 0;
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        v0 += c[j][0] * coef[j][0] + c[j][1] * coef[j][1];
-                        v1 += c[j][2] * coef[j][0] + c[j][3] * coef[j][1];
-                    }
-                    const float2 dd = __half22float2(h ? d1 : d0);
-                    acc[i][0] = fmaf(dd.x * x[u][h].x, (float)v0 - x[u][h].y, acc[i][0]);
-                    acc[i][1] = fmaf(dd.y * x[u][h].x, (float)v1 - x[u][h].y, acc[i][1]);
-                }
-            }
-        }
-        if constexpr (!COMPUTE) {
-#pragma unroll
-            for (int u = 0; u < AHEAD; ++u)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int j = 0; j < J; ++j) sink ^= b[u][h][j];
-        }
-    }
-    if constexpr (!COMPUTE) {
-        if (sink == 0x12345u) out[0] = 1.0f;
-        return;
-    }
 #pragma unroll
     for (int i = 0; i < TILES; ++i)
 #pragma unroll
@@ -127,16 +40,131 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_matvec(const uint4* __restric
             float v = 0.0f;
 #pragma unroll
             for (int q = 0; q < SPLIT; ++q) v += part[q][k / 16][k % 16];
-            const int row = (tile0 + k / 16) * 16 + k % 16;
-            if (row < rows) out[row] = v;
+            if (row0 + k < rows) out[row0 + k] = v;
         }
     } else if (t == 0) {
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
-            out[(tile0 + i) * 16 + gid] = acc[i][0];
-            out[(tile0 + i) * 16 + gid + 8] = acc[i][1];
+            out[row0 + i * 16 + gid] = acc[i][0];
+            out[row0 + i * 16 + gid + 8] = acc[i][1];
         }
     }
+}
+
+// 2 coef_p for the planes p = 8 j + 2 t + e whose popcounts lane (g, t) holds: 2^p, and -2^p
+// for the sign plane P - 1; doubled because a sign bit c stands for 2 c - 1.
+template <int P>
+__device__ __forceinline__ void plane_coefs(int t, int (&coef)[P / 8][2]) {
+#pragma unroll
+    for (int j = 0; j < P / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int p = 8 * j + 2 * t + e;
+            coef[j][e] = p == P - 1 ? -(2 << p) : (2 << p);
+        }
+}
+
+// The B operands (planes 8 j .. 8 j + 7) and (scale, sum / 4) of groups first .. first + N - 1.
+template <int P, int N>
+__device__ __forceinline__ void load_groups(const u32* __restrict__ planes, const float2* __restrict__ xg, int first,
+                                            int lane, u32 (&b)[N][P / 8], float2 (&x)[N]) {
+#pragma unroll
+    for (int h = 0; h < N; ++h) {
+#pragma unroll
+        for (int j = 0; j < P / 8; ++j) b[h][j] = __ldg(planes + (size_t)(first + h) * P * 4 + j * 32 + lane);
+        x[h] = __ldg(xg + first + h);
+    }
+}
+
+// acc[0] += row g's dot with one group, acc[1] += row g + 8's (a0, a1: their sign words t),
+// each times its weight scale (d0, d1) and the group's activation scale.
+template <int P>
+__device__ __forceinline__ void tile_group(u32 a0, u32 a1, const u32 (&b)[P / 8], float2 x, float d0, float d1,
+                                           const int (&coef)[P / 8][2], float (&acc)[2]) {
+    constexpr int J = P / 8;
+    int c[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
+        bmma16(c[j], a0, a1, b[j]);
+    }
+    int v0 = 0, v1 = 0;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        v0 += c[j][0] * coef[j][0] + c[j][1] * coef[j][1];
+        v1 += c[j][2] * coef[j][0] + c[j][3] * coef[j][1];
+    }
+    acc[0] = fmaf(d0 * x.x, (float)v0 - x.y, acc[0]);
+    acc[1] = fmaf(d1 * x.x, (float)v1 - x.y, acc[1]);
+}
+
+// Weights: per 16-row tile and pair of 128-value groups, lane (g = lane / 4, t = lane % 4) holds
+// uint4 {word t of row g, of row g + 8: group 2 gp; the same of group 2 gp + 1}; scales
+// per tile, pair and g: halves {row g, row g + 8} of group 2 gp, then of 2 gp + 1.
+// Activations: planes[(group * P + p) * 4 + t] (bit i: bit p of value 32 t + i), xg[group] =
+// (scale, sum of the integers / 4).
+template <int P, int TILES, int SPLIT, int AHEAD, bool COMPUTE>
+__global__ void __launch_bounds__(32 * SPLIT) bmma_matvec(const uint4* __restrict__ w, const uint2* __restrict__ sc,
+                                                         const u32* __restrict__ planes, const float2* __restrict__ xg,
+                                                         float* out, int rows, int gps) {
+    constexpr int J = P / 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, t = lane & 3;
+    const int tile0 = blockIdx.x * TILES;
+    int coef[J][2];
+    plane_coefs<P>(t, coef);
+    float acc[TILES][2];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = 0.0f;
+    u32 sink = 0;
+    for (int gp0 = warp; gp0 < gps; gp0 += SPLIT * AHEAD) {
+        uint4 a[AHEAD][TILES];
+        uint2 s[AHEAD][TILES];
+        u32 b[AHEAD][2][J];
+        float2 x[AHEAD][2];
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            const int gp = min(gp0 + u * SPLIT, gps - 1);
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                const size_t at = (size_t)(tile0 + i) * gps + gp;
+                a[u][i] = __ldg(w + at * 32 + lane);
+                s[u][i] = __ldg(sc + at * 8 + gid);
+            }
+            load_groups<P, 2>(planes, xg, 2 * gp, lane, b[u], x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < AHEAD; ++u) {
+            if (gp0 + u * SPLIT >= gps) break;
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                if constexpr (!COMPUTE) {
+                    sink ^= a[u][i].x ^ a[u][i].y ^ a[u][i].z ^ a[u][i].w ^ s[u][i].x ^ s[u][i].y;
+                    continue;
+                }
+                const __half2 d0 = *reinterpret_cast<const __half2*>(&s[u][i].x);
+                const __half2 d1 = *reinterpret_cast<const __half2*>(&s[u][i].y);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float2 dd = __half22float2(h ? d1 : d0);
+                    tile_group<P>(h ? a[u][i].z : a[u][i].x, h ? a[u][i].w : a[u][i].y, b[u][h], x[u][h], dd.x, dd.y, coef, acc[i]);
+                }
+            }
+        }
+        if constexpr (!COMPUTE) {
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < J; ++j) sink ^= b[u][h][j];
+        }
+    }
+    if constexpr (!COMPUTE) {
+        if (sink == 0x12345u) out[0] = 1.0f;
+        return;
+    }
+    finish_tiles<TILES, SPLIT>(acc, tile0 * 16, rows, out);
 }
 
 
@@ -153,13 +181,7 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_rowmajor(const uint4* __restr
     const int gid = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * TILES * 16;
     int coef[J][2];
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int p = 8 * j + 2 * t + e;
-            coef[j][e] = p == P - 1 ? -(2 << p) : (2 << p);
-        }
+    plane_coefs<P>(t, coef);
     float acc[TILES][2];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) acc[i][0] = acc[i][1] = 0.0f;
@@ -179,12 +201,7 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_rowmajor(const uint4* __restr
                     a[u][i][h] = __ldg(w + at * 4 + t);
                     s[u][i][h] = __ldg(sc + at);
                 }
-#pragma unroll
-            for (int G = 0; G < 4; ++G) {
-#pragma unroll
-                for (int j = 0; j < J; ++j) b[u][G][j] = __ldg(planes + (size_t)(4 * q + G) * P * 4 + j * 32 + lane);
-                x[u][G] = __ldg(xg + 4 * q + G);
-            }
+            load_groups<P, 4>(planes, xg, 4 * q, lane, b[u], x[u]);
         }
 #pragma unroll
         for (int u = 0; u < AHEAD; ++u) {
@@ -197,56 +214,14 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_rowmajor(const uint4* __restr
                 const u32 s1[2] = {s[u][i][1].x, s[u][i][1].y};
 #pragma unroll
                 for (int G = 0; G < 4; ++G) {
-                    int c[J][4];
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
-                        bmma16(c[j], w0[G], w1[G], b[u][G][j]);
-                    }
-                    int v0 = 0, v1 = 0;
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        v0 += c[j][0] * coef[j][0] + c[j][1] * coef[j][1];
-                        v1 += c[j][2] * coef[j][0] + c[j][3] * coef[j][1];
-                    }
                     const float d0 = __half2float(__ushort_as_half((unsigned short)(s0[G / 2] >> (16 * (G % 2)))));
                     const float d1 = __half2float(__ushort_as_half((unsigned short)(s1[G / 2] >> (16 * (G % 2)))));
-                    acc[i][0] = fmaf(d0 * x[u][G].x, (float)v0 - x[u][G].y, acc[i][0]);
-                    acc[i][1] = fmaf(d1 * x[u][G].x, (float)v1 - x[u][G].y, acc[i][1]);
+                    tile_group<P>(w0[G], w1[G], b[u][G], x[u][G], d0, d1, coef, acc[i]);
                 }
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < TILES; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], 1);
-            acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], 2);
-        }
-    if constexpr (SPLIT > 1) {
-        __shared__ float part[SPLIT][TILES][16];
-        if (t == 0) {
-#pragma unroll
-            for (int i = 0; i < TILES; ++i) {
-                part[warp][i][gid] = acc[i][0];
-                part[warp][i][gid + 8] = acc[i][1];
-            }
-        }
-        __syncthreads();
-        for (int k = threadIdx.x; k < TILES * 16; k += 32 * SPLIT) {
-            float v = 0.0f;
-#pragma unroll
-            for (int q = 0; q < SPLIT; ++q) v += part[q][k / 16][k % 16];
-            out[row0 + k] = v;
-        }
-    } else if (t == 0) {
-#pragma unroll
-        for (int i = 0; i < TILES; ++i) {
-            out[row0 + i * 16 + gid] = acc[i][0];
-            out[row0 + i * 16 + gid + 8] = acc[i][1];
-        }
-    }
+    finish_tiles<TILES, SPLIT>(acc, row0, rows, out);
 }
 
 
@@ -429,17 +404,11 @@ static void run_shape(cudaStream_t s, int rows, int cols, const char* what, cons
             for (int r = 0; r < rows; ++r) err = fmax(err, fabs(got[r] - ref[r]));
             float us[2];
             for (int hot = 0; hot < 2; ++hot) {
-                cudaGraph_t g;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-                for (int i = 0; i < 24; ++i) {
+                us[hot] = time_launches(s, 24, [&](int i) {
                     const Copy& c = dev[hot ? 0 : i % copies];
                     v.k<<<grid, 32 * v.split, 0, s>>>(v.rowmajor ? c.rw : c.w, v.rowmajor ? c.rs : c.s, dp, dx, dout, rows,
                                                      v.rowmajor ? quads : gps);
-                }
-                CK(cudaStreamEndCapture(s, &g));
-                cudaGraphExec_t e;
-                CK(cudaGraphInstantiate(&e, g, 0ull));
-                us[hot] = time_graph(e, s, 24);
+                });
             }
             printf("  %-30s %4d %3d %6d | %6.2f (%5.0f) | %6.2f | %.2e\n", v.name, attr.numRegs, per_sm, grid, us[0], mb * 1e3 / us[0], us[1],
                    v.compute ? err / ref_max : 0.0);
@@ -508,16 +477,10 @@ static void run_kiln(cudaStream_t s, int rows, int cols, const char* what) {
         for (int r = 0; r < rows; ++r) diff = fmax(diff, fabs((double)got[r] - ref[r]));
         float us[2];
         for (int hot = 0; hot < 2; ++hot) {
-            cudaGraph_t g;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < 24; ++i) {
+            us[hot] = time_launches(s, 24, [&](int i) {
                 const auto& x = w[hot ? 0 : i % copies];
                 k.k<<<grid, 32 * k.warps, 0, s>>>(x.first, x.second, act.d_codes, act.d_scales, dout, rows, groups);
-            }
-            CK(cudaStreamEndCapture(s, &g));
-            cudaGraphExec_t e;
-            CK(cudaGraphInstantiate(&e, g, 0ull));
-            us[hot] = time_graph(e, s, 24);
+            });
         }
         printf("  %-30s %6d | %6.2f (%5.0f) | %6.2f | max diff %.1e\n", k.name, grid, us[0], mb * 1e3 / us[0], us[1], diff);
     }
