@@ -378,7 +378,7 @@ pub fn matvec_shape_split(shape: usize) -> u32 {
     MATVEC_SHAPES.get(shape).map_or(1, |s| s.split)
 }
 
-/// Whether launch shape `shape` runs `n` tokens of `w` (16 rows a warp only a grouped format's).
+/// Whether launch shape `shape` runs `n` tokens of `w` (grouped-only shapes run the 1- and 2-bit formats only).
 pub fn matvec_shape_fits(shape: usize, w: &GpuWeight, n: usize) -> bool {
     MATVEC_SHAPES.get(shape).is_some_and(|s| s.fits(n, w.is_grouped()))
 }
