@@ -167,7 +167,6 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_matvec(const uint4* __restric
     finish_tiles<TILES, SPLIT>(acc, tile0 * 16, rows, out);
 }
 
-
 // The same on a row-major layout that kiln's grouped mat-mat and embedding could also read:
 // per row, tiles of 4 groups (64 bytes) whose bytes 16 t .. 16 t + 15 are word t of groups
 // 0..3, so lane (g, t) loads one uint4 of row g and one of row g + 8 a tile, and the scales as
@@ -223,7 +222,6 @@ __global__ void __launch_bounds__(32 * SPLIT) bmma_rowmajor(const uint4* __restr
     }
     finish_tiles<TILES, SPLIT>(acc, row0, rows, out);
 }
-
 
 // kiln's dp4a loop with its split shapes (matvec_grouped's MV_SPLIT): WARPS warps a block in
 // groups of SPLIT sharing R rows, a warp taking BATCH lane-steps (32 groups each) then skipping
