@@ -13,6 +13,11 @@ use kiln_quant::GgmlType;
 mod backends;
 use backends::*;
 
+/// A renormalizing router of `weight` on backend `_b` with no norm, bias, scales or shared expert.
+fn plain_router<'a, B: Backend>(_b: &B, weight: &'a B::Weight) -> RouterArgs<'a, B> {
+    RouterArgs { weight, norm: None, bias: None, expert_scale: None, params: RouterParams { renormalize: true, shared_expert: false }, shared_gate: None }
+}
+
 /// A shared expert's gate logit computed beside the router's logits (Qwen3.5: one stacked float
 /// launch for one token), against the CPU: one token of Qwen3.5-35B-A3B's router (256 experts
 /// of 2,048), three tokens (two products), and a router with a bias (gpt-oss-like: the fused
@@ -89,14 +94,7 @@ fn shared_expert_reads_the_experts_normed_input() {
 
         let (cr, cw) = (cpu.upload_weight(router_source.clone()).expect("cpu"), ffn_sources.clone().map(|s| cpu.upload_weight(s).expect("cpu")));
         let (mut h, mut logits, mut ids, mut w) = (vec![0f32; n * cols], vec![0f32; n * n_experts], vec![0f32; n * n_used], vec![0f32; n * n_used]);
-        let router = RouterArgs {
-            weight: &cr,
-            norm: None,
-            bias: None,
-            expert_scale: None,
-            params: RouterParams { renormalize: true, shared_expert: false },
-            shared_gate: None,
-        };
+        let router = plain_router(cpu, &cr);
         let routes = [view_mut(&mut ids, chosen), view_mut(&mut w, chosen)];
         cpu.moe_norm_route(view(&x, rows), (view(&norm, [cols]), eps), router, view_mut(&mut h, rows), view_mut(&mut logits, logit_rows), routes).expect("cpu");
         let (mut gate, mut up, mut act, mut want) = (vec![0f32; n * n_ff], vec![0f32; n * n_ff], vec![0f32; n * n_ff], vec![0f32; n * cols]);
@@ -108,14 +106,7 @@ fn shared_expert_reads_the_experts_normed_input() {
         let (gx, gnorm) = (upload(gpu, &x), upload(gpu, &norm));
         let (mut gh, mut glogits, mut gids, mut gweights) =
             (poisoned(gpu, n * cols), poisoned(gpu, n * n_experts), poisoned(gpu, n * n_used), poisoned(gpu, n * n_used));
-        let router = RouterArgs {
-            weight: &gr,
-            norm: None,
-            bias: None,
-            expert_scale: None,
-            params: RouterParams { renormalize: true, shared_expert: false },
-            shared_gate: None,
-        };
+        let router = plain_router(gpu, &gr);
         let routes = [view_mut(&mut gids, chosen), view_mut(&mut gweights, chosen)];
         gpu.moe_norm_route(view(&gx, rows), (view(&gnorm, [cols]), eps), router, view_mut(&mut gh, rows), view_mut(&mut glogits, logit_rows), routes)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
