@@ -1,4 +1,8 @@
-// Shared by the standalone CUDA harnesses in scripts/ (built with nvcc on the GPU machine).
+// Shared by the standalone CUDA harnesses in scripts/ (run with nvcc on the GPU machine). They
+// also compile without a GPU, from the pip wheels of one CUDA release (nvvm and crt must match
+// nvcc's version, or ptxas rejects the PTX): pip install nvidia-cuda-nvcc==13.0.88
+// nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 'nvidia-cuda-cccl==13.0.*', then with
+// N=<site-packages>/nvidia/cu13: PATH=$N/bin:$PATH nvcc -O3 -arch=sm_90 -I$N/include -L$N/lib ...
 #pragma once
 #include <algorithm>
 #include <cmath>
