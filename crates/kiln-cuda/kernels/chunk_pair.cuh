@@ -59,8 +59,10 @@ template <>
 struct ChunkPair<FmtIQ4_XS> : CodesPair<FmtIQ4_XS> {};
 template <>
 struct ChunkPair<FmtMXFP4> : CodesPair<FmtMXFP4> {};
-template <bool XXS>
-struct ChunkPair<FmtIQ3<XXS>> : CodesPair<FmtIQ3<XXS>> {};
+template <>
+struct ChunkPair<FmtIQ3_XXS> : CodesPair<FmtIQ3_XXS> {};
+template <>
+struct ChunkPair<FmtIQ3_S> : CodesPair<FmtIQ3_S> {};
 
 // The same for the 4-byte code formats with a 2-byte extra plane (IQ2_XXS / IQ2_XS / IQ2_S,
 // IQ1_S / IQ1_M): the pair's codes and extra bits are loaded together.

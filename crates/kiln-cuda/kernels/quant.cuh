@@ -512,12 +512,10 @@ typedef FmtIQ2<true> FmtIQ2_XXS;
 typedef FmtIQ2<false> FmtIQ2_XS;
 typedef FmtIQ2<false> FmtIQ2_S;
 
-// IQ3_XXS / IQ3_S: 4-bit indices. IQ3_XXS: codebook +-4, 12, .., 52, 62, tile scales as
-// IQ2_XXS, value = d * (0.5 + s) * 0.5 * code. IQ3_S: codebook +-1, 3, .., 15, tile scales =
-// d of both super-blocks, then scales[4] of each (nibble per 32 values), value = d (1 + 2 s) code.
-template <bool XXS>
-struct FmtIQ3 {
-    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = XXS ? 20 : 12;
+// IQ3_XXS: 4-bit indices into the codebook +-4, 12, .., 52, 62; tile scales as IQ2_XXS, value =
+// d * (0.5 + s) * 0.5 * code.
+struct FmtIQ3_XXS {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 20;
     static constexpr bool NO_OFFSET = true, SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
@@ -525,32 +523,48 @@ struct FmtIQ3 {
         u32 sc;
     };
     static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const u8* scales = tile_scales<FmtIQ3>(p, tile);
+        const u8* scales = tile_scales<FmtIQ3_XXS>(p, tile);
         const u32 sb = lane >> 4, g = (lane & 15) >> 1;
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
-                ld_weight_u8(scales + 4 + (XXS ? 2 * g + sb : 4 * sb + (g >> 1)))};
+                ld_weight_u8(scales + 4 + 2 * g + sb)};
     }
     static constexpr bool BOOK16 = true;
     template <bool SPLIT = false>
-    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
         Chunk c;
-        if constexpr (XXS) {
-            codebook16_codes<Iq3xxsBook, SPLIT>(r.codes, c);
-        } else {
-            codebook16_codes<Iq3sBook, SPLIT>(r.codes, c);
-        }
-        const float d = f16_low(r.d);
-        if (XXS) {
-            c.scale = d * (0.5f + (float)(r.sc >> 4)) * 0.5f;
-        } else {
-            c.scale = d * (float)(1 + 2 * ((r.sc >> (4 * ((lane >> 1) & 1))) & 0xf));
-        }
+        codebook16_codes<Iq3xxsBook, SPLIT>(r.codes, c);
+        c.scale = f16_low(r.d) * (0.5f + (float)(r.sc >> 4)) * 0.5f;
         c.offset = 0.0f;
         return c;
     }
 };
-typedef FmtIQ3<true> FmtIQ3_XXS;
-typedef FmtIQ3<false> FmtIQ3_S;
+
+// IQ3_S: its values, the odd numbers -15..15, stored as u = (value + 15) / 2 in Q4_0's nibble
+// layout, so they decode with two masks a word and no lookup. Tile scales = d of both
+// super-blocks, then scales[4] of each (nibble per 32 values); value = d (1 + 2 s) (2 u - 15).
+struct FmtIQ3_S {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 12;
+    static constexpr bool SCALE_PER_32 = true;
+    static constexpr float OFFSET_PER_SCALE = -7.5f;
+    struct Raw {
+        uint2 codes;
+        u32 d;
+        u32 sc;
+    };
+    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
+        const u8* scales = tile_scales<FmtIQ3_S>(p, tile);
+        const u32 sb = lane >> 4, g = (lane & 15) >> 1;
+        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
+                ld_weight_u8(scales + 4 + 4 * sb + (g >> 1))};
+    }
+    static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
+        Chunk c;
+        nibble_codes(r.codes, c.q);
+        c.scale = 2.0f * f16_low(r.d) * (float)(1 + 2 * ((r.sc >> (4 * ((lane >> 1) & 1))) & 0xf));
+        c.offset = -7.5f * c.scale;
+        return c;
+    }
+};
 
 // IQ1_S / IQ1_M: codebook of 8 (grid + delta) = -7 1 9 _ | -9 -1 7 _ (index = grid + 1, plus 4
 // for a negative delta). IQ1_S: tile scales = d of both super-blocks (4 B), then qh[8] (u16

@@ -171,9 +171,8 @@ struct Codebook {
 typedef Codebook<0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u> Iq4Book;
 // Twice the E2M1 values by 4-bit code: 0 1 2 3 | 4 6 8 12 | 0 -1 -2 -3 | -4 -6 -8 -12.
 typedef Codebook<0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu> E2m1Book;
-// IQ3_XXS: +-4, 12, .., 52, 62; IQ3_S: +-1, 3, .., 15.
+// IQ3_XXS: +-4, 12, .., 52, 62.
 typedef Codebook<0x1c140c04u, 0x3e342c24u, 0xe4ecf4fcu, 0xc2ccd4dcu> Iq3xxsBook;
-typedef Codebook<0x07050301u, 0x0f0d0b09u, 0xf9fbfdffu, 0xf1f3f5f7u> Iq3sBook;
 
 // A chunk's 16 indices (value order) through codebook B: with SPLIT, as the lookups in its two
 // halves whose dot products add up (c.q and c.q2: one prmt a four values each); else the entries

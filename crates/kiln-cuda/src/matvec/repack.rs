@@ -18,7 +18,7 @@
 //! `int` words holding codes `4k..4k+4` in bytes 0..3, ready for `dp4a`):
 //! - 8 bits: byte `i` = `c[i]`;
 //! - 4 bits: byte `j` (0..8) holds `c[8 (j/4) + j%4]` (low nibble) and `c[8 (j/4) + 4 + j%4]` (high);
-//!   the 4-bit codebook indices (IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS, IQ3_S) instead in value
+//!   the 4-bit codebook indices (IQ4_NL, IQ4_XS, MXFP4, NVFP4, IQ3_XXS) instead in value
 //!   order, byte `j` holding `c[2j]` (low) and `c[2j + 1]` (high): their lookup (`codebook16_word`)
 //!   takes a word's nibbles in order, so its results need no sorting into code words;
 //! - 2 bits: bits `2k..2k+2` of byte `b` (0..4) hold `c[4k + b]`;
@@ -65,7 +65,7 @@
 //! | IQ2_XS  | 2 + 1 bits | `d`, `scales[8]` (20) | d (0.5 + s) / 4, per 16 |
 //! | IQ2_S   | 2 + 1 bits | `d`, `scales[8]` (20) | d (0.5 + s) / 4, per 16 |
 //! | IQ3_XXS | 4 bits (+-4 .. 62) | `d`, the byte with group g's scale nibble (20) | d (0.5 + s) / 2 |
-//! | IQ3_S   | 4 bits (+-1, 3 .. 15) | `d`, `scales[4]` (12) | d (1 + 2 s) |
+//! | IQ3_S   | 4 bits `u`, value 2 u - 15 (+-1, 3 .. 15) | `d`, `scales[4]` (12) | 2 d (1 + 2 s), offset -15 d (1 + 2 s) |
 //! | IQ1_S   | 2 + 1 bits (8 (grid + delta)) | `d`, `qh[8]` (36) | d (2 s + 1) / 8 |
 //! | IQ1_M   | 2 + 1 bits (8 (grid + delta)) | `scales[8]` (16) | d (2 s + 1) / 8, per 16 |
 //!
@@ -122,7 +122,9 @@ impl CodeMap {
 /// The codebooks of the expanded formats; quant_bits.cuh and quant.cuh hold the same bytes.
 pub(crate) const IQ2_BOOK: &[i8] = &[8, 25, 43, 0, -8, -25, -43, 0];
 pub(crate) const IQ3_XXS_BOOK: &[i8] = &[4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62];
-pub(crate) const IQ3_S_BOOK: &[i8] = &[1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15];
+/// IQ3_S's values are the odd numbers -15..15: index u is 2 u - 15, so its codes decode as Q4_0's
+/// do (a mask, no lookup), with an offset.
+pub(crate) const IQ3_S_BOOK: &[i8] = &[-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15];
 pub(crate) const IQ1_BOOK: &[i8] = &[-7, 1, 9, 0, -9, -1, 7, 0];
 
 impl QuantLayout {
@@ -159,7 +161,7 @@ impl QuantLayout {
 
     /// 4-bit codebook indices stored in value order (module docs).
     pub fn nibbles_in_value_order(&self) -> bool {
-        matches!(self.ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
+        matches!(self.ty, GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 | GgmlType::NVFP4 | GgmlType::IQ3_XXS)
     }
 
     /// 3-bit codebook indices stored in prmt selector order (module docs).
