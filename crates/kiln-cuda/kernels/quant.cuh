@@ -512,23 +512,29 @@ typedef FmtIQ2<true> FmtIQ2_XXS;
 typedef FmtIQ2<false> FmtIQ2_XS;
 typedef FmtIQ2<false> FmtIQ2_S;
 
-// IQ3_XXS: 4-bit indices into the codebook +-4, 12, .., 52, 62; tile scales as IQ2_XXS, value =
-// d * (0.5 + s) * 0.5 * code.
-struct FmtIQ3_XXS {
-    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 20;
-    static constexpr bool NO_OFFSET = true, SCALE_PER_32 = true;
+// IQ3_XXS / IQ3_S: 4-bit codes; tile scales = d of both super-blocks, then IQ3_XXS: the byte
+// whose high nibble is group g's scale, both super-blocks side by side; IQ3_S: scales[4] of each
+// (nibble per 32 values).
+template <bool XXS>
+struct Iq3Planes {
+    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = XXS ? 20 : 12;
+    static constexpr bool SCALE_PER_32 = true;
     struct Raw {
         uint2 codes;
         u32 d;
         u32 sc;
     };
     static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const u8* scales = tile_scales<FmtIQ3_XXS>(p, tile);
+        const u8* scales = tile_scales<Iq3Planes>(p, tile);
         const u32 sb = lane >> 4, g = (lane & 15) >> 1;
         return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
-                ld_weight_u8(scales + 4 + 2 * g + sb)};
+                ld_weight_u8(scales + 4 + (XXS ? 2 * g + sb : 4 * sb + (g >> 1)))};
     }
-    static constexpr bool BOOK16 = true;
+};
+
+// IQ3_XXS: indices into the codebook +-4, 12, .., 52, 62; value = d * (0.5 + s) * 0.5 * code.
+struct FmtIQ3_XXS : Iq3Planes<true> {
+    static constexpr bool NO_OFFSET = true, BOOK16 = true;
     template <bool SPLIT = false>
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32) {
         Chunk c;
@@ -540,23 +546,9 @@ struct FmtIQ3_XXS {
 };
 
 // IQ3_S: its values, the odd numbers -15..15, stored as u = (value + 15) / 2 in Q4_0's nibble
-// layout, so they decode with two masks a word and no lookup. Tile scales = d of both
-// super-blocks, then scales[4] of each (nibble per 32 values); value = d (1 + 2 s) (2 u - 15).
-struct FmtIQ3_S {
-    static constexpr u32 CODE_BYTES = 8, EXTRA_BYTES = 0, SCALE_BYTES = 12;
-    static constexpr bool SCALE_PER_32 = true;
+// layout, so they decode with two masks a word and no lookup: value = d (1 + 2 s) (2 u - 15).
+struct FmtIQ3_S : Iq3Planes<false> {
     static constexpr float OFFSET_PER_SCALE = -7.5f;
-    struct Raw {
-        uint2 codes;
-        u32 d;
-        u32 sc;
-    };
-    static __device__ __forceinline__ Raw fetch(const Planes& p, u64 tile, u32 lane) {
-        const u8* scales = tile_scales<FmtIQ3_S>(p, tile);
-        const u32 sb = lane >> 4, g = (lane & 15) >> 1;
-        return {ld_weight_u64(lane_bytes(p.codes, tile, lane, CODE_BYTES)), ld_weight_u16(scales + 2 * sb),
-                ld_weight_u8(scales + 4 + 4 * sb + (g >> 1))};
-    }
     static __device__ __forceinline__ Chunk decode(const Raw& r, u32 lane) {
         Chunk c;
         nibble_codes(r.codes, c.q);
