@@ -5,6 +5,7 @@
 # tg128 and its fraction of the roofline (4,233 GB/s measured copy bandwidth / file bytes).
 #     scripts/decode-bench-device.sh [quick | NAME...]   quick: the Llama-3-8B Q4_K_M rows only;
 #                                                      NAME: only the rows named (e.g. qwen3-8b-Q1_0)
+# On another card, COPY_GBS=<its measured copy bandwidth in GB/s> sets the roofline (default: the H200's).
 # Models go to $BENCH_DIR (default /tmp/kiln-bench), JSON logs to $OUT/decode-bench when set.
 # With KILN_BASE=<another kiln binary>, each row is also run with it, just before kiln (same
 # machine, same file), and the table gets its tg128 and the ratio: an A/B of a change.
@@ -73,10 +74,11 @@ if [[ "${ROWS[0]}" == llama3-8b-Q4_K_M* ]] && [ -f "$DIR/llama3-8b-Q4_K_M.gguf" 
     "$KILN" bench -o json -r 2 -m "$DIR/llama3-8b-Q4_K_M.gguf" -p 0 -n 128 -d 8192 > "$LOG/llama3-8b-Q4_K_M-d8192.json" 2> "$LOG/d8192.err" || true
 fi
 
-python3 - "$LOG" "$DIR" << 'EOF'
+COPY_GBS=${COPY_GBS:-4233} python3 - "$LOG" "$DIR" << 'EOF'
 import json, os, sys
 log, models = sys.argv[1], sys.argv[2]
-BANDWIDTH = 4233e9
+BANDWIDTH = float(os.environ["COPY_GBS"]) * 1e9
+print(f"roofline: {BANDWIDTH / 1e9:.0f} GB/s copy bandwidth / file bytes")
 # name, label, llama.cpp tg128 (None: not measured), bar (None: 50% of the roofline)
 rows = [
     ("llama3-8b-Q4_K_M", "Llama-3-8B Q4_K_M", 268.3, 430),

@@ -11,7 +11,10 @@
 //   persistent  one launch for all layers: every phase's rows spread over all resident blocks,
 //               five grid barriers a layer, and each block redoing the norm / quantization of a
 //               product's input into its own shared memory instead of a launch of its own.
-// Prints µs per layer of each, and checks that all give the same residual stream (same code,
+// And two timing-only ways with the input preparation left out (each product reads the quantized
+// activations as they stand): five launches a layer, as kiln's step where its products prepare
+// the next one's input, against the persistent kernel; the boundaries alone, compared.
+// Prints µs per layer of each, and checks that the first four give the same residual stream (same code,
 // same order of every sum: the difference must be 0); then what one boundary costs alone (a
 // grid barrier; an empty kernel after another). Run on the GPU machine:
 //     nvcc -O3 -arch=sm_90 -o /tmp/plp scripts/persistent-layer-probe.cu && /tmp/plp [ctx]
@@ -369,13 +372,14 @@ __device__ __forceinline__ bool block_has_items(int items) { return (int)blockId
 // A product phase of the persistent kernel (`up` and `swiglu` as in k_fused): the blocks with
 // rows to compute norm and quantize the input into their shared memory (`smem`) and take their
 // items; then every block meets at the barrier.
+// With `prepared` (global quantized activations), the input is taken as it stands (timing only).
 __device__ void product_phase(const Q1& w, const Q1& up, bool swiglu, const float* in, const float* norm, int n, float* out, bool add, float* smem, float* red,
-                              u32* arrived, u32& target) {
-    uint4* xq = reinterpret_cast<uint4*>(smem);
-    float2* xds = reinterpret_cast<float2*>(xq + n / 16);
+                              const Stream& prepared, u32* arrived, u32& target) {
+    uint4* xq = prepared.xq ? prepared.xq : reinterpret_cast<uint4*>(smem);
+    float2* xds = prepared.xq ? prepared.xds : reinterpret_cast<float2*>(reinterpret_cast<uint4*>(smem) + n / 16);
     const int items = w.rows / (swiglu ? SWIGLU_ROWS : ROWS);
     if (block_has_items(items)) {
-        norm_quantize(in, norm, n, xq, xds, red);
+        if (!prepared.xq) norm_quantize(in, norm, n, xq, xds, red);
         for (int i = first_item(); i < items; i += item_stride()) {
             if (swiglu) {
                 swiglu_item(w, up, i, xq, xds, out, false);
@@ -387,19 +391,22 @@ __device__ void product_phase(const Q1& w, const Q1& up, bool swiglu, const floa
     grid_barrier(arrived, target);
 }
 
-__global__ void __launch_bounds__(THREADS, 2) k_persistent(const Layer* layers, Stream s, int ctx, u32* arrived) {
+// `prepare` 0: every product reads s.xq / s.xds as they stand (timing only, wrong output).
+__global__ void __launch_bounds__(THREADS, 2) k_persistent(const Layer* layers, Stream s, int ctx, u32* arrived, int prepare) {
     extern __shared__ __align__(16) float smem[];
     __shared__ float red[WARPS];
     float* attn_smem = smem + FF / 16 * 6;  // after the largest input's codes and scales
+    Stream prepared = {};
+    if (!prepare) prepared = s;
     u32 target = 0;
     for (int l = 0; l < LAYERS; ++l) {
         const Layer& L = layers[l];
-        product_phase(L.qkv, L.qkv, false, s.x, L.attn_norm, HIDDEN, s.qkv, false, smem, red, arrived, target);
+        product_phase(L.qkv, L.qkv, false, s.x, L.attn_norm, HIDDEN, s.qkv, false, smem, red, prepared, arrived, target);
         for (int h = blockIdx.x; h < Q_HEADS; h += gridDim.x) attention_head(L, s.qkv, s.attn, h, ctx, attn_smem, red);
         grid_barrier(arrived, target);
-        product_phase(L.o, L.o, false, s.attn, nullptr, Q_ROWS, s.x, true, smem, red, arrived, target);
-        product_phase(L.gate, L.up, true, s.x, L.ffn_norm, HIDDEN, s.h, false, smem, red, arrived, target);
-        product_phase(L.down, L.down, false, s.h, nullptr, FF, s.x, true, smem, red, arrived, target);
+        product_phase(L.o, L.o, false, s.attn, nullptr, Q_ROWS, s.x, true, smem, red, prepared, arrived, target);
+        product_phase(L.gate, L.up, true, s.x, L.ffn_norm, HIDDEN, s.h, false, smem, red, prepared, arrived, target);
+        product_phase(L.down, L.down, false, s.h, nullptr, FF, s.x, true, smem, red, prepared, arrived, target);
     }
 }
 
@@ -488,16 +495,19 @@ static void launch(Edge edge, cudaStream_t s, void (*kernel)(Args...), dim3 grid
     CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-static void layer_kernels(Edge edge, cudaStream_t st, const Layer& L, const Stream& s, int ctx) {
+// Nine launches a layer; without `prepare`, five: the single-block norm-quantizations left out
+// (their inputs as they stand, timing only), what kiln's step reaches where its products
+// prepare the next one's input.
+static void layer_kernels(Edge edge, cudaStream_t st, const Layer& L, const Stream& s, int ctx, bool prepare = true) {
     const size_t attn_smem = ATTN_SMEM(ctx) * 4;
-    launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.attn_norm, HIDDEN, s.xq, s.xds);
+    if (prepare) launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.attn_norm, HIDDEN, s.xq, s.xds);
     launch(edge, st, k_plain, dim3((QKV_ROWS / ROWS + WARPS - 1) / WARPS), 0, L.qkv, (const uint4*)s.xq, (const float2*)s.xds, s.qkv, 0);
     launch(edge, st, k_attention, dim3(Q_HEADS), attn_smem, L, (const float*)s.qkv, s.attn, ctx);
-    launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.attn, (const float*)nullptr, Q_ROWS, s.xq, s.xds);
+    if (prepare) launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.attn, (const float*)nullptr, Q_ROWS, s.xq, s.xds);
     launch(edge, st, k_plain, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), 0, L.o, (const uint4*)s.xq, (const float2*)s.xds, s.x, 1);
-    launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.ffn_norm, HIDDEN, s.xq, s.xds);
+    if (prepare) launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.x, L.ffn_norm, HIDDEN, s.xq, s.xds);
     launch(edge, st, k_swiglu, dim3((FF / SWIGLU_ROWS + WARPS - 1) / WARPS), 0, L.gate, L.up, (const uint4*)s.xq, (const float2*)s.xds, s.h);
-    launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.h, (const float*)nullptr, FF, s.xq, s.xds);
+    if (prepare) launch(edge, st, k_norm_quantize, dim3(1), 0, (const float*)s.h, (const float*)nullptr, FF, s.xq, s.xds);
     launch(edge, st, k_plain, dim3((HIDDEN / ROWS + WARPS - 1) / WARPS), 0, L.down, (const uint4*)s.xq, (const float2*)s.xds, s.x, 1);
 }
 
@@ -566,24 +576,27 @@ int main(int argc, char** argv) {
     if (per_sm < 1) return 1;
 
     // The residual stream after one token, each way.
-    constexpr int WAYS = 4, PERSISTENT = 3;
+    // The last two leave the input preparation out: timing only (their output is not checked).
+    constexpr int WAYS = 6, CHECKED = 4;
     std::vector<float> results[WAYS];
-    const char* names[WAYS] = {"kernels, programmatic edges", "kernels, serial edges", "blocks prepare their inputs", "persistent"};
+    const char* names[WAYS] = {"kernels, programmatic edges", "kernels, serial edges", "blocks prepare their inputs", "persistent",
+                               "five kernels, inputs prepared", "persistent, inputs prepared"};
+    auto persistent = [](int way) { return way == 3 || way == 5; };
     float us[WAYS][2];
     for (int way = 0; way < WAYS; ++way) {
         auto token = [&](cudaStream_t stream, int blocks) {
             // A kernel, so that the first layer's programmatic edge follows a kernel.
             launch(SERIAL, stream, copy_floats, dim3(HIDDEN / THREADS), 0, s.x, (const float*)x0);
-            if (way < 2) {
-                for (const Layer& L : layers) layer_kernels(way == 0 ? PROGRAMMATIC : SERIAL, stream, L, s, ctx);
+            if (way < 2 || way == 4) {
+                for (const Layer& L : layers) layer_kernels(way == 1 ? SERIAL : PROGRAMMATIC, stream, L, s, ctx, way != 4);
             } else if (way == 2) {
                 for (const Layer& L : layers) layer_fused_inputs(stream, L, s, ctx);
             } else {
                 CK(cudaMemsetAsync(arrived, 0, 4, stream));
-                launch(COOPERATIVE, stream, k_persistent, dim3(blocks), persistent_smem, (const Layer*)d_layers, s, ctx, arrived);
+                launch(COOPERATIVE, stream, k_persistent, dim3(blocks), persistent_smem, (const Layer*)d_layers, s, ctx, arrived, (int)(way == 3));
             }
         };
-        for (int grid_pass = 0; grid_pass < (way == PERSISTENT ? 2 : 1); ++grid_pass) {
+        for (int grid_pass = 0; grid_pass < (persistent(way) ? 2 : 1); ++grid_pass) {
             // The persistent kernel with every resident block, then with one block per SM.
             const int blocks = prop.multiProcessorCount * (grid_pass == 0 ? per_sm : 1);
             cudaGraph_t g;
@@ -636,9 +649,10 @@ int main(int argc, char** argv) {
             diff = fmax(diff, fabs((double)results[way][i] - results[0][i]));
             norm = fmax(norm, fabs((double)results[0][i]));
         }
-        printf("%-30s | %10.2f | %19.0f | %4.0f | %.3e (of %.2f)\n", names[way], us[way][0], 1e6 / (us[way][0] * LAYERS), layer_mb * 1e3 / us[way][0], diff,
-               norm);
-        if (way == PERSISTENT) printf("%-30s | %10.2f |\n", "persistent, one block per SM", us[way][1]);
+        printf("%-30s | %10.2f | %19.0f | %4.0f | ", names[way], us[way][0], 1e6 / (us[way][0] * LAYERS), layer_mb * 1e3 / us[way][0]);
+        if (way < CHECKED) printf("%.3e (of %.2f)\n", diff, norm);
+        else printf("timing only\n");
+        if (persistent(way)) printf("%-30s | %10.2f |\n", "  the same, one block per SM", us[way][1]);
     }
     return 0;
 }
