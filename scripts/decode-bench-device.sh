@@ -17,6 +17,7 @@ LOG=${OUT:+$OUT/decode-bench}
 LOG=${LOG:-$DIR/decode-logs}
 REPS=${BENCH_REPS:-3}
 mkdir -p "$DIR" "$LOG"
+scripts/kernel-cache.sh restore  # kernels compiled on an earlier machine, when carried
 
 # name shape type pure(0/1): one row's model, made on first use (several in parallel below).
 ROWS=(
@@ -74,6 +75,7 @@ if [[ "${ROWS[0]}" == llama3-8b-Q4_K_M* ]] && [ -f "$DIR/llama3-8b-Q4_K_M.gguf" 
     "$KILN" bench -o json -r 2 -m "$DIR/llama3-8b-Q4_K_M.gguf" -p 0 -n 128 -d 8192 > "$LOG/llama3-8b-Q4_K_M-d8192.json" 2> "$LOG/d8192.err" || true
 fi
 
+scripts/kernel-cache.sh save
 COPY_GBS=${COPY_GBS:-4233} python3 - "$LOG" "$DIR" << 'EOF'
 import json, os, sys
 log, models = sys.argv[1], sys.argv[2]

@@ -27,6 +27,8 @@ if env_lines=$(scripts/nvrtc-env.sh); then
 else
     echo "warning: libnvrtc not found; every test that compiles kernels will fail" >&2
 fi
+# Kernels compiled on an earlier machine, when carried (saved again at the end).
+scripts/kernel-cache.sh restore
 # Tensor parallelism's NCCL (gpu_tensor_parallel), from torch's pip wheel when not installed.
 eval "$(scripts/nccl-env.sh)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "warning: nvidia-smi failed" >&2
@@ -89,6 +91,7 @@ for command in "$@"; do
     run_logged "$command" "$logs/command-$index.log" no bash -c "$command"
 done
 
+scripts/kernel-cache.sh save
 echo
 echo "=== summary (logs in $logs)"
 printf '%-40s %-7s %7s %7s %8s %8s\n' "binary / command" status passed failed ignored seconds

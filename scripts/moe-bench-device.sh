@@ -18,6 +18,7 @@ LOG=${LOG:-$DIR/logs}
 REPS=${BENCH_REPS:-2}
 LLAMA_BIN=/tmp/llamacpp/build/bin
 mkdir -p "$DIR" "$LOG"
+scripts/kernel-cache.sh restore  # kernels compiled on an earlier machine, when carried
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(qwen3-30b-a3b gpt-oss-20b gemma4-26b-a4b qwen3.5-35b-a3b)
 
@@ -50,6 +51,7 @@ for i in "${!shapes[@]}"; do
     [ -n "$next" ] && make_model "$next"
 done
 
+scripts/kernel-cache.sh save
 python3 - "$LOG" "${shapes[@]}" << 'EOF'
 import json, os, sys
 log, shapes = sys.argv[1], sys.argv[2:]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On the GPU machine: carries kiln's compiled kernels (the NVRTC CUBIN cache, src/cache.rs)
+# between fresh machines, so that a run does not spend its first minutes compiling.
+#     scripts/kernel-cache.sh restore   unpacks .gpu/kernel-cache.tgz, when carried, into the cache
+#     scripts/kernel-cache.sh save      packs the cache into $OUT/kernel-cache.tgz (fetched back;
+#                                       copy it to .gpu/ for the next machine)
+# Entries are keyed by source text, defines, architecture and NVRTC version, so a stale one is
+# never used: it is only not found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Where kiln looks (src/cache.rs): $KILN_CACHE_DIR, else an absolute $XDG_CACHE_HOME, else ~/.cache.
+xdg=${XDG_CACHE_HOME:-}
+[[ $xdg == /* ]] || xdg=$HOME/.cache
+dir=${KILN_CACHE_DIR:-$xdg/kiln/kernels}
+case "${1:-}" in
+restore)
+    if [ -f .gpu/kernel-cache.tgz ]; then
+        mkdir -p "$dir"
+        tar xzf .gpu/kernel-cache.tgz -C "$dir"
+        echo "kernel cache: $(ls "$dir" | wc -l) entries restored into $dir"
+    fi
+    ;;
+save)
+    if [ -n "${OUT:-}" ] && [ -d "$dir" ]; then
+        tar czf "$OUT/kernel-cache.tgz" -C "$dir" .
+        echo "kernel cache: $(ls "$dir" | wc -l) entries saved, $(du -h "$OUT/kernel-cache.tgz" | cut -f1)"
+    fi
+    ;;
+*)
+    echo "usage: scripts/kernel-cache.sh restore|save" >&2
+    exit 2
+    ;;
+esac
