@@ -5,7 +5,7 @@
 # tg128 and its fraction of the roofline (4,233 GB/s measured copy bandwidth / file bytes).
 #     scripts/decode-bench-device.sh [quick | NAME...]   quick: the Llama-3-8B Q4_K_M rows only;
 #                                                      NAME: only the rows named (e.g. qwen3-8b-Q1_0)
-# On another card, COPY_GBS=<its measured copy bandwidth in GB/s> sets the roofline (default: the H200's).
+# On another card, COPY_GBS=$(python3 scripts/copy-bandwidth.py) sets the roofline (default: the H200's).
 # Models go to $BENCH_DIR (default /tmp/kiln-bench), JSON logs to $OUT/decode-bench when set.
 # With KILN_BASE=<another kiln binary>, each row is also run with it, just before kiln (same
 # machine, same file), and the table gets its tg128 and the ratio: an A/B of a change.
