@@ -553,7 +553,7 @@ struct FmtIQ3_S : Iq3Planes<false> {
         Chunk c;
         nibble_codes(r.codes, c.q);
         c.scale = 2.0f * f16_low(r.d) * (float)(1 + 2 * ((r.sc >> (4 * ((lane >> 1) & 1))) & 0xf));
-        c.offset = -7.5f * c.scale;
+        c.offset = OFFSET_PER_SCALE * c.scale;
         return c;
     }
 };
