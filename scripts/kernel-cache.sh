@@ -16,8 +16,12 @@ case "${1:-}" in
 restore)
     if [ -f .gpu/kernel-cache.tgz ]; then
         mkdir -p "$dir"
-        tar xzf .gpu/kernel-cache.tgz -C "$dir"
-        echo "kernel cache: $(ls "$dir" | wc -l) entries restored into $dir"
+        # An unreadable archive only costs the compile time it would have saved.
+        if tar xzf .gpu/kernel-cache.tgz -C "$dir"; then
+            echo "kernel cache: $(ls "$dir" | wc -l) entries restored into $dir"
+        else
+            echo "warning: .gpu/kernel-cache.tgz could not be unpacked; kernels will be compiled" >&2
+        fi
     fi
     ;;
 save)
