@@ -11,6 +11,8 @@
 //   cluster merge  the splits of a head form one cluster (8 or 16 blocks); the partials stay in
 //                  shared memory and, after a cluster barrier, each block merges its share of
 //                  the dimensions reading every block's partials through DSMEM
+//   rows           loads only, each block streaming whole 2 KiB cache rows (all heads) of a
+//                  position range, 8 or 16 rows of K and V in flight
 // and checks that the two merges agree. Run on the GPU machine:
 //     nvcc -O3 -arch=sm_90 -o /tmp/amp scripts/attention-merge-probe.cu && /tmp/amp [ctx]
 #include <cooperative_groups.h>
@@ -23,6 +25,7 @@ constexpr int ROW_PIECES = HEAD_DIM * 2 / 16;          // 16-byte pieces of one 
 constexpr int ROWS_A_PASS = THREADS / ROW_PIECES;      // rows a block loads in one pass
 constexpr int UNROLL = 8;                              // passes in flight (32 KiB a block)
 constexpr int ROWS_A_STEP = ROWS_A_PASS * UNROLL;
+constexpr int ROW_PIECES_ALL = KV_HEADS * ROW_PIECES;  // 16-byte pieces of a whole cache row
 
 enum Merge { NO_MERGE, TICKET, CLUSTER };
 
@@ -130,6 +133,29 @@ __global__ void __launch_bounds__(THREADS) split_attention(Args a) {
     }
 }
 
+
+// Loads only, position-major: each block streams whole cache rows (every KV head, 2 KiB
+// contiguous) of its share of the positions, DEPTH rows of K and of V in flight; against the
+// head-major splits above, which read one head's 256 bytes a row at a 2 KiB stride.
+template <int DEPTH>
+__global__ void __launch_bounds__(THREADS) stream_rows(Args a, u32* sink) {
+    const int blocks = gridDim.x, t = threadIdx.x;
+    const int rows = a.ctx / blocks, begin = blockIdx.x * rows;
+    u32 folded = 0;
+    for (int r0 = begin; r0 < begin + rows; r0 += DEPTH) {
+        uint4 kv[2 * DEPTH];
+#pragma unroll
+        for (int u = 0; u < DEPTH; ++u) {
+            const size_t at = (size_t)(r0 + u) * ROW_PIECES_ALL + t;
+            kv[2 * u] = load_stream(a.k + at);
+            kv[2 * u + 1] = load_stream(a.v + at);
+        }
+#pragma unroll
+        for (int i = 0; i < 2 * DEPTH; ++i) folded ^= kv[i].x ^ kv[i].y ^ kv[i].z ^ kv[i].w;
+    }
+    if (folded == 0x12345678u) sink[t] = folded;
+}
+
 __global__ void fill_words(u32* p, size_t n, u32 seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         u32 h = (u32)i * 0x9e3779b9u ^ seed;
@@ -222,6 +248,25 @@ int main(int argc, char** argv) {
         printf("%-14s | %6d | %6d | %10.2f | %4.0f\n", w.name, w.splits, w.splits * KV_HEADS, us, layer_bytes / us / 1e3);
         last_out[w.merge][w.splits].resize(KV_HEADS * GROUP * HEAD_DIM);
         CK(cudaMemcpy(last_out[w.merge][w.splits].data(), out, KV_HEADS * GROUP * HEAD_DIM * 4, cudaMemcpyDeviceToHost));
+    }
+    static_assert(THREADS == ROW_PIECES_ALL, "a pass of stream_rows is one whole cache row");
+    u32* sink;
+    CK(cudaMalloc(&sink, THREADS * 4));
+    struct StreamWay {
+        int blocks, depth;
+    };
+    const StreamWay stream_ways[] = {{128, 8}, {256, 8}, {512, 8}, {128, 16}, {256, 16}, {1024, 8}};
+    for (const StreamWay& w : stream_ways) {
+        if (ctx % (w.blocks * w.depth) != 0) continue;
+        auto launch = [&](int layer) {
+            if (w.depth == 8) stream_rows<8><<<w.blocks, THREADS, 0, st>>>(layers[layer], sink);
+            if (w.depth == 16) stream_rows<16><<<w.blocks, THREADS, 0, st>>>(layers[layer], sink);
+        };
+        const float us = time_launches(st, LAYERS, launch);
+        CK(cudaStreamSynchronize(st));
+        char name[32];
+        snprintf(name, sizeof name, "rows, %d deep", w.depth);
+        printf("%-14s | %6s | %6d | %10.2f | %4.0f\n", name, "-", w.blocks, us, layer_bytes / us / 1e3);
     }
     // Both merges of 16 splits saw the same partials (the last layer's): they must agree but
     // for the order of the float sums.
