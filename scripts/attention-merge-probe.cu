@@ -63,7 +63,6 @@ template <int MERGE>
 __global__ void __launch_bounds__(THREADS) split_attention(Args a) {
     __shared__ float acc_s[GROUP][HEAD_DIM];
     __shared__ float ml_s[GROUP][2];
-    __shared__ u32 last_s;
     const int head = blockIdx.y, split = blockIdx.x, splits = gridDim.x, t = threadIdx.x;
     const int rows = a.ctx / splits, begin = split * rows;
     const int piece = t % ROW_PIECES, sub = t / ROW_PIECES;
@@ -111,16 +110,7 @@ __global__ void __launch_bounds__(THREADS) split_attention(Args a) {
     for (int g = 0; g < GROUP; ++g) acc[g * HEAD_DIM + t] = acc_s[g][t];
     if (t < GROUP * 2) a.part_ml[((size_t)head * MAX_SPLITS + split) * GROUP * 2 + t] = ml_s[t / 2][t % 2];
     if constexpr (MERGE == TICKET) {
-        __threadfence();
-        __syncthreads();
-        if (t == 0) {
-            const u32 arrived = atomicAdd(a.tickets + head, 1u) + 1;
-            last_s = arrived == (u32)splits;
-            if (last_s) a.tickets[head] = 0;
-        }
-        __syncthreads();
-        if (!last_s) return;
-        __threadfence();
+        if (!last_to_arrive(a.tickets, head, splits)) return;
         const float* head_acc = a.part_acc + (size_t)head * MAX_SPLITS * GROUP * HEAD_DIM;
         const float* head_ml = a.part_ml + (size_t)head * MAX_SPLITS * GROUP * 2;
 #pragma unroll 1
@@ -158,11 +148,7 @@ __global__ void __launch_bounds__(THREADS) stream_rows(Args a, u32* sink) {
 
 __global__ void fill_words(u32* p, size_t n, u32 seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 0x9e3779b9u ^ seed;
-        h ^= h >> 15;
-        h *= 0x2c1b3c6du;
-        h ^= h >> 12;
-        p[i] = h & 0x3bff3bffu;  // two finite halves
+        p[i] = mix_word(i, seed) & 0x3bff3bffu;  // two finite halves
     }
 }
 

@@ -49,7 +49,6 @@ __global__ void __launch_bounds__(THREADS, 2) rows_attention(Args a) {
     // After the loop, over the stages: the block's partials.
     float* acc_s = reinterpret_cast<float*>(smem_raw);  // [Q_HEADS][HEAD_DIM]
     float* ml_s = acc_s + Q_HEADS * HEAD_DIM;           // [Q_HEADS][2]
-    __shared__ u32 last_s;
 
     const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
     const int rows = a.ctx / gridDim.x, begin = blockIdx.x * rows, passes = rows / PASS_ROWS;
@@ -176,16 +175,7 @@ __global__ void __launch_bounds__(THREADS, 2) rows_attention(Args a) {
     cluster.sync();  // no block leaves while another reads its shared memory
 
     // Level 2: the last cluster to finish a slice merges it over every cluster.
-    __threadfence();
-    __syncthreads();
-    if (t == 0) {
-        const u32 arrived = atomicAdd(a.tickets + rank, 1u) + 1;
-        last_s = arrived == (u32)clusters;
-        if (last_s) a.tickets[rank] = 0;
-    }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
+    if (!last_to_arrive(a.tickets, rank, clusters)) return;
     for (int o = t; o < SLICE * HEAD_DIM; o += THREADS) {
         const int head = rank * SLICE + o / HEAD_DIM, d = o % HEAD_DIM;
         float top = -INFINITY;
@@ -202,11 +192,7 @@ __global__ void __launch_bounds__(THREADS, 2) rows_attention(Args a) {
 
 __global__ void fill_halves(__half* p, size_t n, u32 seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        u32 h = (u32)i * 0x9e3779b9u ^ seed;
-        h ^= h >> 15;
-        h *= 0x2c1b3c6du;
-        h ^= h >> 12;
-        p[i] = __float2half((float)(h & 0xffff) / 32768.0f - 1.0f);
+        p[i] = __float2half((float)(mix_word(i, seed) & 0xffff) / 32768.0f - 1.0f);
     }
 }
 

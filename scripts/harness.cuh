@@ -23,6 +23,31 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     return d;
 }
 
+// A well-mixed word from an index and a seed, for filling buffers on the device.
+__device__ __forceinline__ u32 mix_word(size_t i, u32 seed) {
+    u32 h = (u32)i * 0x9e3779b9u ^ seed;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    return h;
+}
+
+// By a whole block, after its writes: whether it is the last of `count` blocks to arrive at
+// ticket `i` (then it sees every other block's writes); the last one resets the ticket for the
+// next launch.
+__device__ __forceinline__ bool last_to_arrive(u32* tickets, int i, u32 count) {
+    __shared__ u32 last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(tickets + i, 1u) + 1 == count;
+        if (last) tickets[i] = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Mean microseconds of one replay of `exec` divided by `per_graph` (20 replays after one).
 static float time_graph(cudaGraphExec_t exec, cudaStream_t s, int per_graph) {
     cudaEvent_t a, b;

@@ -526,6 +526,7 @@ __global__ void __launch_bounds__(THREADS, 2) k_staged(const Layer* layers, Stre
     for (int l = 0; l < LAYERS; ++l) {
         const Layer& L = layers[l];
         const Layer* next = l + 1 < LAYERS ? &layers[l + 1] : nullptr;
+        const Q1 none = {};  // after the last layer: an empty copy group, so every wait stays the same
         wait_all_but_newest();
         StagedPlain::compute(L.qkv, buf_a, s.xq, s.xds, s.qkv, false);
         __syncthreads();
@@ -541,20 +542,12 @@ __global__ void __launch_bounds__(THREADS, 2) k_staged(const Layer* layers, Stre
         wait_all_but_newest();
         StagedSwiglu::compute(L.gate, buf_a, s.xq, s.xds, s.h, false);
         __syncthreads();
-        if (next) {
-            StagedPlain::stage(next->qkv, next->qkv, buf_a);
-        } else {
-            copy_commit();
-        }
+        StagedPlain::stage(next ? next->qkv : none, next ? next->qkv : none, buf_a);
         grid_barrier(arrived, target);
         wait_all_but_newest();
         StagedPlain::compute(L.down, buf_b, s.xq, s.xds, s.x, true);
         __syncthreads();
-        if (next) {
-            StagedPlain::stage(next->o, next->o, buf_b);
-        } else {
-            copy_commit();
-        }
+        StagedPlain::stage(next ? next->o : none, next ? next->o : none, buf_b);
         grid_barrier(arrived, target);
     }
 }
