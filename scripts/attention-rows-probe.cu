@@ -7,7 +7,9 @@
 // Llama-3-8B's shape: 8 KV heads of 128, 4 query heads a KV head, f16 cache rows of all heads,
 // 32 layers' caches (1 GB at 8192: cold in L2). A block's warp w takes KV head w: each lane
 // scores one (query head, row) pair of an 8-row pass from shared memory, then accumulates four
-// dimensions of the warp's four query heads. Checked against a float64 reference. Run:
+// dimensions of the warp's four query heads. Checked against a float64 reference (max-abs error
+// within 1e-3 of the largest output: float32 sums of 8192 weighted rows; a wrong row or head
+// shows at the scale of the output itself). Run:
 //     nvcc -O3 -arch=sm_90 -o /tmp/arp scripts/attention-rows-probe.cu && /tmp/arp [ctx]
 #include <cooperative_groups.h>
 #include "harness.cuh"
@@ -311,7 +313,7 @@ int main(int argc, char** argv) {
                 diff = std::max(diff, fabs(got[i] - want[i]));
                 norm = std::max(norm, fabs(want[i]));
             }
-            printf("%.2e (of %.3f)%s\n", diff, norm, diff <= 1e-4 * norm ? "" : "  MISMATCH");
+            printf("%.2e (of %.3f)%s\n", diff, norm, diff <= 1e-3 * norm ? "" : "  MISMATCH");
         } else {
             printf("loads and merges only\n");
         }
