@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: carries kiln's compiled kernels (the NVRTC CUBIN cache, src/cache.rs)
 # between fresh machines, so that a run does not spend its first minutes compiling.
-#     scripts/kernel-cache.sh restore   unpacks .gpu/kernel-cache.tgz, when carried, into the cache
-#     scripts/kernel-cache.sh save      packs the cache into $OUT/kernel-cache.tgz (fetched back;
-#                                       copy it to .gpu/ for the next machine)
+#     scripts/kernel-cache.sh restore   unpacks .gpu/kernel-cache.tgz.NN, when carried, into the cache
+#     scripts/kernel-cache.sh save      packs the cache into $OUT/kernel-cache.tgz.NN, parts of 4 MiB
+#                                       (a whole 7.6 MB archive did not come back); copy them to .gpu/
+#                                       for the next machine
 # Entries are keyed by source text, defines, architecture and NVRTC version, so a stale one is
 # never used: it is only not found.
 set -euo pipefail
@@ -14,20 +15,21 @@ xdg=${XDG_CACHE_HOME:-}
 dir=${KILN_CACHE_DIR:-$xdg/kiln/kernels}
 case "${1:-}" in
 restore)
-    if [ -f .gpu/kernel-cache.tgz ]; then
+    parts=(.gpu/kernel-cache.tgz.[0-9][0-9])
+    if [ -f "${parts[0]}" ]; then
         mkdir -p "$dir"
         # An unreadable archive only costs the compile time it would have saved.
-        if tar xzf .gpu/kernel-cache.tgz -C "$dir"; then
+        if cat "${parts[@]}" | tar xzf - -C "$dir"; then
             echo "kernel cache: $(ls "$dir" | wc -l) entries restored into $dir"
         else
-            echo "warning: .gpu/kernel-cache.tgz could not be unpacked; kernels will be compiled" >&2
+            echo "warning: .gpu/kernel-cache.tgz.* could not be unpacked; kernels will be compiled" >&2
         fi
     fi
     ;;
 save)
     if [ -n "${OUT:-}" ] && [ -d "$dir" ]; then
-        tar czf "$OUT/kernel-cache.tgz" -C "$dir" .
-        echo "kernel cache: $(ls "$dir" | wc -l) entries saved, $(du -h "$OUT/kernel-cache.tgz" | cut -f1)"
+        tar czf - -C "$dir" . | split -b 4M -d - "$OUT/kernel-cache.tgz."
+        echo "kernel cache: $(ls "$dir" | wc -l) entries saved, $(cat "$OUT"/kernel-cache.tgz.* | wc -c) bytes in $(ls "$OUT"/kernel-cache.tgz.* | wc -l) parts"
     fi
     ;;
 *)
