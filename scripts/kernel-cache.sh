@@ -3,8 +3,8 @@
 # between fresh machines, so that a run does not spend its first minutes compiling.
 #     scripts/kernel-cache.sh restore   unpacks .gpu/kernel-cache.tgz.NN, when carried, into the cache
 #     scripts/kernel-cache.sh save      packs the cache into $OUT/kernel-cache.tgz.NN, parts of 4 MiB
-#                                       (a whole 7.6 MB archive did not come back); copy them to .gpu/
-#                                       for the next machine
+#                                       (the device tool can leave larger files behind); copy them to
+#                                       .gpu/ for the next machine
 # Entries are keyed by source text, defines, architecture and NVRTC version, so a stale one is
 # never used: it is only not found.
 set -euo pipefail
