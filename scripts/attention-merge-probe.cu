@@ -154,8 +154,8 @@ __global__ void fill_words(u32* p, size_t n, u32 seed) {
 
 int main(int argc, char** argv) {
     const int ctx = argc > 1 ? atoi(argv[1]) : 8192;
-    if (ctx % (MAX_SPLITS * ROWS_A_STEP) != 0) {
-        printf("ctx must be a multiple of %d\n", MAX_SPLITS * ROWS_A_STEP);
+    if (ctx <= 0 || ctx % (MAX_SPLITS * ROWS_A_STEP) != 0) {
+        printf("ctx must be a positive multiple of %d\n", MAX_SPLITS * ROWS_A_STEP);
         return 1;
     }
     cudaDeviceProp prop;
@@ -243,7 +243,10 @@ int main(int argc, char** argv) {
     };
     const StreamWay stream_ways[] = {{128, 8}, {256, 8}, {512, 8}, {128, 16}, {256, 16}, {1024, 8}};
     for (const StreamWay& w : stream_ways) {
-        if (ctx % (w.blocks * w.depth) != 0) continue;
+        if (ctx % (w.blocks * w.depth) != 0) {
+            printf("rows, %d deep     |      - | %6d | skipped: ctx not a multiple of %d\n", w.depth, w.blocks, w.blocks * w.depth);
+            continue;
+        }
         auto launch = [&](int layer) {
             if (w.depth == 8) stream_rows<8><<<w.blocks, THREADS, 0, st>>>(layers[layer], sink);
             if (w.depth == 16) stream_rows<16><<<w.blocks, THREADS, 0, st>>>(layers[layer], sink);

@@ -16,6 +16,9 @@ DIR=${BENCH_DIR:-/tmp/kiln-bench}
 LOG=${OUT:+$OUT/decode-bench}
 LOG=${LOG:-$DIR/decode-logs}
 REPS=${BENCH_REPS:-3}
+COPY_GBS=${COPY_GBS:-4233}
+[[ $COPY_GBS =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ ! $COPY_GBS =~ ^0+(\.0*)?$ ]] ||
+    { echo "COPY_GBS must be a positive number of GB/s, not '$COPY_GBS'" >&2; exit 2; }
 mkdir -p "$DIR" "$LOG"
 scripts/kernel-cache.sh restore  # kernels compiled on an earlier machine, when carried
 
@@ -76,7 +79,7 @@ if [[ "${ROWS[0]}" == llama3-8b-Q4_K_M* ]] && [ -f "$DIR/llama3-8b-Q4_K_M.gguf" 
 fi
 
 scripts/kernel-cache.sh save
-COPY_GBS=${COPY_GBS:-4233} python3 - "$LOG" "$DIR" << 'EOF'
+COPY_GBS=$COPY_GBS python3 - "$LOG" "$DIR" << 'EOF'
 import json, os, sys
 log, models = sys.argv[1], sys.argv[2]
 BANDWIDTH = float(os.environ["COPY_GBS"]) * 1e9

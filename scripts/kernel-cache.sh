@@ -28,8 +28,13 @@ restore)
     ;;
 save)
     if [ -n "${OUT:-}" ] && [ -d "$dir" ]; then
-        tar czf - -C "$dir" . | split -b 4M -d - "$OUT/kernel-cache.tgz."
-        echo "kernel cache: $(ls "$dir" | wc -l) entries saved, $(cat "$OUT"/kernel-cache.tgz.* | wc -c) bytes in $(ls "$OUT"/kernel-cache.tgz.* | wc -l) parts"
+        # A failed save only costs the next machine its compile time: it never stops a run.
+        if tar czf - -C "$dir" . | split -b 4M -d - "$OUT/kernel-cache.tgz."; then
+            echo "kernel cache: $(ls "$dir" | wc -l) entries saved, $(cat "$OUT"/kernel-cache.tgz.* | wc -c) bytes in $(ls "$OUT"/kernel-cache.tgz.* | wc -l) parts"
+        else
+            rm -f "$OUT"/kernel-cache.tgz.*
+            echo "warning: the kernel cache could not be saved into $OUT" >&2
+        fi
     fi
     ;;
 *)

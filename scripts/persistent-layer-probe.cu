@@ -129,19 +129,15 @@ __device__ __forceinline__ void rows_dot(const Q1& a, int first_a, const Q1& b, 
         const size_t at = (size_t)min(r < RA ? first_a + r : first_b + r - RA, w.rows - 1) * groups;
         codes[r] = w.codes + at;
         scales[r] = w.scales + at;
-        acc[r] = 0.0f;
     }
-    for (int g = lane; g < groups; g += 32) {
-        uint4 c[R];
-        float d[R];
+    lane_dots<R, false>(groups, xq, xds, [&](int g, uint4(&c)[R], float(&d)[R]) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             c[r] = __ldg(codes[r] + g);
             d[r] = __half2float(scales[r][g]);
         }
         if (wait && g == lane) wait_for_inputs();
-        group_dot<R, false>(c, d, xq, xds, g, acc);
-    }
+    }, acc);
     if (wait && lane >= groups) wait_for_inputs();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -469,18 +465,13 @@ struct Staged {
             const uint4* codes = reinterpret_cast<const uint4*>(slots + k * slot_bytes(groups));
             const __half* scales = reinterpret_cast<const __half*>(codes + R * groups);
             float acc[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-            for (int g = lane; g < groups; g += 32) {
-                uint4 c[R];
-                float d[R];
+            lane_dots<R, false>(groups, xq, xds, [&](int g, uint4(&c)[R], float(&d)[R]) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     c[r] = codes[r * groups + g];
                     d[r] = __half2float(scales[r * groups + g]);
                 }
-                group_dot<R, false>(c, d, xq, xds, g, acc);
-            }
+            }, acc);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -665,6 +656,10 @@ static void layer_fused_inputs(cudaStream_t st, const Layer& L, const Stream& s,
 
 int main(int argc, char** argv) {
     const int ctx = argc > 1 ? atoi(argv[1]) : 128;
+    if (ctx < 1 || ctx > 8192) {  // the staged way's shared memory holds the scores of at most 8192
+        printf("position must be 1..8192, not %s\n", argv[1]);
+        return 1;
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("%s, %d SMs; Qwen3-8B Q1_0 shape, %d layers, one token at position %d\n", prop.name, prop.multiProcessorCount, LAYERS, ctx);

@@ -71,6 +71,20 @@ __device__ __forceinline__ void fetch(const uint4* __restrict__ codes, const __h
     }
 }
 
+// acc[r] = this lane's share of row r's dot with the activations: lane l takes groups l, l + 32,
+// ...; fetch(g, c, d) loads group g's codes and scale of every row.
+template <int R, bool NC, class Fetch>
+__device__ __forceinline__ void lane_dots(int groups, const uint4* xq, const float2* xds, Fetch fetch, float (&acc)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int g = threadIdx.x & 31; g < groups; g += 32) {
+        uint4 c[R];
+        float d[R];
+        fetch(g, c, d);
+        group_dot<R, NC>(c, d, xq, xds, g, acc);
+    }
+}
+
 // kiln today: a warp per R rows, lane l takes groups l, l + 32, ... of them (activations from
 // global memory through the read-only cache, or from shared memory when NC is false).
 template <int R, bool NC = true>
@@ -79,14 +93,7 @@ __device__ __forceinline__ void one_batch_rows(const uint4* codes, const __half*
     const int lane = threadIdx.x & 31, row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
     if (row0 >= rows) return;
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int g = lane; g < groups; g += 32) {
-        uint4 c[R];
-        float d[R];
-        fetch<R>(codes, scales, row0, rows, groups, g, c, d);
-        group_dot<R, NC>(c, d, xq, xds, g, acc);
-    }
+    lane_dots<R, NC>(groups, xq, xds, [&](int g, uint4(&c)[R], float(&d)[R]) { fetch<R>(codes, scales, row0, rows, groups, g, c, d); }, acc);
     finish<R>(acc, out, row0, rows, lane);
 }
 
