@@ -71,14 +71,15 @@ for binary in "${binaries[@]}"; do
 done
 # Whole-program checks of the CUDA decode path when the kiln binary is staged: the device
 # list, one greedy decode under compute-sanitizer's memcheck and one sampled decode (the
-# sampler's shared-memory radix passes) under racecheck (any error fails them), and a longer
-# decode whose tokens/s line shows the speed.
+# sampler's shared-memory radix passes) under racecheck (any error fails them), a longer
+# decode whose tokens/s line shows the speed, and greedy runs repeated that must agree.
 if [ -x .gpu/kiln ]; then
     sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     set -- ".gpu/kiln info --devices" \
         "$sanitizer --tool memcheck --error-exitcode 1 .gpu/kiln run -m models/stories260K.gguf --device cuda -n 8 --temp 0" \
         "$sanitizer --tool racecheck --error-exitcode 1 .gpu/kiln run -m models/stories260K.gguf --device cuda -n 8 --temp 0.8 --repeat-penalty 1.1 -s 1" \
-        ".gpu/kiln run -m models/stories260K.gguf --device cuda -n 400 --temp 0 --no-display-prompt" "$@"
+        ".gpu/kiln run -m models/stories260K.gguf --device cuda -n 400 --temp 0 --no-display-prompt" \
+        "scripts/repeat-runs.sh .gpu/kiln models/stories260K.gguf $KILN_TESTDATA/models/tiny-llama-Q8_0.gguf" "$@"
 fi
 # The batched engine with prefill chunks and decode tokens mixed in one step, under memcheck.
 if [ -x .gpu/bin/kiln-cuda--gpu_models ]; then

@@ -233,21 +233,21 @@ fn create_temp_file(dir: &Path, stem: &str) -> std::io::Result<(PathBuf, File)> 
 }
 
 /// The payload of a valid entry; a missing entry gives `None`, an invalid one is deleted.
-fn read_entry(path: &Path) -> Option<Vec<u8>> {
+pub(crate) fn read_entry(path: &Path) -> Option<Vec<u8>> {
     let data = match fs::read(path) {
         Ok(data) => data,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
         Err(error) => {
-            tracing::warn!(path = %path.display(), %error, "cannot read the kernel cache entry; recompiling");
+            tracing::warn!(path = %path.display(), %error, "cannot read the cache entry; ignoring it");
             return None;
         }
     };
     match decode_entry(&data) {
         Ok(payload) => Some(payload.to_vec()),
         Err(problem) => {
-            tracing::warn!(path = %path.display(), problem, "corrupt kernel cache entry; deleting and recompiling");
+            tracing::warn!(path = %path.display(), problem, "corrupt cache entry; deleting it");
             if let Err(error) = fs::remove_file(path) {
-                tracing::warn!(path = %path.display(), %error, "cannot delete the corrupt kernel cache entry");
+                tracing::warn!(path = %path.display(), %error, "cannot delete the corrupt cache entry");
             }
             None
         }
@@ -288,7 +288,7 @@ fn decode_entry(data: &[u8]) -> Result<&[u8], &'static str> {
     Ok(payload)
 }
 
-fn write_entry(path: &Path, payload: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_entry(path: &Path, payload: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let stem = path.file_name().map_or("entry".into(), |name| name.to_string_lossy());
     let (temp_path, mut file) = create_temp_file(dir, &stem)?;

@@ -46,6 +46,7 @@ mod shared_products;
 mod sources;
 mod step;
 mod step_clock;
+mod tuning;
 
 pub use arch_ops::DeltaNetSpans;
 pub use backend::CudaBackend;

@@ -12,7 +12,7 @@
 //! never describe other weights than the ones it was made for.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kiln_core::{Activation, ExpertInput};
@@ -20,6 +20,7 @@ use kiln_core::{Activation, ExpertInput};
 use super::matmat::{fastest, gpu_key, group_tiles, is_capturing, launch_groups};
 use super::matvec_shape::{choose_shape, default_shape, MatvecKind, TuneKey, MATVEC_SHAPES};
 use super::{check_len, invalid, to_u32, GpuWeight, Kernel, QuantizedActivations, Storage, MAX_MATVEC_TOKENS};
+use crate::tuning::{Tunable, TuningTable};
 use crate::{CudaDevice, CudaError};
 
 const OP: &str = "matmul_experts";
@@ -92,9 +93,23 @@ struct GroupedKey {
     per_expert: u32,
 }
 
-fn tuned_ways() -> &'static Mutex<HashMap<GroupedKey, GroupedWay>> {
-    static TUNED: OnceLock<Mutex<HashMap<GroupedKey, GroupedWay>>> = OnceLock::new();
-    TUNED.get_or_init(Default::default)
+static TUNED_WAYS: TuningTable<GroupedKey, GroupedWay> = TuningTable::new("expert group shapes", |way| all_ways().any(|w| w == *way));
+
+impl Tunable for GroupedWay {
+    fn to_words(self) -> Vec<u64> {
+        match self {
+            GroupedWay::Matvec => vec![0],
+            GroupedWay::Tiles { tile, group } => vec![1, tile as u64, group as u64],
+        }
+    }
+
+    fn from_words(words: &[u64]) -> Option<Self> {
+        match *words {
+            [0] => Some(GroupedWay::Matvec),
+            [1, tile, group] => Some(GroupedWay::Tiles { tile: usize::try_from(tile).ok()?, group: usize::try_from(group).ok()? }),
+            _ => None,
+        }
+    }
 }
 
 /// Where the grouped product sorts a step's slots: each group's slots and expert, the group
@@ -431,14 +446,14 @@ impl ExpertProducts {
         let first = &experts[0];
         let per_expert = slots.div_ceil(experts.len()).next_power_of_two().trailing_zeros();
         let key = GroupedKey { gpu: gpu_key(device), rows: first.rows, cols: first.cols, ty: first.ty.id(), per_expert };
-        let remembered = tuned_ways().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+        let remembered = TUNED_WAYS.get(device, &key);
         let way = match remembered {
             Some(way) => way,
             None if call.capturing => GroupedWay::Matvec,
             None => {
                 let ways: Vec<GroupedWay> = all_ways().collect();
                 let way = fastest(device, "expert group shapes", &ways, |way| self.grouped_with(device, call, way, out))?;
-                tuned_ways().lock().unwrap_or_else(PoisonError::into_inner).insert(key, way);
+                TUNED_WAYS.insert(device, key, way);
                 way
             }
         };
@@ -662,4 +677,17 @@ struct GroupedCall<'a> {
     call: ExpertCall<'a>,
     table: u64,
     capturing: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouped_ways_round_trip_through_their_words() {
+        for way in all_ways() {
+            assert_eq!(GroupedWay::from_words(&way.to_words()), Some(way));
+        }
+        assert_eq!(GroupedWay::from_words(&[2]), None);
+    }
 }

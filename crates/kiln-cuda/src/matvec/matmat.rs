@@ -4,8 +4,8 @@
 //! Autotuning: the first uncaptured product for a (device, rows, cols, format, SwiGLU,
 //! accumulate, token bucket) key times every candidate (each shape, and the split-K shapes
 //! also with their heuristic split count) with CUDA events on the real weight and input, the
-//! L2 flushed before each of two timed runs, into a throw-away output; the fastest is kept in
-//! a process-wide table and the product is then computed with it. Inside a CUDA graph capture
+//! L2 flushed before each of two timed runs, into a throw-away output; the fastest is kept for
+//! the process and on disk (tuning.rs) and the product is then computed with it. Inside a CUDA graph capture
 //! nothing is timed: the remembered choice is used, else the measured static rule
 //! [`choose_tile`].
 
@@ -17,6 +17,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKern
 
 use super::kernels::prepare_kernels;
 use super::{check_len, check_pair, invalid, push_weight, stride_launch, to_u32, GpuWeight, Kernel, Storage, CHUNK_VALUES, MMA_THREADS};
+use crate::tuning::{Tunable, TuningTable};
 use crate::{CudaDevice, CudaError};
 
 /// One block shape of the mat-mat, passed as MMA_BM / MMA_BN / MMA_WN (and for the pipelined
@@ -202,9 +203,20 @@ fn bucket(n: usize) -> u8 {
     }
 }
 
-pub(super) fn tuned() -> &'static Mutex<HashMap<TuneKey, Choice>> {
-    static TUNED: OnceLock<Mutex<HashMap<TuneKey, Choice>>> = OnceLock::new();
-    TUNED.get_or_init(Default::default)
+/// Measured choices, shared by every backend on the GPU (so they sum in the same order).
+pub(super) static TUNED: TuningTable<TuneKey, Choice> = TuningTable::new("mat-mat shapes", |c| c.tile < MMA_TILES.len() && c.splits >= 1);
+
+impl Tunable for Choice {
+    fn to_words(self) -> Vec<u64> {
+        vec![self.tile as u64, self.splits as u64]
+    }
+
+    fn from_words(words: &[u64]) -> Option<Self> {
+        match *words {
+            [tile, splits] => Some(Choice { tile: usize::try_from(tile).ok()?, splits: usize::try_from(splits).ok()? }),
+            _ => None,
+        }
+    }
 }
 
 /// Buffers of the pipelined shapes, one set per stream (every launch of a device goes to its
@@ -320,7 +332,7 @@ pub fn matmat_tile_is_streaming(tile: usize) -> bool {
 /// rule.
 pub fn matmat_tile(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> usize {
     let key = tune_key(device, w, n, swiglu, false);
-    match tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+    match TUNED.get(device, &key) {
         Some(choice) => choice.tile,
         None => choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize),
     }
@@ -391,14 +403,14 @@ pub(super) fn launch_matmat(
     let swiglu = up.is_some();
     let capturing = is_capturing(device);
     let key = tune_key(device, w, n, swiglu, accumulate);
-    let remembered = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+    let remembered = TUNED.get(device, &key);
     let static_choice = || Choice { tile: choose_tile(w.rows, n, swiglu, device.info().multiprocessor_count as usize), splits: 1 };
     let (choice, converted) = match remembered {
         Some(choice) => (choice, converted),
         None if capturing => (static_choice(), converted),
         None => {
             let choice = tune(device, call)?;
-            tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, choice);
+            TUNED.insert(device, key, choice);
             // The candidates converted the input in their own layouts.
             (choice, None)
         }
@@ -442,7 +454,7 @@ pub(crate) fn rms_norm_half(device: &CudaDevice, norm: NormCall<'_>, products: &
     }
     let run = if swiglu { 1 } else { super::stacked::stackable_run(products) };
     let key = if run > 1 { stacked_tune_key(device, &products[..run], n) } else { tune_key(device, first, n, swiglu, false) };
-    let Some(choice) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied() else {
+    let Some(choice) = TUNED.get(device, &key) else {
         return Ok(None);
     };
     let t = MMA_TILES[choice.tile];
@@ -759,6 +771,14 @@ fn launch_choice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn choices_round_trip_through_their_words() {
+        for choice in [Choice { tile: 0, splits: 1 }, Choice { tile: MMA_TILES.len() - 1, splits: 7 }] {
+            assert_eq!(Choice::from_words(&choice.to_words()), Some(choice));
+        }
+        assert_eq!(Choice::from_words(&[1]), None);
+    }
 
     #[test]
     fn shared_bytes_match_the_kernel_layout() {

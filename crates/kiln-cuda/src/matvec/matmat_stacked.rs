@@ -8,7 +8,7 @@ use std::sync::PoisonError;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::matmat::{
-    candidates, device_key, fastest, is_capturing, scratch, stacked_tune_key, stage_input, tuned, Choice, HalfLayout, Launched, MatmatCall, Staged, MMA_TILES,
+    candidates, device_key, fastest, is_capturing, scratch, stacked_tune_key, stage_input, Choice, HalfLayout, Launched, MatmatCall, Staged, MMA_TILES, TUNED,
 };
 use super::stacked::{launch_stacked_kernel, MAX_STACKED};
 use super::{invalid, stride_launch, to_u32, GpuWeight, Kernel, MMA_THREADS};
@@ -33,7 +33,7 @@ pub(super) fn launch_stacked_matmat(
     }
     let capturing = is_capturing(device);
     let key = stacked_tune_key(device, ws, n);
-    let remembered = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
+    let remembered = TUNED.get(device, &key);
     let (choice, converted) = match remembered {
         Some(choice) => (choice, converted),
         None if capturing => return Ok(None),
@@ -44,7 +44,7 @@ pub(super) fn launch_stacked_matmat(
             let mut refs: Vec<&mut CudaSlice<f32>> = scratch_outs.iter_mut().collect();
             let choice =
                 fastest(device, "stacked mat-mat shapes", &candidates, |choice| launch_choice(device, ws, x, &mut refs, n, choice, false, None).map(drop))?;
-            tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, choice);
+            TUNED.insert(device, key, choice);
             // The candidates converted the input in their own layouts.
             (choice, None)
         }

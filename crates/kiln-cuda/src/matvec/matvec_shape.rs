@@ -7,14 +7,13 @@
 //! shape, it is measured: the first uncaptured product of a (device, rows, cols, format, SwiGLU,
 //! tokens) key times every candidate on the real weight and input and keeps the fastest, counting
 //! a shape that also stores the next product's input as faster by the launch it saves. Inside a
-//! graph capture nothing is timed: the remembered choice, else the default for the count.
-
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+//! graph capture nothing is timed: the remembered choice (of this process or, saved on disk, of an
+//! earlier run: tuning.rs), else the default for the count.
 
 use super::kernels::prepare_kernels;
 use super::matmat::{fastest_with_credit, gpu_key, is_capturing};
 use super::{GpuWeight, Kernel, MAX_MATVEC_TOKENS, MV_WARPS};
+use crate::tuning::TuningTable;
 use crate::{CudaDevice, CudaError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,10 +200,8 @@ impl TuneKey {
     }
 }
 
-fn tuned() -> &'static Mutex<HashMap<TuneKey, usize>> {
-    static TUNED: OnceLock<Mutex<HashMap<TuneKey, usize>>> = OnceLock::new();
-    TUNED.get_or_init(Default::default)
-}
+/// Measured shapes, as indices into `MATVEC_SHAPES`.
+static TUNED: TuningTable<TuneKey, usize> = TuningTable::new("mat-vec shapes", |&shape| shape < MATVEC_SHAPES.len());
 
 /// The shape for `key`'s launch: remembered, else (outside a capture) measured by timing
 /// `launch(shape)` for each candidate, less `credit(shape)` ms for the work a shape saves
@@ -218,7 +215,7 @@ pub(super) fn choose_shape(
     launch: impl FnMut(usize) -> Result<(), CudaError>,
 ) -> Result<usize, CudaError> {
     debug_assert!((1..=MAX_MATVEC_TOKENS).contains(&key.ntok));
-    if let Some(&shape) = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+    if let Some(shape) = TUNED.get(device, &key) {
         return Ok(shape);
     }
     if is_capturing(device) {
@@ -229,7 +226,7 @@ pub(super) fn choose_shape(
     prepare_kernels(device, w, candidates.iter().map(|&shape| Kernel::Matvec { ntok: key.ntok, kind: MatvecKind::Plain, shape }))?;
     let best = fastest_with_credit(device, "mat-vec shapes", &candidates, credit, launch)?;
     tracing::debug!(?key, shape = ?MATVEC_SHAPES[best], "mat-vec launch shape measured");
-    tuned().lock().unwrap_or_else(PoisonError::into_inner).insert(key, best);
+    TUNED.insert(device, key, best);
     Ok(best)
 }
 
@@ -237,7 +234,7 @@ pub(super) fn choose_shape(
 /// the default.
 pub fn matvec_shape(device: &CudaDevice, w: &GpuWeight, n: usize, swiglu: bool) -> (u32, u32) {
     let key = TuneKey::new(device, w, n, if swiglu { MatvecKind::SwiGlu } else { MatvecKind::Plain });
-    let index = tuned().lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied().unwrap_or_else(|| default_shape(n));
+    let index = TUNED.get(device, &key).unwrap_or_else(|| default_shape(n));
     let s = MATVEC_SHAPES[index];
     (s.rows_per_warp, s.batch)
 }

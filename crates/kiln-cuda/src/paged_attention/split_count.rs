@@ -1,6 +1,6 @@
 //! How many splits a decode grid uses: one wave of resident blocks as the estimate, and, on the
 //! first uncaptured call for a grid, the fastest of a few candidates timed on a synthetic
-//! long-context step, kept for good (captured graphs bake the count in).
+//! long-context step, kept for good (captured graphs bake the count in) and for later runs.
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaSlice;
@@ -11,6 +11,7 @@ use super::{
     WORKSPACE_MAX_BYTES,
 };
 use crate::plan_words::PlanLayout;
+use crate::tuning::TuningTable;
 use crate::{CudaDevice, CudaError};
 
 /// Positions per sequence of the synthetic step the split counts are timed on, and the cap on
@@ -21,6 +22,9 @@ const TUNE_MAX_ROWS: usize = 1 << 20;
 /// fastest count as ties, won by the fewest splits (smaller partials, cheaper merge).
 const TUNE_ROUNDS: usize = 3;
 const TUNE_SLACK: f64 = 1.02;
+
+/// Timed split counts, kept for later processes (an estimate fixed untimed is not).
+static TUNED_SPLITS: TuningTable<GridKey, usize> = TuningTable::new("decode attention splits", |&n| (1..=DEC_MAX_SPLITS).contains(&n));
 
 /// What fixes a decode grid: the specialization, the token count and the shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,9 +96,10 @@ fn tuning_step(n_tokens: usize, positions: usize, cache_blocks: usize) -> Result
 
 impl State {
     /// The split count of this grid: fixed on first sight and never changed, since captured
-    /// graphs bake it in. Uncaptured, the candidates are timed on a synthetic step of
-    /// long-context sequences through the caller's caches and q (`out` is overwritten; the
-    /// caller's own launch follows); inside a capture the one-wave estimate is fixed untimed.
+    /// graphs bake it in. The count an earlier run timed, where saved; else, uncaptured, the
+    /// candidates are timed on a synthetic step of long-context sequences through the caller's
+    /// caches and q (`out` is overwritten; the caller's own launch follows); inside a capture
+    /// the one-wave estimate is fixed untimed.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn choose(
         &mut self,
@@ -115,7 +120,9 @@ impl State {
         // Only blocks with memory behind them: the synthetic step's tables wrap within those.
         let cache_blocks = p.rows.min(inputs.kv.usable_rows) / KV_BLOCK_SIZE;
         let candidates = PagedAttention::candidates(resident_blocks, n_tokens, p);
-        let choice = if capturing || cache_blocks == 0 || candidates.len() < 2 {
+        let choice = if let Some(n_splits) = TUNED_SPLITS.get(device, &grid) {
+            SplitChoice { n_splits, timings: Vec::new(), timed_positions: 0 }
+        } else if capturing || cache_blocks == 0 || candidates.len() < 2 {
             SplitChoice { n_splits: estimate, timings: Vec::new(), timed_positions: 0 }
         } else {
             let positions = p.max_span().min(TUNE_POSITIONS).min((TUNE_MAX_ROWS / n_tokens).max(min_chunk(&Key::of(p)) * 16));
@@ -142,6 +149,7 @@ impl State {
             }
             let best = timings.iter().map(|&(_, ms)| ms).fold(f64::INFINITY, f64::min);
             let n_splits = timings.iter().find(|&&(_, ms)| ms <= best * TUNE_SLACK).map_or(estimate, |&(n, _)| n);
+            TUNED_SPLITS.insert(device, grid, n_splits);
             SplitChoice { n_splits, timings, timed_positions: positions }
         };
         let n_splits = choice.n_splits;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine: greedy `kiln run` three times on each model, all three from one fresh
+# tuning cache (the kernels copied from the usual cache, the saved launch choices left out):
+# the first run times its choices and saves them, the later ones load them. Fails unless all
+# three generate the same tokens and choices were saved.
+#     scripts/repeat-runs.sh KILN MODEL...
+set -euo pipefail
+kiln=$1
+shift
+kernels=${KILN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/kernels}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Long enough for the prompt's products to take the tensor-core mat-mat, whose shapes are timed too.
+prompt=$(printf 'Once upon a time, in a small town by the sea, there lived a girl who loved to draw. %.0s' 1 2 3 4 5 6)
+status=0
+for model in "$@"; do
+    rm -rf "$work/cache" && mkdir -p "$work/cache"
+    if [ -d "$kernels" ]; then cp -r "$kernels/." "$work/cache/"; fi
+    rm -rf "$work/cache/tuning"
+    for run in 1 2 3; do
+        KILN_CACHE_DIR=$work/cache "$kiln" run -m "$model" --device cuda -n 96 --temp 0 -p "$prompt" --json > "$work/run$run.json"
+    done
+    saved=$( (find "$work/cache/tuning" -type f 2> /dev/null || true) | wc -l)
+    if verdict=$(python3 - "$work" << 'PY'
+import json, sys
+runs = [json.load(open(f"{sys.argv[1]}/run{i}.json"))["generated_tokens"] for i in (1, 2, 3)]
+print(f"{len(runs[0])} tokens, " + ("the same" if runs[0] == runs[1] == runs[2] else "DIFFERENT"))
+sys.exit(0 if runs[0] == runs[1] == runs[2] else 1)
+PY
+    ); then :; else status=1; fi
+    [ "$saved" -gt 0 ] || { verdict="$verdict, no choice saved"; status=1; }
+    echo "$(basename "$model"): three runs, $verdict ($saved launch choices saved)"
+done
+exit $status
