@@ -5,8 +5,8 @@
 //! accumulate, token bucket) key times every candidate (each shape, and the split-K shapes
 //! also with their heuristic split count) with CUDA events on the real weight and input, the
 //! L2 flushed before each of two timed runs, into a throw-away output; the fastest is kept for
-//! the process and on disk (tuning.rs) and the product is then computed with it. Inside a CUDA graph capture
-//! nothing is timed: the remembered choice is used, else the measured static rule
+//! the process and on disk (tuning.rs) and the product is then computed with it. Inside a CUDA
+//! graph capture nothing is timed: the remembered choice is used, else the measured static rule
 //! [`choose_tile`].
 
 use std::collections::HashMap;
