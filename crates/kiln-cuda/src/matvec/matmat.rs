@@ -204,7 +204,8 @@ fn bucket(n: usize) -> u8 {
 }
 
 /// Measured choices, shared by every backend on the GPU (so they sum in the same order).
-pub(super) static TUNED: TuningTable<TuneKey, Choice> = TuningTable::new("mat-mat shapes", |c| c.tile < MMA_TILES.len() && c.splits >= 1);
+pub(super) static TUNED: TuningTable<TuneKey, Choice> =
+    TuningTable::new("mat-mat shapes", |c| c.tile < MMA_TILES.len() && (1..=MAX_SPLITS).contains(&c.splits));
 
 impl Tunable for Choice {
     fn to_words(self) -> Vec<u64> {
