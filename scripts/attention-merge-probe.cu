@@ -4,7 +4,7 @@
 // one reads them all back through L2). Llama-3-8B's shape: 8 KV heads of 128, 4 query heads a
 // KV head, an f16 cache of CTX positions, 32 layers' caches (1 GB at 8192: cold in L2).
 // Each block streams its split's K and V rows with 16-byte loads and makes stand-in partials
-// from them (the scoring hides under the loads in kiln: docs/performance.md); the merge is the
+// from them (the scoring hides under the loads in kiln: docs/performance-log.md); the merge is the
 // real one (max, weights, sum of the weighted partials). Ways, µs a layer:
 //   no merge       the splits write their partials and exit (the floor of any merge)
 //   ticket merge   kiln's: partials to global memory, a ticket, the last split merges

@@ -2,7 +2,7 @@
 // whose blocks stream whole cache rows (every KV head, 2 KiB contiguous) and merge their partials
 // in two levels (a thread-block cluster over DSMEM, then a ticket per slice of query heads) beat
 // kiln's head-major split kernel (19.5 µs a layer, Llama-3-8B at depth 8192 on an H100:
-// docs/performance.md)? The loads alone of such blocks reached 12.3-13.0 µs there
+// docs/performance-log.md)? The loads alone of such blocks reached 12.3-13.0 µs there
 // (scripts/attention-merge-probe.cu). Beside it, the same scoring head-major with a cluster
 // merge, the layout of kiln's kernel with its cheapest merge.
 // Llama-3-8B's shape: 8 KV heads of 128, 4 query heads a KV head, f16 cache rows of all heads,

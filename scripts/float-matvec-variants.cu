@@ -1,5 +1,5 @@
 // Standalone F16 mat-vec variants on Llama-3-8B shapes (one token), weight GB/s of each, with the
-// read-only roofline of the same harness; the numbers behind docs/performance.md "Float weights,
+// read-only roofline of the same harness; the numbers behind docs/performance-log.md "Float weights,
 // one token". Run on the GPU machine (it needs the CUDA toolkit, not kiln):
 //     nvcc -O3 -arch=sm_90 -o /tmp/fv scripts/float-matvec-variants.cu && /tmp/fv
 #include <cstdio>

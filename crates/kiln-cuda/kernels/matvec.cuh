@@ -508,7 +508,7 @@ __device__ __forceinline__ void matvec_grouped(const Planes (&w)[NW], const i8* 
 // Entry-point bodies, so each format's kernels are one line each. The grouped formats
 // (FmtGrouped) and those with wide chunk pairs take their own loops, except Q8_0: its pair is
 // two 16-byte loads 32 bytes apart per lane, so each load instruction of a warp would touch
-// twice the sectors it uses; one chunk a lane streams 2% faster (docs/performance.md).
+// twice the sectors it uses; one chunk a lane streams 2% faster (docs/performance-log.md).
 template <class F, int NW>
 __device__ __forceinline__ void matvec_rows(const Planes (&w)[NW], const i8* xq, const float2* xds, const InputNorm& xn,
                                             float* out, u32 rows, u32 accumulate, u32 block,

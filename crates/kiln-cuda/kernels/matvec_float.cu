@@ -93,7 +93,7 @@ __device__ __forceinline__ void matvec_float(const W (&w)[NW], const float* __re
 // `block` computes rows block * R onwards.
 #define FV_ROW_BATCH 4
 // Warps of that block: 8 streams 4-14% more bytes a second than 4 on the 8B shapes (standalone
-// harness, docs/performance.md), the LM head's 128256 rows alike within 2%.
+// harness, docs/performance-log.md), the LM head's 128256 rows alike within 2%.
 #define FV_ROW_WARPS 8
 #define FV_ROW_THREADS (FV_ROW_WARPS * 32)
 // Rows of one weight a block takes (plain and stacked products; the SwiGLU pair already reads
