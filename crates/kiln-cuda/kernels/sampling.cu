@@ -17,6 +17,10 @@
 #define RADIX_BINS (1 << RADIX_BITS)
 #define CANDIDATE_CAP SAMPLE_THREADS
 #define NEG_INF __int_as_float(0xff800000)
+// A bin's mass in fixed point, units of 2^-40: integer sums are the same in any order, so a
+// seeded draw does not depend on which warp reached a bin first. Weights are at most 1 and a
+// vocabulary under 2^24 tokens sums below 2^64.
+#define MASS_ONE 1099511627776.0f
 
 static_assert(RADIX_BINS == SAMPLE_THREADS, "the bin scan gives each thread one bin");
 
@@ -40,7 +44,7 @@ __device__ __forceinline__ u32 order_key(float value) {
 }
 
 struct SampleShared {
-    float mass[RADIX_BINS];
+    u64 mass[RADIX_BINS];
     u32 count[RADIX_BINS];
     float warp_totals[SAMPLE_THREADS / 32];
     float cand_value[CANDIDATE_CAP];
@@ -179,7 +183,7 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
     for (int hi = 32 + (int)rank.id_bits; hi > 0;) {
         const int lo = hi > RADIX_BITS ? hi - RADIX_BITS : 0;
         const u32 digit_mask = (1u << (hi - lo)) - 1u;
-        sh.mass[tid] = 0.0f;
+        sh.mass[tid] = 0;
         sh.count[tid] = 0;
         if (tid == 0) {
             sh.found = RADIX_BINS;
@@ -208,23 +212,24 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
                 continue;
             }
             const u32 peers = __match_any_sync(0xffffffffu, hit ? digit : 0xffffffffu);
-            float peer_weight = kind == WEIGHT_COUNT ? (float)__popc(peers) : 0.0f;
+            u64 peer_mass = kind == WEIGHT_COUNT ? (u64)__popc(peers) * (u64)MASS_ONE : 0;
+            const u64 mass = (u64)(weight * MASS_ONE);
             for (u32 pending = kind == WEIGHT_COUNT ? 0u : hits; pending != 0; pending &= pending - 1) {
                 const int source = __ffs(pending) - 1;
-                const float w = __shfl_sync(0xffffffffu, weight, source);
+                const u64 m = __shfl_sync(0xffffffffu, mass, source);
                 if ((peers >> source) & 1u) {
-                    peer_weight += w;
+                    peer_mass += m;
                 }
             }
             if (hit && lane == (u32)(__ffs(peers) - 1)) {
                 atomicAdd(&sh.count[digit], (u32)__popc(peers));
-                atomicAdd(&sh.mass[digit], peer_weight);
+                atomicAdd(&sh.mass[digit], peer_mass);
             }
         }
         __syncthreads();
         // Thread t reads bin RADIX_BINS-1-t, so the scan runs down the ranking.
         const u32 bin = RADIX_BINS - 1 - tid;
-        const float mass = sh.mass[bin];
+        const float mass = (float)sh.mass[bin] * (1.0f / MASS_ONE);
         const bool nonempty = sh.count[bin] > 0;
         const float inclusive = block_inclusive_scan(mass, sh.warp_totals);
         const float reached = above + inclusive;
