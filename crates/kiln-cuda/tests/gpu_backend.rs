@@ -706,8 +706,12 @@ fn ffns_pass_prepared_norms_to_the_products_after_them() {
                 assert!(n == 1 || count == 0, "{what}: {count} norms prepared for several tokens");
                 prepared_cases += count;
                 assert_close(&format!("{what}: residual"), &x_chained, &x_alone, 1e-5);
+                // The prepared codes are those of x * w, not x * w / rms: equal but at rounding
+                // ties, where a code moves by one step (1/127 of its block's largest value),
+                // about 8e-4 of an output's norm at dim 512. 3e-3 allows a dozen such codes; a
+                // wrong norm weight or scale is off by 1e-1 or more.
                 for (name, (got, want)) in ["q", "k", "v"].iter().zip(chained.iter().zip(&alone)) {
-                    assert_close(&format!("{what}: {name} ({count} norms prepared)"), got, want, 1e-3);
+                    assert_close(&format!("{what}: {name} ({count} norms prepared)"), got, want, 3e-3);
                 }
             }
         }
