@@ -149,6 +149,7 @@ impl State {
             }
             let best = timings.iter().map(|&(_, ms)| ms).fold(f64::INFINITY, f64::min);
             let n_splits = timings.iter().find(|&&(_, ms)| ms <= best * TUNE_SLACK).map_or(estimate, |&(n, _)| n);
+            tracing::debug!(?grid, positions, ?timings, n_splits, "decode attention splits timed (ms per call)");
             TUNED_SPLITS.insert(device, grid, n_splits);
             SplitChoice { n_splits, timings, timed_positions: positions }
         };
