@@ -41,13 +41,18 @@ impl Tunable for usize {
     }
 }
 
+/// Choices by (GPU ordinal, key); `None` for a key looked up on disk and absent.
+type Choices<K, V> = HashMap<(usize, K), Option<V>>;
+
 /// One tuner's choices by key. A key's `Debug` text names it on disk.
 pub(crate) struct TuningTable<K, V> {
     name: &'static str,
     /// Rejects a stored value this build cannot use (an index past its candidates).
     valid: fn(&V) -> bool,
-    /// `None`: looked up on disk and absent, so a miss costs one read a process.
-    choices: OnceLock<Mutex<HashMap<K, Option<V>>>>,
+    /// By GPU ordinal and key (every backend on one GPU shares them, so they sum in the same
+    /// order; GPUs of two kinds in one process each keep their own). `None`: looked up on disk
+    /// and absent, so a miss costs one read a process.
+    choices: OnceLock<Mutex<Choices<K, V>>>,
 }
 
 impl<K: Copy + Eq + Hash + Debug, V: Tunable> TuningTable<K, V> {
@@ -55,22 +60,23 @@ impl<K: Copy + Eq + Hash + Debug, V: Tunable> TuningTable<K, V> {
         TuningTable { name, valid, choices: OnceLock::new() }
     }
 
-    fn choices(&self) -> std::sync::MutexGuard<'_, HashMap<K, Option<V>>> {
+    fn choices(&self) -> std::sync::MutexGuard<'_, Choices<K, V>> {
         self.choices.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The choice for `key`: this process's, else the one an earlier run saved.
     pub(crate) fn get(&self, device: &CudaDevice, key: &K) -> Option<V> {
-        if let Some(&known) = self.choices().get(key) {
+        let gpu = device.context().ordinal();
+        if let Some(&known) = self.choices().get(&(gpu, *key)) {
             return known;
         }
         let stored = self.entry(device, key).and_then(|(path, label)| load(&path, &label)).and_then(|words| V::from_words(&words)).filter(self.valid);
-        *self.choices().entry(*key).or_insert(stored)
+        *self.choices().entry((gpu, *key)).or_insert(stored)
     }
 
     /// Remembers `value` for `key`, in the process and on disk.
     pub(crate) fn insert(&self, device: &CudaDevice, key: K, value: V) {
-        self.choices().insert(key, Some(value));
+        self.choices().insert((device.context().ordinal(), key), Some(value));
         if let Some((path, label)) = self.entry(device, &key) {
             save(&path, &label, &value.to_words());
         }
