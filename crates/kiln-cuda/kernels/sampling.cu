@@ -8,6 +8,8 @@
 // list is a key threshold. Each cut is found by a radix descent that sums weights (counts for
 // top-k, probabilities for top-p, tempered weights for the draw) per digit, so the vocabulary
 // is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
+// A small top-k (the defaults' 40) is found by the blocks sharing the row instead: each sorts
+// its part's few candidates, the last merges the parts' k best and walks them as the CPU does.
 // kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
@@ -21,6 +23,12 @@
 // seeded draw does not depend on which warp reached a bin first. Weights are at most 1 and a
 // vocabulary under 2^24 tokens sums below 2^64.
 #define MASS_ONE 1099511627776.0f
+// Top-k by parts: each part of a row keeps its own k best, the last part to finish merges
+// them. Up to PART_TOP_MAX a part, MERGE_CAP a row (one a thread of the merging block;
+// backend.rs: SAMPLE_MERGE_CAP), parts of at most PART_VALUES_PER_THREAD logits a thread.
+#define PART_TOP_MAX 128
+#define MERGE_CAP SAMPLE_THREADS
+#define PART_VALUES_PER_THREAD 8
 
 static_assert(RADIX_BINS == SAMPLE_THREADS, "the bin scan gives each thread one bin");
 
@@ -44,13 +52,20 @@ __device__ __forceinline__ u32 order_key(float value) {
 }
 
 struct SampleShared {
-    u64 mass[RADIX_BINS];
-    u32 count[RADIX_BINS];
+    union {
+        struct {
+            u64 mass[RADIX_BINS];
+            u32 count[RADIX_BINS];
+        } bins;
+        // The keys the by-parts path sorts, and its sort's exchange (it uses no radix bins).
+        u64 sorted[2 * SAMPLE_THREADS];
+    };
     float warp_totals[SAMPLE_THREADS / 32];
     float cand_value[CANDIDATE_CAP];
     u32 cand_id[CANDIDATE_CAP];
     u32 n_cand;
     u32 found;
+    u64 floor;
     u32 last_nonempty;
     float found_above;
     // Each thread's largest value: the k-th largest of these bounds the k-th largest logit.
@@ -183,8 +198,8 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
     for (int hi = 32 + (int)rank.id_bits; hi > 0;) {
         const int lo = hi > RADIX_BITS ? hi - RADIX_BITS : 0;
         const u32 digit_mask = (1u << (hi - lo)) - 1u;
-        sh.mass[tid] = 0;
-        sh.count[tid] = 0;
+        sh.bins.mass[tid] = 0;
+        sh.bins.count[tid] = 0;
         if (tid == 0) {
             sh.found = RADIX_BINS;
             sh.last_nonempty = 0;
@@ -222,15 +237,15 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
                 }
             }
             if (hit && lane == (u32)(__ffs(peers) - 1)) {
-                atomicAdd(&sh.count[digit], (u32)__popc(peers));
-                atomicAdd(&sh.mass[digit], peer_mass);
+                atomicAdd(&sh.bins.count[digit], (u32)__popc(peers));
+                atomicAdd(&sh.bins.mass[digit], peer_mass);
             }
         }
         __syncthreads();
         // Thread t reads bin RADIX_BINS-1-t, so the scan runs down the ranking.
         const u32 bin = RADIX_BINS - 1 - tid;
-        const float mass = (float)sh.mass[bin] * (1.0f / MASS_ONE);
-        const bool nonempty = sh.count[bin] > 0;
+        const float mass = (float)sh.bins.mass[bin] * (1.0f / MASS_ONE);
+        const bool nonempty = sh.bins.count[bin] > 0;
         const float inclusive = block_inclusive_scan(mass, sh.warp_totals);
         const float reached = above + inclusive;
         if (nonempty) {
@@ -357,14 +372,241 @@ __device__ __forceinline__ u64 best_key(float value, u32 id) {
     return ((u64)order_key(value) << 32) | (u64)(0xffffffffu - id);
 }
 
+__device__ __forceinline__ float value_of_key(u64 key) {
+    const u32 ordered = (u32)(key >> 32);
+    return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
+}
+
+__device__ __forceinline__ u32 id_of_key(u64 key) { return 0xffffffffu - (u32)key; }
+
+__device__ __forceinline__ u32 warp_sum_u32(u32 x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        x += __shfl_xor_sync(0xffffffffu, x, offset);
+    }
+    return x;
+}
+
+// The block's 1024 keys, one a thread, sorted in descending order: returns the key at the
+// thread's position. A bitonic network in registers: partners in the warp by shuffles, others
+// through `exchange` (2 x SAMPLE_THREADS keys: alternate stages write alternate halves, so
+// one barrier a stage suffices).
+__device__ u64 block_sort_descending_1024(u64 key, u64* exchange) {
+    static_assert(SAMPLE_THREADS == 1024, "one key a thread");
+    const u32 tid = threadIdx.x;
+    u32 half = 0;
+    for (u32 size = 2; size <= SAMPLE_THREADS; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            u64 partner;
+            if (stride >= 32) {
+                u64* buffer = exchange + half * SAMPLE_THREADS;
+                buffer[tid] = key;
+                __syncthreads();
+                partner = buffer[tid ^ stride];
+                half ^= 1;
+            } else {
+                partner = __shfl_xor_sync(0xffffffffu, key, stride);
+            }
+            key = (((tid & stride) == 0) == ((tid & size) == 0)) ? max(key, partner) : min(key, partner);
+        }
+    }
+    return key;
+}
+
+// Inclusive prefix sum over a warp's lanes.
+__device__ __forceinline__ float warp_inclusive_scan(float x) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (u32 offset = 1; offset < 32; offset <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) {
+            x += y;
+        }
+    }
+    return x;
+}
+
+// The first of the ranked positions 0..n whose `inclusive` running sum passes `target`
+// (reaches it when not `strict`), or n when none does. Lane l holds positions 4l..4l+3.
+__device__ __forceinline__ u32 first_passing(const float (&inclusive)[4], u32 n, float target, bool strict) {
+    const u32 lane = threadIdx.x & 31;
+    u32 mine = 4;
+#pragma unroll
+    for (int j = 3; j >= 0; --j) {
+        if (4 * lane + j < n && (strict ? inclusive[j] > target : inclusive[j] >= target)) {
+            mine = j;
+        }
+    }
+    const u32 lanes = __ballot_sync(0xffffffffu, mine < 4);
+    if (lanes == 0) {
+        return n;
+    }
+    const int first = __ffs(lanes) - 1;
+    return 4 * first + __shfl_sync(0xffffffffu, mine, first);
+}
+
+// Running sums of weights[0..4) / divisor over the lanes' positions in ranking order.
+__device__ __forceinline__ void ranked_running_sums(const float (&weights)[4], float divisor, float (&inclusive)[4]) {
+    float run = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        run += weights[j] / divisor;
+        inclusive[j] = run;
+    }
+    const float before = warp_inclusive_scan(run) - run;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        inclusive[j] += before;
+    }
+}
+
+// top-p, min-p and the draw over the n (at most PART_TOP_MAX) best keys in ranking order, as
+// kiln_core::sampling::sample walks its sorted list. Called by one whole warp.
+__device__ u32 draw_from_ranked(const u64* ranked, u32 n, const u32* rec, float temperature) {
+    const u32 lane = threadIdx.x & 31;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        v[j] = 4 * lane + j < n ? value_of_key(ranked[4 * lane + j]) : 0.0f;
+    }
+    const float max_value = value_of_key(ranked[0]);
+    const float top_p = __uint_as_float(rec[SAMPLE_TOP_P]);
+    const float min_p = __uint_as_float(rec[SAMPLE_MIN_P]);
+    float weights[4];
+    float inclusive[4];
+    u32 keep = n;
+    if (top_p < 1.0f) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            weights[j] = 4 * lane + j < n ? expf(v[j] - max_value) : 0.0f;
+            sum += weights[j];
+        }
+        const float total = warp_sum(sum);
+        ranked_running_sums(weights, total, inclusive);
+        keep = min(n, first_passing(inclusive, n, top_p, false) + 1);
+    }
+    if (min_p > 0.0f) {
+        // The ranking is descending: the tokens at or above the floor are a prefix of it.
+        const float floor = max_value + logf(min_p);
+        u32 above = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            above += 4 * lane + j < keep && v[j] >= floor;
+        }
+        keep = max(1u, warp_sum_u32(above));
+    }
+    const float inv_temperature = 1.0f / temperature;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        weights[j] = 4 * lane + j < keep ? expf((v[j] - max_value) * inv_temperature) : 0.0f;
+        sum += weights[j];
+    }
+    const float total = warp_sum(sum);
+    ranked_running_sums(weights, 1.0f, inclusive);
+    const u64 seed = (u64)rec[SAMPLE_SEED_LO] | ((u64)rec[SAMPLE_SEED_HI] << 32);
+    const u64 draw = (u64)rec[SAMPLE_DRAW_LO] | ((u64)rec[SAMPLE_DRAW_HI] << 32);
+    const u32 chosen = min(keep - 1, first_passing(inclusive, keep, uniform_draw(seed, draw) * total, true));
+    return id_of_key(ranked[chosen]);
+}
+
+// This block's part of the row (at most PART_VALUES_PER_THREAD logits a thread): its k best
+// keys (best_key order; fewer when the part is shorter, zeros after them) stored at `out`.
+__device__ void part_top_k(const VocabSource& vocab, SampleShared& sh, u32 begin, u32 end, u32 k, u64* out) {
+    const u32 tid = threadIdx.x;
+    u64 keys[PART_VALUES_PER_THREAD];
+    u64 thread_top = 0;
+#pragma unroll
+    for (int r = 0; r < PART_VALUES_PER_THREAD; ++r) {
+        const u32 i = begin + tid + r * SAMPLE_THREADS;
+        keys[r] = i < end ? best_key(vocab.value(i), i) : 0;
+        thread_top = max(thread_top, keys[r]);
+    }
+    // The k-th best of the threads' bests is a key of the part at or below its k-th best, and
+    // only those k threads hold keys at or above it: at most 8k <= SAMPLE_THREADS candidates.
+    thread_top = block_sort_descending_1024(thread_top, sh.sorted);
+    if (tid == k - 1) {
+        sh.floor = max(thread_top, 1ull);
+    }
+    if (tid == 0) {
+        sh.n_cand = 0;
+    }
+    __syncthreads();
+    const u64 floor = sh.floor;
+#pragma unroll
+    for (int r = 0; r < PART_VALUES_PER_THREAD; ++r) {
+        if (keys[r] >= floor) {
+            const u32 slot = atomicAdd(&sh.n_cand, 1u);
+            if (slot < SAMPLE_THREADS) {
+                sh.sorted[slot] = keys[r];
+            }
+        }
+    }
+    __syncthreads();
+    const u32 n = sh.n_cand;
+    u64 key = tid < n ? sh.sorted[tid] : 0;
+    if (n > k) {
+        __syncthreads();
+        key = block_sort_descending_1024(key, sh.sorted);
+    }
+    if (tid < k) {
+        out[tid] = key;
+    }
+}
+
+// Top-k sampling with the row split among the grid's blocks: each keeps its part's k best in
+// `part_keys`; the last to finish merges them (grid x times k at most MERGE_CAP) and draws.
+// Returns the drawn token to thread 0 of the block that drew it, else NOT_DRAWN.
+#define NOT_DRAWN 0xffffffffu
+__device__ u32 sample_top_k_by_parts(const VocabSource& vocab, SampleShared& sh, u32 k, u64* part_keys, u32* ticket,
+                                     const u32* rec, float temperature) {
+    const u32 part = (vocab.n + gridDim.x - 1) / gridDim.x;
+    const u32 begin = min(blockIdx.x * part, vocab.n);
+    part_top_k(vocab, sh, begin, min(begin + part, vocab.n), k, part_keys + blockIdx.x * k);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(ticket, 1u) + 1 == gridDim.x;
+        if (last) {
+            *ticket = 0;
+            __threadfence();
+        }
+        sh.found = last;
+    }
+    __syncthreads();
+    if (!sh.found) {
+        return NOT_DRAWN;
+    }
+    const u32 merged = gridDim.x * k;
+    const u64 key = block_sort_descending_1024(threadIdx.x < merged ? __ldcg(part_keys + threadIdx.x) : 0, sh.sorted);
+    __syncthreads();
+    sh.sorted[threadIdx.x] = key;
+    __syncthreads();
+    u32 token = NOT_DRAWN;
+    if (threadIdx.x < 32) {
+        // Zero keys (short parts) rank last.
+        const u32 lane = threadIdx.x;
+        u32 n = 0;
+        for (u32 i = lane; i < k; i += 32) {
+            n += sh.sorted[i] != 0;
+        }
+        n = warp_sum_u32(n);
+        token = draw_from_ranked(sh.sorted, n, rec, temperature);
+    }
+    return token;
+}
+
 // Samples one token per sample of the step (plan.cuh): the blocks of column y draw sample y
 // from its row of logits ([rows][n_vocab]) with its settings and store the token at
 // STEP_SAMPLED_AT + y. With several blocks a sample (grid x), each finds the best of its part
 // of the row and folds it into best_keys[y]; the last to finish (tickets[y]) answers a greedy
-// sample from it, or ranks the whole row alone, and resets both for the next launch.
+// sample from it, or ranks the whole row alone, and resets both for the next launch. Top-k
+// samples of k <= PART_TOP_MAX rank in parts instead (sample_top_k_by_parts, with
+// part_keys: MERGE_CAP keys a sample).
 // Launch: SAMPLE_THREADS threads a block, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
-    sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab, u64* best_keys, u32* tickets) {
+    sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab, u64* best_keys, u32* tickets, u64* part_keys) {
     wait_for_inputs();
     __shared__ SampleShared sh;
     __shared__ u64 last_key_s;  // the sample's best, in the block that finishes it; else 0
@@ -398,6 +640,16 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     }
     const VocabSource vocab{logits, penalized, n_vocab, penalty, penalize, presence, frequency, history + (n_history - window), window};
     const float temperature = __uint_as_float(rec[SAMPLE_TEMPERATURE]);
+    const u32 top_k = rec[SAMPLE_TOP_K];
+    const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
+    const u32 part_size = (n_vocab + gridDim.x - 1) / gridDim.x;
+    if (temperature > 0.0f && k <= PART_TOP_MAX && gridDim.x * k <= MERGE_CAP && part_size <= SAMPLE_THREADS * PART_VALUES_PER_THREAD) {
+        const u32 token = sample_top_k_by_parts(vocab, sh, k, part_keys + (u64)sample * MERGE_CAP, tickets + sample, rec, temperature);
+        if (tid == 0 && token != NOT_DRAWN) {
+            *sampled = token;
+        }
+        return;
+    }
 
     float best;
     u32 best_id;
@@ -449,8 +701,6 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     rank.max_value = best;
     rank.inv_temperature = 1.0f / temperature;
     const u64 top = rank.composite(best, best_id);
-    const u32 top_k = rec[SAMPLE_TOP_K];
-    const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
     if (k <= CANDIDATE_CAP) {
         // The k largest thread maxima are k distinct logits, so the k-th largest of them is
         // at most the k-th largest logit: everything at or above it holds the top k, usually

@@ -44,6 +44,8 @@ const SAMPLE_THREADS: u32 = 1024;
 /// logits in about 16 us, the step's last and exposed kernel; in parts, a few.
 const SAMPLE_VALUES_PER_THREAD: usize = 8;
 const SAMPLE_MAX_PARTS: usize = 64;
+/// `sampling.cu`'s MERGE_CAP: top-k candidates a sample.
+pub(crate) const SAMPLE_MERGE_CAP: usize = 1024;
 
 /// Blocks that share one sample's row (sampling.cu's grid x).
 fn sample_parts(n_vocab: usize) -> u32 {
@@ -635,11 +637,21 @@ impl Backend for CudaBackend {
         let n32 = to_u32("n_vocab", n_vocab)?;
         let samples = to_u32("samples", step.n_samples)?;
         let cfg = LaunchConfig { grid_dim: (sample_parts(n_vocab), samples, 1), block_dim: (SAMPLE_THREADS, 1, 1), shared_mem_bytes: bitmap_bytes as u32 };
-        let CudaStep { block, sample_keys, sample_tickets, .. } = step;
+        let CudaStep { block, sample_keys, sample_tickets, sample_part_keys, .. } = step;
         // SAFETY: matches sampling.cu; logits hold n_vocab values (checked), the step block its
-        // layout, the keys and tickets one zeroed slot per sample of the capacity.
+        // layout, the keys and tickets one zeroed slot per sample of the capacity, the part keys
+        // SAMPLE_MERGE_CAP a sample.
         unsafe {
-            self.device.stream().launch_builder(&self.kernels.sample).arg(logits.buf()).arg(block).arg(&n32).arg(sample_keys).arg(sample_tickets).launch(cfg)
+            self.device
+                .stream()
+                .launch_builder(&self.kernels.sample)
+                .arg(logits.buf())
+                .arg(block)
+                .arg(&n32)
+                .arg(sample_keys)
+                .arg(sample_tickets)
+                .arg(sample_part_keys)
+                .launch(cfg)
         }
         .map(drop)
         .map_err(launch_error("sample_tokens_f32"))

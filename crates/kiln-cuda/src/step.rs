@@ -111,6 +111,8 @@ pub struct CudaStep {
     /// between launches (sampling.cu).
     pub(crate) sample_keys: CudaSlice<u64>,
     pub(crate) sample_tickets: CudaSlice<u32>,
+    /// Each sample's top-k candidates, by part of its row (sampling.cu's MERGE_CAP a sample).
+    pub(crate) sample_part_keys: CudaSlice<u64>,
     staging: PinnedHostSlice<u32>,
     /// Recorded after each copy out of `staging`, which must not be rewritten before it.
     copied: CudaEvent,
@@ -140,6 +142,8 @@ impl CudaStep {
         let samples = capacity.seqs.max(1);
         let sample_keys = device.alloc_zeros::<u64>(samples, "sampler keys").map_err(crate::backend::backend_error)?;
         let sample_tickets = device.alloc_zeros::<u32>(samples, "sampler tickets").map_err(crate::backend::backend_error)?;
+        let sample_part_keys =
+            device.alloc_zeros::<u64>(samples * crate::backend::SAMPLE_MERGE_CAP, "sampler top-k candidates").map_err(crate::backend::backend_error)?;
         // SAFETY: zeroed below before the first copy.
         let mut staging = unsafe { device.context().alloc_pinned::<u32>(layout.words) }
             .map_err(|e| BackendError::Device(format!("allocating {} bytes of pinned memory for the step block: {e:?}", layout.words * 4)))?;
@@ -152,6 +156,7 @@ impl CudaStep {
             block,
             sample_keys,
             sample_tickets,
+            sample_part_keys,
             staging,
             copied,
             layout,
