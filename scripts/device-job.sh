@@ -8,12 +8,17 @@
 #     scripts/device-job.sh poll SECONDS            in each later call: waits until the job ends
 #         or SECONDS pass, prints its status and the tail of the running log, and leaves the
 #         logs packed in $OUT/job-logs.tgz
-# Status lines ($JOB_DIR/status): "HH:MM:SS N rc=R COMMAND" for each finished command, then "done".
+# Status lines ($JOB_DIR/status): "started", "N running COMMAND" and "N rc=R COMMAND" for each
+# command, then "done", each after the time of day.
 set -uo pipefail
 JOB_DIR=${JOB_DIR:-/tmp/kiln-job}
 
 start() {
     [ $# -gt 0 ] || { echo "usage: $0 start 'COMMAND' [...]" >&2; exit 2; }
+    if [ -f "$JOB_DIR/status" ] && ! grep -qE '^[0-9:]+ done$' "$JOB_DIR/status"; then
+        echo "a job is still running in $JOB_DIR (poll it, or remove the folder to start another)" >&2
+        exit 1
+    fi
     rm -rf "$JOB_DIR" && mkdir -p "$JOB_DIR/logs" "$JOB_DIR/tree"
     cp -a . "$JOB_DIR/tree/"
     if [ -f "$JOB_DIR/tree/.gpu/bundle.tar.xz" ]; then
@@ -21,6 +26,7 @@ start() {
             { echo "could not unpack .gpu/bundle.tar.xz" >&2; exit 1; }
     fi
     printf '%s\n' "$@" > "$JOB_DIR/commands"
+    echo "$(date +%T) started" > "$JOB_DIR/status"
     (cd "$JOB_DIR/tree" && setsid nohup bash "$0" run > "$JOB_DIR/logs/job.log" 2>&1 < /dev/null &)
     echo "started $# command(s) in $JOB_DIR/tree"
 }
