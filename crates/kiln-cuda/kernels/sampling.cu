@@ -10,6 +10,8 @@
 // is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
 // A small top-k (the defaults' 40) is found by the blocks sharing the row instead: each sorts
 // its part's few candidates, the last merges the parts' k best and walks them as the CPU does.
+// Other cuts go through counts: the parts bin their logits, the last gathers the prefix of the
+// ranking that fits one block and walks it where it decides the cuts (sampling_parts.cuh).
 // kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
@@ -19,6 +21,7 @@
 #define RADIX_BINS (1 << RADIX_BITS)
 #define CANDIDATE_CAP SAMPLE_THREADS
 #define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
 // A bin's mass in fixed point, units of 2^-40: integer sums are the same in any order, so a
 // seeded draw does not depend on which warp reached a bin first. Weights are at most 1 and a
 // vocabulary under 2^24 tokens sums below 2^64.
@@ -29,6 +32,13 @@
 #define PART_TOP_MAX 128
 #define MERGE_CAP SAMPLE_THREADS
 #define PART_VALUES_PER_THREAD 8
+// The threshold path (sampling_parts.cuh): each part counts its logits in THRESHOLD_BINS bins
+// of 1/THRESHOLD_BIN_SCALE below its maximum (12 nats), in a PartCounts record; the records of
+// at most THRESHOLD_MAX_PARTS parts fill a sample's MERGE_CAP keys.
+#define THRESHOLD_BINS 96
+#define THRESHOLD_BIN_SCALE 8.0f
+#define PART_COUNTS_BYTES (16 + 2 * THRESHOLD_BINS)
+#define THRESHOLD_MAX_PARTS (MERGE_CAP * 8 / PART_COUNTS_BYTES)
 
 static_assert(RADIX_BINS == SAMPLE_THREADS, "the bin scan gives each thread one bin");
 
@@ -72,6 +82,12 @@ struct SampleShared {
     float thread_max[SAMPLE_THREADS];
     float best_value[SAMPLE_THREADS / 32];
     u32 best_id[SAMPLE_THREADS / 32];
+    // The threshold path's merge: each part's top bin, maximum and sum of exp(value - maximum).
+    int part_top_bin[THRESHOLD_MAX_PARTS];
+    float part_max[THRESHOLD_MAX_PARTS];
+    float part_exp_sum[THRESHOLD_MAX_PARTS];
+    u32 position;
+    u32 token;
 };
 
 // The logits with the penalties applied on the fly (bit i of `penalized` marks token i), in
@@ -366,236 +382,7 @@ __device__ __forceinline__ void block_best(SampleShared& sh, float& best, u32& b
     }
 }
 
-// A (value, id) pair as one integer that orders as the pairs do: larger values first, then
-// lower ids; 0 is below every pair.
-__device__ __forceinline__ u64 best_key(float value, u32 id) {
-    return ((u64)order_key(value) << 32) | (u64)(0xffffffffu - id);
-}
-
-__device__ __forceinline__ float value_of_key(u64 key) {
-    const u32 ordered = (u32)(key >> 32);
-    return __uint_as_float((ordered & 0x80000000u) ? (ordered & 0x7fffffffu) : ~ordered);
-}
-
-__device__ __forceinline__ u32 id_of_key(u64 key) { return 0xffffffffu - (u32)key; }
-
-__device__ __forceinline__ u32 warp_sum_u32(u32 x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x += __shfl_xor_sync(0xffffffffu, x, offset);
-    }
-    return x;
-}
-
-// The block's 1024 keys, one a thread, sorted in descending order: returns the key at the
-// thread's position. A bitonic network in registers: partners in the warp by shuffles, others
-// through `exchange` (2 x SAMPLE_THREADS keys: alternate stages write alternate halves, so
-// one barrier a stage suffices).
-__device__ u64 block_sort_descending_1024(u64 key, u64* exchange) {
-    static_assert(SAMPLE_THREADS == 1024, "one key a thread");
-    const u32 tid = threadIdx.x;
-    u32 half = 0;
-    for (u32 size = 2; size <= SAMPLE_THREADS; size <<= 1) {
-        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-            u64 partner;
-            if (stride >= 32) {
-                u64* buffer = exchange + half * SAMPLE_THREADS;
-                buffer[tid] = key;
-                __syncthreads();
-                partner = buffer[tid ^ stride];
-                half ^= 1;
-            } else {
-                partner = __shfl_xor_sync(0xffffffffu, key, stride);
-            }
-            key = (((tid & stride) == 0) == ((tid & size) == 0)) ? max(key, partner) : min(key, partner);
-        }
-    }
-    return key;
-}
-
-// Inclusive prefix sum over a warp's lanes.
-__device__ __forceinline__ float warp_inclusive_scan(float x) {
-    const u32 lane = threadIdx.x & 31;
-#pragma unroll
-    for (u32 offset = 1; offset < 32; offset <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, x, offset);
-        if (lane >= offset) {
-            x += y;
-        }
-    }
-    return x;
-}
-
-// The first of the ranked positions 0..n whose `inclusive` running sum passes `target`
-// (reaches it when not `strict`), or n when none does. Lane l holds positions 4l..4l+3.
-__device__ __forceinline__ u32 first_passing(const float (&inclusive)[4], u32 n, float target, bool strict) {
-    const u32 lane = threadIdx.x & 31;
-    u32 mine = 4;
-#pragma unroll
-    for (int j = 3; j >= 0; --j) {
-        if (4 * lane + j < n && (strict ? inclusive[j] > target : inclusive[j] >= target)) {
-            mine = j;
-        }
-    }
-    const u32 lanes = __ballot_sync(0xffffffffu, mine < 4);
-    if (lanes == 0) {
-        return n;
-    }
-    const int first = __ffs(lanes) - 1;
-    return 4 * first + __shfl_sync(0xffffffffu, mine, first);
-}
-
-// Running sums of weights[0..4) / divisor over the lanes' positions in ranking order.
-__device__ __forceinline__ void ranked_running_sums(const float (&weights)[4], float divisor, float (&inclusive)[4]) {
-    float run = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        run += weights[j] / divisor;
-        inclusive[j] = run;
-    }
-    const float before = warp_inclusive_scan(run) - run;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        inclusive[j] += before;
-    }
-}
-
-// top-p, min-p and the draw over the n (at most PART_TOP_MAX) best keys in ranking order, as
-// kiln_core::sampling::sample walks its sorted list. Called by one whole warp.
-__device__ u32 draw_from_ranked(const u64* ranked, u32 n, const u32* rec, float temperature) {
-    const u32 lane = threadIdx.x & 31;
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        v[j] = 4 * lane + j < n ? value_of_key(ranked[4 * lane + j]) : 0.0f;
-    }
-    const float max_value = value_of_key(ranked[0]);
-    const float top_p = __uint_as_float(rec[SAMPLE_TOP_P]);
-    const float min_p = __uint_as_float(rec[SAMPLE_MIN_P]);
-    float weights[4];
-    float inclusive[4];
-    u32 keep = n;
-    if (top_p < 1.0f) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            weights[j] = 4 * lane + j < n ? expf(v[j] - max_value) : 0.0f;
-            sum += weights[j];
-        }
-        const float total = warp_sum(sum);
-        ranked_running_sums(weights, total, inclusive);
-        keep = min(n, first_passing(inclusive, n, top_p, false) + 1);
-    }
-    if (min_p > 0.0f) {
-        // The ranking is descending: the tokens at or above the floor are a prefix of it.
-        const float floor = max_value + logf(min_p);
-        u32 above = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            above += 4 * lane + j < keep && v[j] >= floor;
-        }
-        keep = max(1u, warp_sum_u32(above));
-    }
-    const float inv_temperature = 1.0f / temperature;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        weights[j] = 4 * lane + j < keep ? expf((v[j] - max_value) * inv_temperature) : 0.0f;
-        sum += weights[j];
-    }
-    const float total = warp_sum(sum);
-    ranked_running_sums(weights, 1.0f, inclusive);
-    const u64 seed = (u64)rec[SAMPLE_SEED_LO] | ((u64)rec[SAMPLE_SEED_HI] << 32);
-    const u64 draw = (u64)rec[SAMPLE_DRAW_LO] | ((u64)rec[SAMPLE_DRAW_HI] << 32);
-    const u32 chosen = min(keep - 1, first_passing(inclusive, keep, uniform_draw(seed, draw) * total, true));
-    return id_of_key(ranked[chosen]);
-}
-
-// This block's part of the row (at most PART_VALUES_PER_THREAD logits a thread): its k best
-// keys (best_key order; fewer when the part is shorter, zeros after them) stored at `out`.
-__device__ void part_top_k(const VocabSource& vocab, SampleShared& sh, u32 begin, u32 end, u32 k, u64* out) {
-    const u32 tid = threadIdx.x;
-    u64 keys[PART_VALUES_PER_THREAD];
-    u64 thread_top = 0;
-#pragma unroll
-    for (int r = 0; r < PART_VALUES_PER_THREAD; ++r) {
-        const u32 i = begin + tid + r * SAMPLE_THREADS;
-        keys[r] = i < end ? best_key(vocab.value(i), i) : 0;
-        thread_top = max(thread_top, keys[r]);
-    }
-    // The k-th best of the threads' bests is a key of the part at or below its k-th best, and
-    // only those k threads hold keys at or above it: at most 8k <= SAMPLE_THREADS candidates.
-    thread_top = block_sort_descending_1024(thread_top, sh.sorted);
-    if (tid == k - 1) {
-        sh.floor = max(thread_top, 1ull);
-    }
-    if (tid == 0) {
-        sh.n_cand = 0;
-    }
-    __syncthreads();
-    const u64 floor = sh.floor;
-#pragma unroll
-    for (int r = 0; r < PART_VALUES_PER_THREAD; ++r) {
-        if (keys[r] >= floor) {
-            const u32 slot = atomicAdd(&sh.n_cand, 1u);
-            if (slot < SAMPLE_THREADS) {
-                sh.sorted[slot] = keys[r];
-            }
-        }
-    }
-    __syncthreads();
-    const u32 n = sh.n_cand;
-    u64 key = tid < n ? sh.sorted[tid] : 0;
-    if (n > k) {
-        __syncthreads();
-        key = block_sort_descending_1024(key, sh.sorted);
-    }
-    if (tid < k) {
-        out[tid] = key;
-    }
-}
-
-// Top-k sampling with the row split among the grid's blocks: each keeps its part's k best in
-// `part_keys`; the last to finish merges them (grid x times k at most MERGE_CAP) and draws.
-// Returns the drawn token to thread 0 of the block that drew it, else NOT_DRAWN.
-#define NOT_DRAWN 0xffffffffu
-__device__ u32 sample_top_k_by_parts(const VocabSource& vocab, SampleShared& sh, u32 k, u64* part_keys, u32* ticket,
-                                     const u32* rec, float temperature) {
-    const u32 part = (vocab.n + gridDim.x - 1) / gridDim.x;
-    const u32 begin = min(blockIdx.x * part, vocab.n);
-    part_top_k(vocab, sh, begin, min(begin + part, vocab.n), k, part_keys + blockIdx.x * k);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const bool last = atomicAdd(ticket, 1u) + 1 == gridDim.x;
-        if (last) {
-            *ticket = 0;
-            __threadfence();
-        }
-        sh.found = last;
-    }
-    __syncthreads();
-    if (!sh.found) {
-        return NOT_DRAWN;
-    }
-    const u32 merged = gridDim.x * k;
-    const u64 key = block_sort_descending_1024(threadIdx.x < merged ? __ldcg(part_keys + threadIdx.x) : 0, sh.sorted);
-    __syncthreads();
-    sh.sorted[threadIdx.x] = key;
-    __syncthreads();
-    u32 token = NOT_DRAWN;
-    if (threadIdx.x < 32) {
-        // Zero keys (short parts) rank last.
-        const u32 lane = threadIdx.x;
-        u32 n = 0;
-        for (u32 i = lane; i < k; i += 32) {
-            n += sh.sorted[i] != 0;
-        }
-        n = warp_sum_u32(n);
-        token = draw_from_ranked(sh.sorted, n, rec, temperature);
-    }
-    return token;
-}
+#include "sampling_parts.cuh"
 
 // Samples one token per sample of the step (plan.cuh): the blocks of column y draw sample y
 // from its row of logits ([rows][n_vocab]) with its settings and store the token at
@@ -603,7 +390,9 @@ __device__ u32 sample_top_k_by_parts(const VocabSource& vocab, SampleShared& sh,
 // of the row and folds it into best_keys[y]; the last to finish (tickets[y]) answers a greedy
 // sample from it, or ranks the whole row alone, and resets both for the next launch. Top-k
 // samples of k <= PART_TOP_MAX rank in parts instead (sample_top_k_by_parts, with
-// part_keys: MERGE_CAP keys a sample).
+// part_keys: MERGE_CAP keys a sample), and other cuts by counts in parts (sample_by_threshold,
+// its PartCounts records in the same keys), the last part ranking the whole row only where the
+// prefix it gathers does not decide them.
 // Launch: SAMPLE_THREADS threads a block, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab, u64* best_keys, u32* tickets, u64* part_keys) {
@@ -643,17 +432,36 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     const u32 top_k = rec[SAMPLE_TOP_K];
     const u32 k = (top_k == 0 || top_k > n_vocab) ? n_vocab : top_k;
     const u32 part_size = (n_vocab + gridDim.x - 1) / gridDim.x;
-    if (temperature > 0.0f && k <= PART_TOP_MAX && gridDim.x * k <= MERGE_CAP && part_size <= SAMPLE_THREADS * PART_VALUES_PER_THREAD) {
-        const u32 token = sample_top_k_by_parts(vocab, sh, k, part_keys + (u64)sample * MERGE_CAP, tickets + sample, rec, temperature);
+    const bool in_parts = temperature > 0.0f && part_size <= SAMPLE_THREADS * PART_VALUES_PER_THREAD;
+    u64* const sample_part_keys = part_keys + (u64)sample * MERGE_CAP;
+    if (in_parts && k <= PART_TOP_MAX && gridDim.x * k <= MERGE_CAP) {
+        const u32 token = sample_top_k_by_parts(vocab, sh, k, sample_part_keys, tickets + sample, rec, temperature);
         if (tid == 0 && token != NOT_DRAWN) {
             *sampled = token;
         }
         return;
     }
+    // The last part alone ranks the whole row where the threshold path could not decide.
+    bool alone = gridDim.x == 1;
+    const bool cuts = k < n_vocab || __uint_as_float(rec[SAMPLE_TOP_P]) < 1.0f || __uint_as_float(rec[SAMPLE_MIN_P]) > 0.0f;
+    if (in_parts && cuts && gridDim.x <= THRESHOLD_MAX_PARTS) {
+        const u32 token = sample_by_threshold(vocab, sh, k, reinterpret_cast<PartCounts*>(sample_part_keys), tickets + sample, rec, temperature);
+        if (token == NOT_DRAWN) {
+            return;
+        }
+        if (token != WHOLE_ROW) {
+            if (tid == 0) {
+                *sampled = token;
+            }
+            return;
+        }
+        alone = true;
+        __syncthreads();
+    }
 
     float best;
     u32 best_id;
-    if (gridDim.x == 1) {
+    if (alone) {
         thread_best(vocab, 0, n_vocab, best, best_id);
     } else {
         const u32 part = ((n_vocab + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;

@@ -147,6 +147,51 @@ fn top_k_by_parts_draws_match_cpu_draw_for_draw() {
     }
 }
 
+/// Logits shaped like a language model's: a bulk in [-4, 4] and `head` tokens at random ids in
+/// [9, 17], which hold all but about 0.1% of the probability at 151,936 tokens.
+fn peaked(rng: &mut impl Rng, n_vocab: usize, head: usize) -> Vec<f32> {
+    let mut logits: Vec<f32> = (0..n_vocab).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    for _ in 0..head {
+        logits[rng.gen_range(0..n_vocab)] = rng.gen_range(9.0f32..17.0);
+    }
+    logits
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
+fn threshold_draws_match_cpu_draw_for_draw() {
+    // No top-k, or one past what top-k by parts merges: the parts count their logits in bins,
+    // the last gathers the prefix of the ranking that fits 1024 candidates and walks it where it
+    // decides every cut (else ranks the whole row). Rows of 1 to 32 parts (49: past the parts'
+    // records, the whole row), peaked logits whose nucleus lies in the gathered prefix, a row
+    // where parts hold only -inf, and a flat row of 700 tokens gathered whole.
+    let mut rng = rng("threshold");
+    let mut pair = Pair::new(1, 128);
+    let base = SamplingParams { top_k: 0, ..SamplingParams::default() };
+    let cases = [
+        (151_936, 300, base),
+        (151_936, 300, SamplingParams { top_p: 0.9, min_p: 0.0, temperature: 1.0, ..base }),
+        (151_936, 300, SamplingParams { top_k: 200, top_p: 1.0, min_p: 0.0, temperature: 1.2, ..base }),
+        (151_936, 600, SamplingParams { top_k: 500, top_p: 0.8, min_p: 0.0, repeat_penalty: 1.3, frequency_penalty: 0.2, ..base }),
+        (32_000, 100, SamplingParams { top_p: 1.0, min_p: 0.1, ..base }),
+        (262_144, 300, base),
+        (400_000, 300, base),
+        (5_000, 50, SamplingParams { top_p: 0.9, min_p: 0.0, ..base }),
+        (700, 0, SamplingParams { top_p: 0.99, min_p: 0.0, temperature: 1.5, ..base }),
+        (151_936, 300, SamplingParams { presence_penalty: 0.5, ..base }),
+    ];
+    for (case, (n_vocab, head, params)) in cases.into_iter().enumerate() {
+        let mut logits = if head > 0 { peaked(&mut rng, n_vocab, head) } else { random(&mut rng, n_vocab, 1.5) };
+        if case == 9 {
+            // Parts 11 to 18 hold only -inf (masked tokens); part 10 a few finite logits.
+            logits[80_000..].fill(f32::NEG_INFINITY);
+        }
+        let history: Vec<u32> = (0..100).map(|_| rng.gen_range(0..n_vocab as u32)).collect();
+        let same = draws_agreeing(&mut pair, &logits, &params, &history, 100);
+        assert!(same >= 99, "case {case}, vocab {n_vocab}, head {head}, {params:?}: {same}/100 draws agree");
+    }
+}
+
 /// The CPU sampler's distribution computed in f64: (token, probability) in ranking order.
 fn exact_distribution(logits: &[f32], history: &[u32], p: &SamplingParams) -> Vec<(u32, f64)> {
     let mut values = logits.to_vec();
@@ -249,25 +294,30 @@ fn sampler_speed_on_a_large_vocabulary() {
     let mut rng = rng("sampler_speed");
     let mut pair = Pair::alone(1, 64);
     let n_vocab = 151_936;
-    let logits = upload(&pair.gpu, &random(&mut rng, n_vocab, 6.0));
+    let flat = upload(&pair.gpu, &random(&mut rng, n_vocab, 6.0));
+    let language_like = upload(&pair.gpu, &peaked(&mut rng, n_vocab, 300));
     let history: Vec<u32> = (0..64).map(|_| rng.gen_range(0..n_vocab as u32)).collect();
     let base = SamplingParams::default();
+    let no_top_k = SamplingParams { top_k: 0, ..base };
     let cases = [
-        ("greedy", SamplingParams::greedy()),
-        ("top-k 40 (defaults)", base),
-        ("defaults + penalty", SamplingParams { repeat_penalty: 1.1, ..base }),
-        ("top-p 0.9 over all", SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, ..base }),
+        ("greedy", SamplingParams::greedy(), &flat),
+        ("top-k 40 (defaults)", base, &flat),
+        ("defaults + penalty", SamplingParams { repeat_penalty: 1.1, ..base }, &flat),
+        ("top-p 0.9 over all, flat logits", SamplingParams { top_p: 0.9, min_p: 0.0, ..no_top_k }, &flat),
+        ("top-k 0 (defaults otherwise), peaked logits", no_top_k, &language_like),
+        ("top-p 0.9 over all, peaked logits", SamplingParams { top_p: 0.9, min_p: 0.0, ..no_top_k }, &language_like),
+        ("top-k 200, peaked logits", SamplingParams { top_k: 200, ..base }, &language_like),
     ];
     let stream = pair.gpu.device().stream().clone();
     let timed = || pair.gpu.device().context().new_event(Some(kiln_cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
     let (start, end) = (timed(), timed());
-    for (what, params) in cases {
+    for (what, params, logits) in cases {
         pair.set_step(&[], 0, &params, &history, 3);
         let runs = 50;
-        pair.gpu.sample(view(&logits, [1, n_vocab]), &mut pair.gpu_step).expect("warm-up");
+        pair.gpu.sample(view(logits, [1, n_vocab]), &mut pair.gpu_step).expect("warm-up");
         start.record(&stream).expect("record");
         for _ in 0..runs {
-            pair.gpu.sample(view(&logits, [1, n_vocab]), &mut pair.gpu_step).expect("sample");
+            pair.gpu.sample(view(logits, [1, n_vocab]), &mut pair.gpu_step).expect("sample");
         }
         end.record(&stream).expect("record");
         end.synchronize().expect("sync");
