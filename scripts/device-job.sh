@@ -4,7 +4,8 @@
 # polling from the next ones, each within 30 s of the last (build nothing in between).
 #     scripts/device-job.sh start 'COMMAND' [...]   in the first call: copies this tree (with
 #         .gpu/, its bundle unpacked) to $JOB_DIR/tree and runs the commands there one after
-#         another, detached, each one's output in $JOB_DIR/logs/N.log
+#         another, detached, each one's output in $JOB_DIR/logs/N.log, in the environment
+#         scripts/device-env.sh sets up (test data, NVRTC, carried kernels), as gpu-tests.sh does
 #     scripts/device-job.sh poll SECONDS            in each later call: waits until the job ends
 #         or SECONDS pass, prints its status and the tail of the running log, and leaves the
 #         logs packed in $OUT/job-logs.tgz
@@ -33,6 +34,7 @@ start() {
 
 run() { # the detached part, in the copied tree
     local n=0 command rc
+    . scripts/device-env.sh
     while IFS= read -r command; do
         n=$((n + 1))
         echo "$(date +%T) $n running $command" >> "$JOB_DIR/status"
