@@ -110,37 +110,7 @@ pub fn sample(logits: &mut [f32], history: &[u32], params: &SamplingParams, draw
     if params.is_greedy() {
         return argmax(logits);
     }
-    scratch.clear();
-    scratch.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
-    let by_logit_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    let k = if params.top_k == 0 { scratch.len() } else { params.top_k.min(scratch.len()) };
-    if k < scratch.len() {
-        scratch.select_nth_unstable_by(k - 1, by_logit_desc);
-        scratch.truncate(k);
-    }
-    scratch.sort_unstable_by(by_logit_desc);
-
-    // Probabilities at temperature 1 decide top-p and min-p, as in llama.cpp.
-    let max = scratch[0].0;
-    let total: f32 = scratch.iter().map(|c| (c.0 - max).exp()).sum();
-    if params.top_p < 1.0 {
-        let mut cum = 0.0;
-        let mut keep = scratch.len();
-        for (i, c) in scratch.iter().enumerate() {
-            cum += (c.0 - max).exp() / total;
-            if cum >= params.top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        scratch.truncate(keep);
-    }
-    if params.min_p > 0.0 {
-        let floor = max + params.min_p.ln();
-        let keep = scratch.iter().take_while(|c| c.0 >= floor).count().max(1);
-        scratch.truncate(keep);
-    }
-
+    let max = keep_candidates(logits, params, scratch);
     let inv_t = 1.0 / params.temperature;
     let weight_total: f32 = scratch.iter().map(|c| ((c.0 - max) * inv_t).exp()).sum();
     let target = uniform(params.seed, draw) * weight_total;
@@ -152,6 +122,83 @@ pub fn sample(logits: &mut [f32], history: &[u32], params: &SamplingParams, draw
         }
     }
     scratch.last().map(|c| c.1).unwrap_or(0)
+}
+
+/// Descending logit, ties to the lower id: the order every cut is a prefix of.
+fn by_logit_desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// How much of a whole-row ranking is sorted first; it grows 4x until it holds the cuts.
+const FIRST_RANKED: usize = 1024;
+
+/// Leaves in `scratch`, in ranking order, the tokens top-k, top-p and min-p keep, and returns
+/// the largest logit. Probabilities at temperature 1 decide top-p and min-p, as in llama.cpp;
+/// top-p's total runs over the top-k list. Without a top-k only as long a prefix of the ranking
+/// is sorted as holds both cuts (the total is summed over the row in f64 instead).
+fn keep_candidates(logits: &[f32], params: &SamplingParams, scratch: &mut Vec<(f32, u32)>) -> f32 {
+    scratch.clear();
+    scratch.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+    let n = scratch.len();
+    let k = if params.top_k == 0 { n } else { params.top_k.min(n) };
+    let top_p = params.top_p < 1.0;
+    let (max, total) = if k < n {
+        scratch.select_nth_unstable_by(k - 1, by_logit_desc);
+        scratch.truncate(k);
+        scratch.sort_unstable_by(by_logit_desc);
+        let max = scratch[0].0;
+        (max, if top_p { scratch.iter().map(|c| (c.0 - max).exp()).sum() } else { 1.0 })
+    } else {
+        let max = logits.iter().copied().max_by(f32::total_cmp).unwrap_or(0.0);
+        let total = if top_p { row_total(logits, max) } else { 1.0 };
+        let mut ranked = FIRST_RANKED.min(n);
+        loop {
+            if ranked < n {
+                scratch.select_nth_unstable_by(ranked - 1, by_logit_desc);
+            }
+            scratch[..ranked].sort_unstable_by(by_logit_desc);
+            if ranked == n || cuts_within(&scratch[..ranked], max, total, params) {
+                scratch.truncate(ranked);
+                break;
+            }
+            ranked = (ranked * 4).min(n);
+        }
+        (max, total)
+    };
+    if top_p {
+        let keep = nucleus_end(scratch, max, total, params.top_p).unwrap_or(scratch.len());
+        scratch.truncate(keep);
+    }
+    if params.min_p > 0.0 {
+        let floor = max + params.min_p.ln();
+        let keep = scratch.iter().take_while(|c| c.0 >= floor).count().max(1);
+        scratch.truncate(keep);
+    }
+    max
+}
+
+/// Sum of exp(l - max) over a whole row, in f64 (then in any order the same f32).
+fn row_total(logits: &[f32], max: f32) -> f32 {
+    logits.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>() as f32
+}
+
+/// The length of the shortest prefix of `ranked` whose probability reaches `top_p`, if any.
+fn nucleus_end(ranked: &[(f32, u32)], max: f32, total: f32, top_p: f32) -> Option<usize> {
+    let mut cum = 0.0;
+    ranked
+        .iter()
+        .position(|c| {
+            cum += (c.0 - max).exp() / total;
+            cum >= top_p
+        })
+        .map(|i| i + 1)
+}
+
+/// Whether a sorted prefix of the whole row's ranking ends past one of its cuts: the nucleus
+/// reached, or a token under the min-p floor.
+fn cuts_within(ranked: &[(f32, u32)], max: f32, total: f32, params: &SamplingParams) -> bool {
+    (params.top_p < 1.0 && nucleus_end(ranked, max, total, params.top_p).is_some())
+        || (params.min_p > 0.0 && ranked.last().is_some_and(|c| c.0 < max + params.min_p.ln()))
 }
 
 #[cfg(test)]
@@ -204,6 +251,55 @@ mod tests {
         for draw in 0..2000 {
             assert!(sample(&mut base.clone(), &[], &top_p, draw, &mut Vec::new()) < 2);
             assert!(sample(&mut base.clone(), &[], &min_p, draw, &mut Vec::new()) < 2);
+        }
+    }
+
+    /// keep_candidates's result by a full sort of the row, with the same totals.
+    fn kept_by_full_sort(logits: &[f32], p: &SamplingParams) -> Vec<(f32, u32)> {
+        let mut ranked: Vec<(f32, u32)> = logits.iter().enumerate().map(|(i, &l)| (l, i as u32)).collect();
+        ranked.sort_by(by_logit_desc);
+        let whole = p.top_k == 0 || p.top_k >= ranked.len();
+        ranked.truncate(if whole { ranked.len() } else { p.top_k });
+        let max = ranked[0].0;
+        let total = if whole { row_total(logits, max) } else { ranked.iter().map(|c| (c.0 - max).exp()).sum() };
+        let mut cum = 0.0f32;
+        let keep = ranked.iter().position(|c| {
+            cum += (c.0 - max).exp() / total;
+            p.top_p < 1.0 && cum >= p.top_p
+        });
+        ranked.truncate(keep.map_or(ranked.len(), |i| i + 1));
+        let floor = max + p.min_p.ln();
+        let keep = ranked.iter().take_while(|c| p.min_p <= 0.0 || c.0 >= floor).count().max(1);
+        ranked.truncate(keep);
+        ranked
+    }
+
+    #[test]
+    fn whole_row_cuts_match_a_full_sort() {
+        // Without a top-k only a growing prefix of the ranking is sorted: 1,024, then 4x more
+        // until the nucleus or the min-p floor falls inside it. Rows where the cuts end in the
+        // first prefix (peaked), past it (flat), on ties, and with masked (-inf) tokens.
+        let peaked: Vec<f32> = (0..50_000).map(|i| if i % 97 == 0 { 9.0 + 8.0 * uniform(1, i) } else { (uniform(2, i) - 0.5) * 8.0 }).collect();
+        let flat = logits(5_000, 3);
+        let ties: Vec<f32> = logits(20_000, 4).iter().map(|l| (l * 2.0).round() / 2.0).collect();
+        let mut masked = peaked.clone();
+        masked[10_000..].fill(f32::NEG_INFINITY);
+        let base = SamplingParams { top_k: 0, temperature: 1.0, ..Default::default() };
+        let settings = [
+            base,
+            SamplingParams { top_p: 0.9, min_p: 0.0, ..base },
+            SamplingParams { top_p: 1.0, min_p: 0.1, ..base },
+            SamplingParams { top_p: 1.0, min_p: 0.0, ..base },
+            SamplingParams { top_p: 0.999, min_p: 0.0, ..base },
+            SamplingParams { top_k: 3000, top_p: 0.8, ..base },
+        ];
+        for (r, row) in [&peaked, &flat, &ties, &masked, &logits(10, 5)].into_iter().enumerate() {
+            for p in &settings {
+                let mut scratch = Vec::new();
+                let max = keep_candidates(row, p, &mut scratch);
+                assert_eq!(scratch, kept_by_full_sort(row, p), "row {r}, {p:?}");
+                assert_eq!(max, scratch[0].0);
+            }
         }
     }
 
