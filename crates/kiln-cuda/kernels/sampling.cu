@@ -87,7 +87,6 @@ struct SampleShared {
     float part_max[THRESHOLD_MAX_PARTS];
     float part_exp_sum[THRESHOLD_MAX_PARTS];
     u32 position;
-    u32 token;
 };
 
 // The logits with the penalties applied on the fly (bit i of `penalized` marks token i), in
