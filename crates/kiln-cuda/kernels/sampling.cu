@@ -188,6 +188,19 @@ __device__ float block_inclusive_scan(float x, float* warp_totals) {
     return x;
 }
 
+// *bin += mass, exactly. A 64-bit add to shared memory compiles to a compare-and-swap loop,
+// which spins where many warps hit one bin (flat rows); two native 32-bit adds, the low word's
+// carry passed on, give the same sum.
+__device__ __forceinline__ void add_mass(u64* bin, u64 mass) {
+    u32* words = reinterpret_cast<u32*>(bin);
+    const u32 low = (u32)mass;
+    const u32 before = atomicAdd(words, low);
+    const u32 high = (u32)(mass >> 32) + (before + low < before ? 1u : 0u);
+    if (high != 0) {
+        atomicAdd(words + 1, high);
+    }
+}
+
 // Sum of the weights of the tokens ranked at or above `cut`.
 template <class Source>
 __device__ float sum_weights(const Source& src, const Ranking& rank, u64 cut, WeightKind kind) {
@@ -253,7 +266,7 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
             }
             if (hit && lane == (u32)(__ffs(peers) - 1)) {
                 atomicAdd(&sh.bins.count[digit], (u32)__popc(peers));
-                atomicAdd(&sh.bins.mass[digit], peer_mass);
+                add_mass(&sh.bins.mass[digit], peer_mass);
             }
         }
         __syncthreads();

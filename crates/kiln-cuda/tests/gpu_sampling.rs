@@ -304,6 +304,8 @@ fn sampler_speed_on_a_large_vocabulary() {
         ("top-k 40 (defaults)", base, &flat),
         ("defaults + penalty", SamplingParams { repeat_penalty: 1.1, ..base }, &flat),
         ("top-p 0.9 over all, flat logits", SamplingParams { top_p: 0.9, min_p: 0.0, ..no_top_k }, &flat),
+        ("temperature alone, flat logits", SamplingParams { top_p: 1.0, min_p: 0.0, ..no_top_k }, &flat),
+        ("temperature alone, peaked logits", SamplingParams { top_p: 1.0, min_p: 0.0, ..no_top_k }, &language_like),
         ("top-k 0 (defaults otherwise), peaked logits", no_top_k, &language_like),
         ("top-p 0.9 over all, peaked logits", SamplingParams { top_p: 0.9, min_p: 0.0, ..no_top_k }, &language_like),
         ("top-k 200, peaked logits", SamplingParams { top_k: 200, ..base }, &language_like),
