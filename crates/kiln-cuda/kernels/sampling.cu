@@ -234,7 +234,7 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
         }
         __syncthreads();
         // Logits crowd into few digits, so lanes of a warp sharing one are summed first and
-        // only one of them updates the bins (the loop bound is uniform for the warp ops).
+        // only one of them updates the bins (the loop bounds are uniform for the warp ops).
         const u32 lane = tid & 31;
         for (u32 first = 0; first < src.size(); first += SAMPLE_THREADS) {
             const u32 i = first + tid;
@@ -250,21 +250,25 @@ __device__ u64 select_by_weight(const Source& src, SampleShared& sh, const Ranki
                     weight = rank.weight(v, kind);
                 }
             }
-            const u32 hits = __ballot_sync(0xffffffffu, hit);
-            if (hits == 0) {
+            if (__ballot_sync(0xffffffffu, hit) == 0) {
                 continue;
             }
             const u32 peers = __match_any_sync(0xffffffffu, hit ? digit : 0xffffffffu);
-            u64 peer_mass = kind == WEIGHT_COUNT ? (u64)__popc(peers) * (u64)MASS_ONE : 0;
-            const u64 mass = (u64)(weight * MASS_ONE);
-            for (u32 pending = kind == WEIGHT_COUNT ? 0u : hits; pending != 0; pending &= pending - 1) {
-                const int source = __ffs(pending) - 1;
-                const u64 m = __shfl_sync(0xffffffffu, mass, source);
-                if ((peers >> source) & 1u) {
-                    peer_mass += m;
+            const bool leader = hit && lane == (u32)(__ffs(peers) - 1);
+            u64 peer_mass = kind == WEIGHT_COUNT ? (u64)__popc(peers) * (u64)MASS_ONE : (u64)(weight * MASS_ONE);
+            // A lane's mass is at most MASS_ONE = 2^40, so the 20-bit halves of a group's masses
+            // sum within 32 bits: two whole-warp reductions a group of several lanes.
+            const u32 shared_digits = kind == WEIGHT_COUNT ? 0u : __ballot_sync(0xffffffffu, leader && __popc(peers) > 1);
+            for (u32 pending = shared_digits; pending != 0; pending &= pending - 1) {
+                const u32 group = __shfl_sync(0xffffffffu, peers, __ffs(pending) - 1);
+                const bool in = hit && peers == group;
+                const u32 low = __reduce_add_sync(0xffffffffu, in ? (u32)(peer_mass & 0xfffffu) : 0u);
+                const u32 high = __reduce_add_sync(0xffffffffu, in ? (u32)(peer_mass >> 20) : 0u);
+                if (in && leader) {
+                    peer_mass = ((u64)high << 20) + low;
                 }
             }
-            if (hit && lane == (u32)(__ffs(peers) - 1)) {
+            if (leader) {
                 atomicAdd(&sh.bins.count[digit], (u32)__popc(peers));
                 add_mass(&sh.bins.mass[digit], peer_mass);
             }
