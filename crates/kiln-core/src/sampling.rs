@@ -110,8 +110,11 @@ pub fn sample(logits: &mut [f32], history: &[u32], params: &SamplingParams, draw
     if params.is_greedy() {
         return argmax(logits);
     }
-    let max = keep_candidates(logits, params, scratch);
     let inv_t = 1.0 / params.temperature;
+    if keeps_whole_row(params, logits.len()) {
+        return draw_from_whole_row(logits, inv_t, uniform(params.seed, draw), scratch);
+    }
+    let max = keep_candidates(logits, params, scratch);
     let weight_total: f32 = scratch.iter().map(|c| ((c.0 - max) * inv_t).exp()).sum();
     let target = uniform(params.seed, draw) * weight_total;
     let mut cum = 0.0;
@@ -122,6 +125,42 @@ pub fn sample(logits: &mut [f32], history: &[u32], params: &SamplingParams, draw
         }
     }
     scratch.last().map(|c| c.1).unwrap_or(0)
+}
+
+/// Whether no cut applies (temperature alone): top-k, top-p and min-p all off, as
+/// keep_candidates reads them.
+fn keeps_whole_row(params: &SamplingParams, n: usize) -> bool {
+    let cuts = params.top_p < 1.0 || params.min_p > 0.0;
+    (params.top_k == 0 || params.top_k >= n) && !cuts
+}
+
+/// Temperature alone: the target `u` of the whole row's weight (summed in f64), then the
+/// ranking sorted only as far as the walk to it goes: 1,024 tokens, then 4x more at a time.
+fn draw_from_whole_row(logits: &[f32], inv_t: f32, u: f32, scratch: &mut Vec<(f32, u32)>) -> u32 {
+    let max = logits.iter().copied().max_by(f32::total_cmp).unwrap_or(0.0);
+    let weight = |l: f32| ((l - max) * inv_t).exp();
+    let target = u * logits.iter().map(|&l| f64::from(weight(l))).sum::<f64>() as f32;
+    scratch.clear();
+    scratch.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+    let n = scratch.len();
+    let (mut walked, mut cum) = (0, 0.0f32);
+    loop {
+        let ranked = if walked == 0 { FIRST_RANKED.min(n) } else { (walked * 4).min(n) };
+        if ranked < n {
+            scratch[walked..].select_nth_unstable_by(ranked - walked - 1, by_logit_desc);
+        }
+        scratch[walked..ranked].sort_unstable_by(by_logit_desc);
+        for c in &scratch[walked..ranked] {
+            cum += weight(c.0);
+            if cum > target {
+                return c.1;
+            }
+        }
+        if ranked == n {
+            return scratch.last().map_or(0, |c| c.1);
+        }
+        walked = ranked;
+    }
 }
 
 /// Descending logit, ties to the lower id: the order every cut is a prefix of.
@@ -302,6 +341,40 @@ mod tests {
                 assert_eq!(max, scratch[0].0);
             }
         }
+    }
+
+    #[test]
+    fn temperature_alone_draws_match_a_full_sort() {
+        // Only the prefix of the ranking the walk reaches is sorted; a reference that sorts the
+        // whole row and walks it to the same target must draw the same token every time. Flat
+        // rows at a high temperature walk past the first 1,024 tokens.
+        let peaked: Vec<f32> = (0..30_000).map(|i| if i % 97 == 0 { 9.0 + 8.0 * uniform(1, i) } else { (uniform(2, i) - 0.5) * 8.0 }).collect();
+        let ties: Vec<f32> = logits(20_000, 4).iter().map(|l| (l * 2.0).round() / 2.0).collect();
+        let mut masked = peaked.clone();
+        masked[10_000..].fill(f32::NEG_INFINITY);
+        let mut walked_far = 0;
+        for (r, row) in [&peaked, &logits(5_000, 3), &ties, &masked, &logits(10, 5)].into_iter().enumerate() {
+            for temperature in [0.3f32, 1.0, 4.0] {
+                let p = SamplingParams { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 11, ..Default::default() };
+                let mut ranked: Vec<(f32, u32)> = row.iter().enumerate().map(|(i, &l)| (l, i as u32)).collect();
+                ranked.sort_by(by_logit_desc);
+                let max = ranked[0].0;
+                let weight = |l: f32| ((l - max) * (1.0 / temperature)).exp();
+                let total = row.iter().map(|&l| f64::from(weight(l))).sum::<f64>() as f32;
+                for draw in 0..200 {
+                    let target = uniform(p.seed, draw) * total;
+                    let mut cum = 0.0f32;
+                    let at = ranked.iter().position(|c| {
+                        cum += weight(c.0);
+                        cum > target
+                    });
+                    let want = ranked[at.unwrap_or(ranked.len() - 1)].1;
+                    walked_far += usize::from(at.is_none_or(|i| i >= FIRST_RANKED));
+                    assert_eq!(sample(&mut row.clone(), &[], &p, draw, &mut Vec::new()), want, "row {r}, temperature {temperature}, draw {draw}");
+                }
+            }
+        }
+        assert!(walked_far > 100, "only {walked_far} draws walked past the first prefix");
     }
 
     #[test]
