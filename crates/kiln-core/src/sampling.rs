@@ -190,8 +190,7 @@ fn keep_candidates(logits: &[f32], params: &SamplingParams, scratch: &mut Vec<(f
     } else {
         let max = logits.iter().copied().max_by(f32::total_cmp).unwrap_or(0.0);
         let total = if top_p { row_total(logits, max) } else { 1.0 };
-        // Plain temperature sampling walks the whole ranking: sort it at once.
-        let mut ranked = if top_p || params.min_p > 0.0 { FIRST_RANKED.min(n) } else { n };
+        let mut ranked = FIRST_RANKED.min(n);
         loop {
             if ranked < n {
                 scratch.select_nth_unstable_by(ranked - 1, by_logit_desc);
