@@ -142,25 +142,18 @@ fn draw_from_whole_row(logits: &[f32], inv_t: f32, u: f32, scratch: &mut Vec<(f3
     let target = u * logits.iter().map(|&l| f64::from(weight(l))).sum::<f64>() as f32;
     scratch.clear();
     scratch.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
-    let n = scratch.len();
-    let (mut walked, mut cum) = (0, 0.0f32);
-    loop {
-        let ranked = if walked == 0 { FIRST_RANKED.min(n) } else { (walked * 4).min(n) };
-        if ranked < n {
-            scratch[walked..].select_nth_unstable_by(ranked - walked - 1, by_logit_desc);
-        }
-        scratch[walked..ranked].sort_unstable_by(by_logit_desc);
+    let (mut ranked, mut cum) = (0, 0.0f32);
+    while ranked < scratch.len() {
+        let walked = ranked;
+        ranked = rank_further(scratch, ranked);
         for c in &scratch[walked..ranked] {
             cum += weight(c.0);
             if cum > target {
                 return c.1;
             }
         }
-        if ranked == n {
-            return scratch.last().map_or(0, |c| c.1);
-        }
-        walked = ranked;
     }
+    scratch.last().map_or(0, |c| c.1)
 }
 
 /// Descending logit, ties to the lower id: the order every cut is a prefix of.
@@ -168,8 +161,20 @@ fn by_logit_desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-/// How much of a whole-row ranking is sorted first; it grows 4x until it holds the cuts.
+/// How much of a whole-row ranking is sorted first; it grows 4x until it holds what is needed.
 const FIRST_RANKED: usize = 1024;
+
+/// Sorts the next stretch of the ranking behind the `ranked` tokens already in order at the
+/// front of `scratch` (FIRST_RANKED tokens, then 4x as many in all) and returns the new length.
+fn rank_further(scratch: &mut [(f32, u32)], ranked: usize) -> usize {
+    let n = scratch.len();
+    let end = if ranked == 0 { FIRST_RANKED } else { ranked * 4 }.min(n);
+    if end < n {
+        scratch[ranked..].select_nth_unstable_by(end - ranked - 1, by_logit_desc);
+    }
+    scratch[ranked..end].sort_unstable_by(by_logit_desc);
+    end
+}
 
 /// Leaves in `scratch`, in ranking order, the tokens top-k, top-p and min-p keep, and returns
 /// the largest logit. Probabilities at temperature 1 decide top-p and min-p, as in llama.cpp;
@@ -190,17 +195,13 @@ fn keep_candidates(logits: &[f32], params: &SamplingParams, scratch: &mut Vec<(f
     } else {
         let max = logits.iter().copied().max_by(f32::total_cmp).unwrap_or(0.0);
         let total = if top_p { row_total(logits, max) } else { 1.0 };
-        let mut ranked = FIRST_RANKED.min(n);
+        let mut ranked = 0;
         loop {
-            if ranked < n {
-                scratch.select_nth_unstable_by(ranked - 1, by_logit_desc);
-            }
-            scratch[..ranked].sort_unstable_by(by_logit_desc);
+            ranked = rank_further(scratch, ranked);
             if ranked == n || cuts_within(&scratch[..ranked], max, total, params) {
                 scratch.truncate(ranked);
                 break;
             }
-            ranked = (ranked * 4).min(n);
         }
         (max, total)
     };
