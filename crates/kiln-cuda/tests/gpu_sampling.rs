@@ -206,7 +206,7 @@ fn exact_distribution(logits: &[f32], history: &[u32], p: &SamplingParams) -> Ve
     let mut cum = 0.0;
     let keep = ranked.iter().position(|c| {
         cum += (c.0 as f64 - max).exp() / total;
-        cum >= p.top_p as f64
+        p.top_p < 1.0 && cum >= p.top_p as f64
     });
     ranked.truncate(keep.map_or(ranked.len(), |i| i + 1));
     let floor = ranked[0].0 + p.min_p.ln();
@@ -231,6 +231,8 @@ fn whole_vocabulary_sampling_follows_the_exact_distribution() {
         SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..base },
         SamplingParams { top_k: 2000, top_p: 1.0, min_p: 0.02, temperature: 1.3, ..base },
         SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.05, temperature: 1.0, repeat_penalty: 1.3, ..base },
+        // Temperature alone: every token a candidate.
+        SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.1, ..base },
     ];
     let (n_vocab, draws, buckets) = (50_000, 4000u64, 16usize);
     for params in cases {
