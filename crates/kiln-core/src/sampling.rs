@@ -2,7 +2,8 @@
 //! kernels reproduce exactly, and the host reference sampler.
 //!
 //! The chain follows llama.cpp's default order: repetition penalty, top-k,
-//! top-p, min-p, temperature, then a draw. `temperature <= 0` is greedy.
+//! top-p, min-p, temperature, then a draw. `temperature <= 0` is greedy, and so is one too
+//! small for its inverse to be finite (below the smallest normal f32), or NaN.
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -46,8 +47,10 @@ impl SamplingParams {
         SamplingParams { temperature: 0.0, ..Default::default() }
     }
 
+    /// Greedy also where 1 / temperature would overflow: the draw would then pick the least
+    /// likely candidate, where the limit of such a temperature is the most likely one.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
+        self.temperature.is_nan() || self.temperature < f32::MIN_POSITIVE
     }
 }
 
@@ -256,6 +259,20 @@ mod tests {
         let got = sample(&mut l, &[], &SamplingParams::greedy(), 0, &mut Vec::new());
         assert_eq!(got, want);
         assert!(l.iter().all(|&x| x <= l[want as usize]));
+    }
+
+    #[test]
+    fn temperatures_without_a_finite_inverse_are_greedy() {
+        let base = logits(500, 3);
+        for temperature in [1e-45, 1e-39, f32::NAN, -0.0] {
+            for top_k in [0, 40] {
+                let p = SamplingParams { temperature, top_k, ..Default::default() };
+                for draw in 0..20 {
+                    assert_eq!(sample(&mut base.clone(), &[], &p, draw, &mut Vec::new()), argmax(&base), "{temperature} top-k {top_k}");
+                }
+            }
+        }
+        assert!(!SamplingParams { temperature: 1e-30, ..Default::default() }.is_greedy());
     }
 
     #[test]

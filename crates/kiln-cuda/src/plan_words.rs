@@ -169,7 +169,8 @@ impl PlanLayout {
             rec[word::SAMPLE_SEED_HI] = (p.seed >> 32) as u32;
             rec[word::SAMPLE_DRAW_LO] = s.draw as u32;
             rec[word::SAMPLE_DRAW_HI] = (s.draw >> 32) as u32;
-            rec[word::SAMPLE_TEMPERATURE] = p.temperature.to_bits();
+            // The kernel reads a temperature above 0 as a draw: greedy settings travel as 0.
+            rec[word::SAMPLE_TEMPERATURE] = if p.is_greedy() { 0 } else { p.temperature.to_bits() };
             rec[word::SAMPLE_TOP_K] = saturate(p.top_k);
             rec[word::SAMPLE_TOP_P] = p.top_p.to_bits();
             rec[word::SAMPLE_MIN_P] = p.min_p.to_bits();

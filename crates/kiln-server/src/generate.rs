@@ -51,10 +51,10 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: Heade
     generate(state.clone(), Api::Chat, prompt, "messages", fields).await
 }
 
-fn rejected(r: Rejection) -> ApiError {
+fn rejected(r: Rejection, prompt_field: &str) -> ApiError {
     match r {
         Rejection::QueueFull { .. } => ApiError::unavailable(r.to_string(), 1),
-        Rejection::TooLarge { .. } => ApiError::field("prompt", r),
+        Rejection::TooLarge { .. } => ApiError::field(prompt_field, r),
         Rejection::ShuttingDown => ApiError::unavailable(r.to_string(), 5),
     }
 }
@@ -62,6 +62,11 @@ fn rejected(r: Rejection) -> ApiError {
 async fn generate(state: Arc<AppState>, api: Api, prompt: Vec<u32>, prompt_field: &str, fields: GenerationFields) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let n_ctx = ready.n_ctx;
+    // Possible when the tokenizer adds no BOS and the text (a rendered template) is empty; the
+    // scheduler needs a token to feed.
+    if prompt.is_empty() {
+        return Err(ApiError::field(prompt_field, "the prompt is empty once tokenized"));
+    }
     if prompt.len() >= n_ctx {
         return Err(ApiError::field(prompt_field, format!("the prompt has {} tokens and the context holds {n_ctx} (raise -c)", prompt.len())));
     }
@@ -76,7 +81,7 @@ async fn generate(state: Arc<AppState>, api: Api, prompt: Vec<u32>, prompt_field
     }
     let n_prompt = prompt.len();
     let request = GenerationRequest { prompt, sampling: fields.sampling, max_tokens, ignore_eos: fields.ignore_eos, top_logprobs: fields.logprobs };
-    let events = state.scheduler.submit(request).await.map_err(rejected)?;
+    let events = state.scheduler.submit(request).await.map_err(|r| rejected(r, prompt_field))?;
     let id = state.next_id();
     let out = Output {
         tokenizer: ready.tokenizer.clone(),

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::request::{chat_messages, opt_bool, opt_str, parse_object, Object};
+use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object};
 use crate::scheduler::SchedulerHandle;
 use crate::template::{self, TemplateInputs};
 use kiln_tokenizer::{ChatTemplate, TokenizerError};
@@ -52,7 +52,7 @@ impl Ready {
             Some(Value::Object(m)) => Some(m),
             Some(_) => return Err(ApiError::field("chat_template_kwargs", "must be an object")),
         };
-        let inputs = TemplateInputs { messages, tools: o.get("tools").filter(|t| !t.is_null()), add_generation_prompt, extra };
+        let inputs = TemplateInputs { messages, tools: chat_tools(o)?, add_generation_prompt, extra };
         template::render(template, &self.tokenizer, &inputs).map_err(|e| match e {
             TokenizerError::TemplateException(message) => ApiError::bad_request(message),
             other => ApiError::bad_request(other.to_string()),

@@ -11,6 +11,9 @@ pub type Object = Map<String, Value>;
 /// The most alternatives `top_logprobs` / `logprobs` may ask for.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// The most stop strings a request may give: each is searched for after every token.
+pub const MAX_STOP_STRINGS: usize = 64;
+
 pub fn parse_object(body: &[u8]) -> Result<Object, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
@@ -108,8 +111,9 @@ fn sampling(o: &Object) -> Result<SamplingParams, ApiError> {
     if let Some(n) = count_field(o, "repeat_last_n", 256)? {
         p.repeat_last_n = n;
     }
-    if let Some(seed) = opt_i64(o, "seed")? {
-        p.seed = seed as u64;
+    // Any 64-bit integer, signed or not.
+    if let Some(seed) = get(o, "seed") {
+        p.seed = seed.as_u64().or_else(|| seed.as_i64().map(|s| s as u64)).ok_or_else(|| type_error("seed", "an integer"))?;
     }
     Ok(p)
 }
@@ -118,11 +122,33 @@ fn stop_strings(o: &Object) -> Result<Vec<String>, ApiError> {
     match get(o, "stop") {
         None => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) if items.len() > MAX_STOP_STRINGS => {
+            Err(ApiError::field("stop", format!("at most {MAX_STOP_STRINGS} stop strings, got {}", items.len())))
+        }
         Some(Value::Array(items)) => {
             items.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| type_error("stop", "a string or a list of strings"))).collect()
         }
         Some(_) => Err(type_error("stop", "a string or a list of strings")),
     }
+}
+
+/// OpenAI (and llama.cpp) fields that would change the output and that kiln does not
+/// implement: any value but the neutral one is refused rather than quietly ignored.
+fn refuse_unsupported(o: &Object) -> Result<(), ApiError> {
+    let neutral = |name: &str, v: &Value| match name {
+        "logit_bias" => v.as_object().is_some_and(|m| m.is_empty()),
+        "echo" => v == &Value::Bool(false),
+        "best_of" => v.as_i64() == Some(1),
+        "suffix" => v.as_str() == Some(""),
+        "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
+        _ => false,
+    };
+    for name in ["logit_bias", "echo", "best_of", "suffix", "response_format", "grammar", "json_schema"] {
+        if get(o, name).is_some_and(|v| !neutral(name, v)) {
+            return Err(ApiError::field(name, "is not supported by this server"));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the generation fields; `chat` selects the chat endpoint's spellings of max tokens
@@ -138,6 +164,7 @@ pub fn generation_fields(o: &Object, chat: bool) -> Result<GenerationFields, Api
             return Err(ApiError::field("n", "only one choice per request is supported"));
         }
     }
+    refuse_unsupported(o)?;
     let max_name = if chat && get(o, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let max_tokens = match opt_i64(o, max_name)? {
         Some(n) if n <= 0 => return Err(ApiError::field(max_name, format!("must be at least 1, got {n}"))),
@@ -244,8 +271,24 @@ pub fn chat_messages(o: &Object) -> Result<&Vec<Value>, ApiError> {
             None => return Err(ApiError::field(&field("content"), "is required")),
             Some(_) => return Err(type_error(&field("content"), "a string or a list of text parts")),
         }
+        if get(m, "tool_calls").is_some_and(|c| !is_list_of_objects(c)) {
+            return Err(type_error(&field("tool_calls"), "a list of tool call objects"));
+        }
     }
     Ok(messages)
+}
+
+fn is_list_of_objects(v: &Value) -> bool {
+    v.as_array().is_some_and(|items| items.iter().all(Value::is_object))
+}
+
+/// `tools`, when given: a list of tool objects (a template iterating over anything else would
+/// render nonsense, such as one tool per character of a string).
+pub fn chat_tools(o: &Object) -> Result<Option<&Value>, ApiError> {
+    match get(o, "tools") {
+        Some(t) if !is_list_of_objects(t) => Err(type_error("tools", "a list of tool objects")),
+        t => Ok(t),
+    }
 }
 
 /// A message's content as one string (text parts joined).
@@ -292,6 +335,14 @@ mod tests {
             (json!({"logprobs": 21}), "logprobs"),
             (json!({"model": 5}), "model"),
             (json!({"stream_options": {"include_usage": 1}}), "stream_options.include_usage"),
+            (json!({"stop": vec!["x"; MAX_STOP_STRINGS + 1]}), "stop"),
+            (json!({"logit_bias": {"5": 100}}), "logit_bias"),
+            (json!({"logit_bias": [1, 2]}), "logit_bias"),
+            (json!({"echo": true}), "echo"),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"suffix": "end"}), "suffix"),
+            (json!({"response_format": {"type": "json_object"}}), "response_format"),
+            (json!({"grammar": "root ::= \"a\""}), "grammar"),
         ] {
             assert_eq!(param_of(generation_fields(&obj(body.clone()), false)), field, "{body}");
         }
@@ -308,6 +359,21 @@ mod tests {
         assert_eq!((f.stop, f.max_tokens, f.stream, f.include_usage, f.logprobs, f.ignore_eos), (vec!["x".to_string()], Some(7), true, true, Some(2), true));
         assert_eq!(f.sampling.presence_penalty, 0.5);
         assert_eq!(generation_fields(&obj(json!({"logprobs": 3, "temperature": null})), false).unwrap().logprobs, Some(3));
+        // The neutral values of unsupported fields, as some clients always send them.
+        let neutral = json!({"logit_bias": {}, "echo": false, "best_of": 1, "suffix": "", "response_format": {"type": "text"}, "n": 1});
+        assert!(generation_fields(&obj(neutral), true).is_ok());
+        assert_eq!(generation_fields(&obj(json!({"seed": u64::MAX})), false).unwrap().sampling.seed, u64::MAX);
+        assert_eq!(generation_fields(&obj(json!({"seed": -1})), false).unwrap().sampling.seed, u64::MAX);
+        assert_eq!(generation_fields(&obj(json!({"stop": vec!["x"; MAX_STOP_STRINGS]})), false).unwrap().stop.len(), MAX_STOP_STRINGS);
+    }
+
+    #[test]
+    fn temperatures_too_small_to_invert_are_greedy() {
+        // 1/t is infinite for these: the sampler takes them as greedy.
+        for t in [1e-45, 1e-39] {
+            assert!(generation_fields(&obj(json!({"temperature": t})), false).unwrap().sampling.is_greedy(), "{t}");
+        }
+        assert_eq!(generation_fields(&obj(json!({"temperature": 1e-30})), false).unwrap().sampling.temperature, 1e-30);
     }
 
     #[test]
@@ -334,9 +400,16 @@ mod tests {
             (json!({"messages": [{"role": "user", "content": 5}]}), "messages[0].content"),
             (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content[0]"),
             (json!({"messages": [1]}), "messages[0]"),
+            (json!({"messages": [{"role": "assistant", "content": "", "tool_calls": "x"}]}), "messages[0].tool_calls"),
+            (json!({"messages": [{"role": "assistant", "content": "", "tool_calls": [1]}]}), "messages[0].tool_calls"),
         ] {
             assert_eq!(chat_messages(&obj(bad.clone())).unwrap_err().param.as_deref(), Some(field), "{bad}");
         }
+        for bad in [json!({"tools": "abc"}), json!({"tools": {"type": "function"}}), json!({"tools": ["f"]})] {
+            assert_eq!(chat_tools(&obj(bad.clone())).unwrap_err().param.as_deref(), Some("tools"), "{bad}");
+        }
+        assert!(chat_tools(&obj(json!({"tools": [{"type": "function", "function": {"name": "f"}}]}))).unwrap().is_some());
+        assert!(chat_tools(&obj(json!({"tools": null}))).unwrap().is_none());
         assert!(parse_object(b"{bad").unwrap_err().message.contains("malformed JSON"));
         assert!(parse_object(b"[1]").is_err());
     }

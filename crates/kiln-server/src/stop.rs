@@ -22,7 +22,8 @@ impl StopMatcher {
 
     pub fn push(&mut self, piece: &str) -> Released {
         self.held.push_str(piece);
-        let first_stop = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        // A stop longer than the held text cannot be in it (and searching costs its length).
+        let first_stop = self.stops.iter().filter(|s| s.len() <= self.held.len()).filter_map(|s| self.held.find(s.as_str())).min();
         if let Some(at) = first_stop {
             let text = self.held[..at].to_string();
             self.held.clear();

@@ -5,7 +5,7 @@
 use kiln_tokenizer::{ChatInputs, ChatTemplate, Tokenizer, TokenizerError};
 use serde_json::Value;
 
-use crate::request::Object;
+use crate::request::{message_text, Object};
 
 /// What a template renders.
 pub struct TemplateInputs<'a> {
@@ -25,11 +25,13 @@ pub fn resolve(requested: Option<&str>, from_model: Option<&str>) -> Result<Opti
     ChatTemplate::resolve(requested, from_model).map(Some).map_err(|e| e.to_string())
 }
 
-/// Renders a chat request's prompt with the model's BOS/EOS text. Tool-call arguments sent as
-/// the OpenAI wire format's JSON string are parsed into objects first (the convention of
-/// Hugging Face templates, and what llama.cpp does); strings that are not JSON objects stay.
+/// Renders a chat request's prompt with the model's BOS/EOS text. Content sent as a list of
+/// text parts is joined into one string first, since most templates concatenate content as a
+/// string. Tool-call arguments sent as the OpenAI wire format's JSON string are parsed into
+/// objects first (the convention of Hugging Face templates, and what llama.cpp does); strings
+/// that are not JSON objects stay.
 pub fn render(template: &ChatTemplate, tokenizer: &Tokenizer, inputs: &TemplateInputs) -> Result<String, TokenizerError> {
-    let messages = Value::Array(inputs.messages.iter().map(with_parsed_arguments).collect());
+    let messages = Value::Array(inputs.messages.iter().map(template_message).collect());
     template.render(&ChatInputs {
         messages: &messages,
         tools: inputs.tools,
@@ -41,8 +43,11 @@ pub fn render(template: &ChatTemplate, tokenizer: &Tokenizer, inputs: &TemplateI
     })
 }
 
-fn with_parsed_arguments(message: &Value) -> Value {
+fn template_message(message: &Value) -> Value {
     let mut message = message.clone();
+    if message.get("content").is_some_and(Value::is_array) {
+        message["content"] = Value::String(message_text(&message));
+    }
     if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for call in calls {
             if let Some(arguments) = call.pointer_mut("/function/arguments") {
@@ -73,12 +78,24 @@ mod tests {
     }
 
     #[test]
+    fn text_parts_render_as_their_joined_string() {
+        let tokenizer = Tokenizer::from_path(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf")).unwrap();
+        let template = resolve(Some("chatml"), None).unwrap().unwrap();
+        let render_content = |content: Value| {
+            let messages = [json!({"role": "user", "content": content})];
+            render(&template, &tokenizer, &TemplateInputs { messages: &messages, tools: None, add_generation_prompt: true, extra: None }).unwrap()
+        };
+        let parts = json!([{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]);
+        assert_eq!(render_content(parts), render_content(json!("Hello there")));
+    }
+
+    #[test]
     fn string_arguments_become_objects_when_they_are_json_objects() {
         let m = json!({"role": "assistant", "tool_calls": [
             {"function": {"name": "f", "arguments": "{\"a\": 1}"}},
             {"function": {"name": "g", "arguments": "not json"}},
             {"function": {"name": "h", "arguments": {"b": 2}}}]});
-        let parsed = with_parsed_arguments(&m);
+        let parsed = template_message(&m);
         assert_eq!(parsed["tool_calls"][0]["function"]["arguments"], json!({"a": 1}));
         assert_eq!(parsed["tool_calls"][1]["function"]["arguments"], "not json");
         assert_eq!(parsed["tool_calls"][2]["function"]["arguments"], json!({"b": 2}));
