@@ -10,8 +10,9 @@
 // is never sorted. After top-k, at most CANDIDATE_CAP survivors are moved to shared memory.
 // A small top-k (the defaults' 40) is found by the blocks sharing the row instead: each sorts
 // its part's few candidates, the last merges the parts' k best and walks them as the CPU does.
-// Other cuts go through counts: the parts bin their logits, the last gathers the prefix of the
-// ranking that fits one block and walks it where it decides the cuts (sampling_parts.cuh).
+// Other cuts and temperature alone go through counts: the parts bin their logits, the last
+// gathers the prefix of the ranking that fits one block and walks it where it decides the cuts
+// or holds the draw (sampling_parts.cuh).
 // kiln-waits-for-inputs
 #include "common.cuh"
 #include "plan.cuh"
@@ -86,6 +87,7 @@ struct SampleShared {
     int part_top_bin[THRESHOLD_MAX_PARTS];
     float part_max[THRESHOLD_MAX_PARTS];
     float part_exp_sum[THRESHOLD_MAX_PARTS];
+    float part_tempered_sum[THRESHOLD_MAX_PARTS];
     u32 position;
 };
 
@@ -406,7 +408,7 @@ __device__ __forceinline__ void block_best(SampleShared& sh, float& best, u32& b
 // of the row and folds it into best_keys[y]; the last to finish (tickets[y]) answers a greedy
 // sample from it, or ranks the whole row alone, and resets both for the next launch. Top-k
 // samples of k <= PART_TOP_MAX rank in parts instead (sample_top_k_by_parts, with
-// part_keys: MERGE_CAP keys a sample), and other cuts by counts in parts (sample_by_threshold,
+// part_keys: MERGE_CAP keys a sample), other cuts and temperature alone by counts in parts (sample_by_threshold,
 // its PartCounts records in the same keys), the last part ranking the whole row only where the
 // prefix it gathers does not decide them.
 // Launch: SAMPLE_THREADS threads a block, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
@@ -459,8 +461,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     }
     // The last part alone ranks the whole row where the threshold path could not decide.
     bool alone = gridDim.x == 1;
-    const bool cuts = k < n_vocab || __uint_as_float(rec[SAMPLE_TOP_P]) < 1.0f || __uint_as_float(rec[SAMPLE_MIN_P]) > 0.0f;
-    if (in_parts && cuts && gridDim.x <= THRESHOLD_MAX_PARTS) {
+    if (in_parts && gridDim.x <= THRESHOLD_MAX_PARTS) {
         const u32 token = sample_by_threshold(vocab, sh, k, reinterpret_cast<PartCounts*>(sample_part_keys), tickets + sample, rec, temperature);
         if (token == NOT_DRAWN) {
             return;

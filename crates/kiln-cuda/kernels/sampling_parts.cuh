@@ -251,8 +251,8 @@ __device__ u32 sample_top_k_by_parts(const VocabSource& vocab, SampleShared& sh,
 struct PartCounts {
     int top_bin;  // PART_EMPTY: no logit above -inf; PART_UNRANKABLE: a NaN, +inf or huge logit
     float max_value;
-    float exp_sum;  // sum of exp(v - max_value) over the part
-    u32 reserved;
+    float exp_sum;       // sum of exp(v - max_value) over the part
+    float tempered_sum;  // sum of exp((v - max_value) / temperature), where the draw needs it
     unsigned short count[THRESHOLD_BINS];
 };
 static_assert(sizeof(PartCounts) == PART_COUNTS_BYTES && sizeof(PartCounts) % 8 == 0, "records tile the part keys");
@@ -262,8 +262,10 @@ static_assert(PART_VALUES_PER_THREAD * SAMPLE_THREADS <= 0xffff, "a bin's count 
 // Beyond this magnitude top_bin leaves the range where floats hold whole bin numbers exactly.
 #define THRESHOLD_MAX_LOGIT 1048576.0f
 
-// This block's part of the row (at most PART_VALUES_PER_THREAD logits a thread), counted into `out`.
-__device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begin, u32 end, PartCounts* out) {
+// This block's part of the row (at most PART_VALUES_PER_THREAD logits a thread), counted into
+// `out`; its tempered sum only where `inv_temperature` is not 0.
+__device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begin, u32 end, float inv_temperature,
+                            PartCounts* out) {
     const u32 tid = threadIdx.x;
     float values[PART_VALUES_PER_THREAD];
     float best = NEG_INF;
@@ -288,6 +290,7 @@ __device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begi
         top_bin = (int)ceilf(best * THRESHOLD_BIN_SCALE);
     }
     float exp_sum = 0.0f;
+    float tempered_sum = 0.0f;
     if (tid < THRESHOLD_BINS) {
         sh.bins.count[tid] = 0;
     }
@@ -296,6 +299,9 @@ __device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begi
 #pragma unroll
         for (int r = 0; r < PART_VALUES_PER_THREAD; ++r) {
             exp_sum += expf(values[r] - best);
+            if (inv_temperature != 0.0f) {
+                tempered_sum += expf((values[r] - best) * inv_temperature);
+            }
             const float bin = floorf((float)top_bin - values[r] * THRESHOLD_BIN_SCALE);
             if (bin < (float)THRESHOLD_BINS) {
                 atomicAdd(&sh.bins.count[(int)bin], 1u);
@@ -303,6 +309,9 @@ __device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begi
         }
     }
     exp_sum = block_sum<SAMPLE_THREADS>(exp_sum);
+    if (inv_temperature != 0.0f) {
+        tempered_sum = block_sum<SAMPLE_THREADS>(tempered_sum);
+    }
     if (tid < THRESHOLD_BINS) {
         out->count[tid] = (unsigned short)sh.bins.count[tid];
     }
@@ -310,6 +319,7 @@ __device__ void part_counts(const VocabSource& vocab, SampleShared& sh, u32 begi
         out->top_bin = top_bin;
         out->max_value = best;
         out->exp_sum = exp_sum;
+        out->tempered_sum = tempered_sum;
     }
 }
 
@@ -384,11 +394,13 @@ __device__ u32 gather_at_or_above(const VocabSource& vocab, SampleShared& sh, fl
     return sh.n_cand;
 }
 
-// Sampling where the cuts end past what top-k by parts merges (top-k of any k, top-p, min-p):
-// each part counts its logits in bins below its maximum; the last to finish adds the counts
-// up, gathers the longest run of bins from the top that fits CANDIDATE_CAP (a prefix of the
-// ranking, whatever rounding put in which bin: the gather compares values), sorts it, and walks
-// it as kiln_core::sampling::sample walks its sorted list wherever the prefix decides every cut.
+// Sampling where the cuts end past what top-k by parts merges (top-k of any k, top-p, min-p)
+// or where there is no cut (temperature alone): each part counts its logits in bins below its
+// maximum; the last to finish adds the counts up, gathers the longest run of bins from the top
+// that fits CANDIDATE_CAP (a prefix of the ranking, whatever rounding put in which bin: the
+// gather compares values), sorts it, and walks it as kiln_core::sampling::sample walks its
+// sorted list wherever the prefix decides every cut. Without cuts the draw's target comes from
+// the parts' tempered sums, and the prefix decides it where the target falls within its weight.
 // Returns the drawn token to every thread of the block that drew it; NOT_DRAWN in the other
 // parts; WHOLE_ROW where the last part must rank the whole row instead.
 __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u32 k, PartCounts* parts, u32* ticket,
@@ -397,7 +409,13 @@ __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u
     const u32 n_parts = gridDim.x;
     const u32 part = (vocab.n + n_parts - 1) / n_parts;
     const u32 begin = min(blockIdx.x * part, vocab.n);
-    part_counts(vocab, sh, begin, min(begin + part, vocab.n), parts + blockIdx.x);
+    const float top_p = __uint_as_float(rec[SAMPLE_TOP_P]);
+    const float min_p = __uint_as_float(rec[SAMPLE_MIN_P]);
+    // NaN settings count as off, as on the CPU.
+    const bool temperature_alone = k >= vocab.n && !(top_p < 1.0f) && !(min_p > 0.0f);
+    const float inv_temperature = 1.0f / temperature;
+    part_counts(vocab, sh, begin, min(begin + part, vocab.n), temperature_alone ? inv_temperature : 0.0f,
+                parts + blockIdx.x);
     if (!last_part_to_finish(sh, ticket)) {
         return NOT_DRAWN;
     }
@@ -405,6 +423,7 @@ __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u
         sh.part_top_bin[tid] = __ldcg(&parts[tid].top_bin);
         sh.part_max[tid] = __ldcg(&parts[tid].max_value);
         sh.part_exp_sum[tid] = __ldcg(&parts[tid].exp_sum);
+        sh.part_tempered_sum[tid] = __ldcg(&parts[tid].tempered_sum);
     }
     __syncthreads();
     int top_bin = PART_EMPTY;
@@ -416,12 +435,14 @@ __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u
     if (top_bin == PART_EMPTY || top_bin == PART_UNRANKABLE) {
         return WHOLE_ROW;
     }
-    // The row's sum of exp(v - max), for top-p without a top-k (in part order: every thread and
-    // every run gets the same).
+    // The row's sums of exp(v - max), for top-p without a top-k, and of the tempered weights,
+    // for temperature alone (in part order: every thread and every run gets the same).
     float row_total = 0.0f;
+    float row_tempered_total = 0.0f;
     for (u32 p = 0; p < n_parts; ++p) {
         if (sh.part_top_bin[p] != PART_EMPTY) {
             row_total += sh.part_exp_sum[p] * expf(sh.part_max[p] - max_value);
+            row_tempered_total += sh.part_tempered_sum[p] * expf((sh.part_max[p] - max_value) * inv_temperature);
         }
     }
     u32 count = 0;
@@ -455,8 +476,6 @@ __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u
     // Each cut is a length of the ranking; UNDECIDED where it ends past the gathered prefix.
     const u32 UNDECIDED = 0xffffffffu;
     u32 keep = k <= n_cand ? k : UNDECIDED;
-    const float top_p = __uint_as_float(rec[SAMPLE_TOP_P]);
-    const float min_p = __uint_as_float(rec[SAMPLE_MIN_P]);
     if (top_p < 1.0f) {
         // The CPU's total runs over its top-k list: the whole row, or the first k here.
         const u32 within = min(k, n_cand);
@@ -484,15 +503,24 @@ __device__ u32 sample_by_threshold(const VocabSource& vocab, SampleShared& sh, u
             keep = max(below, 1u);
         }
     }
-    if (keep == UNDECIDED) {
+    // Temperature alone keeps the whole row, of which only the prefix is ranked here.
+    const bool prefix_of_row = keep == UNDECIDED && temperature_alone;
+    if (keep == UNDECIDED && !temperature_alone) {
         return WHOLE_ROW;
     }
-    const float weight = ranked && tid < keep ? expf((value - max_value) * (1.0f / temperature)) : 0.0f;
+    if (prefix_of_row) {
+        keep = n_cand;
+    }
+    const float weight = ranked && tid < keep ? expf((value - max_value) * inv_temperature) : 0.0f;
     const float reached = block_inclusive_scan(weight, sh.warp_totals);
-    const float total = __uint_as_float((u32)block_broadcast(sh, __float_as_uint(reached), keep - 1));
+    const float total =
+        prefix_of_row ? row_tempered_total : __uint_as_float((u32)block_broadcast(sh, __float_as_uint(reached), keep - 1));
     const u64 seed = (u64)rec[SAMPLE_SEED_LO] | ((u64)rec[SAMPLE_SEED_HI] << 32);
     const u64 draw = (u64)rec[SAMPLE_DRAW_LO] | ((u64)rec[SAMPLE_DRAW_HI] << 32);
     const float target = uniform_draw(seed, draw) * total;
-    const u32 chosen = min(keep - 1, block_first(sh, tid < keep && reached > target));
-    return id_of_key(block_broadcast(sh, key, chosen));
+    const u32 first = block_first(sh, tid < keep && reached > target);
+    if (prefix_of_row && first >= keep) {
+        return WHOLE_ROW;
+    }
+    return id_of_key(block_broadcast(sh, key, min(keep - 1, first)));
 }

@@ -71,6 +71,10 @@ fn greedy_and_top_k_one_sampling_are_identical_to_cpu() {
             };
             let (cpu, gpu) = sample_both(&mut pair, &logits, &gpu_logits, &greedy, &history, trial as u64);
             assert_eq!(gpu, cpu, "greedy, vocab {n_vocab}, trial {trial}");
+            // A temperature whose inverse overflows is greedy on both.
+            let tiny = SamplingParams { temperature: 1e-45, top_k: 0, seed: trial as u64, ..greedy };
+            let (cpu_tiny, gpu_tiny) = sample_both(&mut pair, &logits, &gpu_logits, &tiny, &history, trial as u64 * 3);
+            assert_eq!((gpu_tiny, cpu_tiny), (cpu, cpu), "temperature 1e-45, vocab {n_vocab}, trial {trial}");
             let top1 = SamplingParams { temperature: 1.7, top_k: 1, seed: trial as u64, ..greedy };
             let (cpu, gpu) = sample_both(&mut pair, &logits, &gpu_logits, &top1, &history, trial as u64 * 7);
             assert_eq!(gpu, cpu, "top_k 1 at temperature 1.7, vocab {n_vocab}, trial {trial}");
@@ -160,7 +164,7 @@ fn peaked(rng: &mut impl Rng, n_vocab: usize, head: usize) -> Vec<f32> {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run scripts/gpu-tests.sh on the device"]
 fn threshold_draws_match_cpu_draw_for_draw() {
-    // No top-k, or one past what top-k by parts merges: the parts count their logits in bins,
+    // No top-k (or one past what top-k by parts merges), or no cut at all: the parts count their logits in bins,
     // the last gathers the prefix of the ranking that fits 1024 candidates and walks it where it
     // decides every cut (else ranks the whole row). Rows of 1 to 32 parts (49: past the parts'
     // records, the whole row), peaked logits whose nucleus lies in the gathered prefix, a row
@@ -179,6 +183,13 @@ fn threshold_draws_match_cpu_draw_for_draw() {
         (5_000, 50, SamplingParams { top_p: 0.9, min_p: 0.0, ..base }),
         (700, 0, SamplingParams { top_p: 0.99, min_p: 0.0, temperature: 1.5, ..base }),
         (151_936, 300, SamplingParams { presence_penalty: 0.5, ..base }),
+        // Temperature alone: the target from the parts' tempered sums, drawn inside the prefix
+        // (all but about 0.1% of the weight at 1.0), or past it at 3.0 (most of the weight in
+        // the bulk), where the whole row is ranked.
+        (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 1.0, ..base }),
+        (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 0.8, repeat_penalty: 1.3, ..base }),
+        (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 3.0, ..base }),
+        (700, 0, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 1.5, ..base }),
     ];
     for (case, (n_vocab, head, params)) in cases.into_iter().enumerate() {
         let mut logits = if head > 0 { peaked(&mut rng, n_vocab, head) } else { random(&mut rng, n_vocab, 1.5) };
