@@ -1,38 +1,23 @@
 //! Requests through the whole server (HTTP layer, scheduler, the bundled model on the CPU).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 
-use kiln_core::CpuBackend;
-use kiln_gguf::GgufFile;
-use kiln_models::{Engine, EngineOptions, KvBudget, Weights};
-use kiln_server::http::{router, AppState, Ready};
+use common::{bundled_engine, request, serve};
+use kiln_models::{EngineOptions, KvBudget};
+use kiln_server::http::{AppState, Ready};
 use kiln_server::metrics::Metrics;
 use kiln_server::scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 use kiln_tokenizer::{ChatTemplate, Tokenizer, TokenizerSpec};
-
-fn request(addr: &str, path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 /// A chat template that renders only the first message's content, over a tokenizer that adds
 /// no BOS (as many BPE models are): an empty message renders and tokenizes to nothing. A prompt
 /// larger than the whole KV pool (two blocks) is refused naming the chat field too.
 #[test]
 fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
-    let backend = Arc::new(CpuBackend::new());
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let weights = Arc::new(Weights::load(&*backend, &file).unwrap());
     let options = EngineOptions { max_seq_len: 128, max_batch_tokens: 64, max_seqs: 1, kv_budget: Some(KvBudget::Blocks(2)), ..EngineOptions::default() };
-    let engine = Engine::new(backend, weights, &options).unwrap();
+    let (engine, file) = bundled_engine(&options);
     let mut spec = TokenizerSpec::from_gguf(&file).unwrap();
     spec.add_bos = Some(false);
     let tokenizer = Tokenizer::from_spec(&spec).unwrap();
@@ -54,18 +39,15 @@ fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
     };
     assert!(state.ready.set(ready).is_ok());
 
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    runtime.spawn(async move { axum::serve(listener, router(state)).await });
+    let (_runtime, addr) = serve(state);
 
-    let empty = request(&addr, "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": ""}], "max_tokens": 2}"#);
+    let empty = request(&addr, "POST", "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": ""}], "max_tokens": 2}"#);
     assert!(empty.starts_with("HTTP/1.1 400"), "{empty}");
     assert!(empty.contains(r#""param":"messages""#) && empty.contains("empty once tokenized"), "{empty}");
     let long = format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}], "max_tokens": 2}}"#, "Once upon a time ".repeat(20));
-    let too_large = request(&addr, "/v1/chat/completions", &long);
+    let too_large = request(&addr, "POST", "/v1/chat/completions", &long);
     assert!(too_large.starts_with("HTTP/1.1 400") && too_large.contains(r#""param":"messages""#) && too_large.contains("KV blocks"), "{too_large}");
-    let fine = request(&addr, "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "Once upon"}], "max_tokens": 2}"#);
+    let fine = request(&addr, "POST", "/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "Once upon"}], "max_tokens": 2}"#);
     assert!(fine.starts_with("HTTP/1.1 200") && fine.contains(r#""completion_tokens":2"#), "{fine}");
 
     handle.shutdown();

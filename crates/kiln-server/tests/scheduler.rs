@@ -2,9 +2,11 @@
 //! decoding every step while a long prompt is fed (the bundled model), and on a sliding-window
 //! model a prefix-cache hit gives what computing the prompt gives (tiny gemma3).
 
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 
+use common::bundled_engine;
 use kiln_core::{CpuBackend, SamplingParams};
 use kiln_gguf::GgufFile;
 use kiln_models::{Engine, EngineOptions, Weights};
@@ -17,12 +19,8 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
 
 #[test]
 fn decodes_keep_going_while_a_long_prompt_is_fed_in_chunks() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
-    let backend = Arc::new(CpuBackend::new());
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let weights = Arc::new(Weights::load(&*backend, &file).unwrap());
     let options = EngineOptions { max_seq_len: 512, max_batch_tokens: 16, max_seqs: 2, ..EngineOptions::default() };
-    let engine = Engine::new(backend, weights, &options).unwrap();
+    let (engine, _) = bundled_engine(&options);
     let (commands, receiver) = std::sync::mpsc::channel();
     let handle = SchedulerHandle::new(commands);
     let config = SchedulerConfig { max_running: 2, max_waiting: 4, step_tokens: 16 };
