@@ -140,12 +140,19 @@ async fn check_api_key(State(state): State<Arc<AppState>>, request: Request, nex
     if matches!(request.uri().path(), "/health" | "/v1/health") {
         return next.run(request).await;
     }
-    let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
     match given {
         Some(g) if constant_time_eq(g.trim().as_bytes(), key.as_bytes()) => next.run(request).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
         None => ApiError::new(StatusCode::UNAUTHORIZED, "missing API key: send \"Authorization: Bearer KEY\"").into_response(),
     }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme's name is case-insensitive
+/// (RFC 9110), and clients send "bearer" too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// A handler that panics answers 500; the server and other requests go on.
@@ -215,5 +222,15 @@ mod tests {
         assert!(!super::constant_time_eq(b"secret", b"secreT"));
         assert!(!super::constant_time_eq(b"secret", b"secret2"));
         assert!(!super::constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer k1", "bearer k1", "BEARER k1", " Bearer k1"] {
+            assert_eq!(super::bearer_token(value), Some("k1"), "{value}");
+        }
+        for value in ["Basic k1", "Bearerk1", "k1", ""] {
+            assert_eq!(super::bearer_token(value), None, "{value}");
+        }
     }
 }
