@@ -33,7 +33,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap,
     let ready = state.ready()?;
     let fields = generation_fields(&o, false)?;
     let prompt = match completion_prompt(&o)? {
-        Prompt::Text(text) => ready.tokenizer.encode(&text, true, true),
+        Prompt::Text(text) => state.off_the_workers(move |r| Ok(r.tokenizer.encode(&text, true, true))).await?,
         Prompt::Tokens(ids) => {
             ready.check_tokens(&ids, "prompt")?;
             ids
@@ -44,10 +44,9 @@ pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap,
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let o = state.read_body(&headers, body).await?;
-    let ready = state.ready()?;
+    state.ready()?;
     let fields = generation_fields(&o, true)?;
-    let text = ready.render_chat(&o, true)?;
-    let prompt = ready.tokenize_chat(&text);
+    let prompt = state.off_the_workers(move |r| r.render_chat(&o, true).map(|text| r.tokenize_chat(&text))).await?;
     generate(state.clone(), Api::Chat, prompt, "messages", fields).await
 }
 

@@ -86,6 +86,18 @@ impl AppState {
         self.ready.get().ok_or_else(|| ApiError::unavailable("the model is still loading", 1))
     }
 
+    /// Runs `work` on tokio's blocking pool: rendering and tokenizing a prompt take time that
+    /// grows with the request (up to the body limit), which would otherwise hold an HTTP worker
+    /// and every connection it serves.
+    pub async fn off_the_workers<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Ready) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let state = self.clone();
+        let task = tokio::task::spawn_blocking(move || work(state.ready()?));
+        task.await.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("preparing the prompt failed: {e}")))?
+    }
+
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Relaxed)
     }
@@ -183,11 +195,12 @@ async fn models(State(state): State<Arc<AppState>>) -> Result<Response, ApiError
 
 async fn tokenize(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let o = state.read_body(&headers, body).await?;
-    let r = state.ready()?;
-    let content = opt_str(&o, "content")?.ok_or_else(|| ApiError::field("content", "is required"))?;
+    state.ready()?;
+    let content = opt_str(&o, "content")?.ok_or_else(|| ApiError::field("content", "is required"))?.to_string();
     let add_special = opt_bool(&o, "add_special")?.unwrap_or(false);
     let parse_special = opt_bool(&o, "parse_special")?.unwrap_or(true);
-    Ok(Json(json!({"tokens": r.tokenizer.encode(content, add_special, parse_special)})).into_response())
+    let tokens = state.off_the_workers(move |r| Ok(r.tokenizer.encode(&content, add_special, parse_special))).await?;
+    Ok(Json(json!({"tokens": tokens})).into_response())
 }
 
 async fn detokenize(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {

@@ -53,3 +53,31 @@ fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
     handle.shutdown();
     thread.join().unwrap();
 }
+
+/// A prompt whose tokenizing takes long (4 MiB of text) leaves the one HTTP worker free: a
+/// health check sent meanwhile answers at once.
+#[test]
+fn a_long_prompt_does_not_hold_the_http_worker() {
+    let options = EngineOptions { max_seq_len: 128, max_batch_tokens: 64, max_seqs: 1, ..EngineOptions::default() };
+    let (_, file) = bundled_engine(&options);
+    let (commands, _receiver) = std::sync::mpsc::channel();
+    let state = Arc::new(AppState::new(SchedulerHandle::new(commands), Arc::new(Metrics::default()), None, 8 << 20));
+    let tokenizer = Tokenizer::from_spec(&TokenizerSpec::from_gguf(&file).unwrap()).unwrap();
+    let ready = Ready { tokenizer: Arc::new(tokenizer), template: None, model_name: "stories".into(), n_ctx: 128, n_vocab: 512, created: 0 };
+    assert!(state.ready.set(ready).is_ok());
+    let (_runtime, addr) = serve(state);
+
+    let long = format!(r#"{{"prompt": "{}", "max_tokens": 2}}"#, "Once upon a time there was a cat. ".repeat(4 << 20 >> 5));
+    let long_addr = addr.clone();
+    let started = std::time::Instant::now();
+    let long_request = std::thread::spawn(move || (request(&long_addr, "POST", "/v1/completions", &long), started.elapsed()));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let asked = std::time::Instant::now();
+    let health = request(&addr, "GET", "/health", "");
+    let health_time = asked.elapsed();
+    let (too_long, long_time) = long_request.join().unwrap();
+    eprintln!("health {health_time:?}, long prompt {long_time:?}");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(too_long.starts_with("HTTP/1.1 400") && too_long.contains(r#""param":"prompt""#), "{too_long}");
+    assert!(health_time * 4 < long_time, "health {health_time:?} against the long prompt's {long_time:?}");
+}
