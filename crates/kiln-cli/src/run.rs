@@ -87,21 +87,39 @@ pub fn open_gpu_numbered(ordinal: usize, graph_edges: kiln_cuda::GraphEdges) -> 
 #[derive(clap::Args, Debug)]
 pub struct SamplingArgs {
     /// Temperature; 0 is greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = finite)]
     pub temperature: f32,
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = finite)]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = finite)]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive_finite)]
     pub repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed; -1 picks one.
     #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
     pub seed: i64,
+}
+
+/// A sampling setting: NaN or infinity would make every draw meaningless.
+fn finite(text: &str) -> Result<f32, String> {
+    let x: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(format!("'{text}' must be a finite number"))
+    }
+}
+
+/// The repetition penalty divides logits: it must be above 0 and finite.
+fn positive_finite(text: &str) -> Result<f32, String> {
+    match finite(text)? {
+        x if x > 0.0 => Ok(x),
+        _ => Err(format!("'{text}' must be greater than 0 (1 is off)")),
+    }
 }
 
 impl SamplingArgs {

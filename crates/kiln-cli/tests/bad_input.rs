@@ -166,6 +166,21 @@ fn missing_hyper_parameter() {
 }
 
 #[test]
+fn sampling_flags_must_be_finite() {
+    let model = stories();
+    let model = model.to_str().unwrap();
+    for (flag, value, needle) in [
+        ("--temp", "nan", "finite"),
+        ("--top-p", "inf", "finite"),
+        ("--min-p", "x", "not a number"),
+        ("--repeat-penalty", "0", "greater than 0"),
+        ("--repeat-penalty", "-1.5", "greater than 0"),
+    ] {
+        expect_error(&["run", "-m", model, "-n", "2", &format!("{flag}={value}")], needle);
+    }
+}
+
+#[test]
 fn prompt_longer_than_context() {
     let model = stories();
     let long = "Once upon a time there was a little girl who liked to play in the park every day.";

@@ -408,9 +408,9 @@ __device__ __forceinline__ void block_best(SampleShared& sh, float& best, u32& b
 // of the row and folds it into best_keys[y]; the last to finish (tickets[y]) answers a greedy
 // sample from it, or ranks the whole row alone, and resets both for the next launch. Top-k
 // samples of k <= PART_TOP_MAX rank in parts instead (sample_top_k_by_parts, with
-// part_keys: MERGE_CAP keys a sample), other cuts and temperature alone by counts in parts (sample_by_threshold,
-// its PartCounts records in the same keys), the last part ranking the whole row only where the
-// prefix it gathers does not decide them.
+// part_keys: MERGE_CAP keys a sample), other cuts and temperature alone by counts in parts
+// (sample_by_threshold, its PartCounts records in the same keys), the last part ranking the
+// whole row only where the prefix it gathers does not decide them or hold the draw.
 // Launch: SAMPLE_THREADS threads a block, ceil(n_vocab / 32) * 4 bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)
     sample_tokens_f32(const float* all_logits, u32* step, u32 n_vocab, u64* best_keys, u32* tickets, u64* part_keys) {
