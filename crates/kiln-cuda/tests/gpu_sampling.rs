@@ -184,11 +184,11 @@ fn threshold_draws_match_cpu_draw_for_draw() {
         (700, 0, SamplingParams { top_p: 0.99, min_p: 0.0, temperature: 1.5, ..base }),
         (151_936, 300, SamplingParams { presence_penalty: 0.5, ..base }),
         // Temperature alone: the target from the parts' tempered sums, drawn inside the prefix
-        // (all but about 0.1% of the weight at 1.0), or past it at 3.0 (most of the weight in
-        // the bulk), where the whole row is ranked.
+        // (all but about 0.1% of the weight at 1.0). Hotter rows, where most draws fall past
+        // the prefix into the whole row, are checked as a distribution in
+        // whole_vocabulary_sampling_follows_the_exact_distribution.
         (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 1.0, ..base }),
         (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 0.8, repeat_penalty: 1.3, ..base }),
-        (151_936, 300, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 3.0, ..base }),
         (700, 0, SamplingParams { top_p: 1.0, min_p: 0.0, temperature: 1.5, ..base }),
     ];
     for (case, (n_vocab, head, params)) in cases.into_iter().enumerate() {
@@ -238,16 +238,21 @@ fn whole_vocabulary_sampling_follows_the_exact_distribution() {
     let mut rng = rng("whole_vocabulary");
     let mut pair = Pair::new(1, 128);
     let base = SamplingParams::default();
+    // (vocabulary, peaked head (0: uniform logits), settings)
     let cases = [
-        SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..base },
-        SamplingParams { top_k: 2000, top_p: 1.0, min_p: 0.02, temperature: 1.3, ..base },
-        SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.05, temperature: 1.0, repeat_penalty: 1.3, ..base },
+        (50_000, 0, SamplingParams { top_k: 0, top_p: 0.9, min_p: 0.0, temperature: 0.7, ..base }),
+        (50_000, 0, SamplingParams { top_k: 2000, top_p: 1.0, min_p: 0.02, temperature: 1.3, ..base }),
+        (50_000, 0, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.05, temperature: 1.0, repeat_penalty: 1.3, ..base }),
         // Temperature alone: every token a candidate.
-        SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.1, ..base },
+        (50_000, 0, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.1, ..base }),
+        // Temperature alone on peaked rows so hot that about 45% (2.0) and 85% (3.0) of the
+        // weight lies in the bulk: draws inside the gathered prefix and past it, into the whole row.
+        (151_936, 300, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 2.0, repeat_penalty: 1.3, ..base }),
+        (151_936, 300, SamplingParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 3.0, ..base }),
     ];
-    let (n_vocab, draws, buckets) = (50_000, 4000u64, 16usize);
-    for params in cases {
-        let logits = random(&mut rng, n_vocab, 6.0);
+    let (draws, buckets) = (4000u64, 16usize);
+    for (n_vocab, head, params) in cases {
+        let logits = if head > 0 { peaked(&mut rng, n_vocab, head) } else { random(&mut rng, n_vocab, 6.0) };
         let history: Vec<u32> = (0..100).map(|_| rng.gen_range(0..n_vocab as u32)).collect();
         let exact = exact_distribution(&logits, &history, &params);
         let mut bucket_of = vec![usize::MAX; n_vocab];
