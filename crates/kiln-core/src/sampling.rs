@@ -89,7 +89,9 @@ pub fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], params: &Sampli
         }
         let count = recent[i..].iter().filter(|&&x| x == tok).count() as f32;
         let l = &mut logits[t];
-        *l = if *l > 0.0 { *l / params.repeat_penalty } else { *l * params.repeat_penalty };
+        // A penalty so small that the quotient overflows leaves the largest finite logit, which
+        // the sampler can rank (an infinite one would make every weight NaN).
+        *l = if *l > 0.0 { (*l / params.repeat_penalty).min(f32::MAX) } else { *l * params.repeat_penalty };
         *l -= count * params.frequency_penalty + params.presence_penalty;
     }
 }
@@ -400,6 +402,18 @@ mod tests {
         let p = SamplingParams { repeat_penalty: 2.0, ..SamplingParams::greedy() };
         apply_repeat_penalty(&mut l, &[0, 1, 0, 0], &p);
         assert_eq!(l, vec![1.0, -4.0, 1.0]);
+    }
+
+    #[test]
+    fn a_penalty_that_overflows_leaves_a_finite_logit() {
+        let p = SamplingParams { repeat_penalty: 1e-40, ..SamplingParams::default() };
+        let mut l = vec![2.0, -2.0, 1.0, 3.0];
+        apply_repeat_penalty(&mut l, &[0, 1, 2], &p);
+        assert_eq!(l[..3], [f32::MAX, -2.0 * p.repeat_penalty, f32::MAX]);
+        for draw in 0..20 {
+            let token = sample(&mut vec![2.0, -2.0, 1.0, 3.0], &[0, 1, 2], &p, draw, &mut Vec::new());
+            assert!(token == 0 || token == 2, "draw {draw}: token {token}");
+        }
     }
 
     #[test]

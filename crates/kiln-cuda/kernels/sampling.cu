@@ -23,6 +23,7 @@
 #define CANDIDATE_CAP SAMPLE_THREADS
 #define NEG_INF __int_as_float(0xff800000)
 #define POS_INF __int_as_float(0x7f800000)
+#define MAX_FINITE __int_as_float(0x7f7fffff)
 // A bin's mass in fixed point, units of 2^-40: integer sums are the same in any order, so a
 // seeded draw does not depend on which warp reached a bin first. Weights are at most 1 and a
 // vocabulary under 2^24 tokens sums below 2^64.
@@ -110,7 +111,7 @@ struct VocabSource {
     // Logit `v` of token `i` with the repetition penalties applied.
     __device__ float adjusted(u32 i, float v) const {
         if (penalize && ((penalized[i >> 5] >> (i & 31)) & 1u)) {
-            v = v > 0.0f ? v / penalty : v * penalty;
+            v = v > 0.0f ? fminf(v / penalty, MAX_FINITE) : v * penalty;
             // Only penalized tokens pay for counting, and only with a frequency penalty.
             u32 count = 1;
             if (frequency != 0.0f) {

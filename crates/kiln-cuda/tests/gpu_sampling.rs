@@ -75,6 +75,10 @@ fn greedy_and_top_k_one_sampling_are_identical_to_cpu() {
             let tiny = SamplingParams { temperature: 1e-45, top_k: 0, seed: trial as u64, ..greedy };
             let (cpu_tiny, gpu_tiny) = sample_both(&mut pair, &logits, &gpu_logits, &tiny, &history, trial as u64 * 3);
             assert_eq!((gpu_tiny, cpu_tiny), (cpu, cpu), "temperature 1e-45, vocab {n_vocab}, trial {trial}");
+            // A repetition penalty whose quotient overflows: the largest finite logit on both.
+            let crushed = SamplingParams { repeat_penalty: 1e-40, temperature: 1.0, top_k: 0, seed: trial as u64, ..greedy };
+            let (cpu_crushed, gpu_crushed) = sample_both(&mut pair, &logits, &gpu_logits, &crushed, &history, trial as u64 * 5);
+            assert_eq!(gpu_crushed, cpu_crushed, "repeat penalty 1e-40, vocab {n_vocab}, trial {trial}");
             let top1 = SamplingParams { temperature: 1.7, top_k: 1, seed: trial as u64, ..greedy };
             let (cpu, gpu) = sample_both(&mut pair, &logits, &gpu_logits, &top1, &history, trial as u64 * 7);
             assert_eq!(gpu, cpu, "top_k 1 at temperature 1.7, vocab {n_vocab}, trial {trial}");
