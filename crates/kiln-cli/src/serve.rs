@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use kiln_core::{Backend, CpuBackend};
 use kiln_models::{EngineOptions, ModelConfig};
-use kiln_server::{EngineSlot, SchedulerConfig, ServerConfig};
+use kiln_server::{EngineSlot, ReasoningFormat, SchedulerConfig, ServerConfig};
 use kiln_tokenizer::Tokenizer;
 
 use crate::devices::{self, Devices, SplitArgs};
@@ -39,6 +39,11 @@ pub struct ServeArgs {
     /// Chat template: a built-in name (chatml) or a Jinja file; default: the model's own.
     #[arg(long = "chat-template")]
     pub chat_template: Option<String>,
+    /// Chat answers: `auto` sends the reasoning (`<think>` blocks, gpt-oss's analysis channel)
+    /// as `reasoning_content` beside `content`; `none` sends the text as generated. A request's
+    /// `reasoning_format` overrides it.
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = reasoning_format)]
+    pub reasoning_format: ReasoningFormat,
     /// Model name listed by /v1/models and returned in responses (default: the file name).
     #[arg(long)]
     pub alias: Option<String>,
@@ -55,6 +60,10 @@ pub struct ServeArgs {
 const STEP_TOKENS: usize = 512;
 /// Requests that may wait for a slot or KV blocks, per running slot.
 const WAITING_PER_SLOT: usize = 8;
+
+fn reasoning_format(name: &str) -> Result<ReasoningFormat, String> {
+    ReasoningFormat::parse(name).ok_or_else(|| format!("{name:?} is not a reasoning format (auto, deepseek, none)"))
+}
 
 impl ServeArgs {
     fn api_key(&self) -> CliResult<Option<String>> {
@@ -80,6 +89,7 @@ impl ServeArgs {
             api_key: self.api_key()?,
             alias: self.alias.clone(),
             chat_template: self.chat_template.clone(),
+            reasoning_format: self.reasoning_format,
             scheduler: SchedulerConfig { max_running: parallel, max_waiting: parallel * WAITING_PER_SLOT, step_tokens: STEP_TOKENS.max(parallel) },
             ..ServerConfig::default()
         })

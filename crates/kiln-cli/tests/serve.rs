@@ -193,6 +193,44 @@ fn chat_template_and_api_key() {
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
 }
 
+/// A template whose prompt opens a `<think>` block (as DeepSeek-R1's and Qwen3.5's do): the
+/// answer is reasoning until `</think>`, sent as `reasoning_content`, whole and streamed;
+/// `reasoning_format: "none"` (or `--reasoning-format none`) sends the same text as content.
+#[test]
+fn reasoning_is_split_from_the_content() {
+    let template = std::env::temp_dir().join(format!("kiln-think-{}.jinja", std::process::id()));
+    std::fs::write(&template, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<think>\n{% endif %}").unwrap();
+    let s = Server::start(&["--chat-template", template.to_str().unwrap()]);
+    let body = json!({"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 16, "temperature": 0});
+    let v = s.post("/v1/chat/completions", &body).json();
+    let message = &v["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("no reasoning_content in {v}")).to_string();
+    assert_eq!(message["content"], "", "{v}");
+    assert!(!reasoning.is_empty() && reasoning.trim() == reasoning, "{reasoning:?}");
+
+    let mut raw = body.clone();
+    raw["reasoning_format"] = json!("none");
+    let v = s.post("/v1/chat/completions", &raw).json();
+    assert!(v["choices"][0]["message"].get("reasoning_content").is_none(), "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap().trim(), reasoning);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (events, done) = s.post("/v1/chat/completions", &streamed).events();
+    assert!(done);
+    let part = |key: &str| events.iter().filter_map(|e| e["choices"][0]["delta"][key].as_str()).collect::<String>();
+    assert_eq!((part("reasoning_content"), part("content")), (reasoning.clone(), String::new()));
+
+    let bad = s.post("/v1/chat/completions", &json!({"messages": body["messages"], "reasoning_format": "loud"}));
+    assert_eq!((bad.status, error_param(&bad).as_deref()), (400, Some("reasoning_format")));
+    drop(s);
+
+    let s = Server::start(&["--chat-template", template.to_str().unwrap(), "--reasoning-format", "none"]);
+    let v = s.post("/v1/chat/completions", &body).json();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap().trim(), reasoning);
+    std::fs::remove_file(&template).unwrap();
+}
+
 /// 64 different prompts at once give each exactly what it gives alone: same tokens, no
 /// tokens of one request in another's stream.
 #[test]

@@ -411,7 +411,7 @@ mod tests {
         apply_repeat_penalty(&mut l, &[0, 1, 2], &p);
         assert_eq!(l[..3], [f32::MAX, -2.0 * p.repeat_penalty, f32::MAX]);
         for draw in 0..20 {
-            let token = sample(&mut vec![2.0, -2.0, 1.0, 3.0], &[0, 1, 2], &p, draw, &mut Vec::new());
+            let token = sample(&mut [2.0, -2.0, 1.0, 3.0], &[0, 1, 2], &p, draw, &mut Vec::new());
             assert!(token == 0 || token == 2, "draw {draw}: token {token}");
         }
     }

@@ -17,6 +17,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::http::AppState;
+use crate::reasoning::{ReasoningSplitter, Split};
 use crate::request::{completion_prompt, generation_fields, GenerationFields, Prompt};
 use crate::scheduler::{Event, GenerationRequest, Rejection, TokenLogprobs, Usage};
 use crate::stop::StopMatcher;
@@ -39,15 +40,17 @@ pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap,
             ids
         }
     };
-    generate(state.clone(), Api::Completion, prompt, "prompt", fields).await
+    generate(state.clone(), Api::Completion, prompt, "prompt", fields, None).await
 }
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let o = state.read_body(&headers, body).await?;
     state.ready()?;
     let fields = generation_fields(&o, true)?;
-    let prompt = state.off_the_workers(move |r| r.render_chat(&o, true).map(|text| r.tokenize_chat(&text))).await?;
-    generate(state.clone(), Api::Chat, prompt, "messages", fields).await
+    let format = fields.reasoning_format;
+    let (prompt, reasoning) =
+        state.off_the_workers(move |r| r.render_chat(&o, true).map(|text| (r.tokenize_chat(&text), r.reasoning_splitter(format, &text)))).await?;
+    generate(state.clone(), Api::Chat, prompt, "messages", fields, reasoning).await
 }
 
 fn rejected(r: Rejection, prompt_field: &str) -> ApiError {
@@ -58,7 +61,14 @@ fn rejected(r: Rejection, prompt_field: &str) -> ApiError {
     }
 }
 
-async fn generate(state: Arc<AppState>, api: Api, prompt: Vec<u32>, prompt_field: &str, fields: GenerationFields) -> Result<Response, ApiError> {
+async fn generate(
+    state: Arc<AppState>,
+    api: Api,
+    prompt: Vec<u32>,
+    prompt_field: &str,
+    fields: GenerationFields,
+    reasoning: Option<ReasoningSplitter>,
+) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let n_ctx = ready.n_ctx;
     // Possible when the tokenizer adds no BOS and the text (a rendered template) is empty; the
@@ -90,6 +100,7 @@ async fn generate(state: Arc<AppState>, api: Api, prompt: Vec<u32>, prompt_field
         api,
         logprobs: fields.logprobs.is_some(),
         text_offset: 0,
+        reasoning,
     };
     let meta = ResponseMeta {
         id: format!("{}-{id}", if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
@@ -136,8 +147,8 @@ fn usage_json(u: &Usage) -> Value {
 
 /// What one event turned into.
 enum Step {
-    Text { text: String, logprobs: Option<Value> },
-    Finished { tail: String, reason: &'static str },
+    Text { text: Split, logprobs: Option<Value> },
+    Finished { tail: Split, reason: &'static str },
     Failed(String),
     Nothing,
 }
@@ -151,9 +162,28 @@ struct Output {
     api: Api,
     logprobs: bool,
     text_offset: usize,
+    /// Splits a chat answer's reasoning from its content; without it all text is content.
+    reasoning: Option<ReasoningSplitter>,
 }
 
 impl Output {
+    fn split(&mut self, text: String) -> Split {
+        match &mut self.reasoning {
+            Some(splitter) => splitter.push(&text),
+            None => Split { reasoning: String::new(), content: text },
+        }
+    }
+
+    /// The answer's last text, with what the splitter still held.
+    fn split_tail(&mut self, text: String) -> Split {
+        let mut split = self.split(text);
+        if let Some(rest) = self.reasoning.as_mut().map(ReasoningSplitter::finish) {
+            split.reasoning += &rest.reasoning;
+            split.content += &rest.content;
+        }
+        split
+    }
+
     fn token_text(&self, id: u32) -> String {
         String::from_utf8_lossy(self.tokenizer.piece(id, true)).into_owned()
     }
@@ -192,16 +222,16 @@ impl Output {
                 let released = self.stop.push(&piece);
                 self.text_offset += released.text.len();
                 if released.stopped {
-                    return Step::Finished { tail: released.text, reason: "stop" };
+                    return Step::Finished { tail: self.split_tail(released.text), reason: "stop" };
                 }
-                Step::Text { text: released.text, logprobs }
+                Step::Text { text: self.split(released.text), logprobs }
             }
             Event::Finished { reason, usage } => {
                 self.usage = usage;
                 let rest = self.utf8.finish();
                 let released = self.stop.push(&rest);
                 let tail = if released.stopped { released.text } else { released.text + &self.stop.finish() };
-                Step::Finished { tail, reason: if released.stopped { "stop" } else { reason.as_str() } }
+                Step::Finished { tail: self.split_tail(tail), reason: if released.stopped { "stop" } else { reason.as_str() } }
             }
             Event::Failed(message) => Step::Failed(message),
         }
@@ -221,19 +251,35 @@ fn logprobs_field(api: Api, entries: &[Value]) -> Value {
     }
 }
 
-fn choice(api: Api, streamed: bool, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+/// A chat message or delta: `content`, and `reasoning_content` where there is any (as
+/// llama-server and vLLM send it).
+fn chat_text(text: &Split, role: Option<&str>) -> Value {
+    let mut m = serde_json::Map::new();
+    if let Some(role) = role {
+        m.insert("role".into(), json!(role));
+    }
+    if role.is_some() || !text.content.is_empty() || text.reasoning.is_empty() {
+        m.insert("content".into(), json!(text.content));
+    }
+    if !text.reasoning.is_empty() {
+        m.insert("reasoning_content".into(), json!(text.reasoning));
+    }
+    Value::Object(m)
+}
+
+fn choice(api: Api, streamed: bool, text: &Split, logprobs: Value, finish: Option<&str>) -> Value {
     match (api, streamed) {
-        (Api::Completion, _) => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
-        (Api::Chat, false) => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}),
+        (Api::Completion, _) => json!({"index": 0, "text": text.content, "logprobs": logprobs, "finish_reason": finish}),
+        (Api::Chat, false) => json!({"index": 0, "message": chat_text(text, Some("assistant")), "logprobs": logprobs, "finish_reason": finish}),
         (Api::Chat, true) => {
-            let delta = if finish.is_some() && text.is_empty() { json!({}) } else { json!({"content": text}) };
+            let delta = if finish.is_some() && text.is_empty() { json!({}) } else { chat_text(text, None) };
             json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         }
     }
 }
 
 async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, meta: ResponseMeta) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let mut text = Split::default();
     let mut entries = Vec::new();
     loop {
         let Some(event) = events.recv().await else {
@@ -242,11 +288,13 @@ async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, m
         match out.on_event(event) {
             Step::Nothing => {}
             Step::Text { text: t, logprobs } => {
-                text.push_str(&t);
+                text.reasoning += &t.reasoning;
+                text.content += &t.content;
                 entries.extend(logprobs);
             }
             Step::Finished { tail, reason } => {
-                text.push_str(&tail);
+                text.reasoning += &tail.reasoning;
+                text.content += &tail.content;
                 let logprobs = if out.logprobs { logprobs_field(meta.api, &entries) } else { Value::Null };
                 let mut body = meta.envelope(false, json!([choice(meta.api, false, &text, logprobs, Some(reason))]));
                 body["usage"] = usage_json(&out.usage);
@@ -301,7 +349,7 @@ impl StreamState {
                     if !tail.is_empty() {
                         s += &sse(&self.meta.envelope(true, json!([choice(api, true, &tail, Value::Null, None)])));
                     }
-                    s += &sse(&self.meta.envelope(true, json!([choice(api, true, "", Value::Null, Some(reason))])));
+                    s += &sse(&self.meta.envelope(true, json!([choice(api, true, &Split::default(), Value::Null, Some(reason))])));
                     if self.include_usage {
                         let mut u = self.meta.envelope(true, json!([]));
                         u["usage"] = usage_json(&self.out.usage);

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::reasoning::{ReasoningFormat, ReasoningSplitter, ReasoningSyntax};
 use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object};
 use crate::scheduler::SchedulerHandle;
 use crate::template::{self, TemplateInputs};
@@ -27,6 +28,10 @@ use kiln_tokenizer::{ChatTemplate, TokenizerError};
 pub struct Ready {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
+    /// How the template's model marks its reasoning, if it does.
+    pub reasoning_syntax: Option<ReasoningSyntax>,
+    /// The server's `--reasoning-format`.
+    pub reasoning_format: ReasoningFormat,
     /// The name `/v1/models` lists and responses carry.
     pub model_name: String,
     pub n_ctx: usize,
@@ -57,6 +62,15 @@ impl Ready {
             TokenizerError::TemplateException(message) => ApiError::bad_request(message),
             other => ApiError::bad_request(other.to_string()),
         })
+    }
+
+    /// The splitter of a chat answer to `prompt` (rendered), where its reasoning is split out:
+    /// the request's `reasoning_format`, else the server's, and a template with a known syntax.
+    pub fn reasoning_splitter(&self, requested: Option<ReasoningFormat>, prompt: &str) -> Option<ReasoningSplitter> {
+        match requested.unwrap_or(self.reasoning_format) {
+            ReasoningFormat::Auto => self.reasoning_syntax.map(|syntax| syntax.splitter(prompt)),
+            ReasoningFormat::None => None,
+        }
     }
 
     /// Token ids of a rendered chat prompt: special tokens parsed, BOS added unless the

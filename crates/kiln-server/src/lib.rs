@@ -11,6 +11,7 @@ pub mod generate;
 pub mod http;
 pub mod metrics;
 pub mod prefix_cache;
+pub mod reasoning;
 pub mod request;
 pub mod scheduler;
 pub mod stop;
@@ -29,6 +30,8 @@ use tokio::sync::{oneshot, watch};
 
 use crate::http::{AppState, Ready};
 use crate::metrics::Metrics;
+pub use crate::reasoning::ReasoningFormat;
+use crate::reasoning::ReasoningSyntax;
 pub use crate::scheduler::SchedulerConfig;
 use crate::scheduler::{Command, Scheduler, SchedulerHandle};
 
@@ -42,6 +45,8 @@ pub struct ServerConfig {
     pub alias: Option<String>,
     /// `--chat-template NAME|FILE`, replacing the model's own template.
     pub chat_template: Option<String>,
+    /// Chat answers' reasoning split from their content, unless a request says otherwise.
+    pub reasoning_format: ReasoningFormat,
     pub max_body_bytes: usize,
     pub scheduler: SchedulerConfig,
     /// How long in-flight responses get to end after a stop signal.
@@ -56,6 +61,7 @@ impl Default for ServerConfig {
             api_key: None,
             alias: None,
             chat_template: None,
+            reasoning_format: ReasoningFormat::Auto,
             max_body_bytes: 8 << 20,
             scheduler: SchedulerConfig { max_running: 4, max_waiting: 256, step_tokens: 512 },
             shutdown_grace: Duration::from_secs(10),
@@ -83,6 +89,8 @@ impl EngineSlot {
             n_vocab: engine.weights().config.n_vocab,
             created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             tokenizer: Arc::new(tokenizer),
+            reasoning_syntax: template.as_ref().and_then(|t| ReasoningSyntax::of_template(t.source())),
+            reasoning_format: self.config.reasoning_format,
             template,
         };
         let has_template = ready.template.is_some();

@@ -5,6 +5,7 @@ use kiln_core::SamplingParams;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::reasoning::ReasoningFormat;
 
 pub type Object = Map<String, Value>;
 
@@ -74,6 +75,8 @@ pub struct GenerationFields {
     pub ignore_eos: bool,
     /// `Some(n)`: log-probabilities with `n` alternatives per token.
     pub logprobs: Option<usize>,
+    /// `reasoning_format`, where the request names one.
+    pub reasoning_format: Option<ReasoningFormat>,
 }
 
 fn random_seed() -> u64 {
@@ -196,6 +199,12 @@ pub fn generation_fields(o: &Object, chat: bool) -> Result<GenerationFields, Api
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         logprobs,
+        reasoning_format: match opt_str(o, "reasoning_format")? {
+            None => None,
+            Some(name) => {
+                Some(ReasoningFormat::parse(name).ok_or_else(|| ApiError::field("reasoning_format", format!("must be auto, deepseek or none, got {name:?}")))?)
+            }
+        },
     })
 }
 

@@ -8,6 +8,7 @@ use common::{bundled_engine, request, serve};
 use kiln_models::{EngineOptions, KvBudget};
 use kiln_server::http::{AppState, Ready};
 use kiln_server::metrics::Metrics;
+use kiln_server::reasoning::ReasoningFormat;
 use kiln_server::scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 use kiln_tokenizer::{ChatTemplate, Tokenizer, TokenizerSpec};
 
@@ -36,6 +37,8 @@ fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
         n_ctx: 128,
         n_vocab: 512,
         created: 0,
+        reasoning_syntax: None,
+        reasoning_format: ReasoningFormat::Auto,
     };
     assert!(state.ready.set(ready).is_ok());
 
@@ -63,7 +66,16 @@ fn a_long_prompt_does_not_hold_the_http_worker() {
     let (commands, _receiver) = std::sync::mpsc::channel();
     let state = Arc::new(AppState::new(SchedulerHandle::new(commands), Arc::new(Metrics::default()), None, 8 << 20));
     let tokenizer = Tokenizer::from_spec(&TokenizerSpec::from_gguf(&file).unwrap()).unwrap();
-    let ready = Ready { tokenizer: Arc::new(tokenizer), template: None, model_name: "stories".into(), n_ctx: 128, n_vocab: 512, created: 0 };
+    let ready = Ready {
+        tokenizer: Arc::new(tokenizer),
+        template: None,
+        model_name: "stories".into(),
+        n_ctx: 128,
+        n_vocab: 512,
+        created: 0,
+        reasoning_syntax: None,
+        reasoning_format: ReasoningFormat::Auto,
+    };
     assert!(state.ready.set(ready).is_ok());
     let (_runtime, addr) = serve(state);
 
