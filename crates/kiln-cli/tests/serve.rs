@@ -231,6 +231,45 @@ fn reasoning_is_split_from_the_content() {
     std::fs::remove_file(&template).unwrap();
 }
 
+/// With `tools` offered and a template that teaches `<tool_call>` tags, an answer without a
+/// call comes through as the same content; `tool_choice` beyond "auto" and "none" is refused.
+#[test]
+fn tools_leave_answers_without_calls_alone() {
+    let template = std::env::temp_dir().join(format!("kiln-tools-{}.jinja", std::process::id()));
+    std::fs::write(
+        &template,
+        "{% if tools %}{{ tools | length }} tools, called in <tool_call></tool_call> tags\n{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+    )
+    .unwrap();
+    let s = Server::start(&["--chat-template", template.to_str().unwrap()]);
+    std::fs::remove_file(&template).unwrap();
+    let tools =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let offered =
+        json!({"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 16, "temperature": 0, "tools": tools, "tool_choice": "auto"});
+    let v = s.post("/v1/chat/completions", &offered).json();
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("tool_calls").is_none() && v["choices"][0]["finish_reason"] == "length", "{v}");
+    // tool_choice "none" renders the same prompt and reads no calls.
+    let mut unread = offered.clone();
+    unread["tool_choice"] = json!("none");
+    let u = s.post("/v1/chat/completions", &unread).json();
+    assert_eq!(message["content"], u["choices"][0]["message"]["content"], "{v} {u}");
+    assert!(!message["content"].as_str().unwrap().is_empty());
+    let mut streamed = offered.clone();
+    streamed["stream"] = json!(true);
+    let (events, done) = s.post("/v1/chat/completions", &streamed).events();
+    assert!(done);
+    let text: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, message["content"].as_str().unwrap());
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
+        let mut forced = offered.clone();
+        forced["tool_choice"] = choice;
+        let r = s.post("/v1/chat/completions", &forced);
+        assert_eq!((r.status, error_param(&r).as_deref()), (400, Some("tool_choice")), "{}", r.body);
+    }
+}
+
 /// 64 different prompts at once give each exactly what it gives alone: same tokens, no
 /// tokens of one request in another's stream.
 #[test]

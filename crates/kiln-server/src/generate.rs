@@ -18,9 +18,10 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::reasoning::{ReasoningSplitter, Split};
-use crate::request::{completion_prompt, generation_fields, GenerationFields, Prompt};
+use crate::request::{chat_tools, completion_prompt, generation_fields, random_seed, GenerationFields, Prompt};
 use crate::scheduler::{Event, GenerationRequest, Rejection, TokenLogprobs, Usage};
 use crate::stop::StopMatcher;
+use crate::tool_calls::{ToolCall, ToolCallCatcher};
 use kiln_tokenizer::Utf8Assembler;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -40,17 +41,22 @@ pub async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap,
             ids
         }
     };
-    generate(state.clone(), Api::Completion, prompt, "prompt", fields, None).await
+    generate(state.clone(), Api::Completion, prompt, "prompt", fields, AnswerParsers::default()).await
 }
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let o = state.read_body(&headers, body).await?;
     state.ready()?;
     let fields = generation_fields(&o, true)?;
-    let format = fields.reasoning_format;
-    let (prompt, reasoning) =
-        state.off_the_workers(move |r| r.render_chat(&o, true).map(|text| (r.tokenize_chat(&text), r.reasoning_splitter(format, &text)))).await?;
-    generate(state.clone(), Api::Chat, prompt, "messages", fields, reasoning).await
+    let (format, read_calls) = (fields.reasoning_format, fields.read_tool_calls);
+    let (prompt, parsers) = state
+        .off_the_workers(move |r| {
+            let text = r.render_chat(&o, true)?;
+            let tools = chat_tools(&o)?.and_then(Value::as_array).cloned().unwrap_or_default();
+            Ok((r.tokenize_chat(&text), AnswerParsers { reasoning: r.reasoning_splitter(format, &text), tool_calls: r.tool_catcher(tools, read_calls) }))
+        })
+        .await?;
+    generate(state.clone(), Api::Chat, prompt, "messages", fields, parsers).await
 }
 
 fn rejected(r: Rejection, prompt_field: &str) -> ApiError {
@@ -67,7 +73,7 @@ async fn generate(
     prompt: Vec<u32>,
     prompt_field: &str,
     fields: GenerationFields,
-    reasoning: Option<ReasoningSplitter>,
+    parsers: AnswerParsers,
 ) -> Result<Response, ApiError> {
     let ready = state.ready()?;
     let n_ctx = ready.n_ctx;
@@ -100,7 +106,9 @@ async fn generate(
         api,
         logprobs: fields.logprobs.is_some(),
         text_offset: 0,
-        reasoning,
+        shown: parsers.tool_calls.as_ref().map(|t| t.1.clone()).unwrap_or_default(),
+        reasoning: parsers.reasoning,
+        tool_calls: parsers.tool_calls.map(|t| t.0),
     };
     let meta = ResponseMeta {
         id: format!("{}-{id}", if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
@@ -145,10 +153,18 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
+/// What reads a chat answer's parts: its reasoning, its tool calls (with the special tokens
+/// their markers need shown).
+#[derive(Default)]
+struct AnswerParsers {
+    reasoning: Option<ReasoningSplitter>,
+    tool_calls: Option<(ToolCallCatcher, Vec<u32>)>,
+}
+
 /// What one event turned into.
 enum Step {
     Text { text: Split, logprobs: Option<Value> },
-    Finished { tail: Split, reason: &'static str },
+    Finished { tail: Split, calls: Vec<ToolCall>, reason: &'static str },
     Failed(String),
     Nothing,
 }
@@ -164,24 +180,43 @@ struct Output {
     text_offset: usize,
     /// Splits a chat answer's reasoning from its content; without it all text is content.
     reasoning: Option<ReasoningSplitter>,
+    /// Reads tool calls out of the content.
+    tool_calls: Option<ToolCallCatcher>,
+    /// Special tokens shown in the text (tool-call markers).
+    shown: Vec<u32>,
 }
 
 impl Output {
     fn split(&mut self, text: String) -> Split {
-        match &mut self.reasoning {
+        let mut split = match &mut self.reasoning {
             Some(splitter) => splitter.push(&text),
             None => Split { reasoning: String::new(), content: text },
-        }
-    }
-
-    /// The answer's last text, with what the splitter still held.
-    fn split_tail(&mut self, text: String) -> Split {
-        let mut split = self.split(text);
-        if let Some(rest) = self.reasoning.as_mut().map(ReasoningSplitter::finish) {
-            split.reasoning += &rest.reasoning;
-            split.content += &rest.content;
+        };
+        if let Some(catcher) = &mut self.tool_calls {
+            split.content = catcher.push(&split.content);
         }
         split
+    }
+
+    /// The answer's last text, with what the parsers still held, and its tool calls.
+    fn split_tail(&mut self, text: String) -> (Split, Vec<ToolCall>) {
+        let mut split = self.split(text);
+        let mut calls = Vec::new();
+        if let Some(splitter) = &mut self.reasoning {
+            let rest = splitter.finish();
+            split.reasoning += &rest.reasoning;
+            split.content += &match &mut self.tool_calls {
+                Some(catcher) => catcher.push(&rest.content),
+                None => rest.content,
+            };
+            calls.extend(splitter.take_calls().into_iter().map(|(name, arguments)| ToolCall { name, arguments }));
+        }
+        if let Some(catcher) = &mut self.tool_calls {
+            let (rest, found) = catcher.finish();
+            split.content += &rest;
+            calls.extend(found);
+        }
+        (split, calls)
     }
 
     fn token_text(&self, id: u32) -> String {
@@ -218,11 +253,12 @@ impl Output {
                     (Some(lp), true) => Some(self.logprob_entry(id, lp)),
                     _ => None,
                 };
-                let piece = self.utf8.push(self.tokenizer.piece(id, false));
+                let piece = self.utf8.push(self.tokenizer.piece(id, self.shown.contains(&id)));
                 let released = self.stop.push(&piece);
                 self.text_offset += released.text.len();
                 if released.stopped {
-                    return Step::Finished { tail: self.split_tail(released.text), reason: "stop" };
+                    let (tail, calls) = self.split_tail(released.text);
+                    return Step::Finished { tail, calls, reason: "stop" };
                 }
                 Step::Text { text: self.split(released.text), logprobs }
             }
@@ -231,7 +267,8 @@ impl Output {
                 let rest = self.utf8.finish();
                 let released = self.stop.push(&rest);
                 let tail = if released.stopped { released.text } else { released.text + &self.stop.finish() };
-                Step::Finished { tail: self.split_tail(tail), reason: if released.stopped { "stop" } else { reason.as_str() } }
+                let (tail, calls) = self.split_tail(tail);
+                Step::Finished { tail, calls, reason: if released.stopped { "stop" } else { reason.as_str() } }
             }
             Event::Failed(message) => Step::Failed(message),
         }
@@ -267,6 +304,27 @@ fn chat_text(text: &Split, role: Option<&str>) -> Value {
     Value::Object(m)
 }
 
+/// Tool calls as the API sends them, each with a fresh id (and its `index` in a streamed delta).
+fn tool_calls_json(calls: &[ToolCall], streamed: bool) -> Value {
+    let call = |(i, c): (usize, &ToolCall)| {
+        let mut v = json!({"id": format!("call_{:016x}", random_seed()), "type": "function", "function": {"name": c.name, "arguments": c.arguments}});
+        if streamed {
+            v["index"] = json!(i);
+        }
+        v
+    };
+    calls.iter().enumerate().map(call).collect()
+}
+
+/// The finish reason of an answer that made tool calls.
+fn finish_reason(reason: &'static str, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() {
+        reason
+    } else {
+        "tool_calls"
+    }
+}
+
 fn choice(api: Api, streamed: bool, text: &Split, logprobs: Value, finish: Option<&str>) -> Value {
     match (api, streamed) {
         (Api::Completion, _) => json!({"index": 0, "text": text.content, "logprobs": logprobs, "finish_reason": finish}),
@@ -276,6 +334,18 @@ fn choice(api: Api, streamed: bool, text: &Split, logprobs: Value, finish: Optio
             json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
         }
     }
+}
+
+/// The one choice of a whole (not streamed) response.
+fn whole_choice(api: Api, text: &Split, calls: &[ToolCall], logprobs: Value, reason: &'static str) -> Value {
+    let mut answer = choice(api, false, text, logprobs, Some(finish_reason(reason, calls)));
+    if !calls.is_empty() {
+        // Blanks before the calls are no content (null where nothing else is).
+        let content = text.content.trim_end();
+        answer["message"]["content"] = if content.is_empty() { Value::Null } else { json!(content) };
+        answer["message"]["tool_calls"] = tool_calls_json(calls, false);
+    }
+    answer
 }
 
 async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, meta: ResponseMeta) -> Result<Response, ApiError> {
@@ -292,11 +362,11 @@ async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, m
                 text.content += &t.content;
                 entries.extend(logprobs);
             }
-            Step::Finished { tail, reason } => {
+            Step::Finished { tail, calls, reason } => {
                 text.reasoning += &tail.reasoning;
                 text.content += &tail.content;
                 let logprobs = if out.logprobs { logprobs_field(meta.api, &entries) } else { Value::Null };
-                let mut body = meta.envelope(false, json!([choice(meta.api, false, &text, logprobs, Some(reason))]));
+                let mut body = meta.envelope(false, json!([whole_choice(meta.api, &text, &calls, logprobs, reason)]));
                 body["usage"] = usage_json(&out.usage);
                 return Ok(Json(body).into_response());
             }
@@ -341,7 +411,7 @@ impl StreamState {
                 Step::Text { text, logprobs } => {
                     return Some(sse(&self.meta.envelope(true, json!([choice(api, true, &text, logprobs_of(logprobs), None)]))));
                 }
-                Step::Finished { tail, reason } => {
+                Step::Finished { tail, calls, reason } => {
                     self.ended = true;
                     // Dropping the receiver cancels a sequence that a stop string ended.
                     self.events.close();
@@ -349,6 +419,11 @@ impl StreamState {
                     if !tail.is_empty() {
                         s += &sse(&self.meta.envelope(true, json!([choice(api, true, &tail, Value::Null, None)])));
                     }
+                    if !calls.is_empty() {
+                        let delta = json!({"tool_calls": tool_calls_json(&calls, true)});
+                        s += &sse(&self.meta.envelope(true, json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}])));
+                    }
+                    let reason = finish_reason(reason, &calls);
                     s += &sse(&self.meta.envelope(true, json!([choice(api, true, &Split::default(), Value::Null, Some(reason))])));
                     if self.include_usage {
                         let mut u = self.meta.envelope(true, json!([]));
@@ -373,4 +448,73 @@ fn stream_response(events: UnboundedReceiver<Event>, out: Output, meta: Response
     let state = StreamState { events, out, meta, include_usage, prelude, ended: false };
     let stream = futures_util::stream::unfold(state, |mut s| async move { s.next().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), s)) });
     ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reasoning::ReasoningSyntax;
+    use crate::tool_calls::ToolSyntax;
+
+    fn bundled_tokenizer() -> Arc<Tokenizer> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf");
+        Arc::new(Tokenizer::from_gguf(&kiln_gguf::GgufFile::open(&path).unwrap()).unwrap())
+    }
+
+    fn chat_output(parsers: AnswerParsers) -> Output {
+        Output {
+            tokenizer: bundled_tokenizer(),
+            utf8: Utf8Assembler::default(),
+            stop: StopMatcher::new(Vec::new()),
+            usage: Usage::default(),
+            api: Api::Chat,
+            logprobs: false,
+            text_offset: 0,
+            shown: Vec::new(),
+            reasoning: parsers.reasoning,
+            tool_calls: parsers.tool_calls.map(|t| t.0),
+        }
+    }
+
+    /// A thinking model's answer that calls a tool, text in pieces of 3 bytes: reasoning,
+    /// content before the call and the call come apart, and the whole choice says so.
+    #[test]
+    fn an_answer_with_reasoning_and_a_tool_call() {
+        let answer = "<think>\nWeather needs a lookup.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let reasoning = Some(ReasoningSyntax::Think.splitter("<|im_start|>assistant\n"));
+        let catcher = ToolCallCatcher::new(ToolSyntax::HermesJson, vec![]);
+        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: Some((catcher, vec![])) });
+        let mut text = Split::default();
+        for piece in answer.as_bytes().chunks(3) {
+            let part = out.split(String::from_utf8(piece.to_vec()).unwrap());
+            text.reasoning += &part.reasoning;
+            text.content += &part.content;
+        }
+        let (tail, calls) = out.split_tail(String::new());
+        text.reasoning += &tail.reasoning;
+        text.content += &tail.content;
+        assert_eq!((text.reasoning.as_str(), text.content.as_str()), ("Weather needs a lookup.", "Let me check.\n"));
+        let choice = whole_choice(Api::Chat, &text, &calls, Value::Null, "stop");
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let message = &choice["message"];
+        assert_eq!((&message["content"], &message["reasoning_content"]), (&json!("Let me check."), &json!("Weather needs a lookup.")));
+        let call = &message["tool_calls"][0];
+        assert_eq!((&call["type"], &call["function"]["name"]), (&json!("function"), &json!("get_weather")));
+        assert_eq!(serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(), json!({"city": "Oslo"}));
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        // Streamed, the calls carry their index.
+        assert_eq!(tool_calls_json(&calls, true)[0]["index"], 0);
+    }
+
+    /// gpt-oss: the call comes from the harmony header's recipient; nothing is content.
+    #[test]
+    fn a_harmony_call_is_a_tool_call() {
+        let reasoning = Some(ReasoningSyntax::Harmony.splitter("<|start|>assistant"));
+        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: None });
+        let text = out.split("<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"q\": \"kiln\"}".into());
+        let (tail, calls) = out.split_tail(String::new());
+        assert_eq!((text.reasoning.as_str(), text.content.as_str(), tail.content.as_str()), ("Look it up.", "", ""));
+        let choice = whole_choice(Api::Chat, &text, &calls, Value::Null, "stop");
+        assert_eq!((&choice["message"]["content"], &choice["message"]["tool_calls"][0]["function"]["name"]), (&Value::Null, &json!("search")));
+    }
 }

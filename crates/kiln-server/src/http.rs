@@ -22,6 +22,7 @@ use crate::reasoning::{ReasoningFormat, ReasoningSplitter, ReasoningSyntax};
 use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object};
 use crate::scheduler::SchedulerHandle;
 use crate::template::{self, TemplateInputs};
+use crate::tool_calls::{ToolCallCatcher, ToolSyntax};
 use kiln_tokenizer::{ChatTemplate, TokenizerError};
 
 /// What the endpoints need once the model is loaded.
@@ -32,6 +33,8 @@ pub struct Ready {
     pub reasoning_syntax: Option<ReasoningSyntax>,
     /// The server's `--reasoning-format`.
     pub reasoning_format: ReasoningFormat,
+    /// How the template's model writes tool calls, if it is taught to.
+    pub tool_syntax: Option<ToolSyntax>,
     /// The name `/v1/models` lists and responses carry.
     pub model_name: String,
     pub n_ctx: usize,
@@ -71,6 +74,14 @@ impl Ready {
             ReasoningFormat::Auto => self.reasoning_syntax.map(|syntax| syntax.splitter(prompt)),
             ReasoningFormat::None => None,
         }
+    }
+
+    /// The catcher of tool calls in a chat answer, where the request offers `tools` (and reads
+    /// calls) and the template has a known syntax; with the special tokens the answer must show.
+    pub fn tool_catcher(&self, tools: Vec<Value>, read: bool) -> Option<(ToolCallCatcher, Vec<u32>)> {
+        let syntax = self.tool_syntax.filter(|_| read && !tools.is_empty())?;
+        let shown = syntax.markers().iter().filter_map(|m| self.tokenizer.token_id(m)).filter(|&id| self.tokenizer.is_control(id)).collect();
+        Some((ToolCallCatcher::new(syntax, tools), shown))
     }
 
     /// Token ids of a rendered chat prompt: special tokens parsed, BOS added unless the

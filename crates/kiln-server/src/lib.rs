@@ -16,6 +16,7 @@ pub mod request;
 pub mod scheduler;
 pub mod stop;
 pub mod template;
+pub mod tool_calls;
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -34,6 +35,7 @@ pub use crate::reasoning::ReasoningFormat;
 use crate::reasoning::ReasoningSyntax;
 pub use crate::scheduler::SchedulerConfig;
 use crate::scheduler::{Command, Scheduler, SchedulerHandle};
+use crate::tool_calls::ToolSyntax;
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -91,6 +93,7 @@ impl EngineSlot {
             tokenizer: Arc::new(tokenizer),
             reasoning_syntax: template.as_ref().and_then(|t| ReasoningSyntax::of_template(t.source())),
             reasoning_format: self.config.reasoning_format,
+            tool_syntax: template.as_ref().and_then(|t| ToolSyntax::of_template(t.source())),
             template,
         };
         let has_template = ready.template.is_some();

@@ -1,8 +1,9 @@
 //! A chat answer's reasoning split from its content, as llama-server's `--reasoning-format auto`
 //! and vLLM's reasoning parsers split it: `<think>...</think>` at the start of the answer (Qwen3,
 //! Qwen3.5, DeepSeek-R1, SmolLM3; already open where the prompt ends with `<think>`), or the
-//! harmony channels of gpt-oss (`analysis` is reasoning, every other channel content). Text
-//! arrives in pieces; anything that may be the start of a marker is held until it is decided.
+//! harmony channels of gpt-oss (`analysis` is reasoning, a message to `functions.NAME` a tool
+//! call, every other channel content). Text arrives in pieces; anything that may be the start
+//! of a marker is held until it is decided.
 
 /// Whether chat answers come split (`reasoning_content` beside `content`) or raw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,6 +39,7 @@ const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 const END: &str = "<|end|>";
 const START: &str = "<|start|>";
+const RECIPIENT: &str = "to=";
 
 impl ReasoningSyntax {
     /// The syntax a chat template's source writes, if any.
@@ -58,7 +60,7 @@ impl ReasoningSyntax {
             ReasoningSyntax::Think => State::Start,
             ReasoningSyntax::Harmony => State::HarmonyStart,
         };
-        ReasoningSplitter { state, held: String::new() }
+        ReasoningSplitter { state, held: String::new(), calls: Vec::new() }
     }
 }
 
@@ -90,21 +92,30 @@ enum State {
     /// A harmony header (`<|channel|>NAME ...`), up to `<|message|>`.
     Header,
     /// A harmony message's text, up to `<|end|>` or `<|start|>`.
-    Message {
-        reasoning: bool,
-    },
+    Message(Sink),
     /// After `<|end|>`: the next message's `<|start|>`.
     BetweenMessages,
+}
+
+/// Where a harmony message's text goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sink {
+    Reasoning,
+    Content,
+    /// The arguments of `calls[i]`.
+    Call(usize),
 }
 
 /// Splits one answer, piece by piece.
 pub struct ReasoningSplitter {
     state: State,
     held: String,
+    /// Harmony tool calls: (function name, arguments as sent).
+    calls: Vec<(String, String)>,
 }
 
 /// The length of the longest end of `text` that begins one of `markers` without holding all of it.
-fn partial_marker_len(text: &str, markers: &[&str]) -> usize {
+pub(crate) fn partial_marker_len(text: &str, markers: &[&str]) -> usize {
     markers
         .iter()
         .flat_map(|m| (1..m.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && m.starts_with(&text[text.len() - n..])))
@@ -117,9 +128,22 @@ fn first_marker<'m>(text: &str, markers: &[&'m str]) -> Option<(usize, &'m str)>
     markers.iter().filter_map(|m| text.find(m).map(|i| (i, *m))).min_by_key(|&(i, _)| i)
 }
 
-/// The channel a harmony header names.
-fn header_is_reasoning(header: &str) -> bool {
-    header.split(CHANNEL).nth(1).is_some_and(|rest| rest.trim_start().split(|c: char| c.is_whitespace() || c == '<').next() == Some("analysis"))
+/// The word that starts `text` (up to a blank or a marker).
+fn first_word(text: &str) -> &str {
+    text.trim_start().split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or("")
+}
+
+/// Where a harmony header sends its message: a function it names as recipient
+/// (`to=functions.NAME`, before or after the channel), else by the channel.
+fn header_sink(header: &str, calls: &mut Vec<(String, String)>) -> Sink {
+    if let Some(name) = header.split(RECIPIENT).nth(1).map(first_word).and_then(|to| to.strip_prefix("functions.")) {
+        calls.push((name.to_string(), String::new()));
+        return Sink::Call(calls.len() - 1);
+    }
+    match header.split(CHANNEL).nth(1).map(first_word) {
+        Some("analysis") => Sink::Reasoning,
+        _ => Sink::Content,
+    }
 }
 
 impl ReasoningSplitter {
@@ -136,10 +160,9 @@ impl ReasoningSplitter {
         let mut out = Split::default();
         while self.step(&mut out, true) {}
         match self.state {
-            State::Start | State::HarmonyStart | State::Content | State::Message { reasoning: false } | State::BetweenMessages => {
-                out.content.push_str(&self.held)
-            }
-            State::ThinkStart | State::Think | State::Message { reasoning: true } => out.reasoning.push_str(self.held.trim_end()),
+            State::Start | State::HarmonyStart | State::Content | State::Message(Sink::Content) | State::BetweenMessages => out.content.push_str(&self.held),
+            State::ThinkStart | State::Think | State::Message(Sink::Reasoning) => out.reasoning.push_str(self.held.trim_end()),
+            State::Message(Sink::Call(i)) => self.calls[i].1.push_str(&self.held),
             // An unfinished header, or blanks after the reasoning, hold nothing to show.
             State::Header | State::ThinkEnded => {}
         }
@@ -147,21 +170,34 @@ impl ReasoningSplitter {
         out
     }
 
+    /// The harmony tool calls of the answer so far: (function name, arguments as sent).
+    pub fn take_calls(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut self.calls)
+    }
+
     /// One move of the state machine; false when it needs more text.
     fn step(&mut self, out: &mut Split, at_end: bool) -> bool {
         let held = std::mem::take(&mut self.held);
         let (next, rest, more) = match self.state {
-            State::Start | State::HarmonyStart => {
-                let (open, inside) = if self.state == State::Start { (THINK_OPEN, State::ThinkStart) } else { (CHANNEL, State::Header) };
+            State::Start => {
                 let trimmed = held.trim_start();
-                if let Some(after) = trimmed.strip_prefix(open) {
-                    let rest = if inside == State::Header { format!("{open}{after}") } else { after.to_string() };
-                    (inside, rest, true)
-                } else if open.starts_with(trimmed) && !at_end {
-                    (self.state, held, false)
+                if let Some(after) = trimmed.strip_prefix(THINK_OPEN) {
+                    (State::ThinkStart, after.to_string(), true)
+                } else if THINK_OPEN.starts_with(trimmed) && !at_end {
+                    (State::Start, held, false)
                 } else {
-                    let content = if self.state == State::Start { State::Content } else { State::Message { reasoning: false } };
-                    (content, held, true)
+                    (State::Content, held, true)
+                }
+            }
+            // A header opens with its channel or its recipient.
+            State::HarmonyStart => {
+                let trimmed = held.trim_start();
+                if trimmed.starts_with(CHANNEL) || trimmed.starts_with(RECIPIENT) {
+                    (State::Header, trimmed.to_string(), true)
+                } else if (CHANNEL.starts_with(trimmed) || RECIPIENT.starts_with(trimmed)) && !at_end {
+                    (State::HarmonyStart, held, false)
+                } else {
+                    (State::Message(Sink::Content), held, true)
                 }
             }
             State::ThinkStart | State::ThinkEnded => {
@@ -190,11 +226,15 @@ impl ReasoningSplitter {
                 (State::Content, String::new(), false)
             }
             State::Header => match held.find(MESSAGE) {
-                Some(i) => (State::Message { reasoning: header_is_reasoning(&held[..i]) }, held[i + MESSAGE.len()..].to_string(), true),
+                Some(i) => (State::Message(header_sink(&held[..i], &mut self.calls)), held[i + MESSAGE.len()..].to_string(), true),
                 None => (State::Header, held, false),
             },
-            State::Message { reasoning } => {
-                let part = if reasoning { &mut out.reasoning } else { &mut out.content };
+            State::Message(sink) => {
+                let part = match sink {
+                    Sink::Reasoning => &mut out.reasoning,
+                    Sink::Content => &mut out.content,
+                    Sink::Call(i) => &mut self.calls[i].1,
+                };
                 match first_marker(&held, &[END, START]) {
                     Some((i, marker)) => {
                         part.push_str(&held[..i]);
@@ -215,7 +255,7 @@ impl ReasoningSplitter {
                 } else if START.starts_with(trimmed) && !at_end {
                     (State::BetweenMessages, held, false)
                 } else {
-                    (State::Message { reasoning: false }, held, true)
+                    (State::Message(Sink::Content), held, true)
                 }
             }
         };
@@ -287,12 +327,40 @@ mod tests {
         let prompt = "<|start|>user<|message|>hi<|end|><|start|>assistant";
         let answer = "<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>final<|message|>Hello!";
         assert_eq!(split_every_way(harmony, prompt, answer), pair("User says hi.", "Hello!"));
-        let preamble = "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}";
-        assert_eq!(split_every_way(harmony, prompt, preamble), pair("a", "{}"));
+        let preamble = "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>";
+        assert_eq!(split_every_way(harmony, prompt, preamble), pair("a", "Checking."));
         // Cut off in the middle of a header: the header shows nowhere.
         assert_eq!(split_every_way(harmony, prompt, "<|channel|>analysis<|message|>x<|end|><|start|>assist"), pair("x", ""));
         // No harmony at all: plain content.
         assert_eq!(split_every_way(harmony, prompt, "just <|end text"), pair("", "just <|end text"));
+    }
+
+    #[test]
+    fn harmony_messages_to_functions_are_tool_calls() {
+        let prompt = "<|start|>assistant";
+        let answer = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}";
+        for size in [1, 3, answer.len()] {
+            let mut s = ReasoningSyntax::Harmony.splitter(prompt);
+            let mut split = Split::default();
+            for piece in answer.as_bytes().chunks(size) {
+                let part = s.push(std::str::from_utf8(piece).unwrap());
+                split.reasoning += &part.reasoning;
+                split.content += &part.content;
+            }
+            let rest = s.finish();
+            assert_eq!((split.reasoning + &rest.reasoning, split.content + &rest.content), pair("Need weather.", ""));
+            assert_eq!(s.take_calls(), vec![("get_weather".to_string(), "{\"city\": \"Oslo\"}".to_string())], "pieces of {size}");
+        }
+        // The recipient may come before the channel, in the answer's first header too.
+        for answer in [
+            "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}",
+            " to=functions.lookup<|channel|>commentary json<|message|>{}",
+        ] {
+            let mut s = ReasoningSyntax::Harmony.splitter(prompt);
+            s.push(answer);
+            s.finish();
+            assert_eq!(s.take_calls(), vec![("lookup".to_string(), "{}".to_string())], "{answer}");
+        }
     }
 
     #[test]

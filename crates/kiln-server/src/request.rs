@@ -77,9 +77,11 @@ pub struct GenerationFields {
     pub logprobs: Option<usize>,
     /// `reasoning_format`, where the request names one.
     pub reasoning_format: Option<ReasoningFormat>,
+    /// Whether tool calls are read from the answer (`tool_choice` other than "none").
+    pub read_tool_calls: bool,
 }
 
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
@@ -144,11 +146,18 @@ fn refuse_unsupported(o: &Object) -> Result<(), ApiError> {
         "best_of" => v.as_i64() == Some(1),
         "suffix" => v.as_str() == Some(""),
         "response_format" => v.get("type").and_then(Value::as_str) == Some("text"),
+        // Calls are read from what the model writes; nothing forces one.
+        "tool_choice" => matches!(v.as_str(), Some("auto" | "none")),
         _ => false,
     };
-    for name in ["logit_bias", "echo", "best_of", "suffix", "response_format", "grammar", "json_schema"] {
+    for name in ["logit_bias", "echo", "best_of", "suffix", "response_format", "grammar", "json_schema", "tool_choice"] {
         if get(o, name).is_some_and(|v| !neutral(name, v)) {
-            return Err(ApiError::field(name, "is not supported by this server"));
+            let what = if name == "tool_choice" {
+                "is not supported beyond \"auto\" and \"none\" (nothing can force a call)"
+            } else {
+                "is not supported by this server"
+            };
+            return Err(ApiError::field(name, what));
         }
     }
     Ok(())
@@ -199,6 +208,7 @@ pub fn generation_fields(o: &Object, chat: bool) -> Result<GenerationFields, Api
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         logprobs,
+        read_tool_calls: get(o, "tool_choice").and_then(Value::as_str) != Some("none"),
         reasoning_format: match opt_str(o, "reasoning_format")? {
             None => None,
             Some(name) => {

@@ -39,6 +39,7 @@ fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
         created: 0,
         reasoning_syntax: None,
         reasoning_format: ReasoningFormat::Auto,
+        tool_syntax: None,
     };
     assert!(state.ready.set(ready).is_ok());
 
@@ -75,6 +76,7 @@ fn a_long_prompt_does_not_hold_the_http_worker() {
         created: 0,
         reasoning_syntax: None,
         reasoning_format: ReasoningFormat::Auto,
+        tool_syntax: None,
     };
     assert!(state.ready.set(ready).is_ok());
     let (_runtime, addr) = serve(state);
