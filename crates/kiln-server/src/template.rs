@@ -30,17 +30,38 @@ pub fn resolve(requested: Option<&str>, from_model: Option<&str>) -> Result<Opti
 /// string. Tool-call arguments sent as the OpenAI wire format's JSON string are parsed into
 /// objects first (the convention of Hugging Face templates, and what llama.cpp does); strings
 /// that are not JSON objects stay.
+///
+/// Templates that read `content` unguarded (Qwen3's, DeepSeek-R1's) fail on the null content
+/// an OpenAI client sends beside tool calls, as in transformers; where that is the only
+/// trouble they get "" instead, as llama.cpp gives them.
 pub fn render(template: &ChatTemplate, tokenizer: &Tokenizer, inputs: &TemplateInputs) -> Result<String, TokenizerError> {
-    let messages = Value::Array(inputs.messages.iter().map(template_message).collect());
-    template.render(&ChatInputs {
-        messages: &messages,
-        tools: inputs.tools,
-        add_generation_prompt: inputs.add_generation_prompt,
-        extra: inputs.extra,
-        bos_token: tokenizer.bos_text(),
-        eos_token: tokenizer.eos_text(),
-        now: None,
-    })
+    let messages: Vec<Value> = inputs.messages.iter().map(template_message).collect();
+    let render_messages = |messages: Vec<Value>| {
+        template.render(&ChatInputs {
+            messages: &Value::Array(messages),
+            tools: inputs.tools,
+            add_generation_prompt: inputs.add_generation_prompt,
+            extra: inputs.extra,
+            bos_token: tokenizer.bos_text(),
+            eos_token: tokenizer.eos_text(),
+            now: None,
+        })
+    };
+    let is_null_content = |m: &Value| m.get("content").is_some_and(Value::is_null);
+    if !messages.iter().any(is_null_content) {
+        return render_messages(messages);
+    }
+    let filled: Vec<Value> = messages
+        .iter()
+        .cloned()
+        .map(|mut m| {
+            if is_null_content(&m) {
+                m["content"] = Value::String(String::new());
+            }
+            m
+        })
+        .collect();
+    render_messages(messages).or_else(|error| render_messages(filled).map_err(|_| error))
 }
 
 fn template_message(message: &Value) -> Value {
@@ -87,6 +108,26 @@ mod tests {
         };
         let parts = json!([{"type": "text", "text": "Hello"}, {"type": "text", "text": " there"}]);
         assert_eq!(render_content(parts), render_content(json!("Hello there")));
+    }
+
+    #[test]
+    fn null_content_beside_tool_calls_renders_where_the_template_needs_a_string() {
+        let tokenizer = Tokenizer::from_path(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/stories260K.gguf")).unwrap();
+        let messages = [
+            json!({"role": "user", "content": "Weather?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}),
+        ];
+        let inputs = TemplateInputs { messages: &messages, tools: None, add_generation_prompt: false, extra: None };
+        // Reads content unguarded: "" stands in for the null.
+        let strict = ChatTemplate::new("{% for m in messages %}[{{ m.content + '|' }}]{% endfor %}").unwrap();
+        assert_eq!(render(&strict, &tokenizer, &inputs).unwrap(), "[Weather?|][|]");
+        // Handles the missing content itself (transformers drops keys holding None): rendered
+        // as transformers renders it.
+        let careful = ChatTemplate::new("{% for m in messages %}[{{ m.content if m.content is defined else 'none' }}]{% endfor %}").unwrap();
+        assert_eq!(render(&careful, &tokenizer, &inputs).unwrap(), "[Weather?][none]");
+        // Failing for another reason: that error.
+        let failing = ChatTemplate::new("{{ raise_exception('no tools here') }}").unwrap();
+        assert!(render(&failing, &tokenizer, &inputs).unwrap_err().to_string().contains("no tools here"));
     }
 
     #[test]
