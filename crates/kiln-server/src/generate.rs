@@ -53,7 +53,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, headers: Heade
         .off_the_workers(move |r| {
             let text = r.render_chat(&o, true)?;
             let tools = chat_tools(&o)?.and_then(Value::as_array).cloned().unwrap_or_default();
-            Ok((r.tokenize_chat(&text), AnswerParsers { reasoning: r.reasoning_splitter(format, &text), tool_calls: r.tool_catcher(tools, read_calls) }))
+            Ok((r.tokenize_chat(&text), r.answer_parsers(format, tools, read_calls, &text)))
         })
         .await?;
     generate(state.clone(), Api::Chat, prompt, "messages", fields, parsers).await
@@ -106,9 +106,7 @@ async fn generate(
         api,
         logprobs: fields.logprobs.is_some(),
         text_offset: 0,
-        shown: parsers.tool_calls.as_ref().map(|t| t.1.clone()).unwrap_or_default(),
-        reasoning: parsers.reasoning,
-        tool_calls: parsers.tool_calls.map(|t| t.0),
+        parsers,
     };
     let meta = ResponseMeta {
         id: format!("{}-{id}", if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
@@ -153,12 +151,13 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// What reads a chat answer's parts: its reasoning, its tool calls (with the special tokens
-/// their markers need shown).
+/// What reads a chat answer's parts: its reasoning and its tool calls, with the special
+/// tokens their markers need shown.
 #[derive(Default)]
-struct AnswerParsers {
-    reasoning: Option<ReasoningSplitter>,
-    tool_calls: Option<(ToolCallCatcher, Vec<u32>)>,
+pub struct AnswerParsers {
+    pub reasoning: Option<ReasoningSplitter>,
+    pub tool_calls: Option<ToolCallCatcher>,
+    pub shown: Vec<u32>,
 }
 
 /// What one event turned into.
@@ -178,21 +177,17 @@ struct Output {
     api: Api,
     logprobs: bool,
     text_offset: usize,
-    /// Splits a chat answer's reasoning from its content; without it all text is content.
-    reasoning: Option<ReasoningSplitter>,
-    /// Reads tool calls out of the content.
-    tool_calls: Option<ToolCallCatcher>,
-    /// Special tokens shown in the text (tool-call markers).
-    shown: Vec<u32>,
+    /// Without parsers all text is content.
+    parsers: AnswerParsers,
 }
 
 impl Output {
     fn split(&mut self, text: String) -> Split {
-        let mut split = match &mut self.reasoning {
+        let mut split = match &mut self.parsers.reasoning {
             Some(splitter) => splitter.push(&text),
             None => Split { reasoning: String::new(), content: text },
         };
-        if let Some(catcher) = &mut self.tool_calls {
+        if let Some(catcher) = &mut self.parsers.tool_calls {
             split.content = catcher.push(&split.content);
         }
         split
@@ -202,16 +197,16 @@ impl Output {
     fn split_tail(&mut self, text: String) -> (Split, Vec<ToolCall>) {
         let mut split = self.split(text);
         let mut calls = Vec::new();
-        if let Some(splitter) = &mut self.reasoning {
+        if let Some(splitter) = &mut self.parsers.reasoning {
             let rest = splitter.finish();
             split.reasoning += &rest.reasoning;
-            split.content += &match &mut self.tool_calls {
+            split.content += &match &mut self.parsers.tool_calls {
                 Some(catcher) => catcher.push(&rest.content),
                 None => rest.content,
             };
             calls.extend(splitter.take_calls().into_iter().map(|(name, arguments)| ToolCall { name, arguments }));
         }
-        if let Some(catcher) = &mut self.tool_calls {
+        if let Some(catcher) = &mut self.parsers.tool_calls {
             let (rest, found) = catcher.finish();
             split.content += &rest;
             calls.extend(found);
@@ -253,7 +248,7 @@ impl Output {
                     (Some(lp), true) => Some(self.logprob_entry(id, lp)),
                     _ => None,
                 };
-                let piece = self.utf8.push(self.tokenizer.piece(id, self.shown.contains(&id)));
+                let piece = self.utf8.push(self.tokenizer.piece(id, self.parsers.shown.contains(&id)));
                 let released = self.stop.push(&piece);
                 self.text_offset += released.text.len();
                 if released.stopped {
@@ -470,9 +465,7 @@ mod tests {
             api: Api::Chat,
             logprobs: false,
             text_offset: 0,
-            shown: Vec::new(),
-            reasoning: parsers.reasoning,
-            tool_calls: parsers.tool_calls.map(|t| t.0),
+            parsers,
         }
     }
 
@@ -483,7 +476,7 @@ mod tests {
         let answer = "<think>\nWeather needs a lookup.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
         let reasoning = Some(ReasoningSyntax::Think.splitter("<|im_start|>assistant\n"));
         let catcher = ToolCallCatcher::new(ToolSyntax::HermesJson, vec![]);
-        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: Some((catcher, vec![])) });
+        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: Some(catcher), shown: vec![] });
         let mut text = Split::default();
         for piece in answer.as_bytes().chunks(3) {
             let part = out.split(String::from_utf8(piece.to_vec()).unwrap());
@@ -510,7 +503,7 @@ mod tests {
     #[test]
     fn a_harmony_call_is_a_tool_call() {
         let reasoning = Some(ReasoningSyntax::Harmony.splitter("<|start|>assistant"));
-        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: None });
+        let mut out = chat_output(AnswerParsers { reasoning, tool_calls: None, shown: vec![] });
         let text = out.split("<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"q\": \"kiln\"}".into());
         let (tail, calls) = out.split_tail(String::new());
         assert_eq!((text.reasoning.as_str(), text.content.as_str(), tail.content.as_str()), ("Look it up.", "", ""));

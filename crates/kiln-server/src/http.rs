@@ -17,8 +17,9 @@ use kiln_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::generate::AnswerParsers;
 use crate::metrics::Metrics;
-use crate::reasoning::{ReasoningFormat, ReasoningSplitter, ReasoningSyntax};
+use crate::reasoning::{ReasoningFormat, ReasoningSyntax};
 use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object};
 use crate::scheduler::SchedulerHandle;
 use crate::template::{self, TemplateInputs};
@@ -67,21 +68,18 @@ impl Ready {
         })
     }
 
-    /// The splitter of a chat answer to `prompt` (rendered), where its reasoning is split out:
-    /// the request's `reasoning_format`, else the server's, and a template with a known syntax.
-    pub fn reasoning_splitter(&self, requested: Option<ReasoningFormat>, prompt: &str) -> Option<ReasoningSplitter> {
-        match requested.unwrap_or(self.reasoning_format) {
-            ReasoningFormat::Auto => self.reasoning_syntax.map(|syntax| syntax.splitter(prompt)),
-            ReasoningFormat::None => None,
+    /// The parsers of a chat answer to `prompt` (rendered): its reasoning split out where the
+    /// request's `reasoning_format` (else the server's) says so, its tool calls read where the
+    /// request offers `tools` and reads calls; each where the template has a known syntax.
+    pub fn answer_parsers(&self, format: Option<ReasoningFormat>, tools: Vec<Value>, read_calls: bool, prompt: &str) -> AnswerParsers {
+        let reasoning = self.reasoning_syntax.filter(|_| format.unwrap_or(self.reasoning_format) == ReasoningFormat::Auto);
+        let calls = self.tool_syntax.filter(|_| read_calls && !tools.is_empty());
+        let markers = reasoning.map_or(&[][..], ReasoningSyntax::markers).iter().chain(calls.map_or(&[][..], ToolSyntax::markers));
+        AnswerParsers {
+            reasoning: reasoning.map(|syntax| syntax.splitter(prompt)),
+            tool_calls: calls.map(|syntax| ToolCallCatcher::new(syntax, tools)),
+            shown: markers.filter_map(|m| self.tokenizer.token_id(m)).filter(|&id| self.tokenizer.is_control(id)).collect(),
         }
-    }
-
-    /// The catcher of tool calls in a chat answer, where the request offers `tools` (and reads
-    /// calls) and the template has a known syntax; with the special tokens the answer must show.
-    pub fn tool_catcher(&self, tools: Vec<Value>, read: bool) -> Option<(ToolCallCatcher, Vec<u32>)> {
-        let syntax = self.tool_syntax.filter(|_| read && !tools.is_empty())?;
-        let shown = syntax.markers().iter().filter_map(|m| self.tokenizer.token_id(m)).filter(|&id| self.tokenizer.is_control(id)).collect();
-        Some((ToolCallCatcher::new(syntax, tools), shown))
     }
 
     /// Token ids of a rendered chat prompt: special tokens parsed, BOS added unless the

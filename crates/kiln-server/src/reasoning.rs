@@ -1,6 +1,7 @@
 //! A chat answer's reasoning split from its content, as llama-server's `--reasoning-format auto`
 //! and vLLM's reasoning parsers split it: `<think>...</think>` at the start of the answer (Qwen3,
-//! Qwen3.5, DeepSeek-R1, SmolLM3; already open where the prompt ends with `<think>`), or the
+//! Qwen3.5, DeepSeek-R1, SmolLM3; already open where the prompt ends with `<think>`), Gemma 4's
+//! `<|channel>thought...<channel|>` likewise, or the
 //! harmony channels of gpt-oss (`analysis` is reasoning, a message to `functions.NAME` a tool
 //! call, every other channel content). Text arrives in pieces; anything that may be the start
 //! of a marker is held until it is decided.
@@ -30,11 +31,15 @@ impl ReasoningFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReasoningSyntax {
     Think,
+    /// Gemma 4's thought channel.
+    GemmaThought,
     Harmony,
 }
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
+const GEMMA_THOUGHT_OPEN: &str = "<|channel>thought";
+const GEMMA_THOUGHT_CLOSE: &str = "<channel|>";
 const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 const END: &str = "<|end|>";
@@ -46,6 +51,8 @@ impl ReasoningSyntax {
     pub fn of_template(source: &str) -> Option<ReasoningSyntax> {
         if source.contains(CHANNEL) {
             Some(ReasoningSyntax::Harmony)
+        } else if source.contains(GEMMA_THOUGHT_OPEN) {
+            Some(ReasoningSyntax::GemmaThought)
         } else if source.contains(THINK_OPEN) || source.contains(THINK_CLOSE) {
             Some(ReasoningSyntax::Think)
         } else {
@@ -55,12 +62,25 @@ impl ReasoningSyntax {
 
     /// A splitter for the answer to `prompt` (the rendered chat prompt).
     pub fn splitter(self, prompt: &str) -> ReasoningSplitter {
-        let state = match self {
-            ReasoningSyntax::Think if prompt.trim_end().ends_with(THINK_OPEN) => State::ThinkStart,
-            ReasoningSyntax::Think => State::Start,
-            ReasoningSyntax::Harmony => State::HarmonyStart,
+        let [open, close] = match self {
+            ReasoningSyntax::GemmaThought => [GEMMA_THOUGHT_OPEN, GEMMA_THOUGHT_CLOSE],
+            _ => [THINK_OPEN, THINK_CLOSE],
         };
-        ReasoningSplitter { state, held: String::new(), calls: Vec::new() }
+        let state = match self {
+            ReasoningSyntax::Harmony => State::HarmonyStart,
+            _ if prompt.trim_end().ends_with(open) => State::ThinkStart,
+            _ => State::Start,
+        };
+        ReasoningSplitter { state, open, close, held: String::new(), calls: Vec::new() }
+    }
+
+    /// The markers the answer must show to be split (special tokens in some vocabularies).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ReasoningSyntax::Think => &[THINK_OPEN, THINK_CLOSE],
+            ReasoningSyntax::GemmaThought => &["<|channel>", GEMMA_THOUGHT_CLOSE],
+            ReasoningSyntax::Harmony => &[CHANNEL, MESSAGE, END, START],
+        }
     }
 }
 
@@ -109,6 +129,9 @@ enum Sink {
 /// Splits one answer, piece by piece.
 pub struct ReasoningSplitter {
     state: State,
+    /// The thinking block's markers (`<think>`, `</think>` or Gemma's).
+    open: &'static str,
+    close: &'static str,
     held: String,
     /// Harmony tool calls: (function name, arguments as sent).
     calls: Vec<(String, String)>,
@@ -181,9 +204,9 @@ impl ReasoningSplitter {
         let (next, rest, more) = match self.state {
             State::Start => {
                 let trimmed = held.trim_start();
-                if let Some(after) = trimmed.strip_prefix(THINK_OPEN) {
+                if let Some(after) = trimmed.strip_prefix(self.open) {
                     (State::ThinkStart, after.to_string(), true)
-                } else if THINK_OPEN.starts_with(trimmed) && !at_end {
+                } else if self.open.starts_with(trimmed) && !at_end {
                     (State::Start, held, false)
                 } else {
                     (State::Content, held, true)
@@ -208,14 +231,14 @@ impl ReasoningSplitter {
                     (if self.state == State::ThinkStart { State::Think } else { State::Content }, trimmed.to_string(), true)
                 }
             }
-            State::Think => match held.find(THINK_CLOSE) {
+            State::Think => match held.find(self.close) {
                 Some(i) => {
                     out.reasoning.push_str(held[..i].trim_end());
-                    (State::ThinkEnded, held[i + THINK_CLOSE.len()..].to_string(), true)
+                    (State::ThinkEnded, held[i + self.close.len()..].to_string(), true)
                 }
                 None => {
                     // Blanks before a possible `</think>` are held: the reasoning is trimmed.
-                    let keep = partial_marker_len(&held, &[THINK_CLOSE]);
+                    let keep = partial_marker_len(&held, &[self.close]);
                     let decided = held[..held.len() - keep].trim_end().len();
                     out.reasoning.push_str(&held[..decided]);
                     (State::Think, held[decided..].to_string(), false)
@@ -313,6 +336,16 @@ mod tests {
     }
 
     #[test]
+    fn gemma_thought_channels_are_reasoning() {
+        let gemma = ReasoningSyntax::GemmaThought;
+        let thinking = "<|turn>user\nhi<turn|>\n<|turn>model\n";
+        assert_eq!(split_every_way(gemma, thinking, "<|channel>thought\nThe user greets.<channel|>Hello!"), pair("The user greets.", "Hello!"));
+        // Thinking off: the prompt holds an empty thought; the answer is content.
+        let off = "<|turn>model\n<|channel>thought\n<channel|>";
+        assert_eq!(split_every_way(gemma, off, "Hello <|channel>x"), pair("", "Hello <|channel>x"));
+    }
+
+    #[test]
     fn a_prompt_ending_in_think_opens_the_block() {
         let think = ReasoningSyntax::Think;
         let r1 = "<｜User｜>hi<｜Assistant｜><think>\n";
@@ -367,6 +400,7 @@ mod tests {
     fn the_syntax_follows_the_template() {
         assert_eq!(ReasoningSyntax::of_template("{{ '<|start|>assistant<|channel|>final<|message|>' }}"), Some(ReasoningSyntax::Harmony));
         assert_eq!(ReasoningSyntax::of_template("{%- if '</think>' in content %}"), Some(ReasoningSyntax::Think));
+        assert_eq!(ReasoningSyntax::of_template("{{- '<|channel>thought\\n<channel|>' -}}"), Some(ReasoningSyntax::GemmaThought));
         assert_eq!(ReasoningSyntax::of_template("{{ '<|im_start|>assistant\\n' }}"), None);
     }
 }

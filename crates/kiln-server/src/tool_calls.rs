@@ -1,7 +1,8 @@
 //! Tool calls read out of a chat answer's content, in the syntax its template teaches the
 //! model (as llama-server's and vLLM's tool parsers do): Hermes JSON in `<tool_call>` tags
 //! (Qwen2.5, Qwen3, Hermes), Qwen3.5's XML functions in the same tags, Mistral's `[TOOL_CALLS]`
-//! (a JSON list, or `name[ARGS]{...}`) and Llama 3's JSON object. gpt-oss's harmony calls are
+//! (a JSON list, or `name[ARGS]{...}`), Llama 3's JSON object and Gemma 4's `<|tool_call>call:`
+//! blocks. gpt-oss's harmony calls are
 //! read by the reasoning splitter, which follows its channels. Content streams until a call
 //! may begin; from there it is held and parsed at the end, and text that does not parse as a
 //! call is sent as content after all.
@@ -21,6 +22,8 @@ pub enum ToolSyntax {
     Mistral,
     /// `{"name": ..., "parameters": {...}}` as the whole answer (`<|python_tag|>` before it).
     Llama3Json,
+    /// `<|tool_call>call:NAME{key:value,...}<tool_call|>`, strings between `<|"|>` quotes.
+    Gemma,
 }
 
 const TOOL_CALL_OPEN: &str = "<tool_call>";
@@ -28,6 +31,9 @@ const TOOL_CALL_CLOSE: &str = "</tool_call>";
 const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
+const GEMMA_CALL_OPEN: &str = "<|tool_call>";
+const GEMMA_CALL_CLOSE: &str = "<tool_call|>";
+const GEMMA_QUOTE: &str = "<|\"|>";
 
 /// A call as the API sends it: the function's name and its arguments as JSON text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,7 +45,9 @@ pub struct ToolCall {
 impl ToolSyntax {
     /// The syntax a chat template's source teaches, if any.
     pub fn of_template(source: &str) -> Option<ToolSyntax> {
-        if source.contains(TOOL_CALL_OPEN) {
+        if source.contains(GEMMA_CALL_OPEN) {
+            Some(ToolSyntax::Gemma)
+        } else if source.contains(TOOL_CALL_OPEN) {
             Some(if source.contains("<function=") { ToolSyntax::QwenXml } else { ToolSyntax::HermesJson })
         } else if source.contains(MISTRAL_CALLS) {
             Some(ToolSyntax::Mistral)
@@ -56,6 +64,7 @@ impl ToolSyntax {
             ToolSyntax::HermesJson | ToolSyntax::QwenXml => &[TOOL_CALL_OPEN, TOOL_CALL_CLOSE],
             ToolSyntax::Mistral => &[MISTRAL_CALLS, MISTRAL_ARGS],
             ToolSyntax::Llama3Json => &[PYTHON_TAG],
+            ToolSyntax::Gemma => &[GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_QUOTE],
         }
     }
 
@@ -65,6 +74,7 @@ impl ToolSyntax {
             ToolSyntax::HermesJson | ToolSyntax::QwenXml => TOOL_CALL_OPEN,
             ToolSyntax::Mistral => MISTRAL_CALLS,
             ToolSyntax::Llama3Json => PYTHON_TAG,
+            ToolSyntax::Gemma => GEMMA_CALL_OPEN,
         }
     }
 
@@ -72,7 +82,8 @@ impl ToolSyntax {
     /// where it does not parse as calls. `tools` (the request's) gives parameter types.
     pub fn parse(self, text: &str, tools: &[Value]) -> Option<(String, Vec<ToolCall>)> {
         let (rest, calls) = match self {
-            ToolSyntax::HermesJson | ToolSyntax::QwenXml => tagged_calls(text, |inner| match self {
+            ToolSyntax::Gemma => tagged_calls(text, [GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE], gemma_call)?,
+            ToolSyntax::HermesJson | ToolSyntax::QwenXml => tagged_calls(text, [TOOL_CALL_OPEN, TOOL_CALL_CLOSE], |inner| match self {
                 ToolSyntax::QwenXml => xml_call(inner, tools),
                 _ => json_call(&serde_json::from_str(inner.trim()).ok()?, "arguments"),
             })?,
@@ -101,17 +112,17 @@ fn json_call(value: &Value, key: &str) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
-/// Every `<tool_call>...</tool_call>` block (the last may be cut off) read by `call`; the text
-/// between blocks, trimmed, as content.
-fn tagged_calls(text: &str, call: impl Fn(&str) -> Option<ToolCall>) -> Option<(String, Vec<ToolCall>)> {
+/// Every block between the `tags` (the last may be cut off) read by `call`; the text between
+/// blocks, trimmed, as content.
+fn tagged_calls(text: &str, [open_tag, close_tag]: [&str; 2], call: impl Fn(&str) -> Option<ToolCall>) -> Option<(String, Vec<ToolCall>)> {
     let (mut rest, mut calls) = (String::new(), Vec::new());
     let mut text = text;
-    while let Some(open) = text.find(TOOL_CALL_OPEN) {
+    while let Some(open) = text.find(open_tag) {
         rest.push_str(&text[..open]);
-        let inner = &text[open + TOOL_CALL_OPEN.len()..];
-        let end = inner.find(TOOL_CALL_CLOSE).unwrap_or(inner.len());
+        let inner = &text[open + open_tag.len()..];
+        let end = inner.find(close_tag).unwrap_or(inner.len());
         calls.push(call(&inner[..end])?);
-        text = inner.get(end + TOOL_CALL_CLOSE.len()..).unwrap_or("");
+        text = inner.get(end + close_tag.len()..).unwrap_or("");
     }
     rest.push_str(text);
     Some((rest.trim().to_string(), calls))
@@ -160,6 +171,96 @@ fn mistral_calls(text: &str) -> Option<Vec<ToolCall>> {
             arguments.is_object().then(|| ToolCall { name: name.trim().to_string(), arguments: arguments.to_string() })
         })
         .collect()
+}
+
+/// `call:NAME{...}`: Gemma 4's call, its arguments in Gemma's notation.
+fn gemma_call(inner: &str) -> Option<ToolCall> {
+    let (name, arguments) = inner.trim().strip_prefix("call:")?.split_once('{')?;
+    let mut reader = GemmaReader { rest: arguments };
+    let arguments = reader.object()?;
+    reader.rest.trim().is_empty().then(|| ToolCall { name: name.trim().to_string(), arguments: arguments.to_string() })
+}
+
+/// Gemma 4's argument notation: JSON with bare keys and strings between `<|"|>` quotes.
+struct GemmaReader<'a> {
+    rest: &'a str,
+}
+
+impl GemmaReader<'_> {
+    fn skip_blanks(&mut self) {
+        self.rest = self.rest.trim_start();
+    }
+
+    fn eat(&mut self, prefix: &str) -> bool {
+        self.skip_blanks();
+        match self.rest.strip_prefix(prefix) {
+            Some(rest) => {
+                self.rest = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn value(&mut self) -> Option<Value> {
+        if self.eat(GEMMA_QUOTE) {
+            let (text, rest) = self.rest.split_once(GEMMA_QUOTE)?;
+            self.rest = rest;
+            return Some(Value::String(text.to_string()));
+        }
+        if self.eat("{") {
+            return self.object();
+        }
+        if self.eat("[") {
+            let mut items = Vec::new();
+            if self.eat("]") {
+                return Some(Value::Array(items));
+            }
+            loop {
+                items.push(self.value()?);
+                if self.eat("]") {
+                    return Some(Value::Array(items));
+                }
+                if !self.eat(",") {
+                    return None;
+                }
+            }
+        }
+        // A number, true, false or null, up to the next delimiter.
+        let end = self.rest.find([',', '}', ']']).unwrap_or(self.rest.len());
+        let literal = self.rest[..end].trim();
+        self.rest = &self.rest[end..];
+        serde_json::from_str::<Value>(literal).ok().filter(|v| !v.is_string())
+    }
+
+    /// The members of an object whose `{` was read, through its `}`.
+    fn object(&mut self) -> Option<Value> {
+        let mut members = Map::new();
+        if self.eat("}") {
+            return Some(Value::Object(members));
+        }
+        loop {
+            let key = if self.eat(GEMMA_QUOTE) {
+                let (key, rest) = self.rest.split_once(GEMMA_QUOTE)?;
+                self.rest = rest;
+                key.to_string()
+            } else {
+                let (key, _) = self.rest.split_once(':')?;
+                self.rest = &self.rest[key.len()..];
+                key.trim().to_string()
+            };
+            if !self.eat(":") {
+                return None;
+            }
+            members.insert(key, self.value()?);
+            if self.eat("}") {
+                return Some(Value::Object(members));
+            }
+            if !self.eat(",") {
+                return None;
+            }
+        }
+    }
 }
 
 /// Watches an answer's content for tool calls, piece by piece.
@@ -294,6 +395,19 @@ mod tests {
     }
 
     #[test]
+    fn gemma_calls_in_their_notation() {
+        let q = GEMMA_QUOTE;
+        let answer = format!("<|tool_call>call:book{{room:{q}101, \"north\"{q},nights:3,late:true,tags:[{q}a{q},{q}b{q}],where:{{city:{q}Oslo{q}}}}}<tool_call|><|tool_call>call:now{{}}<tool_call|>");
+        let (content, calls) = catch(ToolSyntax::Gemma, &[], &answer);
+        assert_eq!(content, "");
+        let args = json!({"room": "101, \"north\"", "nights": 3, "late": true, "tags": ["a", "b"], "where": {"city": "Oslo"}});
+        assert_eq!(calls, vec![call("book", args), call("now", json!({}))]);
+        // A broken block stays content.
+        let broken = format!("<|tool_call>call:book{{room:{q}101}}<tool_call|>");
+        assert_eq!(catch(ToolSyntax::Gemma, &[], &broken), (broken.clone(), vec![]));
+    }
+
+    #[test]
     fn the_syntax_follows_the_template() {
         let mut found = std::collections::BTreeMap::new();
         for entry in std::fs::read_dir(kiln_testdata::path("chat-templates")).unwrap().flatten() {
@@ -310,6 +424,7 @@ mod tests {
             ("Mistral-Small-3.2-24B-Instruct-2506.jinja", Some(ToolSyntax::Mistral)),
             ("meta-llama-Llama-3.1-8B-Instruct.jinja", Some(ToolSyntax::Llama3Json)),
             ("google-gemma-2-2b-it.jinja", None),
+            ("google-gemma-4-31B-it.jinja", Some(ToolSyntax::Gemma)),
         ];
         for (name, syntax) in expect {
             assert_eq!(found.get(name), Some(&syntax), "{name}");
