@@ -4,6 +4,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -97,12 +98,14 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
+    /// How long a request's body may take to arrive (408 past that).
+    pub body_read_timeout: Duration,
     next_id: AtomicU64,
 }
 
 impl AppState {
     pub fn new(scheduler: SchedulerHandle, metrics: Arc<Metrics>, api_key: Option<String>, max_body_bytes: usize) -> AppState {
-        AppState { ready: OnceLock::new(), scheduler, metrics, api_key, max_body_bytes, next_id: AtomicU64::new(1) }
+        AppState { ready: OnceLock::new(), scheduler, metrics, api_key, max_body_bytes, body_read_timeout: Duration::from_secs(60), next_id: AtomicU64::new(1) }
     }
 
     pub fn ready(&self) -> Result<&Ready, ApiError> {
@@ -132,7 +135,9 @@ impl AppState {
         if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
             return Err(too_large());
         }
-        let bytes = axum::body::to_bytes(body, self.max_body_bytes).await.map_err(|e| {
+        let timeout = self.body_read_timeout;
+        let late = || ApiError::new(StatusCode::REQUEST_TIMEOUT, format!("the request body did not arrive within {} s", timeout.as_secs_f32()));
+        let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, self.max_body_bytes)).await.map_err(|_| late())?.map_err(|e| {
             if std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit")) || e.to_string().contains("length limit") {
                 too_large()
             } else {

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod generate;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod prefix_cache;
 pub mod reasoning;
@@ -53,6 +54,9 @@ pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
     /// How long in-flight responses get to end after a stop signal.
     pub shutdown_grace: Duration,
+    /// How long a request's headers, and then its body, may take to arrive.
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +71,8 @@ impl Default for ServerConfig {
             max_body_bytes: 8 << 20,
             scheduler: SchedulerConfig { max_running: 4, max_waiting: 256, step_tokens: 512 },
             shutdown_grace: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -150,7 +156,9 @@ pub fn serve(config: ServerConfig, load: impl FnOnce(EngineSlot) -> Result<(), S
 
         let (commands, receiver) = std::sync::mpsc::channel();
         let scheduler = SchedulerHandle::new(commands);
-        let state = Arc::new(AppState::new(scheduler.clone(), Arc::new(Metrics::default()), config.api_key.clone(), config.max_body_bytes));
+        let mut state = AppState::new(scheduler.clone(), Arc::new(Metrics::default()), config.api_key.clone(), config.max_body_bytes);
+        state.body_read_timeout = config.body_read_timeout;
+        let state = Arc::new(state);
         let slot = EngineSlot { commands: receiver, state: state.clone(), config: config.clone(), url };
         let (engine_done, engine_result) = oneshot::channel();
         std::thread::Builder::new()
@@ -174,10 +182,10 @@ pub fn serve(config: ServerConfig, load: impl FnOnce(EngineSlot) -> Result<(), S
             let _ = stop.send(true);
             outcome
         });
-        let server = axum::serve(listener, http::router(state)).with_graceful_shutdown(stopped(stop_rx.clone()));
+        let server = listen::serve_http(listener, http::router(state), config.header_read_timeout, stopped(stop_rx.clone()));
         let grace = config.shutdown_grace;
         tokio::select! {
-            r = server => r.map_err(|e| format!("server: {e}"))?,
+            () = server => {}
             _ = async { stopped(stop_rx).await; tokio::time::sleep(grace).await } => {
                 eprintln!("kiln serve: responses still open after {grace:?}; closing them");
             }

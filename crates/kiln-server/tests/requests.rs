@@ -2,9 +2,12 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use common::{bundled_engine, request, serve};
+use common::{bundled_engine, request, serve, serve_with_header_timeout};
 use kiln_models::{EngineOptions, KvBudget};
 use kiln_server::http::{AppState, Ready};
 use kiln_server::metrics::Metrics;
@@ -94,4 +97,38 @@ fn a_long_prompt_does_not_hold_the_http_worker() {
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(too_long.starts_with("HTTP/1.1 400") && too_long.contains(r#""param":"prompt""#), "{too_long}");
     assert!(health_time * 4 < long_time, "health {health_time:?} against the long prompt's {long_time:?}");
+}
+
+/// Clients that trickle their request cannot hold a connection: headers that stop arriving
+/// close it once the header timeout passes, a body that stops arriving answers 408; other
+/// requests are served meanwhile.
+#[test]
+fn slow_clients_are_cut_off() {
+    let (commands, _receiver) = std::sync::mpsc::channel();
+    let mut state = AppState::new(SchedulerHandle::new(commands), Arc::new(Metrics::default()), None, 1 << 20);
+    state.body_read_timeout = Duration::from_millis(400);
+    let (_runtime, addr) = serve_with_header_timeout(Arc::new(state), Duration::from_millis(400));
+    let connect = || {
+        let s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    };
+    let read_all = |mut s: TcpStream| {
+        let started = Instant::now();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).expect("the server ends the connection before the client's read timeout");
+        (String::from_utf8_lossy(&out).into_owned(), started.elapsed())
+    };
+
+    let mut headers = connect();
+    headers.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut body = connect();
+    body.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": ").unwrap();
+    // Meanwhile a whole request is answered (503: no model in this test).
+    assert!(request(&addr, "GET", "/health", "").starts_with("HTTP/1.1 503"));
+    let (answer, waited) = read_all(headers);
+    assert!(!answer.contains(" 200 ") && waited < Duration::from_secs(10), "{answer:?} after {waited:?}");
+    let (answer, waited) = read_all(body);
+    assert!(answer.starts_with("HTTP/1.1 408") && answer.contains("did not arrive"), "{answer:?}");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
 }
