@@ -15,6 +15,21 @@ use kiln_server::reasoning::ReasoningFormat;
 use kiln_server::scheduler::{Scheduler, SchedulerConfig, SchedulerHandle};
 use kiln_tokenizer::{ChatTemplate, Tokenizer, TokenizerSpec};
 
+/// The bundled model's serving setup (a context of 128) with `tokenizer` and `template`.
+fn stories_ready(tokenizer: Tokenizer, template: Option<ChatTemplate>) -> Ready {
+    Ready {
+        tokenizer: Arc::new(tokenizer),
+        template,
+        model_name: "stories".into(),
+        n_ctx: 128,
+        n_vocab: 512,
+        created: 0,
+        reasoning_syntax: None,
+        reasoning_format: ReasoningFormat::Auto,
+        tool_syntax: None,
+    }
+}
+
 /// A chat template that renders only the first message's content, over a tokenizer that adds
 /// no BOS (as many BPE models are): an empty message renders and tokenizes to nothing. A prompt
 /// larger than the whole KV pool (two blocks) is refused naming the chat field too.
@@ -33,18 +48,7 @@ fn chat_prompts_the_server_cannot_run_are_refused_by_name() {
     let scheduler = Scheduler::new(engine, SchedulerConfig { max_running: 1, max_waiting: 4, step_tokens: 64 }, &[2], metrics.clone(), receiver);
     let thread = std::thread::spawn(move || scheduler.run());
     let state = Arc::new(AppState::new(handle.clone(), metrics, None, 1 << 20));
-    let ready = Ready {
-        tokenizer: Arc::new(tokenizer),
-        template: Some(ChatTemplate::new("{{ messages[0].content }}").unwrap()),
-        model_name: "stories".into(),
-        n_ctx: 128,
-        n_vocab: 512,
-        created: 0,
-        reasoning_syntax: None,
-        reasoning_format: ReasoningFormat::Auto,
-        tool_syntax: None,
-    };
-    assert!(state.ready.set(ready).is_ok());
+    assert!(state.ready.set(stories_ready(tokenizer, Some(ChatTemplate::new("{{ messages[0].content }}").unwrap()))).is_ok());
 
     let (_runtime, addr) = serve(state);
 
@@ -70,18 +74,7 @@ fn a_long_prompt_does_not_hold_the_http_worker() {
     let (commands, _receiver) = std::sync::mpsc::channel();
     let state = Arc::new(AppState::new(SchedulerHandle::new(commands), Arc::new(Metrics::default()), None, 8 << 20));
     let tokenizer = Tokenizer::from_spec(&TokenizerSpec::from_gguf(&file).unwrap()).unwrap();
-    let ready = Ready {
-        tokenizer: Arc::new(tokenizer),
-        template: None,
-        model_name: "stories".into(),
-        n_ctx: 128,
-        n_vocab: 512,
-        created: 0,
-        reasoning_syntax: None,
-        reasoning_format: ReasoningFormat::Auto,
-        tool_syntax: None,
-    };
-    assert!(state.ready.set(ready).is_ok());
+    assert!(state.ready.set(stories_ready(tokenizer, None)).is_ok());
     let (_runtime, addr) = serve(state);
 
     let long = format!(r#"{{"prompt": "{}", "max_tokens": 2}}"#, "Once upon a time there was a cat. ".repeat(4 << 20 >> 5));
