@@ -270,6 +270,54 @@ fn tools_leave_answers_without_calls_alone() {
     }
 }
 
+/// `n` choices: each is the answer its own seed (the request's plus its index) gives alone,
+/// whole and streamed (chunks interleaved, each with its index, one usage and one `[DONE]` at
+/// the end); the usage counts the prompt once and every choice's tokens.
+#[test]
+fn several_choices_are_each_their_seeds_answer() {
+    let s = Server::start(&["-np", "4", "--chat-template", "chatml"]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "top_k": 0, "seed": 41, "n": 3, "ignore_eos": true});
+    let v = s.post("/v1/completions", &body).json();
+    let texts: Vec<String> = (0..3)
+        .map(|i| {
+            assert_eq!(v["choices"][i]["index"], i, "{v}");
+            v["choices"][i]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    for (i, text) in texts.iter().enumerate() {
+        let alone = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "top_k": 0, "seed": 41 + i, "ignore_eos": true});
+        assert_eq!(&complete(&s, &alone).0, text, "choice {i}");
+    }
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "three seeds, three draws: {texts:?}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!((v["usage"]["completion_tokens"].as_u64(), v["usage"]["total_tokens"].as_u64()), (Some(36), Some(36 + prompt_tokens)));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = s.post("/v1/completions", &streamed);
+    let (events, done) = r.events();
+    assert!(done && r.body.matches("[DONE]").count() == 1, "{}", r.body);
+    let mut parts = vec![String::new(); 3];
+    for e in &events {
+        if let Some(c) = e["choices"].get(0) {
+            parts[c["index"].as_u64().unwrap() as usize] += c["text"].as_str().unwrap();
+        }
+    }
+    assert_eq!(parts, texts);
+    assert_eq!(events.last().unwrap()["usage"]["completion_tokens"], 36);
+
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 2, "stream": true});
+    let (events, _) = s.post("/v1/chat/completions", &chat).events();
+    let roles: Vec<u64> =
+        events.iter().filter(|e| e["choices"][0]["delta"]["role"] == "assistant").map(|e| e["choices"][0]["index"].as_u64().unwrap()).collect();
+    assert_eq!(roles, vec![0, 1]);
+    for n in [0, 17] {
+        let r = s.post("/v1/completions", &json!({"prompt": "x", "n": n}));
+        assert_eq!((r.status, error_param(&r).as_deref()), (400, Some("n")));
+    }
+}
+
 /// 64 different prompts at once give each exactly what it gives alone: same tokens, no
 /// tokens of one request in another's stream.
 #[test]

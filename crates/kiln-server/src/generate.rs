@@ -1,31 +1,31 @@
-//! `/v1/completions` and `/v1/chat/completions`: checks a request, hands it to the scheduler,
-//! and turns its token events into text (whole UTF-8 characters only, stop strings held back)
-//! as one JSON response or as server-sent events, one chunk per token.
+//! `/v1/completions` and `/v1/chat/completions`: checks a request, hands its choices to the
+//! scheduler (a sequence each), and turns their token events into text (whole UTF-8 characters
+//! only, stop strings held back, reasoning and tool calls read out), which [`crate::respond`]
+//! sends as one JSON response or as server-sent events.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use kiln_core::SamplingParams;
 use kiln_tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::reasoning::{ReasoningSplitter, Split};
-use crate::request::{chat_tools, completion_prompt, generation_fields, random_seed, GenerationFields, Prompt};
+use crate::request::{chat_tools, completion_prompt, generation_fields, GenerationFields, Prompt};
+use crate::respond::{stream_response, whole_response, Choice, ResponseMeta};
 use crate::scheduler::{Event, GenerationRequest, Rejection, TokenLogprobs, Usage};
 use crate::stop::StopMatcher;
 use crate::tool_calls::{ToolCall, ToolCallCatcher};
 use kiln_tokenizer::Utf8Assembler;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Api {
+pub enum Api {
     Completion,
     Chat,
 }
@@ -95,19 +95,26 @@ async fn generate(
         ));
     }
     let n_prompt = prompt.len();
-    let request = GenerationRequest { prompt, sampling: fields.sampling, max_tokens, ignore_eos: fields.ignore_eos, top_logprobs: fields.logprobs };
-    let events = state.scheduler.submit(request).await.map_err(|r| rejected(r, prompt_field))?;
+    let mut choices = Vec::with_capacity(fields.n);
+    for index in 0..fields.n {
+        // Draws are a function of (seed, position): each choice gets its own seed.
+        let sampling = SamplingParams { seed: fields.sampling.seed.wrapping_add(index as u64), ..fields.sampling };
+        let request = GenerationRequest { prompt: prompt.clone(), sampling, max_tokens, ignore_eos: fields.ignore_eos, top_logprobs: fields.logprobs };
+        // On a refusal the choices submitted so far are dropped, which cancels them.
+        let events = state.scheduler.submit(request).await.map_err(|r| rejected(r, prompt_field))?;
+        let out = Output {
+            tokenizer: ready.tokenizer.clone(),
+            utf8: Utf8Assembler::default(),
+            stop: StopMatcher::new(fields.stop.clone()),
+            usage: Usage { prompt_tokens: n_prompt, ..Usage::default() },
+            api,
+            logprobs: fields.logprobs.is_some(),
+            text_offset: 0,
+            parsers: parsers.clone(),
+        };
+        choices.push(Choice { index, events, out });
+    }
     let id = state.next_id();
-    let out = Output {
-        tokenizer: ready.tokenizer.clone(),
-        utf8: Utf8Assembler::default(),
-        stop: StopMatcher::new(fields.stop.clone()),
-        usage: Usage { prompt_tokens: n_prompt, ..Usage::default() },
-        api,
-        logprobs: fields.logprobs.is_some(),
-        text_offset: 0,
-        parsers,
-    };
     let meta = ResponseMeta {
         id: format!("{}-{id}", if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
@@ -115,45 +122,15 @@ async fn generate(
         api,
     };
     if fields.stream {
-        Ok(stream_response(events, out, meta, fields.include_usage))
+        Ok(stream_response(choices, meta, fields.include_usage))
     } else {
-        whole_response(events, out, meta).await
+        whole_response(choices, meta).await
     }
-}
-
-struct ResponseMeta {
-    id: String,
-    created: u64,
-    model: String,
-    api: Api,
-}
-
-impl ResponseMeta {
-    fn object(&self, streamed: bool) -> &'static str {
-        match (self.api, streamed) {
-            (Api::Chat, true) => "chat.completion.chunk",
-            (Api::Chat, false) => "chat.completion",
-            (Api::Completion, _) => "text_completion",
-        }
-    }
-
-    fn envelope(&self, streamed: bool, choices: Value) -> Value {
-        json!({"id": self.id, "object": self.object(streamed), "created": self.created, "model": self.model, "choices": choices})
-    }
-}
-
-fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
 }
 
 /// What reads a chat answer's parts: its reasoning and its tool calls, with the special
 /// tokens their markers need shown.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct AnswerParsers {
     pub reasoning: Option<ReasoningSplitter>,
     pub tool_calls: Option<ToolCallCatcher>,
@@ -161,21 +138,21 @@ pub struct AnswerParsers {
 }
 
 /// What one event turned into.
-enum Step {
+pub enum Step {
     Text { text: Split, logprobs: Option<Value> },
     Finished { tail: Split, calls: Vec<ToolCall>, reason: &'static str },
     Failed(String),
     Nothing,
 }
 
-/// One request's output side: detokenizing, stop strings, counting.
-struct Output {
+/// One choice's output side: detokenizing, stop strings, counting.
+pub struct Output {
     tokenizer: Arc<Tokenizer>,
     utf8: Utf8Assembler,
     stop: StopMatcher,
-    usage: Usage,
+    pub usage: Usage,
     api: Api,
-    logprobs: bool,
+    pub logprobs: bool,
     text_offset: usize,
     /// Without parsers all text is content.
     parsers: AnswerParsers,
@@ -236,7 +213,7 @@ impl Output {
         }
     }
 
-    fn on_event(&mut self, event: Event) -> Step {
+    pub fn on_event(&mut self, event: Event) -> Step {
         match event {
             Event::Started { cached_tokens } => {
                 self.usage.cached_tokens = cached_tokens;
@@ -270,185 +247,11 @@ impl Output {
     }
 }
 
-/// Completion logprobs: the legacy parallel arrays, from per-token entries.
-fn completion_logprobs(entries: &[Value]) -> Value {
-    let pick = |key: &str| entries.iter().map(|e| e[key].clone()).collect::<Vec<_>>();
-    json!({"tokens": pick("token"), "token_logprobs": pick("logprob"), "top_logprobs": pick("top"), "text_offset": pick("offset")})
-}
-
-fn logprobs_field(api: Api, entries: &[Value]) -> Value {
-    match api {
-        Api::Chat => json!({"content": entries}),
-        Api::Completion => completion_logprobs(entries),
-    }
-}
-
-/// A chat message or delta: `content`, and `reasoning_content` where there is any (as
-/// llama-server and vLLM send it).
-fn chat_text(text: &Split, role: Option<&str>) -> Value {
-    let mut m = serde_json::Map::new();
-    if let Some(role) = role {
-        m.insert("role".into(), json!(role));
-    }
-    if role.is_some() || !text.content.is_empty() || text.reasoning.is_empty() {
-        m.insert("content".into(), json!(text.content));
-    }
-    if !text.reasoning.is_empty() {
-        m.insert("reasoning_content".into(), json!(text.reasoning));
-    }
-    Value::Object(m)
-}
-
-/// Tool calls as the API sends them, each with a fresh id (and its `index` in a streamed delta).
-fn tool_calls_json(calls: &[ToolCall], streamed: bool) -> Value {
-    let call = |(i, c): (usize, &ToolCall)| {
-        let mut v = json!({"id": format!("call_{:016x}", random_seed()), "type": "function", "function": {"name": c.name, "arguments": c.arguments}});
-        if streamed {
-            v["index"] = json!(i);
-        }
-        v
-    };
-    calls.iter().enumerate().map(call).collect()
-}
-
-/// The finish reason of an answer that made tool calls.
-fn finish_reason(reason: &'static str, calls: &[ToolCall]) -> &'static str {
-    if calls.is_empty() {
-        reason
-    } else {
-        "tool_calls"
-    }
-}
-
-fn choice(api: Api, streamed: bool, text: &Split, logprobs: Value, finish: Option<&str>) -> Value {
-    match (api, streamed) {
-        (Api::Completion, _) => json!({"index": 0, "text": text.content, "logprobs": logprobs, "finish_reason": finish}),
-        (Api::Chat, false) => json!({"index": 0, "message": chat_text(text, Some("assistant")), "logprobs": logprobs, "finish_reason": finish}),
-        (Api::Chat, true) => {
-            let delta = if finish.is_some() && text.is_empty() { json!({}) } else { chat_text(text, None) };
-            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-        }
-    }
-}
-
-/// The one choice of a whole (not streamed) response.
-fn whole_choice(api: Api, text: &Split, calls: &[ToolCall], logprobs: Value, reason: &'static str) -> Value {
-    let mut answer = choice(api, false, text, logprobs, Some(finish_reason(reason, calls)));
-    if !calls.is_empty() {
-        // Blanks before the calls are no content (null where nothing else is).
-        let content = text.content.trim_end();
-        answer["message"]["content"] = if content.is_empty() { Value::Null } else { json!(content) };
-        answer["message"]["tool_calls"] = tool_calls_json(calls, false);
-    }
-    answer
-}
-
-async fn whole_response(mut events: UnboundedReceiver<Event>, mut out: Output, meta: ResponseMeta) -> Result<Response, ApiError> {
-    let mut text = Split::default();
-    let mut entries = Vec::new();
-    loop {
-        let Some(event) = events.recv().await else {
-            return Err(ApiError::unavailable(Rejection::ShuttingDown.to_string(), 5));
-        };
-        match out.on_event(event) {
-            Step::Nothing => {}
-            Step::Text { text: t, logprobs } => {
-                text.reasoning += &t.reasoning;
-                text.content += &t.content;
-                entries.extend(logprobs);
-            }
-            Step::Finished { tail, calls, reason } => {
-                text.reasoning += &tail.reasoning;
-                text.content += &tail.content;
-                let logprobs = if out.logprobs { logprobs_field(meta.api, &entries) } else { Value::Null };
-                let mut body = meta.envelope(false, json!([whole_choice(meta.api, &text, &calls, logprobs, reason)]));
-                body["usage"] = usage_json(&out.usage);
-                return Ok(Json(body).into_response());
-            }
-            Step::Failed(message) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)),
-        }
-    }
-}
-
-fn sse(value: &Value) -> String {
-    format!("data: {value}\n\n")
-}
-
-struct StreamState {
-    events: UnboundedReceiver<Event>,
-    out: Output,
-    meta: ResponseMeta,
-    include_usage: bool,
-    /// Sent before the first event (the chat role chunk).
-    prelude: Option<String>,
-    ended: bool,
-}
-
-impl StreamState {
-    /// The next piece of the event stream; `None` once it is over.
-    async fn next(&mut self) -> Option<String> {
-        if self.ended {
-            return None;
-        }
-        if let Some(p) = self.prelude.take() {
-            return Some(p);
-        }
-        loop {
-            let Some(event) = self.events.recv().await else {
-                self.ended = true;
-                let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, Rejection::ShuttingDown.to_string());
-                return Some(sse(&error.body()));
-            };
-            let api = self.meta.api;
-            let logprobs_of = |lp: Option<Value>| lp.map(|e| logprobs_field(api, &[e])).unwrap_or(Value::Null);
-            match self.out.on_event(event) {
-                Step::Nothing => continue,
-                Step::Text { text, logprobs } => {
-                    return Some(sse(&self.meta.envelope(true, json!([choice(api, true, &text, logprobs_of(logprobs), None)]))));
-                }
-                Step::Finished { tail, calls, reason } => {
-                    self.ended = true;
-                    // Dropping the receiver cancels a sequence that a stop string ended.
-                    self.events.close();
-                    let mut s = String::new();
-                    if !tail.is_empty() {
-                        s += &sse(&self.meta.envelope(true, json!([choice(api, true, &tail, Value::Null, None)])));
-                    }
-                    if !calls.is_empty() {
-                        let delta = json!({"tool_calls": tool_calls_json(&calls, true)});
-                        s += &sse(&self.meta.envelope(true, json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}])));
-                    }
-                    let reason = finish_reason(reason, &calls);
-                    s += &sse(&self.meta.envelope(true, json!([choice(api, true, &Split::default(), Value::Null, Some(reason))])));
-                    if self.include_usage {
-                        let mut u = self.meta.envelope(true, json!([]));
-                        u["usage"] = usage_json(&self.out.usage);
-                        s += &sse(&u);
-                    }
-                    s += "data: [DONE]\n\n";
-                    return Some(s);
-                }
-                Step::Failed(message) => {
-                    self.ended = true;
-                    return Some(sse(&ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).body()));
-                }
-            }
-        }
-    }
-}
-
-fn stream_response(events: UnboundedReceiver<Event>, out: Output, meta: ResponseMeta, include_usage: bool) -> Response {
-    let prelude = (meta.api == Api::Chat)
-        .then(|| sse(&meta.envelope(true, json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))));
-    let state = StreamState { events, out, meta, include_usage, prelude, ended: false };
-    let stream = futures_util::stream::unfold(state, |mut s| async move { s.next().await.map(|chunk| (Ok::<_, Infallible>(Bytes::from(chunk)), s)) });
-    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], Body::from_stream(stream)).into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::reasoning::ReasoningSyntax;
+    use crate::respond::{tool_calls_json, whole_choice};
     use crate::tool_calls::ToolSyntax;
 
     fn bundled_tokenizer() -> Arc<Tokenizer> {
@@ -487,7 +290,7 @@ mod tests {
         text.reasoning += &tail.reasoning;
         text.content += &tail.content;
         assert_eq!((text.reasoning.as_str(), text.content.as_str()), ("Weather needs a lookup.", "Let me check.\n"));
-        let choice = whole_choice(Api::Chat, &text, &calls, Value::Null, "stop");
+        let choice = whole_choice(Api::Chat, 0, &text, &calls, Value::Null, "stop");
         assert_eq!(choice["finish_reason"], "tool_calls");
         let message = &choice["message"];
         assert_eq!((&message["content"], &message["reasoning_content"]), (&json!("Let me check."), &json!("Weather needs a lookup.")));
@@ -507,7 +310,7 @@ mod tests {
         let text = out.split("<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"q\": \"kiln\"}".into());
         let (tail, calls) = out.split_tail(String::new());
         assert_eq!((text.reasoning.as_str(), text.content.as_str(), tail.content.as_str()), ("Look it up.", "", ""));
-        let choice = whole_choice(Api::Chat, &text, &calls, Value::Null, "stop");
+        let choice = whole_choice(Api::Chat, 0, &text, &calls, Value::Null, "stop");
         assert_eq!((&choice["message"]["content"], &choice["message"]["tool_calls"][0]["function"]["name"]), (&Value::Null, &json!("search")));
     }
 }

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod prefix_cache;
 pub mod reasoning;
 pub mod request;
+pub mod respond;
 pub mod scheduler;
 pub mod stop;
 pub mod template;

@@ -127,6 +127,7 @@ enum Sink {
 }
 
 /// Splits one answer, piece by piece.
+#[derive(Clone)]
 pub struct ReasoningSplitter {
     state: State,
     /// The thinking block's markers (`<think>`, `</think>` or Gemma's).

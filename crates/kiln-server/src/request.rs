@@ -15,6 +15,9 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// The most stop strings a request may give: each is searched for after every token.
 pub const MAX_STOP_STRINGS: usize = 64;
 
+/// The most choices (`n`) a request may ask for: each is a sequence of its own.
+pub const MAX_CHOICES: usize = 16;
+
 pub fn parse_object(body: &[u8]) -> Result<Object, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
@@ -68,6 +71,8 @@ fn count_field(o: &Object, name: &str, max: usize) -> Result<Option<usize>, ApiE
 pub struct GenerationFields {
     /// Asked-for tokens at most; `None`: up to the context.
     pub max_tokens: Option<usize>,
+    /// Choices to generate, each its own sequence.
+    pub n: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -171,11 +176,11 @@ pub fn generation_fields(o: &Object, chat: bool) -> Result<GenerationFields, Api
             return Err(type_error("model", "a string"));
         }
     }
-    if let Some(n) = opt_i64(o, "n")? {
-        if n != 1 {
-            return Err(ApiError::field("n", "only one choice per request is supported"));
-        }
-    }
+    let n = match opt_i64(o, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::field("n", format!("must be between 1 and {MAX_CHOICES}, got {n}"))),
+    };
     refuse_unsupported(o)?;
     let max_name = if chat && get(o, "max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
     let max_tokens = match opt_i64(o, max_name)? {
@@ -202,6 +207,7 @@ pub fn generation_fields(o: &Object, chat: bool) -> Result<GenerationFields, Api
     };
     Ok(GenerationFields {
         max_tokens,
+        n,
         sampling: sampling(o)?,
         stop: stop_strings(o)?,
         stream: opt_bool(o, "stream")?.unwrap_or(false),

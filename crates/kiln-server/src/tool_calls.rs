@@ -264,6 +264,7 @@ impl GemmaReader<'_> {
 }
 
 /// Watches an answer's content for tool calls, piece by piece.
+#[derive(Clone)]
 pub struct ToolCallCatcher {
     syntax: ToolSyntax,
     tools: Vec<Value>,
