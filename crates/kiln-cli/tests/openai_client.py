@@ -32,6 +32,16 @@ for chunk in stream:
 assert "".join(parts) == reply, (parts, reply)
 assert finish == "length" and usage.completion_tokens == 12, (finish, usage)
 
+# Two choices, whole and streamed, each with its index.
+two = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=1.0, seed=3, n=2)
+assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 12, two
+stream = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=1.0, seed=3, n=2, stream=True)
+texts = ["", ""]
+for chunk in stream:
+    for c in chunk.choices:
+        texts[c.index] += c.delta.content or ""
+assert texts == [c.message.content for c in two.choices], (texts, two)
+
 done = client.completions.create(model=model, prompt="Once upon a time", max_tokens=10, temperature=0, logprobs=2)
 text = done.choices[0].text
 assert done.usage.completion_tokens == 10 and len(done.choices[0].logprobs.tokens) == 10, done
