@@ -318,6 +318,29 @@ fn several_choices_are_each_their_seeds_answer() {
     }
 }
 
+/// A hybrid model (Qwen3.5: Gated DeltaNet layers) keeps a recurrent state that cached KV
+/// blocks do not hold, so its requests share no prefix: a repeated prompt, alone or as two
+/// choices, is computed again and gives the same answer (it failed with 503 when the second
+/// request took the first one's blocks).
+#[test]
+fn a_hybrid_model_repeats_a_prompt_without_the_prefix_cache() {
+    let model = kiln_testdata::path("archs/tiny-qwen35-Q8_0.gguf");
+    let s = Server::start(&["-m", model.to_str().unwrap()]);
+    let prompt = "Once upon a time there was a little cat who lived in a big house with many rooms and a garden";
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let first = s.post("/v1/completions", &body).json();
+    assert!(first["usage"]["prompt_tokens"].as_u64().unwrap() > 33, "{first}");
+    let again = s.post("/v1/completions", &body);
+    assert_eq!(again.status, 200, "{}", again.body);
+    let again = again.json();
+    assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let mut two = body.clone();
+    two["n"] = json!(2);
+    let both = s.post("/v1/completions", &two).json();
+    assert_eq!((&both["choices"][0]["text"], &both["choices"][1]["text"]), (&first["choices"][0]["text"], &first["choices"][0]["text"]), "{both}");
+}
+
 /// 64 different prompts at once give each exactly what it gives alone: same tokens, no
 /// tokens of one request in another's stream.
 #[test]

@@ -268,6 +268,12 @@ impl<B: Backend> Engine<B> {
         self.window.as_ref().map(|w| w.window)
     }
 
+    /// Whether a sequence may start from blocks another one cached: not where layers keep a
+    /// recurrent state (Gated DeltaNet), which the blocks do not hold.
+    pub fn shares_prefixes(&self) -> bool {
+        self.states.is_none()
+    }
+
     /// Trailing window blocks a prefix must bring for the next query to see its whole window
     /// ([`Engine::attach_prefix`]); `None` without a window pool.
     pub fn prefix_window_entries(&self) -> Option<usize> {
@@ -306,6 +312,9 @@ impl<B: Backend> Engine<B> {
     /// window pool they are ignored.
     pub fn attach_prefix(&mut self, seq: &mut Sequence, blocks: &[u32], window_blocks: &[u32]) -> Result<()> {
         let n_cached = blocks.len() * KV_BLOCK_SIZE;
+        if !self.shares_prefixes() && !blocks.is_empty() {
+            return Err(ModelError::BadKvBlock("a hybrid model's recurrent state is not in cached blocks: its sequences share no prefix".into()));
+        }
         if self.window.is_some() && window_blocks.len() != blocks.len() {
             return Err(ModelError::BadKvBlock(format!("a prefix of {} blocks comes with {} window blocks", blocks.len(), window_blocks.len())));
         }

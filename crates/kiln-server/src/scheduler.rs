@@ -342,7 +342,8 @@ impl<B: Backend> Scheduler<B> {
             let Some(front) = self.waiting.front() else { break };
             let tokens = &front.seq.tokens;
             // The last token is always fed, so there are logits to sample from.
-            let found = self.cache.lookup(tokens, (tokens.len() - 1) / KV_BLOCK_SIZE);
+            let shareable = if self.engine.shares_prefixes() { (tokens.len() - 1) / KV_BLOCK_SIZE } else { 0 };
+            let found = self.cache.lookup(tokens, shareable);
             let refs = self.engine.pool().allocator();
             let shared_now_evictable = found.blocks.iter().filter(|&&b| refs.refs(b) == 1).count();
             let need = tokens.len().div_ceil(KV_BLOCK_SIZE) - found.blocks.len() + self.running.len();
@@ -449,7 +450,7 @@ impl<B: Backend> Scheduler<B> {
         let mut sampled = sampled.into_iter().zip(logprobs);
         for a in self.running.iter_mut() {
             let Some((_, sample)) = a.planned else { continue };
-            while (a.registered + 1) * KV_BLOCK_SIZE <= a.seq.n_cached() {
+            while self.engine.shares_prefixes() && (a.registered + 1) * KV_BLOCK_SIZE <= a.seq.n_cached() {
                 let r = a.registered;
                 let window_block = a.seq.window_blocks().get(r).copied().filter(|&b| b != RELEASED_BLOCK);
                 let tokens = &a.seq.tokens[r * KV_BLOCK_SIZE..(r + 1) * KV_BLOCK_SIZE];
