@@ -316,6 +316,13 @@ fn several_choices_are_each_their_seeds_answer() {
         let r = s.post("/v1/completions", &json!({"prompt": "x", "n": n}));
         assert_eq!((r.status, error_param(&r).as_deref()), (400, Some("n")));
     }
+    drop(s);
+    // One slot has 8 waiting places: 9 choices could never all be queued.
+    let s = Server::start(&["-np", "1"]);
+    let r = s.post("/v1/completions", &json!({"prompt": "x", "n": 9, "max_tokens": 2}));
+    assert_eq!((r.status, error_param(&r).as_deref()), (400, Some("n")), "{}", r.body);
+    assert!(r.body.contains("-np"), "{}", r.body);
+    assert_eq!(s.post("/v1/completions", &json!({"prompt": "x", "n": 8, "max_tokens": 2})).json()["choices"].as_array().unwrap().len(), 8);
 }
 
 /// A hybrid model (Qwen3.5: Gated DeltaNet layers) keeps a recurrent state that cached KV

@@ -94,6 +94,9 @@ async fn generate(
             format!("{max_tokens} tokens after a prompt of {} do not fit in the context of {n_ctx}; at most {room} can be generated", prompt.len()),
         ));
     }
+    if fields.n > state.max_choices {
+        return Err(ApiError::field("n", format!("{} choices do not fit this server's queue of {} sequences (raise -np)", fields.n, state.max_choices)));
+    }
     let n_prompt = prompt.len();
     let mut choices = Vec::with_capacity(fields.n);
     for index in 0..fields.n {

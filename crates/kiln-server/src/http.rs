@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::generate::AnswerParsers;
 use crate::metrics::Metrics;
 use crate::reasoning::{ReasoningFormat, ReasoningSyntax};
-use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object};
+use crate::request::{chat_messages, chat_tools, opt_bool, opt_str, parse_object, Object, MAX_CHOICES};
 use crate::scheduler::SchedulerHandle;
 use crate::template::{self, TemplateInputs};
 use crate::tool_calls::{ToolCallCatcher, ToolSyntax};
@@ -100,12 +100,24 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// How long a request's body may take to arrive (408 past that).
     pub body_read_timeout: Duration,
+    /// The most choices (`n`) one request may take: each enters the scheduler's waiting queue,
+    /// so no more than it holds.
+    pub max_choices: usize,
     next_id: AtomicU64,
 }
 
 impl AppState {
     pub fn new(scheduler: SchedulerHandle, metrics: Arc<Metrics>, api_key: Option<String>, max_body_bytes: usize) -> AppState {
-        AppState { ready: OnceLock::new(), scheduler, metrics, api_key, max_body_bytes, body_read_timeout: Duration::from_secs(60), next_id: AtomicU64::new(1) }
+        AppState {
+            ready: OnceLock::new(),
+            scheduler,
+            metrics,
+            api_key,
+            max_body_bytes,
+            body_read_timeout: Duration::from_secs(60),
+            max_choices: MAX_CHOICES,
+            next_id: AtomicU64::new(1),
+        }
     }
 
     pub fn ready(&self) -> Result<&Ready, ApiError> {

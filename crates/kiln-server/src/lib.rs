@@ -159,6 +159,7 @@ pub fn serve(config: ServerConfig, load: impl FnOnce(EngineSlot) -> Result<(), S
         let scheduler = SchedulerHandle::new(commands);
         let mut state = AppState::new(scheduler.clone(), Arc::new(Metrics::default()), config.api_key.clone(), config.max_body_bytes);
         state.body_read_timeout = config.body_read_timeout;
+        state.max_choices = state.max_choices.min(config.scheduler.max_waiting);
         let state = Arc::new(state);
         let slot = EngineSlot { commands: receiver, state: state.clone(), config: config.clone(), url };
         let (engine_done, engine_result) = oneshot::channel();

@@ -176,7 +176,7 @@ fn mistral_calls(text: &str) -> Option<Vec<ToolCall>> {
 /// `call:NAME{...}`: Gemma 4's call, its arguments in Gemma's notation.
 fn gemma_call(inner: &str) -> Option<ToolCall> {
     let (name, arguments) = inner.trim().strip_prefix("call:")?.split_once('{')?;
-    let mut reader = GemmaReader { rest: arguments };
+    let mut reader = GemmaReader { rest: arguments, depth: 0 };
     let arguments = reader.object()?;
     reader.rest.trim().is_empty().then(|| ToolCall { name: name.trim().to_string(), arguments: arguments.to_string() })
 }
@@ -184,7 +184,13 @@ fn gemma_call(inner: &str) -> Option<ToolCall> {
 /// Gemma 4's argument notation: JSON with bare keys and strings between `<|"|>` quotes.
 struct GemmaReader<'a> {
     rest: &'a str,
+    /// Open objects and lists: nesting past [`MAX_NESTING`] is not a call (and would otherwise
+    /// recurse as deep as a model cares to write).
+    depth: usize,
 }
+
+/// serde_json's own limit.
+const MAX_NESTING: usize = 128;
 
 impl GemmaReader<'_> {
     fn skip_blanks(&mut self) {
@@ -212,19 +218,21 @@ impl GemmaReader<'_> {
             return self.object();
         }
         if self.eat("[") {
-            let mut items = Vec::new();
-            if self.eat("]") {
-                return Some(Value::Array(items));
-            }
-            loop {
-                items.push(self.value()?);
-                if self.eat("]") {
+            return self.nested(|r| {
+                let mut items = Vec::new();
+                if r.eat("]") {
                     return Some(Value::Array(items));
                 }
-                if !self.eat(",") {
-                    return None;
+                loop {
+                    items.push(r.value()?);
+                    if r.eat("]") {
+                        return Some(Value::Array(items));
+                    }
+                    if !r.eat(",") {
+                        return None;
+                    }
                 }
-            }
+            });
         }
         // A number, true, false or null, up to the next delimiter.
         let end = self.rest.find([',', '}', ']']).unwrap_or(self.rest.len());
@@ -233,8 +241,23 @@ impl GemmaReader<'_> {
         serde_json::from_str::<Value>(literal).ok().filter(|v| !v.is_string())
     }
 
+    /// `read` one level deeper, within [`MAX_NESTING`].
+    fn nested(&mut self, read: impl FnOnce(&mut Self) -> Option<Value>) -> Option<Value> {
+        if self.depth == MAX_NESTING {
+            return None;
+        }
+        self.depth += 1;
+        let value = read(self);
+        self.depth -= 1;
+        value
+    }
+
     /// The members of an object whose `{` was read, through its `}`.
     fn object(&mut self) -> Option<Value> {
+        self.nested(Self::members)
+    }
+
+    fn members(&mut self) -> Option<Value> {
         let mut members = Map::new();
         if self.eat("}") {
             return Some(Value::Object(members));
@@ -403,9 +426,13 @@ mod tests {
         assert_eq!(content, "");
         let args = json!({"room": "101, \"north\"", "nights": 3, "late": true, "tags": ["a", "b"], "where": {"city": "Oslo"}});
         assert_eq!(calls, vec![call("book", args), call("now", json!({}))]);
-        // A broken block stays content.
+        // A broken block stays content; so does nesting deeper than JSON parsers take.
         let broken = format!("<|tool_call>call:book{{room:{q}101}}<tool_call|>");
         assert_eq!(catch(ToolSyntax::Gemma, &[], &broken), (broken.clone(), vec![]));
+        let deep = format!("<|tool_call>call:f{{a:{}1{}}}<tool_call|>", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(ToolSyntax::Gemma.parse(&deep, &[]), None);
+        let fine = format!("<|tool_call>call:f{{a:{}1{}}}<tool_call|>", "[".repeat(100), "]".repeat(100));
+        assert_eq!(ToolSyntax::Gemma.parse(&fine, &[]).unwrap().1.len(), 1);
     }
 
     #[test]
